@@ -1,0 +1,36 @@
+"""vitcam_nb: Grad-CAM for Vision Transformers, honestly.
+
+Trace a model once (:func:`trace`), recompute any variant of the Grad-CAM taxonomy from the trace
+instantly (:func:`cam`, :func:`gallery`), each map carrying its recipe and reporting checklist.
+
+Example:
+    >>> import vitcam_nb as vc
+    >>> r = vc.Recipe(site="F1", layer=-1)
+    >>> r.site
+    'F1'
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from vitcam_nb.cam import cam, gallery
+from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
+from vitcam_nb.io import load, save
+from vitcam_nb.taxonomy import Checklist, Recipe
+from vitcam_nb.tracer import trace
+
+__all__ = [
+    "DegenerateMapWarning",
+    "RecipeError",
+    "TraceError",
+    "TraceFileError",
+    "Checklist",
+    "Recipe",
+    "cam",
+    "gallery",
+    "__version__",
+    "load",
+    "save",
+    "trace",
+]

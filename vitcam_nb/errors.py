@@ -1,0 +1,46 @@
+"""Exceptions and warnings raised by vitcam_nb.
+
+Every refusal names the argument, the value it got and what is allowed, and subclasses ``ValueError``
+or ``TypeError`` so that ordinary ``except ValueError`` code catches it.
+"""
+
+from __future__ import annotations
+
+
+class TraceError(ValueError):
+    """Bad input to :func:`vitcam_nb.trace` or a trace that cannot be used.
+
+    Example:
+        >>> try:
+        ...     raise TraceError("image: expected 3 channels, got 4")
+        ... except ValueError as e:
+        ...     print(e)
+        image: expected 3 channels, got 4
+    """
+
+
+class RecipeError(ValueError):
+    """A recipe field with a value that is unknown, mistyped or meaningless for the other choices.
+
+    Example:
+        >>> isinstance(RecipeError("weighting: ..."), ValueError)
+        True
+    """
+
+
+class TraceFileError(ValueError):
+    """A trace file that is truncated, corrupted, foreign or of an unsupported schema version.
+
+    Example:
+        >>> isinstance(TraceFileError("x.nc: not a vitcam_nb trace"), ValueError)
+        True
+    """
+
+
+class DegenerateMapWarning(UserWarning):
+    """A map that carries no information (zero gradients, constant result) was returned as zeros.
+
+    Example:
+        >>> import warnings
+        >>> warnings.simplefilter("ignore", DegenerateMapWarning)
+    """

@@ -1,0 +1,117 @@
+"""Turn a user's image into the model input tensor and a uint8 display copy, with timm's data config."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vitcam_nb.errors import TraceError
+
+
+@dataclass
+class PreparedInput:
+    """The model input (1, 3, H, W), its uint8 display copy (H, W, 3) and how it was made."""
+
+    tensor: torch.Tensor
+    display: np.ndarray
+    preprocessing: dict
+
+
+def data_config(model: torch.nn.Module) -> dict:
+    """The model's timm data config (input size, mean, std, crop, interpolation).
+
+    Example:
+        >>> import timm
+        >>> data_config(timm.create_model("vit_tiny_patch16_224"))["input_size"]
+        (3, 224, 224)
+    """
+    from timm.data import resolve_data_config
+
+    return resolve_data_config(model=model)
+
+
+def _check_finite(t: torch.Tensor) -> None:
+    if not torch.isfinite(t).all():
+        raise TraceError("image: contains NaN or inf values; expected finite pixel values")
+
+
+def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
+    """Preprocess ``image`` the way the model expects.
+
+    PIL images and HxWx3 uint8 arrays go through timm's own eval transform (resize, crop, mean/std);
+    a float tensor (1,3,H,W) or (3,H,W) is used as given and only un-normalised for display.
+
+    Example:
+        >>> import numpy as np, timm
+        >>> m = timm.create_model("vit_tiny_patch16_224")
+        >>> p = prepare_input(m, np.zeros((300, 200, 3), np.uint8))
+        >>> tuple(p.tensor.shape), p.display.shape
+        ((1, 3, 224, 224), (224, 224, 3))
+    """
+    from PIL import Image
+    from timm.data import create_transform
+
+    cfg = data_config(model)
+    mean = torch.tensor(cfg["mean"], dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["std"], dtype=torch.float32).view(1, 3, 1, 1)
+    facts = {
+        "mean": [float(v) for v in cfg["mean"]],
+        "std": [float(v) for v in cfg["std"]],
+        "interpolation": str(cfg.get("interpolation", "")),
+        "crop_pct": float(cfg.get("crop_pct", 1.0)),
+        "crop_mode": str(cfg.get("crop_mode", "center")),
+        "config_input_size": list(cfg["input_size"]),
+    }
+
+    if isinstance(image, np.ndarray):
+        if image.ndim != 3 or image.shape[-1] != 3:
+            raise TraceError(f"image: expected an HxWx3 array, got shape {image.shape}")
+        if image.dtype != np.uint8:
+            raise TraceError(f"image: expected a uint8 array (0..255), got dtype {image.dtype}; "
+                             "pass a normalised float tensor (1,3,H,W) to skip preprocessing")
+        if min(image.shape[:2]) < 1:
+            raise TraceError(f"image: empty array of shape {image.shape}")
+        image = Image.fromarray(image)
+        facts["input_kind"] = "uint8 array"
+    elif isinstance(image, Image.Image):
+        facts["input_kind"] = "PIL image"
+        image = image.convert("RGB")
+    elif isinstance(image, torch.Tensor):
+        t = image.detach()
+        if t.ndim == 3:
+            t = t.unsqueeze(0)
+        if t.ndim != 4 or t.shape[0] != 1 or t.shape[1] != 3:
+            raise TraceError(f"image: expected a tensor of shape (1,3,H,W) or (3,H,W), got {tuple(image.shape)}")
+        if not t.is_floating_point():
+            raise TraceError(f"image: expected a float tensor, got dtype {t.dtype}")
+        _check_finite(t)
+        t = t.to(torch.float32).clone()
+        facts["input_kind"] = "tensor (used as given)"
+        return PreparedInput(t, _display(t, mean, std), facts)
+    else:
+        raise TypeError(
+            f"image: expected a PIL image, an HxWx3 uint8 numpy array or a (1,3,H,W) float tensor, "
+            f"got {type(image).__name__}"
+        )
+    transform = create_transform(**cfg)
+    t = transform(image).unsqueeze(0).to(torch.float32)
+    _check_finite(t)
+    return PreparedInput(t, _display(t, mean, std), facts)
+
+
+def _display(t: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> np.ndarray:
+    pixels = (t * std + mean).clamp(0, 1)[0].permute(1, 2, 0).numpy()
+    return np.round(pixels * 255.0).astype(np.uint8)
+
+
+def preprocessing_json(facts: dict) -> str:
+    """Canonical JSON of the preprocessing facts stored in the trace attrs.
+
+    Example:
+        >>> preprocessing_json({"b": 1, "a": [0.5]})
+        '{"a":[0.5],"b":1}'
+    """
+    return json.dumps(facts, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,69 @@
+"""Content hashes that identify a model's weights, an input and a whole trace."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+
+import numpy as np
+import torch
+
+_WEIGHTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _state_signature(model: torch.nn.Module) -> tuple:
+    # _version changes on every in-place write, so an unchanged signature means unchanged weights.
+    return tuple((name, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
+                 for name, t in model.state_dict(keep_vars=True).items())
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's state dict (names, dtypes, shapes and bytes, in name order).
+
+    Hashing a ViT-B takes a fraction of a second, so the result is cached per model object and
+    recomputed only when a tensor was replaced or written in place.
+
+    Example:
+        >>> import torch
+        >>> len(weights_sha256(torch.nn.Linear(2, 2)))
+        64
+    """
+    signature = _state_signature(model)
+    cached = _WEIGHTS_CACHE.get(model)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    digest = h.hexdigest()
+    _WEIGHTS_CACHE[model] = (signature, digest)
+    return digest
+
+
+def array_sha256(array: np.ndarray | torch.Tensor) -> str:
+    """SHA-256 of an array's dtype, shape and bytes.
+
+    Example:
+        >>> array_sha256(np.zeros(3, np.float32))[:8]
+        '81855535'
+    """
+    if isinstance(array, torch.Tensor):
+        array = array.detach().cpu().contiguous().numpy()
+    array = np.ascontiguousarray(array)
+    h = hashlib.sha256(f"{array.dtype.str}|{array.shape}|".encode())
+    h.update(array.tobytes())
+    return h.hexdigest()
+
+
+def settings_id(settings: dict) -> str:
+    """Short stable id of a JSON-able settings dict (sorted keys, compact separators).
+
+    Example:
+        >>> settings_id({"a": 1}) == settings_id({"a": 1})
+        True
+    """
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,408 @@
+"""The caching tracer: one forward pass and one batched backward pass store every block's activations and
+gradients, at every site, in a labeled ``xarray.Dataset`` (DESIGN.md sections 3 and 4)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from vitcam_nb.adapters import Adapter, find_adapter
+from vitcam_nb.errors import TraceError
+from vitcam_nb.preprocess import prepare_input, preprocessing_json
+from vitcam_nb.provenance import array_sha256, settings_id, weights_sha256
+
+SCHEMA_VERSION = 1
+CORE_SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
+EXTENDED_SITES = ("resid_pre", "attn_out", "resid_mid")
+EXPECTED_TARGET = "expected_logit"
+_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def target_name(class_index: int) -> str:
+    """Name of the logit target of a class in the trace's ``target`` coordinate.
+
+    Example:
+        >>> target_name(207)
+        'logit_207'
+    """
+    return f"logit_{class_index}"
+
+
+class _Capture:
+    """Hooks that read each (layer, site) tensor by key and restore every model flag on exit."""
+
+    def __init__(self, model: torch.nn.Module, adapter: Adapter, layers: list[int], sites: list[str]):
+        self.model, self.adapter, self.layers, self.sites = model, adapter, layers, sites
+        self.tensors: dict[tuple[int, str], torch.Tensor] = {}
+        self.grid: tuple[int, int] | None = None
+        self._handles: list = []
+        self._modes: list[tuple[torch.nn.Module, bool]] = []
+        self._fused: list[tuple[torch.nn.Module, bool]] = []
+
+    def _keep(self, key: tuple[int, str], tensor: object) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TraceError(f"sites: {key[1]} at layer {key[0]} produced {type(tensor).__name__}, not a tensor")
+        if key in self.tensors:
+            raise TraceError(f"sites: {key[1]} at layer {key[0]} fired twice in one forward pass; "
+                             "the adapter's site table does not fit this model")
+        self.tensors[key] = tensor
+
+    def __enter__(self) -> _Capture:
+        try:
+            self._modes = [(m, m.training) for m in self.model.modules()]
+            self._fused = [(m, m.fused_attn) for m in self.adapter.attention_modules(self.model)
+                           if hasattr(m, "fused_attn")]
+            blocks = self.adapter.blocks(self.model)
+            for layer in self.layers:
+                for site in self.sites:
+                    spec = self.adapter.sites[site]
+                    module = blocks[layer].get_submodule(spec.module) if spec.module else blocks[layer]
+                    key = (layer, site)
+                    if spec.io == "output":
+                        def hook(_m, _i, out, key=key):
+                            self._keep(key, out)
+                        self._handles.append(module.register_forward_hook(hook))
+                    else:
+                        def pre_hook(_m, args, key=key):
+                            self._keep(key, args[0] if args else None)
+                        self._handles.append(module.register_forward_pre_hook(pre_hook))
+
+            def grid_hook(_m, _i, out):
+                self.grid = self.adapter.grid_from_output(self.model, out)
+            self._handles.append(self.adapter.grid_module(self.model).register_forward_hook(grid_hook))
+            for m, _ in self._fused:
+                m.fused_attn = False
+            self.model.eval()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def _restore(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for m, flag in self._fused:
+            m.fused_attn = flag
+        for m, mode in self._modes:
+            m.training = mode
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+
+@contextlib.contextmanager
+def _on_device(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """Move the model to ``device`` for the trace and back to where it was afterwards."""
+    devices = {t.device for t in list(model.parameters()) + list(model.buffers())}
+    if not devices or devices == {device}:
+        yield
+        return
+    if len(devices) > 1:
+        raise TraceError(f"device: the model spans several devices {sorted(map(str, devices))}; "
+                         "pass device=None to trace it where it is")
+    original = devices.pop()
+    model.to(device)
+    try:
+        yield
+    finally:
+        model.to(original)
+
+
+def _resolve_layers(layers: object, n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    items = [layers] if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool) else layers
+    if not isinstance(items, Sequence) or isinstance(items, str) or len(items) == 0:
+        raise TraceError(f"layers: expected None, an int or a non-empty list of ints, got {layers!r}")
+    out = set()
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TraceError(f"layers: expected ints in [-{n_layers}, {n_layers - 1}], got {i!r}")
+        if not -n_layers <= i < n_layers:
+            raise TraceError(f"layers: {i} is out of range for a model with {n_layers} blocks "
+                             f"(allowed -{n_layers}..{n_layers - 1})")
+        out.add(int(i) % n_layers)
+    return sorted(out)
+
+
+def _resolve_sites(sites: object, adapter: Adapter) -> list[str]:
+    if sites is None:
+        return [s for s in CORE_SITES if s in adapter.sites]
+    items = [sites] if isinstance(sites, str) else sites
+    if not isinstance(items, Sequence) or len(items) == 0:
+        raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
+    allowed = list(adapter.sites)
+    for s in items:
+        if s not in adapter.sites:
+            raise TraceError(f"sites: unknown site {s!r}; the {adapter.family} family has {allowed}")
+    return [s for s in allowed if s in items]
+
+
+def _parse_targets(targets: object, num_classes: int) -> tuple[str, object]:
+    """Validate ``targets`` before the forward pass; returns ("top", k) or ("classes", [ints])."""
+    if isinstance(targets, str):
+        m = re.fullmatch(r"top(\d+)", targets)
+        if not m or not 1 <= int(m.group(1)) <= num_classes:
+            raise TraceError(f"targets: expected 'topK' with 1 <= K <= {num_classes}, an int class or a "
+                             f"list of ints, got {targets!r}")
+        return "top", int(m.group(1))
+    items = [targets] if isinstance(targets, (int, np.integer)) and not isinstance(targets, bool) else targets
+    if not isinstance(items, Sequence) or len(items) == 0:
+        raise TraceError(f"targets: expected 'top5', 'topK', an int class or a non-empty list of ints, "
+                         f"got {targets!r}")
+    classes = []
+    for c in items:
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+            raise TraceError(f"targets: class indices must be ints, got {c!r}")
+        if not 0 <= c < num_classes:
+            raise TraceError(f"targets: class {c} is out of range; the model has {num_classes} classes "
+                             f"(0..{num_classes - 1})")
+        if int(c) not in classes:
+            classes.append(int(c))
+    return "classes", classes
+
+
+def _class_labels(model: torch.nn.Module, num_classes: int, labels: Sequence[str] | None) -> list[str]:
+    if labels is not None:
+        if isinstance(labels, str) or len(labels) != num_classes:
+            raise TraceError(f"labels: expected a sequence of {num_classes} class names, got {labels!r:.80}")
+        return [str(v) for v in labels]
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    names = cfg.get("label_names") if isinstance(cfg, dict) else None
+    if names is not None and len(names) == num_classes:
+        return [str(v) for v in names]
+    if num_classes == 1000:
+        from timm.data import ImageNetInfo
+
+        info = ImageNetInfo()
+        return [info.index_to_description(i).split(",")[0] for i in range(1000)]
+    return [f"class {i}" for i in range(num_classes)]
+
+
+def _model_name(model: torch.nn.Module) -> tuple[str, str]:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    arch = cfg.get("architecture") if isinstance(cfg, dict) else None
+    tag = cfg.get("tag") if isinstance(cfg, dict) else None
+    return str(arch or type(model).__name__), str(tag or "")
+
+
+def trace(
+    model: torch.nn.Module,
+    image: object,
+    targets: str | int | Sequence[int] = "top5",
+    *,
+    sites: Sequence[str] | str | None = None,
+    layers: int | Sequence[int] | None = None,
+    dtype: str = "float32",
+    device: str | torch.device | None = None,
+    labels: Sequence[str] | None = None,
+) -> xr.Dataset:
+    """Trace ``model`` on ``image``: one forward pass, one batched backward pass, everything stored.
+
+    Activations and gradients of every requested site and block are kept in an ``xarray.Dataset``
+    (schema in DESIGN.md section 4). Gradients are taken for the logits of the chosen classes and for
+    the expected logit ``E = sum_j p_j z_j`` (``p`` detached), so probability and log-probability
+    targets are derived exactly later. The model is returned as it was given: hooks, ``fused_attn``
+    flags, train/eval mode, device and gradient state are restored, also when an exception is raised.
+
+    Args:
+        model: a timm VisionTransformer (or a family with a registered adapter).
+        image: PIL image, HxWx3 uint8 array (preprocessed with the model's timm data config), or a
+            (1,3,H,W) float tensor used as given.
+        targets: "top5" (default), "topK", an int class or a list of ints.
+        sites: subset of F1..F6 and the extended sites resid_pre, attn_out, resid_mid (default F1..F6).
+        layers: block indices to keep (default all; negative counts from the end).
+        dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).
+        device: where to run (default: the model's device); results always come back to CPU.
+        labels: class names (default: the model's ``pretrained_cfg["label_names"]`` or ImageNet's).
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> tr = vc.trace(m, np.zeros((224, 224, 3), np.uint8), targets="top2")
+        >>> tr["grad"].dims
+        ('target', 'layer', 'site', 'token', 'channel')
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    adapter = find_adapter(model)
+    if dtype not in _DTYPES:
+        raise TraceError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
+    n_layers = len(adapter.blocks(model))
+    layer_ids = _resolve_layers(layers, n_layers)
+    site_ids = _resolve_sites(sites, adapter)
+    num_classes = int(getattr(model, "num_classes", 0) or 0)
+    if num_classes <= 0:
+        raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
+    target_mode = _parse_targets(targets, num_classes)
+    class_labels = _class_labels(model, num_classes, labels)
+    params = list(model.parameters())
+    model_device = params[0].device if params else torch.device("cpu")
+    run_device = torch.device(device) if device is not None else model_device
+    compute_dtype = params[0].dtype if params else torch.float32
+
+    prepared = prepare_input(model, image)
+    _check_size(model, prepared.tensor)
+    prefix = adapter.prefix_kinds(model)
+
+    with _on_device(model, run_device), _Capture(model, adapter, layer_ids, site_ids) as cap, \
+            torch.inference_mode(False), torch.enable_grad():
+        x = prepared.tensor.to(run_device, compute_dtype).clone().requires_grad_(True)  # clone: not an inference tensor
+        logits = model(x)
+        if logits.ndim != 2 or logits.shape[0] != 1:
+            raise TraceError(f"model: expected logits of shape (1, classes), got {tuple(logits.shape)}")
+        missing = [f"{s}@{layer}" for layer in layer_ids for s in site_ids if (layer, s) not in cap.tensors]
+        if missing or cap.grid is None:
+            raise TraceError(f"sites: hooks never fired for {missing or ['patch grid']}; the adapter's site "
+                             "table does not fit this model")
+        z = logits[0]
+        if target_mode[0] == "top":
+            classes = [int(c) for c in torch.topk(z.detach(), target_mode[1]).indices]
+        else:
+            classes = target_mode[1]
+        expected = (torch.softmax(z.detach(), dim=0) * z).sum()
+        outputs = torch.stack([z[c] for c in classes] + [expected])
+        keys = list(cap.tensors)
+        grads = torch.autograd.grad(
+            outputs, [cap.tensors[k] for k in keys],
+            grad_outputs=torch.eye(len(outputs), device=z.device, dtype=z.dtype),
+            is_grads_batched=True, allow_unused=True,
+        )
+        acts = {k: cap.tensors[k].detach() for k in keys}
+        grad_by_key = dict(zip(keys, grads))
+        grid = cap.grid
+
+    return _assemble(
+        model=model, adapter=adapter, prepared=prepared, logits=z.detach(), classes=classes,
+        class_labels=class_labels, layer_ids=layer_ids, site_ids=site_ids, acts=acts, grads=grad_by_key,
+        grid=grid, prefix=prefix, store_dtype=_DTYPES[dtype], run_device=run_device,
+        compute_dtype=compute_dtype,
+    )
+
+
+def _check_size(model: torch.nn.Module, x: torch.Tensor) -> None:
+    pe = getattr(model, "patch_embed", None)
+    if pe is None or getattr(model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", False):
+        return
+    expected = tuple(int(v) for v in pe.img_size)
+    got = tuple(x.shape[-2:])
+    if got != expected:
+        raise TraceError(f"image: the model expects {expected[0]}x{expected[1]} input, got {got[0]}x{got[1]}; "
+                         "pass a PIL image or uint8 array to have it resized, or create the model with "
+                         "dynamic_img_size=True")
+
+
+def _to_numpy(t: torch.Tensor | None, shape: tuple, dtype: type) -> np.ndarray:
+    if t is None:  # allow_unused: the target does not depend on this tensor at all
+        return np.zeros(shape, dtype)
+    return t.detach().to("cpu", torch.float32).numpy().astype(dtype, copy=False).reshape(shape)
+
+
+def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_ids, site_ids, acts, grads,
+              grid, prefix, store_dtype, run_device, compute_dtype) -> xr.Dataset:
+    import timm
+
+    import vitcam_nb
+
+    gh, gw = grid
+    n_prefix = len(prefix)
+    n_tokens = n_prefix + gh * gw
+    kinds = np.array(prefix + ["patch"] * (gh * gw))
+    rows = np.concatenate([np.full(n_prefix, -1), np.repeat(np.arange(gh), gw)])
+    cols = np.concatenate([np.full(n_prefix, -1), np.tile(np.arange(gw), gh)])
+    n_targets = len(classes) + 1
+    token_sites = [s for s in site_ids if s != "F2"]
+    info = adapter.describe(model)
+
+    data_vars = {}
+    coords = {
+        "layer": ("layer", np.array(layer_ids, np.int64)),
+        "token": ("token", np.arange(n_tokens, dtype=np.int64)),
+        "token_kind": ("token", kinds),
+        "patch_row": ("token", rows.astype(np.int64)),
+        "patch_col": ("token", cols.astype(np.int64)),
+        "target": ("target", np.array([target_name(c) for c in classes] + [EXPECTED_TARGET])),
+        "target_class": ("target", np.array(classes + [-1], np.int64)),
+        "target_label": ("target", np.array([class_labels[c] for c in classes] + ["expected logit"])),
+        "class": ("class", np.arange(len(class_labels), dtype=np.int64)),
+        "class_label": ("class", np.array(class_labels)),
+    }
+    if token_sites:
+        sample = acts[(layer_ids[0], token_sites[0])]
+        if sample.shape[-2] != n_tokens:
+            raise TraceError(f"model: {sample.shape[-2]} tokens at the blocks but the patch grid {gh}x{gw} "
+                             f"with {n_prefix} prefix tokens gives {n_tokens}")
+        n_channels = int(sample.shape[-1])
+        act = np.empty((len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
+        grad = np.empty((n_targets, len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
+        for li, layer in enumerate(layer_ids):
+            for si, site in enumerate(token_sites):
+                act[li, si] = _to_numpy(acts[(layer, site)], (n_tokens, n_channels), store_dtype)
+                grad[:, li, si] = _to_numpy(grads[(layer, site)], (n_targets, n_tokens, n_channels), store_dtype)
+        coords["site"] = ("site", np.array(token_sites))
+        coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
+        data_vars["act"] = (("layer", "site", "token", "channel"), act)
+        data_vars["grad"] = (("target", "layer", "site", "token", "channel"), grad)
+    if "F2" in site_ids:
+        n_heads = int(acts[(layer_ids[0], "F2")].shape[1])
+        shape = (n_heads, n_tokens, n_tokens)
+        attn = np.stack([_to_numpy(acts[(layer, "F2")], shape, store_dtype) for layer in layer_ids])
+        attn_grad = np.stack([_to_numpy(grads[(layer, "F2")], (n_targets, *shape), store_dtype)
+                              for layer in layer_ids], axis=1)
+        coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
+        for axis in ("query", "key"):
+            coords[axis] = (axis, np.arange(n_tokens, dtype=np.int64))
+            coords[f"{axis}_kind"] = (axis, kinds)
+            coords[f"{axis}_patch_row"] = (axis, rows.astype(np.int64))
+            coords[f"{axis}_patch_col"] = (axis, cols.astype(np.int64))
+        data_vars["attn"] = (("layer", "head", "query", "key"), attn)
+        data_vars["attn_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+    data_vars["logits"] = (("class",), logits.to("cpu", torch.float32).numpy().copy())
+    h, w = prepared.display.shape[:2]
+    data_vars["image"] = (("y", "x", "rgb"), prepared.display)
+    coords["y"] = ("y", np.arange(h, dtype=np.int64))
+    coords["x"] = ("x", np.arange(w, dtype=np.int64))
+    coords["rgb"] = ("rgb", np.array(["r", "g", "b"]))
+
+    model_name, tag = _model_name(model)
+    w_hash = weights_sha256(model)
+    in_hash = array_sha256(prepared.tensor)
+    settings = {"weights": w_hash, "input": in_hash, "classes": classes, "layers": layer_ids,
+                "sites": site_ids, "dtype": np.dtype(store_dtype).name, "schema": SCHEMA_VERSION}
+    attrs = {
+        "schema_version": SCHEMA_VERSION,
+        "trace_id": settings_id(settings),
+        "model_name": model_name,
+        "model_family": adapter.family,
+        "pretrained_tag": tag,
+        "weights_sha256": w_hash,
+        "input_sha256": in_hash,
+        "img_size": f"{h}x{w}",
+        "img_height": int(h),
+        "img_width": int(w),
+        "grid_h": int(gh),
+        "grid_w": int(gw),
+        "num_prefix_tokens": n_prefix,
+        "num_layers": len(adapter.blocks(model)),
+        "fused_attn": 0,
+        "preprocessing": preprocessing_json(prepared.preprocessing),
+        "vitcam_nb_version": vitcam_nb.__version__,
+        "torch_version": str(torch.__version__),
+        "timm_version": timm.__version__,
+        "numpy_version": np.__version__,
+        "xarray_version": xr.__version__,
+        "device": str(run_device),
+        "dtype": np.dtype(store_dtype).name,
+        "compute_dtype": str(compute_dtype).replace("torch.", ""),
+        "deterministic": int(run_device.type == "cpu" or torch.are_deterministic_algorithms_enabled()),
+        **info,
+    }
+    for site in site_ids:
+        attrs[f"hook_{site}"] = adapter.sites[site].hook(adapter.block_template)
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
