@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from vitcam_nb import plot, presets
 from vitcam_nb.cam import cam, gallery
 from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.io import load, save
@@ -29,6 +30,8 @@ __all__ = [
     "Recipe",
     "cam",
     "gallery",
+    "plot",
+    "presets",
     "__version__",
     "load",
     "save",

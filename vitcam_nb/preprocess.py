@@ -30,7 +30,13 @@ def data_config(model: torch.nn.Module) -> dict:
     """
     from timm.data import resolve_data_config
 
-    return resolve_data_config(model=model)
+    cfg = resolve_data_config(model=model)
+    pe = getattr(model, "patch_embed", None)
+    size = getattr(pe, "img_size", None)
+    # timm's config keeps the pretrained size (e.g. 224) even for a model built at another img_size.
+    if size is not None and not getattr(model, "dynamic_img_size", False):
+        cfg["input_size"] = (3, *(int(v) for v in size))
+    return cfg
 
 
 def _check_finite(t: torch.Tensor) -> None:

@@ -325,6 +325,12 @@ def _target_text(recipe: Recipe) -> tuple[str, str]:
     return f"{scalar} of {cls}", how
 
 
+def _preset_citation(recipe: Recipe) -> str:
+    from vitcam_nb.presets import citation
+
+    return citation(recipe)
+
+
 def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     """Build the checklist of ``recipe``; pass a trace to add module paths, tokens and model facts.
 
@@ -393,7 +399,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
                               "max": "divided by the maximum per layer and again after fusion",
                               "none": "none (raw values)"}[recipe.normalize],
         },
-        "recipe": {"id": recipe.id, "json": recipe.to_json()},
+        "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": _preset_citation(recipe) or "none"},
     })
     if attrs:
         checklist["model and input"] = {

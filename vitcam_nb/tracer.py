@@ -253,7 +253,7 @@ def trace(
 
     with _on_device(model, run_device), _Capture(model, adapter, layer_ids, site_ids) as cap, \
             torch.inference_mode(False), torch.enable_grad():
-        x = prepared.tensor.to(run_device, compute_dtype).clone().requires_grad_(True)  # clone: not an inference tensor
+        x = prepared.tensor.to(run_device, compute_dtype).clone().requires_grad_(True)
         logits = model(x)
         if logits.ndim != 2 or logits.shape[0] != 1:
             raise TraceError(f"model: expected logits of shape (1, classes), got {tuple(logits.shape)}")
@@ -288,10 +288,18 @@ def trace(
 
 def _check_size(model: torch.nn.Module, x: torch.Tensor) -> None:
     pe = getattr(model, "patch_embed", None)
-    if pe is None or getattr(model, "dynamic_img_size", False) or not getattr(pe, "strict_img_size", False):
+    if pe is None:
+        return
+    got = tuple(int(v) for v in x.shape[-2:])
+    if getattr(model, "dynamic_img_size", False):
+        patch = tuple(int(v) for v in pe.patch_size)
+        if not getattr(pe, "dynamic_img_pad", False) and (got[0] % patch[0] or got[1] % patch[1]):
+            raise TraceError(f"image: {got[0]}x{got[1]} is not a multiple of the patch size "
+                             f"{patch[0]}x{patch[1]}; crop or resize it")
+        return
+    if not getattr(pe, "strict_img_size", False):
         return
     expected = tuple(int(v) for v in pe.img_size)
-    got = tuple(x.shape[-2:])
     if got != expected:
         raise TraceError(f"image: the model expects {expected[0]}x{expected[1]} input, got {got[0]}x{got[1]}; "
                          "pass a PIL image or uint8 array to have it resized, or create the model with "
