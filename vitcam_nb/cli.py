@@ -1,0 +1,47 @@
+"""The ``vitcam-nb`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``vitcam-nb``; ``vitcam-nb demo`` is the main job.
+
+    Example:
+        >>> main(["--help"])  # doctest: +SKIP
+    """
+    parser = argparse.ArgumentParser(prog="vitcam-nb", description="Grad-CAM for Vision Transformers, honestly.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="trace a model on an image and write a gallery, atlas and HTML report")
+    demo.add_argument("--out", default="vitcam-demo", help="output folder (default: vitcam-demo)")
+    demo.add_argument("--model", default="shapes-vit",
+                      help="bundled model name or a timm model name (default: shapes-vit)")
+    demo.add_argument("--image", default=None, help="image file (default: a bundled sample image)")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    sub.add_parser("models", help="list the bundled models")
+    args = parser.parse_args(argv)
+
+    if args.command == "models":
+        from vitcam_nb.models import list_models
+
+        for card in list_models():
+            print(f"{card['name']:24s} acc {card['test_accuracy']:.3f}  sha256 {card['weights_sha256'][:12]}  "
+                  f"{card['description']}")
+        return 0
+    from vitcam_nb.demo import run_demo
+
+    try:
+        paths = run_demo(args.out, model=args.model, image=args.image, progress=not args.quiet)
+    except (ValueError, TypeError) as exc:
+        print(f"vitcam-nb demo: {exc}", file=sys.stderr)
+        return 2
+    print("vitcam-nb demo wrote:")
+    for name, path in paths.items():
+        print(f"  {name:8s} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

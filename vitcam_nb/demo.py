@@ -1,0 +1,159 @@
+"""The main job: trace a model on an image and write the trace, a gallery, an agreement atlas and an
+HTML report of many variants with their checklists and localisation scores."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from vitcam_nb.errors import DegenerateMapWarning
+
+
+def demo_recipes(num_layers: int) -> dict[str, object]:
+    """The variants the demo report shows: presets plus every site at three depths.
+
+    Example:
+        >>> len(demo_recipes(6)) > 10
+        True
+    """
+    from vitcam_nb import presets
+    from vitcam_nb.taxonomy import Recipe
+
+    out: dict[str, object] = {}
+    for layer in sorted({-1, num_layers // 2, 0}, reverse=True):
+        for site in ("F1", "F2", "F3", "F4", "F5", "F6"):
+            out[f"gradcam {site} block {layer % num_layers}"] = Recipe(site=site, layer=layer)
+    out["hirescam F1 last"] = presets.hirescam()
+    out["layercam F1 last"] = presets.layercam()
+    out["gradcam++ F1 last"] = presets.gradcampp()
+    out["eigencam F1 last"] = presets.eigencam()
+    out["gradcam F1 last, prob target"] = Recipe(target="prob")
+    out["gradcam F1 last, CLS weights"] = Recipe(weight_tokens="cls")
+    out["Chefer attention Grad-CAM"] = presets.chefer_attention_gradcam()
+    out["attention rollout"] = presets.attention_rollout()
+    out["gradient rollout"] = presets.gradient_rollout()
+    out["LeGrad-style"] = presets.legrad_style()
+    out["gradcam F1, mean over layers"] = Recipe(layer="all", layer_fusion="mean")
+    return out
+
+
+def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray | None, str]:
+    from vitcam_nb.models import bundled_names, sample_image
+
+    if image is not None:
+        from PIL import Image
+
+        path = Path(image)
+        if not path.is_file():
+            raise ValueError(f"image: {path} is not a file")
+        with Image.open(path) as im:
+            return im.convert("RGB"), None, path.name
+    if model_name not in bundled_names():
+        raise ValueError(f"image: a timm model ({model_name}) needs --image PATH; the bundled sample images "
+                         f"are for the bundled models {bundled_names()}")
+    kind = "shortcut" if "shortcut" in model_name else "shapes"
+    img, _label, mask = sample_image(kind, 0, with_mask=True)
+    return img, mask, f"bundled sample {kind} #0"
+
+
+def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: str | None = None,
+             progress: bool = True) -> dict[str, Path]:
+    """Trace ``model`` on ``image`` (default: a bundled model on a bundled image) and write the outputs.
+
+    Writes ``trace.nc``, ``gallery.png`` (every layer x site), ``atlas.png`` (agreement of the report's
+    variants), ``report.html`` and ``recipes.json``; returns their paths.
+
+    Example:
+        >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
+        >>> sorted(paths)  # doctest: +SKIP
+        ['atlas', 'gallery', 'recipes', 'report', 'trace']
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tqdm.auto import tqdm
+
+    from vitcam_nb import evaluate, htmlreport, plot
+    from vitcam_nb.cam import cam, gallery
+    from vitcam_nb.io import save
+    from vitcam_nb.models import load_model
+    from vitcam_nb.taxonomy import Recipe
+    from vitcam_nb.tracer import trace
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
+    net = load_model(model)
+    img, mask, image_name = _load_image(image, model)
+    steps.set_postfix_str("trace")
+    tr = trace(net, img)
+    paths = {"trace": save(tr, out / "trace.nc")}
+    steps.update()
+
+    steps.set_postfix_str("gallery")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateMapWarning)
+        g = gallery(tr, Recipe(), vary={"layer": "all", "site": "all"})
+    fig = plot.grid(tr, g)
+    paths["gallery"] = out / "gallery.png"
+    fig.savefig(paths["gallery"], dpi=80)
+    plt.close(fig)
+    steps.update()
+
+    recipes = demo_recipes(int(tr.attrs["num_layers"]))
+    steps.set_postfix_str("atlas")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        at = evaluate.atlas(tr, recipes)
+    fig = evaluate.plot_atlas(at)
+    paths["atlas"] = out / "atlas.png"
+    fig.savefig(paths["atlas"], dpi=80)
+    plt.close(fig)
+    steps.update()
+
+    entries = []
+    for label, recipe in tqdm(recipes.items(), desc="variants", disable=not progress, leave=False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateMapWarning)
+            m = cam(tr, recipe)
+        scores = {}
+        if mask is not None and mask.shape == m.shape and not m.attrs["degenerate"]:
+            scores = {"pointing game": evaluate.pointing_game(m, mask),
+                      "energy pointing game": evaluate.energy_pointing_game(m, mask),
+                      "relevance mass": evaluate.relevance_mass_accuracy(m, mask)}
+        entries.append(htmlreport.ReportEntry(label, m, scores))
+    steps.update()
+
+    steps.set_postfix_str("report")
+    pred = int(np.argmax(tr["logits"].values))
+    notes = [f"Image: {image_name}. Predicted class: {tr['class_label'].values[pred]} ({pred}).",
+             "Which variant to use is your choice; this report makes each choice visible. Cite a map by its "
+             "recipe id and paste its methods paragraph."]
+    if mask is not None:
+        notes.append("Scores compare each map with the known evidence mask of the bundled image.")
+    figures = {"Gallery: every layer x site (gradcam, logit, top-1)": plt.imread(paths["gallery"]),
+               "Agreement atlas (Spearman on the token grid)": plt.imread(paths["atlas"])}
+    html = htmlreport.render(tr, entries, title=f"vitcam_nb demo: {model}", notes=notes,
+                             figures={k: _image_figure(v) for k, v in figures.items()})
+    paths["report"] = out / "report.html"
+    paths["report"].write_text(html, encoding="utf-8")
+    paths["recipes"] = out / "recipes.json"
+    paths["recipes"].write_text(json.dumps({k: json.loads(r.to_json()) for k, r in recipes.items()}, indent=1))
+    steps.update()
+    steps.close()
+    return paths
+
+
+def _image_figure(pixels: np.ndarray):
+    import matplotlib.pyplot as plt
+
+    h, w = pixels.shape[:2]
+    fig = plt.figure(figsize=(w / 80, h / 80), dpi=80)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(pixels)
+    ax.set_axis_off()
+    return fig
