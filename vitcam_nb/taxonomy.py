@@ -301,12 +301,19 @@ class Checklist(dict):
         return json.dumps(self, sort_keys=False)
 
 
-def _layer_text(recipe: Recipe) -> str:
+def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
+    def one(v: int) -> str:
+        if num_layers is None:
+            return f"{v}" + (" (the last block)" if v == -1 else "")
+        absolute = v % num_layers
+        last = " (the last block)" if absolute == num_layers - 1 else ""
+        return f"{absolute} of 0..{num_layers - 1}{last}"
+
     if recipe.layer == "all":
-        return "all blocks"
+        return "all traced blocks"
     if isinstance(recipe.layer, tuple):
-        return "blocks " + ", ".join(map(str, recipe.layer))
-    return f"block {recipe.layer}" + (" (the last block)" if recipe.layer == -1 else "")
+        return "blocks " + ", ".join(one(v) for v in recipe.layer)
+    return "block " + one(recipe.layer)
 
 
 def _target_text(recipe: Recipe) -> tuple[str, str]:
@@ -341,6 +348,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     attrs = dict(getattr(trace, "attrs", {}) or {})
     hook = attrs.get(f"hook_{recipe.site}", "")
     module, _, io = hook.partition(":")
+    if module and _is_int(recipe.layer) and "num_layers" in attrs:
+        module = module.replace("{layer}", str(recipe.layer % int(attrs["num_layers"])))
     scalar, how = _target_text(recipe)
     prefix = int(attrs.get("num_prefix_tokens", -1))
     if trace is not None and "token_kind" in getattr(trace, "coords", {}):
@@ -372,7 +381,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "site": site_text,
             "module": module or "see trace (hook template per site)",
             "input or output": io or "see trace",
-            "layer": _layer_text(recipe),
+            "layer": _layer_text(recipe, int(attrs["num_layers"]) if "num_layers" in attrs else None),
         },
         "gradient target": {
             "scalar": scalar,
