@@ -120,6 +120,9 @@ class _TraceView:
             if absolute not in traced:
                 raise RecipeError(f"layer: block {absolute} was not traced (traced: {traced}); trace again "
                                   "with layers=None or include it")
+            if traced.index(absolute) in out:
+                raise RecipeError(f"layer: {wanted!r} names block {absolute} twice on a model with "
+                                  f"{self.num_layers} blocks; list each block once")
             out.append(traced.index(absolute))
         return out
 
@@ -148,6 +151,9 @@ class _TraceView:
         pos = classes.index(cls)
         if recipe.target == "logit" or recipe.layer_fusion == "rollout":
             return {pos: 1.0}, cls
+        if -1 not in classes:
+            raise RecipeError(f"target: {recipe.target!r} is derived from the expected-logit gradient, which this "
+                              "trace lacks; use target='logit' or trace again with vitcam_nb.trace()")
         expected = classes.index(-1)
         if recipe.target == "logprob":
             return {pos: 1.0, expected: -1.0}, cls
@@ -362,6 +368,8 @@ def _finish_layers(view: _TraceView, recipe: Recipe, raw: np.ndarray, scale: np.
 
 
 def _rollout(view: _TraceView, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
+    # A rollout is a product over blocks in forward order, whatever order the recipe's tuple lists them in.
+    layer_pos = sorted(set(layer_pos), key=lambda p: int(view.layers[p]))
     attn = view.arrays["attn"][layer_pos].astype(np.float64)
     n = attn.shape[-1]
     eye = np.eye(n)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import numbers
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from vitcam_nb.errors import RecipeError
 
@@ -90,7 +93,12 @@ def _choice(field: str, value: Any, allowed: tuple) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _plain_int(value: Any) -> Any:
+    """numpy integers (e.g. from ``tr.layer.values``) become Python ints so the JSON stays canonical."""
+    return int(value) if _is_int(value) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +131,13 @@ class Recipe:
 
     def __post_init__(self) -> None:
         layer = self.layer
-        if isinstance(layer, list):
-            layer = tuple(layer)
-            object.__setattr__(self, "layer", layer)
+        if isinstance(layer, (list, tuple)):
+            layer = tuple(_plain_int(v) for v in layer)
+        else:
+            layer = _plain_int(layer)
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "class_", _plain_int(self.class_))
+        object.__setattr__(self, "heads", _plain_int(self.heads))
         _choice("site", self.site, SITES)
         if isinstance(layer, tuple):
             if not layer or not all(_is_int(v) for v in layer) or len(set(layer)) != len(layer):
@@ -302,18 +314,17 @@ class Checklist(dict):
 
 
 def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
-    def one(v: int) -> str:
-        if num_layers is None:
-            return f"{v}" + (" (the last block)" if v == -1 else "")
-        absolute = v % num_layers
-        last = " (the last block)" if absolute == num_layers - 1 else ""
-        return f"{absolute} of 0..{num_layers - 1}{last}"
-
     if recipe.layer == "all":
         return "all traced blocks"
-    if isinstance(recipe.layer, tuple):
-        return "blocks " + ", ".join(one(v) for v in recipe.layer)
-    return "block " + one(recipe.layer)
+    values = recipe.layer if isinstance(recipe.layer, tuple) else (recipe.layer,)
+    if num_layers is None:
+        text = ", ".join(map(str, values)) + (" (the last block)" if values == (-1,) else "")
+    else:
+        absolute = [v % num_layers for v in values]
+        text = ", ".join(map(str, absolute)) + f" of 0..{num_layers - 1}"
+        if absolute == [num_layers - 1]:
+            text += " (the last block)"
+    return ("blocks " if len(values) > 1 else "block ") + text
 
 
 def _target_text(recipe: Recipe) -> tuple[str, str]:
@@ -350,6 +361,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     module, _, io = hook.partition(":")
     if module and _is_int(recipe.layer) and "num_layers" in attrs:
         module = module.replace("{layer}", str(recipe.layer % int(attrs["num_layers"])))
+    elif module:
+        module = module.replace("{layer}", "<l>") + " for each block l listed"
     scalar, how = _target_text(recipe)
     prefix = int(attrs.get("num_prefix_tokens", -1))
     if trace is not None and "token_kind" in getattr(trace, "coords", {}):
@@ -372,9 +385,9 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         heads_text = heads
     weight_tokens = {"patch": "patch tokens only (prefix tokens dropped)", "all": "all tokens incl. prefix",
                      "cls": "the CLS token only"}[recipe.weight_tokens]
-    if recipe.weighting not in POOLED_WEIGHTINGS:
-        weight_tokens = "not applicable: the formula is per token"
-    grid = f"{attrs['grid_h']} x {attrs['grid_w']}" if "grid_h" in attrs else "the model's patch grid"
+    if recipe.weighting not in POOLED_WEIGHTINGS or recipe.layer_fusion in ROLLOUTS:
+        weight_tokens = "none (the formula is per token, no channel weights are pooled)"
+    grid = f"{attrs['grid_h']} x {attrs['grid_w']} grid" if "grid_h" in attrs else "patch grid of the model"
     size = attrs.get("img_size", "the input size")
     checklist = Checklist({
         "feature representation": {
@@ -396,12 +409,13 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "weighting": f"{weighting}: {WEIGHTING_FORMULAS[recipe.weighting]}" if weighting != "not used"
             else "not used",
             "heads": heads_text,
-            "relu": "ReLU applied to each layer map before normalisation" if recipe.relu == "after"
+            "relu": ("ReLU applied to the rollout map before normalisation" if recipe.layer_fusion in ROLLOUTS
+                     else "ReLU applied to each layer map before normalisation") if recipe.relu == "after"
             else "no ReLU (signed map)",
             "layer fusion": f"{recipe.layer_fusion}: {FUSION_TEXT[recipe.layer_fusion]}",
         },
         "spatial reconstruction": {
-            "reshape": f"raster: row-major {grid} grid from the patch_row/patch_col of each token",
+            "reshape": f"raster: row-major {grid} from the patch_row/patch_col of each token",
             "upsampling": "none (token grid)" if recipe.upsample == "none" else
             f"{recipe.upsample} to {size} (half-pixel centres, align_corners=False)",
             "normalisation": {"minmax": "min-max to [0, 1] per layer and again after upsampling and fusion",
@@ -446,7 +460,7 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
         f"Feature representation: {where}. "
         f"Gradient target: {gt['scalar']}; {gt['derivation']}. "
         f"Token handling: prefix tokens {th['prefix tokens present']}; the map covers {th['map over']}; "
-        f"channel weights from {th['weight tokens']}. "
+        f"channel weights pooled over: {th['weight tokens']}. "
         f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
         f"Spatial reconstruction: {sr['reshape']}; upsampling {sr['upsampling']}; normalisation {sr['normalisation']}."
     )
