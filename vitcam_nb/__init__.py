@@ -20,6 +20,7 @@ from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, Trac
 from vitcam_nb.io import load, save
 from vitcam_nb.taxonomy import Checklist, Recipe
 from vitcam_nb.tracer import trace
+from vitcam_nb.widgets import Compare, Explorer, Gallery
 
 __all__ = [
     "DegenerateMapWarning",
@@ -27,6 +28,9 @@ __all__ = [
     "TraceError",
     "TraceFileError",
     "Checklist",
+    "Compare",
+    "Explorer",
+    "Gallery",
     "Recipe",
     "cam",
     "gallery",

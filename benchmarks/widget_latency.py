@@ -1,0 +1,125 @@
+"""Widget repaint latency in a real browser: JupyterLab on localhost, Debian's headless Chromium (Playwright),
+an Explorer on a ViT-B/16 trace (timm ``vit_base_patch16_224``, random init, 224x224 input).
+
+Each sample is one press of an arrow key on the Explorer's layer slider (a real input event), timed by
+the page itself: from ``performance.now()`` at the input event, through the 30 ms debounce, the kernel
+round trip (``vc.cam(tr, recipe, grid=True)`` and the binary grid message) and the bilinear upsampling
+and colouring, to the end of the canvas draw; the widget records it in ``data-last-paint-latency-ms``.
+
+Run:  ``python benchmarks/widget_latency.py [--quick]``  -> prints JSON
+``{"widget_repaint_median_ms": ..., "n": ...}`` (plus p90, min, max, the draw time alone and the setup).
+The benchmark suite calls :func:`run`. Needs /usr/bin/chromium and playwright; without them ``run``
+returns n = 0 and a reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+_HARNESS = Path(__file__).resolve().parents[1] / "tests" / "ui" / "lab_harness.py"
+
+NOTEBOOK_CELL = """
+import numpy as np, timm, torch
+import vitcam_nb as vc
+from vitcam_nb.widgets import Explorer
+
+model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
+image = (np.random.default_rng(0).random((224, 224, 3)) * 255).astype(np.uint8)
+tr = vc.trace(model, image)
+ex = Explorer(tr, vc.Recipe(site="F1", layer=-1))
+ex
+"""
+
+_WAIT_PAINTED = """(prev) => {
+  const r = document.querySelector('.vc-explorer');
+  return !!r && r.dataset.requestId !== undefined && Number(r.dataset.requestId) > prev
+    && r.dataset.lastPaintRequest === r.dataset.requestId && r.dataset.state === 'ready';
+}"""
+
+
+def _harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vitcam_lab_harness", _HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _request_id(page) -> int:
+    return int(page.locator(".vc-explorer").first.evaluate("(r) => Number(r.dataset.requestId || 0)"))
+
+
+def run(quick: bool = False) -> dict:
+    """Measure the median control-change-to-repaint latency of the Explorer on a ViT-B/16 trace.
+
+    ``quick``: 10 samples instead of 40 (the ViT-B trace in the kernel dominates either way, ~30 s on
+    two CPU cores). Returns ``{"widget_repaint_median_ms": float | None, "n": int, ...}``.
+
+    Example:
+        >>> run(quick=True)["n"]   # doctest: +SKIP
+        10
+    """
+    h = _harness()
+    reason = h.chromium_missing_reason()
+    if reason:
+        return {"widget_repaint_median_ms": None, "n": 0, "skipped": reason}
+    n = 10 if quick else 40
+    warmup = 3
+    samples: list[float] = []
+    draws: list[float] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vitcam-latency-") as tmp:
+        root = Path(tmp) / "root"
+        root.mkdir()
+        h.write_notebook(root / "latency.ipynb", [NOTEBOOK_CELL])
+        with h.LabServer(root) as lab, h.browser_page() as page:
+            h.open_notebook(page, lab, "latency.ipynb")
+            h.run_cell(page, 0)
+            page.wait_for_selector(".vc-explorer[data-ready='true']", timeout=300_000)
+            slider = page.locator(".vc-explorer input[data-field='layer']").first
+            slider.focus()
+            layers = int(slider.get_attribute("max")) + 1
+            position, step = layers - 1, -1
+            for i in range(warmup + n):
+                if not 0 <= position + step < layers:
+                    step = -step
+                position += step
+                prev = _request_id(page)
+                page.keyboard.press("ArrowLeft" if step < 0 else "ArrowRight")
+                page.wait_for_function(_WAIT_PAINTED, arg=prev, timeout=60_000)
+                root_el = page.locator(".vc-explorer").first
+                ms = float(root_el.get_attribute("data-last-paint-latency-ms"))
+                if i >= warmup:
+                    samples.append(ms)
+                    draws.append(float(root_el.get_attribute("data-last-draw-ms")))
+    samples.sort()
+    return {
+        "widget_repaint_median_ms": round(statistics.median(samples), 2),
+        "n": len(samples),
+        "p90_ms": round(samples[min(len(samples) - 1, int(0.9 * len(samples)))], 2),
+        "min_ms": round(samples[0], 2),
+        "max_ms": round(samples[-1], 2),
+        "draw_median_ms": round(statistics.median(draws), 2),
+        "control": "layer slider (ArrowLeft/ArrowRight key press), F1, vit_base_patch16_224 random init, 224x224",
+        "includes": "30 ms debounce + kernel round trip + upsample/colour/draw",
+        "total_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 samples instead of 40")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(quick=args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

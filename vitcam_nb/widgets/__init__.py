@@ -1,0 +1,26 @@
+"""Notebook widgets (anywidget): slice a trace live in JupyterLab or Notebook 7.
+
+* :class:`Explorer`: the image with the heatmap of the current recipe and a control for every taxonomy
+  dimension, the live methods paragraph and checklist, degenerate-variant notices.
+* :class:`Gallery`: thumbnails of a recipe with one or two fields varied; a click opens an Explorer.
+* :class:`Compare`: two recipes side by side with their agreement and the differing fields.
+
+The trace stays in the kernel. The browser receives the image once, then small float32 grids as binary
+buffers, which it upsamples and colours on a canvas (plain ES modules in ``static/``, no build step, no
+network). Without a widget manager (nbconvert, GitHub) the display falls back to a PNG; ``.static()``
+returns the matplotlib figure.
+
+Example:
+    >>> import vitcam_nb as vc
+    >>> from vitcam_nb.widgets import Explorer
+    >>> ex = Explorer(tr)   # doctest: +SKIP
+    >>> ex                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from vitcam_nb.widgets.compare import Compare
+from vitcam_nb.widgets.explorer import Explorer
+from vitcam_nb.widgets.gallery import Gallery, GalleryGrid
+
+__all__ = ["Compare", "Explorer", "Gallery", "GalleryGrid"]

@@ -1,0 +1,231 @@
+"""The Explorer: one trace, one image, the heatmap of the current recipe and a control for every
+taxonomy dimension. The trace stays in the kernel; the browser gets the image once and then one small
+float32 grid per change, which it upsamples and colours itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anywidget
+import numpy as np
+import traitlets as t
+import xarray as xr
+
+from vitcam_nb.errors import RecipeError
+from vitcam_nb.taxonomy import Recipe
+from vitcam_nb.widgets._common import (
+    COLORMAPS,
+    GridResult,
+    TraceFacts,
+    as_recipe,
+    coerce_request,
+    compute_grid,
+    controls,
+    css,
+    default_recipe,
+    error_text,
+    esm,
+    grid_bytes,
+    grid_from_bytes,
+    image_rgba,
+    png_bundle,
+)
+
+__all__ = ["Explorer"]
+
+
+class Explorer(anywidget.AnyWidget):
+    """Interactive Grad-CAM explorer for one trace.
+
+    The image with the heatmap of the current recipe overlaid; a control for every taxonomy dimension
+    (controls that do not apply to the current choices are hidden); overlay opacity and colormap; the
+    live methods paragraph and checklist with copy buttons; the recipe id; a notice when the variant is
+    degenerate. A refused combination shows its message in the widget, never a traceback.
+
+    Args:
+        trace: a Dataset from :func:`vitcam_nb.trace`.
+        recipe: the recipe to start from (default :class:`~vitcam_nb.Recipe` ``()``, moved to a traced
+            site/class if needed).
+        opacity: overlay opacity in [0, 1].
+        colormap: one of ``jet``, ``viridis``, ``inferno``, ``gray``.
+        size: display width of the image in CSS pixels.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> ex = vc.Explorer(tr)                       # doctest: +SKIP
+        >>> ex                                         # doctest: +SKIP
+        >>> ex.recipe = ex.recipe.replace(site="F4")   # doctest: +SKIP
+        >>> ex.recipe.site                             # doctest: +SKIP
+        'F4'
+    """
+
+    _esm = esm("explorer.js")
+    _css = css()
+
+    options = t.Dict().tag(sync=True)
+    image = t.Bytes().tag(sync=True)
+    image_shape = t.List(t.Int()).tag(sync=True)
+    size = t.Int(360).tag(sync=True)
+    opacity = t.Float(0.5).tag(sync=True)
+    colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
+
+    recipe_json = t.Unicode().tag(sync=True)
+    recipe_id = t.Unicode().tag(sync=True)
+    grid = t.Bytes().tag(sync=True)
+    grid_shape = t.List(t.Int()).tag(sync=True)
+    checklist = t.Dict().tag(sync=True)
+    checklist_md = t.Unicode().tag(sync=True)
+    methods = t.Unicode().tag(sync=True)
+    degenerate = t.Unicode().tag(sync=True)
+    notes = t.Unicode().tag(sync=True)
+    error = t.Unicode().tag(sync=True)
+
+    #: The browser's change: {"id": int, "recipe": {field: value}, "changed": [field, ...]}.
+    request = t.Dict().tag(sync=True, echo_update=False)
+    #: The id of the last browser request answered; the browser ignores answers older than its newest request.
+    response_id = t.Int(0).tag(sync=True)
+    #: Incremented with every answer (from the browser's requests or from Python), so the page repaints.
+    frame = t.Int(0).tag(sync=True)
+
+    def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None, *, opacity: float = 0.5,
+                 colormap: str = "jet", size: int = 360, **kwargs: Any) -> None:
+        if not 0.0 <= float(opacity) <= 1.0:
+            raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
+        if colormap not in COLORMAPS:
+            raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+        facts = TraceFacts.of(trace)
+        start = default_recipe(facts) if recipe is None else as_recipe(recipe)
+        first = compute_grid(trace, start)  # raises for a recipe this trace cannot give: fail at construction
+        super().__init__(options=controls(facts), image=image_rgba(facts.image),
+                         image_shape=list(facts.image.shape[:2]), opacity=float(opacity), colormap=colormap,
+                         size=int(size), **kwargs)
+        self._trace = trace
+        self._facts = facts
+        self._recipe = start
+        self._callbacks: list[Callable[[Recipe], Any]] = []
+        self._publish(first, response_id=0)
+        self.observe(self._on_request, names="request")
+
+    # -- Python API --------------------------------------------------------------------------------
+    @property
+    def trace(self) -> xr.Dataset:
+        """The trace this explorer slices (kept in the kernel, never sent to the browser).
+
+        Example:
+            >>> ex.trace is tr  # doctest: +SKIP
+            True
+        """
+        return self._trace
+
+    @property
+    def recipe(self) -> Recipe:
+        """The current recipe: the one whose map is shown. Setting it updates the page.
+
+        Example:
+            >>> ex.recipe = vc.Recipe(site="F6", layer=3)  # doctest: +SKIP
+        """
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, value: Recipe | dict | str) -> None:
+        recipe = as_recipe(value)
+        result = compute_grid(self._trace, recipe)  # a Python caller gets the exception
+        self._publish(result, response_id=self.response_id)
+
+    @property
+    def map(self) -> np.ndarray:
+        """The grid the browser shows: ``vc.cam(trace, recipe, grid=True).values`` as float32.
+
+        Example:
+            >>> ex.map.shape == (tr.attrs["grid_h"], tr.attrs["grid_w"])  # doctest: +SKIP
+            True
+        """
+        return grid_from_bytes(self.grid, self.grid_shape)
+
+    def cam(self) -> xr.DataArray:
+        """The full-resolution map of the current recipe (``vc.cam(trace, recipe)``), with its attrs.
+
+        Example:
+            >>> ex.cam().dims  # doctest: +SKIP
+            ('y', 'x')
+        """
+        import warnings
+
+        from vitcam_nb.cam import cam
+        from vitcam_nb.errors import DegenerateMapWarning
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateMapWarning)
+            return cam(self._trace, self._recipe)
+
+    def on_change(self, callback: Callable[[Recipe], Any]) -> None:
+        """Call ``callback(recipe)`` after every change of the shown recipe (from the page or Python).
+
+        Example:
+            >>> ex.on_change(lambda r: print(r.id))  # doctest: +SKIP
+        """
+        self._callbacks.append(callback)
+
+    def static(self) -> Any:
+        """The current view as a matplotlib Figure (for static renders, papers and widget-less viewers).
+
+        Example:
+            >>> fig = ex.static()  # doctest: +SKIP
+        """
+        from vitcam_nb import plot
+
+        return plot.overlay(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, tuple):
+            return png_bundle(bundle[0], self.static), bundle[1]
+        return bundle
+
+    # -- the round trip ----------------------------------------------------------------------------
+    def _on_request(self, change: dict) -> None:
+        request = change["new"] or {}
+        try:
+            rid = int(request.get("id", 0))
+        except (TypeError, ValueError):
+            rid = self.response_id
+        try:
+            draft = request.get("recipe")
+            if not isinstance(draft, Mapping):
+                raise RecipeError(f"request: expected an object of recipe fields, got {type(draft).__name__}")
+            changed = request.get("changed") or []
+            fields = coerce_request({**self._recipe.to_dict(), **draft}, list(changed), self._facts)
+            result = compute_grid(self._trace, Recipe.from_dict(fields))
+        except Exception as exc:  # every refusal becomes a message in the widget, never a traceback
+            if not isinstance(exc, ValueError):
+                self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            with self.hold_sync():
+                self.error = error_text(exc)
+                self.response_id = max(rid, self.response_id)
+                self.frame += 1
+            return
+        self._publish(result, response_id=max(rid, self.response_id))
+
+    def _publish(self, result: GridResult, response_id: int) -> None:
+        changed = result.recipe != self._recipe
+        self._recipe = result.recipe
+        with self.hold_sync():
+            self.recipe_json = result.recipe.to_json()
+            self.recipe_id = result.recipe.id
+            self.grid = grid_bytes(result.grid)
+            self.grid_shape = list(result.grid.shape)
+            self.checklist = result.checklist
+            self.checklist_md = result.checklist_md
+            self.methods = result.methods
+            self.degenerate = result.degenerate
+            self.notes = result.notes
+            self.error = ""
+            self.response_id = response_id
+            self.frame += 1
+        if changed:
+            for callback in list(self._callbacks):
+                try:
+                    callback(result.recipe)
+                except Exception:
+                    self.log.warning("vitcam_nb Explorer: on_change callback failed", exc_info=True)

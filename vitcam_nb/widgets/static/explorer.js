@@ -1,0 +1,166 @@
+// vitcam_nb Explorer view. Protocol with the kernel (vitcam_nb/widgets/explorer.py):
+//   page -> kernel: `request` = {id, recipe, changed}   (debounced; ids increase)
+//   kernel -> page: recipe_json, grid (float32 LE bytes), grid_shape, checklist, methods, recipe_id,
+//                   degenerate, notes, error, response_id (the request answered), frame (+1 per answer)
+// An answer whose response_id is older than the newest request sent is stale and never painted.
+// Timing hook for benchmarks: the root element's data-last-paint-latency-ms is the time from the first
+// control event of a request to the end of the canvas draw of its answer (kernel round trip included).
+
+function render({ model, el }) {
+  const options = model.get("options");
+  const debounceMs = options.debounce_ms ?? 30;
+  const root = h("div", { className: "vc-widget vc-explorer", dataset: { paintCount: "0" }, attrs: SUPPRESS_SHORTCUTS });
+  el.append(root);
+
+  let draft = JSON.parse(model.get("recipe_json") || "{}");
+  let latest = model.get("response_id");
+  let timer = null;
+  let t0 = null;
+  const changed = new Set();
+  const started = new Map();
+  let image = imageCanvas(model.get("image"), model.get("image_shape"));
+
+  // -- layout ------------------------------------------------------------------------------------
+  const recipeId = h("code", { className: "vc-recipe-id" });
+  const status = h("span", { className: "vc-status" });
+  const header = h("div", { className: "vc-header" },
+    h("strong", { textContent: "vitcam_nb Explorer" }), h("span", { textContent: " recipe " }), recipeId,
+    copyButton("copy recipe JSON", () => model.get("recipe_json")), status);
+  const canvas = h("canvas", { className: "vc-canvas" });
+  const bar = h("div", { className: "vc-colorbar-slot" });
+  const display = displayControls(model, options.colormaps, () => paint());
+  const errorBox = h("div", { className: "vc-error", hidden: true, attrs: { role: "alert" } });
+  const degenerateBox = h("div", { className: "vc-degenerate", hidden: true, attrs: { role: "status" } });
+  const notesBox = h("div", { className: "vc-notes", hidden: true });
+  const view = h("div", { className: "vc-view" }, canvas, bar, display.node);
+  const controlsNode = h("div", { className: "vc-controls" });
+  const controls = recipeControls(controlsNode, options.fields, onControl);
+  const methods = h("p", { className: "vc-methods" });
+  const checklistSlot = h("div", { className: "vc-checklist-slot" });
+  const report = h("div", { className: "vc-report" },
+    h("details", { open: true },
+      h("summary", {}, "Methods paragraph "), methods,
+      copyButton("copy methods", () => model.get("methods"))),
+    h("details", {},
+      h("summary", {}, "Reporting checklist "), checklistSlot,
+      copyButton("copy checklist (markdown)", () => model.get("checklist_md"))));
+  root.append(header, errorBox, degenerateBox, notesBox,
+    h("div", { className: "vc-main" }, view, controlsNode), report);
+
+  // -- requests ----------------------------------------------------------------------------------
+  // Slider input is debounced (a drag sends one request per pause); a select is sent at once, still
+  // through a zero-delay timer so that changes made in the same task travel as one request.
+  function onControl(field, value, discrete = false) {
+    draft = { ...draft, [field]: value };
+    changed.add(field);
+    if (t0 === null) t0 = performance.now();
+    controls.sync(draft);
+    root.dataset.state = "pending";
+    status.textContent = "computing…";
+    clearTimeout(timer);
+    timer = setTimeout(flush, discrete ? 0 : debounceMs);
+  }
+
+  function flush() {
+    timer = null;
+    latest = Math.max(latest, model.get("response_id")) + 1;
+    started.set(latest, t0);
+    t0 = null;
+    root.dataset.requestId = String(latest);
+    model.set("request", { id: latest, recipe: draft, changed: [...changed] });
+    changed.clear();
+    model.save_changes();
+  }
+
+  // -- answers -----------------------------------------------------------------------------------
+  function paint() {
+    const [gh, gw] = model.get("grid_shape");
+    const [ih, iw] = model.get("image_shape");
+    const grid = floatsOf(model.get("grid"));
+    const shown = JSON.parse(model.get("recipe_json") || "{}");
+    const scale = Math.max(1, Math.ceil(model.get("size") / Math.max(iw, 1)));
+    const drawStart = performance.now();
+    const [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, {
+      width: iw * scale, height: ih * scale, mode: shown.upsample, normalize: shown.normalize,
+      cmap: model.get("colormap"), opacity: model.get("opacity"),
+    });
+    canvas.style.width = `${model.get("size")}px`;
+    bar.replaceChildren(colorbar(model.get("colormap"), lo, hi));
+    root.dataset.lastDrawMs = (performance.now() - drawStart).toFixed(2);
+    root.dataset.paintCount = String(Number(root.dataset.paintCount) + 1);
+  }
+
+  function showReport() {
+    const error = model.get("error");
+    recipeId.textContent = model.get("recipe_id");
+    root.dataset.recipeId = model.get("recipe_id");
+    errorBox.hidden = !error;
+    errorBox.textContent = error ? `Not applied: ${error} (still showing recipe ${model.get("recipe_id")})` : "";
+    root.dataset.error = error ? "true" : "false";
+    const degenerate = model.get("degenerate");
+    degenerateBox.hidden = !degenerate;
+    degenerateBox.textContent = degenerate ? `Degenerate variant: the map is all zeros because ${degenerate}` : "";
+    root.dataset.degenerate = degenerate ? "true" : "false";
+    const notes = model.get("notes");
+    notesBox.hidden = !notes;
+    notesBox.textContent = notes ? `Left out of the layer fusion (degenerate): ${notes}` : "";
+    methods.textContent = model.get("methods");
+    checklistSlot.replaceChildren(checklistTable(model.get("checklist")));
+    status.textContent = error ? "refused" : "";
+    root.dataset.state = error ? "error" : "ready";
+  }
+
+  function onAnswer() {
+    const rid = model.get("response_id");
+    if (rid < latest) {
+      root.dataset.staleDropped = String(Number(root.dataset.staleDropped || 0) + 1);
+      return; // a newer request is in flight: its answer will paint
+    }
+    const error = model.get("error");
+    if (!error && timer === null) {
+      draft = JSON.parse(model.get("recipe_json"));
+      controls.sync(draft);
+    }
+    showReport();
+    if (!error) paint();
+    if (started.has(rid)) {
+      const ms = performance.now() - started.get(rid);
+      root.dataset.lastPaintLatencyMs = ms.toFixed(2);
+      root.dataset.lastPaintRequest = String(rid);
+      for (const key of [...started.keys()]) if (key <= rid) started.delete(key);
+    }
+    if (timer !== null) {
+      root.dataset.state = "pending";
+      status.textContent = "computing…";
+    }
+  }
+
+  const onImage = () => {
+    image = imageCanvas(model.get("image"), model.get("image_shape"));
+    paint();
+  };
+  const onDisplay = () => {
+    display.sync();
+    paint();
+  };
+  model.on("change:frame", onAnswer);
+  model.on("change:image", onImage);
+  model.on("change:opacity", onDisplay);
+  model.on("change:colormap", onDisplay);
+  model.on("change:size", paint);
+
+  controls.sync(draft);
+  showReport();
+  paint();
+  root.dataset.ready = "true";
+  return () => {
+    clearTimeout(timer);
+    model.off("change:frame", onAnswer);
+    model.off("change:image", onImage);
+    model.off("change:opacity", onDisplay);
+    model.off("change:colormap", onDisplay);
+    model.off("change:size", paint);
+  };
+}
+
+export default { render };
