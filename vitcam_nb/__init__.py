@@ -18,6 +18,7 @@ from vitcam_nb import plot, presets
 from vitcam_nb.cam import cam, gallery
 from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.io import load, save
+from vitcam_nb.many import atlas_many, cam_many, image_choices, image_trace, open_traces, trace_many
 from vitcam_nb.taxonomy import Checklist, Recipe
 from vitcam_nb.tracer import trace
 from vitcam_nb.widgets import Compare, Explorer, Gallery
@@ -40,4 +41,10 @@ __all__ = [
     "load",
     "save",
     "trace",
+    "atlas_many",
+    "cam_many",
+    "image_choices",
+    "image_trace",
+    "open_traces",
+    "trace_many",
 ]

@@ -462,6 +462,10 @@ def cam(trace: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False, 
         >>> m.dims, float(m.max())
         (('y', 'x'), 1.0)
     """
+    if isinstance(trace, xr.Dataset) and "image" in trace.dims:
+        from vitcam_nb.many import cam_many
+
+        return cam_many(trace, recipe, grid=grid, **fields)
     if recipe is None:
         recipe = Recipe(**fields)
     elif not isinstance(recipe, Recipe):
@@ -513,6 +517,8 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
         >>> g.dims
         ('layer', 'site', 'y', 'x')
     """
+    if isinstance(trace, xr.Dataset) and "image" in trace.dims:
+        raise TraceError("trace: gallery() takes one image's trace; pick one with vc.image_trace(ds, i)")
     base = recipe if recipe is not None else Recipe()
     if not isinstance(base, Recipe):
         raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(base).__name__}")
