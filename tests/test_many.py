@@ -418,3 +418,21 @@ def test_atlas_and_maps_on_a_local_cluster(store):
 def test_atlas_and_maps_on_a_local_cluster_of_processes(store):
     # Worker processes import torch, timm and vitcam_nb: 10 s or more on a busy machine.
     _on_cluster(open_traces(store), processes=True)
+
+
+def test_explorer_on_a_store_picks_an_image_and_keeps_the_recipe(tmp_path):
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitcam_nb.widgets.images import ImageExplorer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=4)
+    images = np.random.default_rng(1).integers(0, 255, (3, 32, 32, 3), dtype=np.uint8)
+    path = vc.trace_many(model, list(images), tmp_path / "s.zarr", targets="top1", progress=False)
+    ds = vc.open_traces(path)
+    box = vc.Explorer(ds, vc.Recipe(site="F4", layer=0))
+    assert isinstance(box, ImageExplorer) and box.index == 0
+    box.index = 2
+    assert box.recipe == vc.Recipe(site="F4", layer=0)
+    want = vc.cam(vc.image_trace(ds, 2), vc.Recipe(site="F4", layer=0), grid=True).values
+    np.testing.assert_array_equal(box.explorer.map, want)

@@ -88,6 +88,14 @@ class Explorer(anywidget.AnyWidget):
     #: Incremented with every answer (from the browser's requests or from Python), so the page repaints.
     frame = t.Int(0).tag(sync=True)
 
+    def __new__(cls, trace: xr.Dataset | None = None, *args: Any, **kwargs: Any) -> Any:
+        # A many-image store gets an image picker around a single-image Explorer.
+        if isinstance(trace, xr.Dataset) and "image" in trace.dims:
+            from vitcam_nb.widgets.images import ImageExplorer
+
+            return ImageExplorer(trace, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None, *, opacity: float = 0.5,
                  colormap: str = "jet", size: int = 360, **kwargs: Any) -> None:
         if not 0.0 <= float(opacity) <= 1.0:
