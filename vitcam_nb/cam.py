@@ -467,7 +467,7 @@ def cam(trace: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False, 
 
         return cam_many(trace, recipe, grid=grid, **fields)
     if recipe is None:
-        recipe = Recipe(**fields)
+        recipe = Recipe.from_dict(fields)
     elif not isinstance(recipe, Recipe):
         raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     elif fields:
