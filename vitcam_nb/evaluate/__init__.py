@@ -1,0 +1,104 @@
+"""Measure heatmaps: agreement between variants, localisation against a mask, faithfulness to the model,
+and sanity checks.
+
+One job per module:
+
+* :mod:`~vitcam_nb.evaluate.agreement`: two maps on one grid -> a number (Spearman, Pearson, cosine,
+  SSIM, top-k IoU, Krishna et al.'s feature / rank / sign agreement).
+* :mod:`~vitcam_nb.evaluate.atlas`: the pairwise agreement of many recipes, and its clustered plot.
+* :mod:`~vitcam_nb.evaluate.localisation`: a map against a ground-truth mask (pointing game,
+  energy-based pointing game, relevance mass and rank accuracy, AUROC).
+* :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model).
+* :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check.
+* :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
+
+Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
+``ValueError`` naming the argument.
+
+Example:
+    >>> from vitcam_nb import evaluate
+    >>> evaluate.spearman([[0, 1], [2, 3]], [[3, 2], [1, 0]])
+    -1.0
+"""
+
+from __future__ import annotations
+
+from vitcam_nb.evaluate._common import MetricWarning
+from vitcam_nb.evaluate.agreement import (
+    AGREEMENT_METRICS,
+    SIGNED_METRICS,
+    cosine,
+    feature_agreement,
+    pearson,
+    rank_agreement,
+    sign_agreement,
+    signed_rank_agreement,
+    spearman,
+    ssim,
+    topk_iou,
+)
+from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
+from vitcam_nb.evaluate.faithfulness import (
+    SUBSTRATES,
+    deletion,
+    insertion,
+    lerf_morf_area,
+    model_input,
+    noisy_linear_imputation,
+    road,
+)
+from vitcam_nb.evaluate.localisation import (
+    LOCALISATION_METRICS,
+    auroc,
+    default_tolerance,
+    energy_pointing_game,
+    pointing_game,
+    relevance_mass_accuracy,
+    relevance_rank_accuracy,
+)
+from vitcam_nb.evaluate.report import report_known_answer
+from vitcam_nb.evaluate.sanity import (
+    model_parts,
+    model_randomisation,
+    plot_randomisation,
+    randomise_parts,
+    randomised_logit,
+)
+
+__all__ = [
+    "AGREEMENT_METRICS",
+    "LOCALISATION_METRICS",
+    "SIGNED_METRICS",
+    "SUBSTRATES",
+    "MetricWarning",
+    "atlas",
+    "auroc",
+    "cosine",
+    "default_tolerance",
+    "deletion",
+    "energy_pointing_game",
+    "feature_agreement",
+    "insertion",
+    "lerf_morf_area",
+    "model_input",
+    "model_parts",
+    "model_randomisation",
+    "noisy_linear_imputation",
+    "pearson",
+    "plot_atlas",
+    "plot_randomisation",
+    "pointing_game",
+    "randomise_parts",
+    "randomised_logit",
+    "rank_agreement",
+    "recipe_labels",
+    "relevance_mass_accuracy",
+    "relevance_rank_accuracy",
+    "report_known_answer",
+    "road",
+    "sign_agreement",
+    "signed_rank_agreement",
+    "spearman",
+    "ssim",
+    "topk_iou",
+]

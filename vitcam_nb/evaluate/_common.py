@@ -1,0 +1,137 @@
+"""Input checks shared by every metric: maps, masks, warnings. Metrics refuse bad input with a
+``ValueError`` that names the argument, and answer NaN only with a :class:`MetricWarning` saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import xarray as xr
+
+
+class MetricWarning(UserWarning):
+    """A metric returned NaN (or a number that needs a caveat) and says why.
+
+    Example:
+        >>> import warnings
+        >>> warnings.simplefilter("ignore", MetricWarning)
+    """
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside vitcam_nb.evaluate, seen from ``warnings.warn``'s caller."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn(message: str) -> None:
+    """Emit a :class:`MetricWarning` pointing at the user's call, not at this package."""
+    warnings.warn(message, MetricWarning, stacklevel=_user_stacklevel())
+
+
+def nan_because(metric: str, reason: str) -> float:
+    """Warn that ``metric`` is undefined for this input and return NaN."""
+    warnings.warn(f"{metric}: returning NaN because {reason}", MetricWarning, stacklevel=_user_stacklevel())
+    return float("nan")
+
+
+def as_map(value: object, name: str) -> np.ndarray:
+    """A finite 2-D float64 array from a numpy array, a DataArray or a torch tensor.
+
+    Example:
+        >>> as_map([[0, 1], [2, 3]], "a").dtype
+        dtype('float64')
+    """
+    if isinstance(value, xr.DataArray):
+        value = value.values
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: expected a 2-D numeric map, got {type(value).__name__}") from e
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D map (y, x), got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: empty map of shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: contains NaN or inf; maps must be finite")
+    return arr
+
+
+def as_pair(a: object, b: object) -> tuple[np.ndarray, np.ndarray]:
+    """Two maps of the same shape (agreement metrics compare them cell by cell)."""
+    x, y = as_map(a, "a"), as_map(b, "b")
+    if x.shape != y.shape:
+        raise ValueError(
+            f"b: maps of different shapes, a {x.shape} and b {y.shape}; compare maps on the same grid "
+            "(vc.cam(tr, recipe, grid=True) gives every recipe of one trace the same token grid)"
+        )
+    return x, y
+
+
+def as_mask(value: object, shape: tuple[int, int], name: str = "mask") -> np.ndarray:
+    """A non-empty boolean mask of exactly ``shape``."""
+    if isinstance(value, xr.DataArray):
+        value = value.values
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D mask (y, x), got shape {arr.shape}")
+    if arr.dtype != bool:
+        if not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"{name}: expected a boolean mask (or 0/1 values), got dtype {arr.dtype} "
+                             "with other values")
+        arr = arr.astype(bool)
+    if arr.shape != tuple(shape):
+        raise ValueError(
+            f"{name}: shape {arr.shape} does not match the map's shape {tuple(shape)}; localisation is "
+            "measured at the map's resolution (use the upsampled map, vc.cam(tr, recipe), against a "
+            "pixel mask)"
+        )
+    if not arr.any():
+        raise ValueError(f"{name}: empty mask (no True pixel); localisation against it is undefined")
+    return arr
+
+
+def resolve_k(k: int | float, n: int, name: str = "k") -> int:
+    """Number of cells from ``k``: an int is a count (1..n), a float in (0, 1] a fraction of ``n``.
+
+    Example:
+        >>> resolve_k(0.25, 16), resolve_k(3, 16)
+        (4, 3)
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}: expected an int count or a float fraction in (0, 1], got {k!r}")
+    if isinstance(k, (int, np.integer)):
+        if not 1 <= k <= n:
+            raise ValueError(f"{name}: a count must be in 1..{n} (the number of cells), got {k}")
+        return int(k)
+    if not 0.0 < k <= 1.0:
+        raise ValueError(f"{name}: a fraction must be in (0, 1], got {k}")
+    return max(1, min(n, int(round(k * n))))
+
+
+def order_desc(values: np.ndarray) -> np.ndarray:
+    """Flat indices from the largest value to the smallest; ties keep row-major cell order."""
+    return np.argsort(-values.ravel(), kind="stable")
+
+
+def recipe_fields(m: object) -> dict:
+    """The recipe a map from ``vc.cam`` carries in its attrs ({} for plain arrays)."""
+    if isinstance(m, xr.DataArray) and isinstance(m.attrs.get("recipe"), str):
+        try:
+            out = json.loads(m.attrs["recipe"])
+        except ValueError:
+            return {}
+        return out if isinstance(out, dict) else {}
+    return {}

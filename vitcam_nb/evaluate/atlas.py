@@ -1,0 +1,299 @@
+"""Agreement atlas: the pairwise agreement of many recipes on one trace (or its mean and spread over
+many traces), and a plot that clusters the variants that agree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.evaluate._common import MetricWarning, warn
+from vitcam_nb.evaluate.agreement import AGREEMENT_METRICS, SIGNED_METRICS
+
+__all__ = ["atlas", "plot_atlas", "recipe_labels"]
+
+
+def recipe_labels(recipes: Sequence[object]) -> list[str]:
+    """Short labels naming only the recipe fields that differ between ``recipes``.
+
+    Example:
+        >>> from vitcam_nb.taxonomy import Recipe
+        >>> recipe_labels([Recipe(site="F1"), Recipe(site="F4", weighting="layercam")])
+        ['F1 gradcam', 'F4 layercam']
+    """
+    dicts = [r.to_dict() for r in recipes]
+    if not dicts:
+        return []
+    varying = [k for k in dicts[0] if len({json.dumps(d[k]) for d in dicts}) > 1]
+    short = {"site", "weighting", "target", "layer_fusion", "heads", "attn_rows"}
+    always = {"site", "layer", "weighting", "target"}
+    defaults = {f.name: f.default for f in dataclasses.fields(type(recipes[0]))}
+    labels = []
+    for d in dicts:
+        parts = []
+        for k in varying:
+            v = d[k]
+            if k not in always and v == defaults.get(k):
+                continue  # e.g. layer_fusion="none" next to a rollout: only the exception is named
+            if k == "layer":
+                parts.append(f"L{v}" if isinstance(v, int) else f"L{'+'.join(map(str, v))}"
+                             if isinstance(v, list) else f"L{v}")
+            elif k in short:
+                parts.append(str(v))
+            else:
+                parts.append(f"{k}={v}")
+        labels.append(" ".join(parts) or "recipe")
+    return labels
+
+
+def _normalise_recipes(recipes: object) -> tuple[list, list[str]]:
+    from vitcam_nb.taxonomy import Recipe
+
+    if isinstance(recipes, Mapping):
+        labels, items = [str(k) for k in recipes], list(recipes.values())
+    elif isinstance(recipes, Sequence) and not isinstance(recipes, str):
+        items, labels = list(recipes), None
+    else:
+        raise ValueError("recipes: expected a list of Recipes or a dict label -> Recipe, "
+                         f"got {type(recipes).__name__}")
+    if len(items) < 2:
+        raise ValueError(f"recipes: an atlas needs at least 2 recipes, got {len(items)}")
+    for r in items:
+        if not isinstance(r, Recipe):
+            raise ValueError(f"recipes: expected vitcam_nb.Recipe values, got {type(r).__name__}")
+    ids = [r.id for r in items]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"recipes: the same recipe appears more than once (ids {dup})")
+    return items, labels or recipe_labels(items)
+
+
+def _metric(metric: str | Callable[..., float]) -> tuple[str, Callable[..., float]]:
+    if callable(metric):
+        return getattr(metric, "__name__", "custom"), metric
+    if metric not in AGREEMENT_METRICS:
+        raise ValueError(f"metric: expected one of {list(AGREEMENT_METRICS)} or a callable, got {metric!r}")
+    return metric, AGREEMENT_METRICS[metric]
+
+
+def _one(tr: xr.Dataset, recipes: list, labels: list[str], name: str, fn: Callable[..., float], signed: bool,
+         kwargs: dict) -> xr.DataArray:
+    from vitcam_nb.cam import cam
+    from vitcam_nb.errors import DegenerateMapWarning
+
+    maps, degenerate = [], {}
+    for r, label in zip(recipes, labels, strict=True):
+        used = r.replace(relu="none", normalize="none") if signed else r
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateMapWarning)
+            m = cam(tr, used, grid=True)
+        if m.attrs.get("degenerate"):
+            degenerate[label] = f"{r.id}: {m.attrs['degenerate']}"
+        maps.append(m)
+    n = len(recipes)
+    values = np.full((n, n), np.nan)
+    undefined = []
+    for i in range(n):
+        for j in range(i, n):
+            if labels[i] in degenerate or labels[j] in degenerate:
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", MetricWarning)
+                v = float(fn(maps[i], maps[j], **kwargs))
+            if np.isnan(v):
+                undefined.append(f"{labels[i]} / {labels[j]}: " + "; ".join(str(w.message) for w in caught))
+            values[i, j] = values[j, i] = v
+    if degenerate:
+        warn(f"atlas: {len(degenerate)} recipe(s) give a degenerate map (all zeros) on trace "
+             f"{tr.attrs.get('trace_id', '?')}; their rows and columns are NaN: "
+             + "; ".join(f"{k} ({v})" for k, v in degenerate.items()))
+    if undefined:
+        warn(f"atlas: {name} is undefined (NaN) for {len(undefined)} pair(s): "
+             + " | ".join(undefined[:5]) + (" ..." if len(undefined) > 5 else ""))
+    ids = [r.id for r in recipes]
+    degenerate_flags = [labels[i] in degenerate for i in range(n)]
+    coords = {
+        "recipe_a": ids, "label_a": ("recipe_a", labels), "degenerate_a": ("recipe_a", degenerate_flags),
+        "recipe_b": ids, "label_b": ("recipe_b", labels), "degenerate_b": ("recipe_b", degenerate_flags),
+    }
+    attrs = {
+        "metric": name,
+        "metric_kwargs": json.dumps(kwargs, sort_keys=True, default=str),
+        "grid": "token grid (upsample='none')",
+        "signed": int(signed),
+        "recipes": json.dumps({r.id: r.to_json() for r in recipes}),
+        "trace_id": str(tr.attrs.get("trace_id", "")),
+        "degenerate": json.dumps(degenerate),
+    }
+    return xr.DataArray(values, dims=("recipe_a", "recipe_b"), coords=coords, name=name, attrs=attrs)
+
+
+def atlas(
+    tr: xr.Dataset | Sequence[xr.Dataset],
+    recipes: Sequence[object] | Mapping[str, object],
+    metric: str | Callable[..., float] = "spearman",
+    *,
+    signed: bool | None = None,
+    **metric_kwargs: object,
+) -> xr.DataArray | xr.Dataset:
+    """Pairwise agreement of ``recipes`` on the token grid.
+
+    Each map is ``vc.cam(tr, recipe, grid=True)``; for sign measures (``signed``, default True for
+    ``sign_agreement`` and ``signed_rank_agreement``) the maps are taken with
+    ``relu="none", normalize="none"``. A recipe whose map is degenerate (``attrs["degenerate"]``) gets
+    NaN rows and columns, and a :class:`MetricWarning` names it; pairs where the metric is undefined
+    are NaN with a warning too.
+
+    Args:
+        tr: one trace, or a list of traces (one per image).
+        recipes: a list of Recipes (labels made from the fields that differ) or a dict label -> Recipe.
+        metric: a name from ``AGREEMENT_METRICS`` or a callable ``f(a, b, **kw) -> float``.
+        signed: use maps before the ReLU and normalisation.
+        metric_kwargs: passed to the metric (e.g. ``k=0.2``).
+
+    Returns:
+        one trace: DataArray ``(recipe_a, recipe_b)`` with recipe ids as coordinates and
+        ``label_a``/``label_b`` labels. Many traces: Dataset with ``mean`` and ``std`` (NaN-aware,
+        population std) and ``count`` (images where the pair was defined), same dims.
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+        >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), img)
+        >>> da = atlas(tr, [vc.Recipe(site="F1", layer=0), vc.Recipe(site="F4", layer=0)])
+        >>> da.dims, da["label_a"].values.tolist()
+        (('recipe_a', 'recipe_b'), ['F1', 'F4'])
+    """
+    if isinstance(tr, xr.Dataset) and "image" in tr.dims:
+        from vitcam_nb.many import atlas_many
+
+        return atlas_many(tr, recipes, metric, signed=signed, **metric_kwargs)
+    items, labels = _normalise_recipes(recipes)
+    name, fn = _metric(metric)
+    signed = name in SIGNED_METRICS if signed is None else bool(signed)
+    if isinstance(tr, xr.Dataset):
+        return _one(tr, items, labels, name, fn, signed, metric_kwargs)
+    if not isinstance(tr, Sequence) or isinstance(tr, str) or len(tr) == 0:
+        raise ValueError(f"tr: expected a trace or a non-empty list of traces, got {type(tr).__name__}")
+    for i, t in enumerate(tr):
+        if not isinstance(t, xr.Dataset):
+            raise ValueError(f"tr: item {i} is a {type(t).__name__}, not a trace")
+    per = [_one(t, items, labels, name, fn, signed, metric_kwargs) for t in tr]
+    stack = np.stack([p.values for p in per])
+    count = np.sum(~np.isnan(stack), axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pairs: NaN mean, counted as 0
+        mean = np.nanmean(stack, axis=0)
+        std = np.nanstd(stack, axis=0)
+    coords = {k: v for k, v in per[0].coords.items() if not k.startswith("degenerate")}
+    degenerate_count = np.sum([p["degenerate_a"].values for p in per], axis=0)
+    coords["degenerate_a"] = ("recipe_a", degenerate_count)
+    coords["degenerate_b"] = ("recipe_b", degenerate_count)
+    dims = ("recipe_a", "recipe_b")
+    attrs = {**per[0].attrs, "n_images": len(per),
+             "trace_ids": json.dumps([p.attrs["trace_id"] for p in per]),
+             "std": "population std (ddof=0) over images where the pair is defined"}
+    attrs.pop("trace_id", None)
+    attrs["degenerate"] = json.dumps([json.loads(p.attrs["degenerate"]) for p in per])
+    return xr.Dataset({"mean": (dims, mean), "std": (dims, std), "count": (dims, count)}, coords=coords,
+                      attrs=attrs)
+
+
+def _cluster_order(values: np.ndarray) -> tuple[list[int], object]:
+    """Leaf order of average-linkage clustering of 1 - agreement. Variants with no defined agreement
+    (degenerate maps) go last, unclustered; other undefined pairs count as distance 1 (no agreement)."""
+    from scipy.cluster import hierarchy
+    from scipy.spatial.distance import squareform
+
+    n = values.shape[0]
+    off = values.copy()
+    np.fill_diagonal(off, np.nan)
+    bad = [i for i in range(n) if np.isnan(off[i]).all()]
+    good = [i for i in range(n) if i not in bad]
+    if len(good) < 3:
+        return good + bad, None
+    sub = np.nan_to_num(off[np.ix_(good, good)], nan=0.0)
+    dist = np.clip(1.0 - (sub + sub.T) / 2.0, 0.0, None)
+    np.fill_diagonal(dist, 0.0)
+    link = hierarchy.linkage(squareform(dist, checks=False), method="average", optimal_ordering=True)
+    leaves = hierarchy.leaves_list(link)
+    return [good[i] for i in leaves] + bad, link
+
+
+def plot_atlas(
+    da: xr.DataArray | xr.Dataset,
+    *,
+    cluster: bool = True,
+    annotate: bool | None = None,
+    cmap: str = "RdBu_r",
+    figsize: tuple[float, float] | None = None,
+):
+    """Heatmap of an atlas, variants ordered by hierarchical clustering of 1 - agreement.
+
+    Average linkage with optimal leaf ordering (scipy), the dendrogram drawn above the matrix.
+    Degenerate or undefined variants (NaN) are placed last and shown grey. A Dataset from a multi-image
+    atlas is drawn from its ``mean``, annotated with mean ± std.
+
+    Returns:
+        the matplotlib Figure.
+
+    Example:
+        >>> import numpy as np, xarray as xr
+        >>> labels = {"label_a": ("recipe_a", list("abc")), "label_b": ("recipe_b", list("abc"))}
+        >>> da = xr.DataArray(np.eye(3), dims=("recipe_a", "recipe_b"), coords=labels)
+        >>> fig = plot_atlas(da)
+    """
+    import matplotlib.pyplot as plt
+    from scipy.cluster import hierarchy
+
+    std = None
+    if isinstance(da, xr.Dataset):
+        if "mean" not in da:
+            raise ValueError("da: expected an atlas DataArray or a Dataset with 'mean' (and 'std')")
+        std = da["std"].values if "std" in da else None
+        da = da["mean"].assign_attrs(da.attrs)
+    if not isinstance(da, xr.DataArray) or da.ndim != 2 or da.shape[0] != da.shape[1]:
+        raise ValueError("da: expected a square (recipe_a, recipe_b) atlas, "
+                         f"got {getattr(da, 'dims', type(da))}")
+    values = np.asarray(da.values, dtype=float)
+    n = values.shape[0]
+    labels = [str(v) for v in (da["label_a"].values if "label_a" in da.coords else range(n))]
+    order, link = _cluster_order(values) if cluster else (list(range(n)), None)
+    mat = values[np.ix_(order, order)]
+    annotate = n <= 12 if annotate is None else annotate
+    size = figsize or (1.6 + 0.55 * n, 2.4 + 0.55 * n)
+    fig = plt.figure(figsize=size, constrained_layout=True)
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 4], width_ratios=[20, 1])
+    ax = fig.add_subplot(grid[1, 0])
+    cax = fig.add_subplot(grid[1, 1])
+    top = fig.add_subplot(grid[0, 0])
+    metric = da.attrs.get("metric", da.name or "agreement")
+    lo = -1.0 if np.nanmin(values, initial=0.0) < 0 else 0.0
+    cm = plt.get_cmap(cmap).with_extremes(bad="0.8")
+    im = ax.imshow(np.ma.masked_invalid(mat), cmap=cm, vmin=lo, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(n), [labels[i] for i in order], rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(n), [labels[i] for i in order], fontsize=8)
+    if annotate:
+        for i in range(n):
+            for j in range(n):
+                v = mat[i, j]
+                text = "nan" if np.isnan(v) else f"{v:.2f}"
+                if std is not None and not np.isnan(v):
+                    text += f"\n±{std[order[i], order[j]]:.2f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=6,
+                        color="white" if not np.isnan(v) and abs(v) > 0.6 else "black")
+    fig.colorbar(im, cax=cax, label=metric)
+    top.axis("off")
+    if link is not None:
+        hierarchy.dendrogram(link, ax=top, no_labels=True, color_threshold=0, above_threshold_color="0.3")
+        top.set_xlim(0, 10 * n)  # dendrogram leaf i sits at x = 10 i + 5, over heatmap cell i
+        top.axis("off")
+    title = f"agreement atlas ({metric}"
+    if "n_images" in da.attrs:
+        title += f", mean over {da.attrs['n_images']} images"
+    top.set_title(title + ")", fontsize=9)
+    return fig
