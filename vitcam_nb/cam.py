@@ -162,11 +162,20 @@ class _TraceView:
         return {pos: p_c, expected: -p_c}, cls
 
 
+def _compact(index: np.ndarray) -> slice | np.ndarray:
+    """A contiguous index (positions or a boolean mask) as a slice, so numpy returns a view, not a copy."""
+    positions = np.flatnonzero(index) if index.dtype == bool else np.asarray(index)
+    if positions.size and np.array_equal(positions, np.arange(positions[0], positions[0] + positions.size)):
+        return slice(int(positions[0]), int(positions[0]) + positions.size)
+    return positions
+
+
 def _combine(grad: np.ndarray, weights: dict[int, float], index: tuple) -> np.ndarray:
     """Weighted sum over targets of ``grad[(target, *index)]`` in float32 (prob/logprob are derived this way)."""
     out = None
     for pos, w in weights.items():
-        term = grad[(pos, *index)].astype(np.float32, copy=False)
+        # Select the target first: numpy would move mixed integer/array indices to the front.
+        term = grad[pos][index].astype(np.float32, copy=False)
         term = term if w == 1.0 else term * np.float32(w)
         out = term if out is None else out + term
     return out
@@ -328,26 +337,29 @@ def _raw_maps(view: _TraceView, recipe: Recipe, layer_pos: list[int], site_pos: 
     For token sites the leading dims are (layer, site); for F2 (site_pos None) just (layer,).
     """
     weights, _ = view.target_weights(recipe)
-    wmask = _weight_mask(view, recipe)
+    wmask = _compact(_weight_mask(view, recipe))
+    patch = _compact(view.patch)
     if site_pos is None:
         A = view.arrays["attn"][layer_pos].astype(np.float32, copy=False)
         G = _combine(view.arrays["attn_grad"], weights, (layer_pos,))
         A, G = _rows(view, A, recipe.attn_rows), _rows(view, G, recipe.attn_rows)
         groups = A.shape[-1]
     else:
-        idx = np.ix_(layer_pos, site_pos)
+        idx = (_compact(np.asarray(layer_pos)), _compact(np.asarray(site_pos)))
+        if not any(isinstance(i, slice) for i in idx):
+            idx = np.ix_(*idx)
         A = view.arrays["act"][idx].astype(np.float32, copy=False)
         G = _combine(view.arrays["grad"], weights, idx)
         heads = int(view.attrs.get("num_heads", 1))
         groups = heads if (view.sites[site_pos[0]] == "F3" and recipe.heads != "channels") else 1
-    maps, scale = token_maps(A, G, recipe.weighting, wmask, view.patch, groups)
+    maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups)
     maps, scale = _heads(maps, scale, recipe.heads if groups > 1 else "channels")
     if recipe.weighting == "eigencam":
         zero_grad = np.zeros(maps.shape[:-1], bool)
     elif recipe.weighting in ("gradcam", "gradcampp", "xgradcam"):
         zero_grad = ~np.any(G[..., wmask, :] != 0, axis=(-2, -1))
     else:
-        zero_grad = ~np.any(G[..., view.patch, :] != 0, axis=(-2, -1))
+        zero_grad = ~np.any(G[..., patch, :] != 0, axis=(-2, -1))
     return _to_grid(view, maps), _to_grid(view, scale), zero_grad
 
 

@@ -94,7 +94,7 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
         if not t.is_floating_point():
             raise TraceError(f"image: expected a float tensor, got dtype {t.dtype}")
         _check_finite(t)
-        t = t.to(torch.float32).clone()
+        t = t.to("cpu", torch.float32).clone()
         facts["input_kind"] = "tensor (used as given)"
         return PreparedInput(t, _display(t, mean, std), facts)
     else:

@@ -269,11 +269,17 @@ def trace(
         expected = (torch.softmax(z.detach(), dim=0) * z).sum()
         outputs = torch.stack([z[c] for c in classes] + [expected])
         keys = list(cap.tensors)
-        grads = torch.autograd.grad(
-            outputs, [cap.tensors[k] for k in keys],
-            grad_outputs=torch.eye(len(outputs), device=z.device, dtype=z.dtype),
-            is_grads_batched=True, allow_unused=True,
-        )
+        try:
+            grads = torch.autograd.grad(
+                outputs, [cap.tensors[k] for k in keys],
+                grad_outputs=torch.eye(len(outputs), device=z.device, dtype=z.dtype),
+                is_grads_batched=True, allow_unused=True,
+            )
+        except RuntimeError as exc:
+            if "atching rule" not in str(exc) and "vmap" not in str(exc):
+                raise
+            raise TraceError("model: a gradient hook already on the model (e.g. another CAM library's) cannot "
+                             f"run in the batched backward pass; remove it first ({exc})") from exc
         acts = {k: cap.tensors[k].detach() for k in keys}
         grad_by_key = dict(zip(keys, grads))
         grid = cap.grid
@@ -351,8 +357,10 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
         grad = np.empty((n_targets, len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
         for li, layer in enumerate(layer_ids):
             for si, site in enumerate(token_sites):
-                act[li, si] = _to_numpy(acts[(layer, site)], (n_tokens, n_channels), store_dtype)
-                grad[:, li, si] = _to_numpy(grads[(layer, site)], (n_targets, n_tokens, n_channels), store_dtype)
+                act[li, si] = _to_numpy(acts.pop((layer, site)), (n_tokens, n_channels), store_dtype)
+                # Popping drops each torch tensor once copied, so torch and numpy copies never all coexist.
+                grad[:, li, si] = _to_numpy(grads.pop((layer, site)), (n_targets, n_tokens, n_channels),
+                                            store_dtype)
         coords["site"] = ("site", np.array(token_sites))
         coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
         data_vars["act"] = (("layer", "site", "token", "channel"), act)
@@ -360,9 +368,11 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
     if "F2" in site_ids:
         n_heads = int(acts[(layer_ids[0], "F2")].shape[1])
         shape = (n_heads, n_tokens, n_tokens)
-        attn = np.stack([_to_numpy(acts[(layer, "F2")], shape, store_dtype) for layer in layer_ids])
-        attn_grad = np.stack([_to_numpy(grads[(layer, "F2")], (n_targets, *shape), store_dtype)
-                              for layer in layer_ids], axis=1)
+        attn = np.empty((len(layer_ids), *shape), store_dtype)
+        attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
+        for li, layer in enumerate(layer_ids):
+            attn[li] = _to_numpy(acts.pop((layer, "F2")), shape, store_dtype)
+            attn_grad[:, li] = _to_numpy(grads.pop((layer, "F2")), (n_targets, *shape), store_dtype)
         coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
         for axis in ("query", "key"):
             coords[axis] = (axis, np.arange(n_tokens, dtype=np.int64))
