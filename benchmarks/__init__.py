@@ -1,0 +1,6 @@
+"""Side-by-side performance measurements of vitcam_nb (issue #11): ``python -m benchmarks [--quick]``.
+
+Modules: :mod:`benchmarks.suite` (the measurements and the run), :mod:`benchmarks.peers` (plain PyTorch,
+pytorch-grad-cam and torchcam, used at their best), :mod:`benchmarks.workloads` (models and inputs),
+:mod:`benchmarks.memprobe` (peak memory in a fresh process), :mod:`benchmarks.report` (markdown).
+"""
