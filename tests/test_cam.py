@@ -605,7 +605,7 @@ def test_attn_rows_cls_without_cls_token(hm):
 
 @pytest.fixture(scope="module")
 def real():
-    from conftest import make_input, make_model
+    from vitcam_testing import make_input, make_model
 
     torch.manual_seed(0)
     model, x = make_model("vit"), make_input("vit")

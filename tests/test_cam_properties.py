@@ -33,7 +33,7 @@ NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3
 
 
 def _trace():
-    from conftest import make_input, make_model
+    from vitcam_testing import make_input, make_model
 
     return vc.trace(make_model("vit"), make_input("vit"), targets=f"top{TOP_K}", sites=list(SITES))
 

@@ -387,7 +387,7 @@ def test_a_trace_is_scored_on_the_input_the_trace_saw(model_factory):
 
 @pytest.fixture(scope="module")
 def vit_traces():
-    from conftest import make_input, make_model
+    from vitcam_testing import make_input, make_model
 
     model = make_model("vit")
     return [vc.trace(model, make_input("vit", seed), targets="top3") for seed in range(2)]
@@ -525,7 +525,7 @@ def test_cascading_randomisation_lowers_similarity_on_the_bundled_model(model_sn
 
 def test_randomisation_runs_on_a_small_random_vit(model_factory, model_snapshot, assert_model_unchanged):
     model = model_factory("vit")
-    from conftest import make_input
+    from vitcam_testing import make_input
 
     before = model_snapshot(model)
     sim, maps = _cascade_check(model, make_input("vit"), vc.Recipe(site="F1", layer=1))

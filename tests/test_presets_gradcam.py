@@ -66,7 +66,7 @@ SITE_MODULES = {
 
 @pytest.fixture(scope="module")
 def setup():
-    from conftest import make_input, make_model
+    from vitcam_testing import make_input, make_model
 
     model, x = make_model("vit"), make_input("vit")
     assert isinstance(model.blocks[0].attn.norm, torch.nn.Identity)

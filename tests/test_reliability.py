@@ -11,9 +11,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import assert_unchanged, make_model, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vitcam_testing import assert_unchanged, make_model, snapshot
 
 import vitcam_nb as vc
 

@@ -245,7 +245,7 @@ def test_ids_differ_and_are_hex():
 
 @pytest.fixture(scope="module")
 def tr():
-    from conftest import make_input, make_model
+    from vitcam_testing import make_input, make_model
 
     return vc.trace(make_model("vit"), make_input("vit"), targets="top3")
 

@@ -1,0 +1,201 @@
+"""Shared fixtures: tiny random-init timm Vision Transformers of every token layout the tracer supports.
+
+Every model is small (32x32-ish input, embed_dim 32, 3 blocks, 10 classes) so a trace takes milliseconds.
+Weights are re-drawn with a fixed seed at a scale where logits, attention and gradients are O(1)
+(timm's own init gives near-uniform attention and near-zero logits, which hides mistakes).
+
+Fixtures:
+    tiny_vit, tiny_deit_distilled, tiny_vit_reg, tiny_vit_avgpool, tiny_vit_dynamic, tiny_vit_rect:
+        a fresh model of that kind (function scope: tests may change its state).
+    model_factory: ``model_factory(kind, seed=0, **overrides) -> model`` for tests that need their own.
+    model_input: ``model_input(kind, seed=0) -> (1, 3, H, W) float tensor`` of the kind's input shape.
+    tiny_case: parametrised over every kind, a :class:`Case` (kind, model, x, spec).
+    model_snapshot / assert_model_unchanged: capture and compare everything a trace must leave alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from timm.models.deit import VisionTransformerDistilled
+from timm.models.vision_transformer import VisionTransformer
+
+# The models are tiny: one thread is fastest and keeps the suite friendly on a shared machine.
+torch.set_num_threads(1)
+
+NUM_CLASSES = 10
+_COMMON = dict(patch_size=8, embed_dim=32, depth=3, num_heads=4, mlp_ratio=2.0, num_classes=NUM_CLASSES)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model kind is, independently of vitcam_nb: its constructor and expected token layout."""
+
+    kind: str
+    cls: type
+    kwargs: dict
+    input_hw: tuple[int, int]
+    prefix: tuple[str, ...]
+    grid: tuple[int, int]
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prefix) + self.grid[0] * self.grid[1]
+
+
+SPECS: dict[str, ModelSpec] = {
+    "vit": ModelSpec("vit", VisionTransformer, dict(img_size=32), (32, 32), ("cls",), (4, 4)),
+    "deit_distilled": ModelSpec("deit_distilled", VisionTransformerDistilled, dict(img_size=32), (32, 32),
+                                ("cls", "dist"), (4, 4)),
+    "vit_reg": ModelSpec("vit_reg", VisionTransformer, dict(img_size=32, reg_tokens=4, no_embed_class=True),
+                         (32, 32), ("cls", "reg", "reg", "reg", "reg"), (4, 4)),
+    "vit_avgpool": ModelSpec("vit_avgpool", VisionTransformer,
+                             dict(img_size=32, class_token=False, global_pool="avg"), (32, 32), (), (4, 4)),
+    # dynamic_img_size: built for 32x32 but fed a non-square 24x40 tensor -> 3x5 patch grid
+    "vit_dynamic": ModelSpec("vit_dynamic", VisionTransformer, dict(img_size=32, dynamic_img_size=True),
+                             (24, 40), ("cls",), (3, 5)),
+    # fixed non-square input size: 24x40 -> 3x5 patch grid
+    "vit_rect": ModelSpec("vit_rect", VisionTransformer, dict(img_size=(24, 40)), (24, 40), ("cls",), (3, 5)),
+}
+KINDS = tuple(SPECS)
+
+
+def _redraw_weights(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("cls_token", "dist_token", "reg_token", "pos_embed"):
+                p.copy_(0.5 * noise)
+            elif p.ndim >= 2:  # linear / conv weights: unit-variance outputs
+                p.copy_(noise / math.sqrt(p[0].numel()))
+            elif "norm" in name and leaf == "weight":
+                p.copy_(1.0 + 0.2 * noise)
+            else:  # biases
+                p.copy_(0.1 * noise)
+
+
+def make_model(kind: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A fresh tiny model of ``kind`` (see SPECS), eval mode, deterministic weights."""
+    spec = SPECS[kind]
+    torch.manual_seed(seed)
+    model = spec.cls(**{**_COMMON, **spec.kwargs, **overrides})
+    _redraw_weights(model, seed)
+    return model.eval()
+
+
+def make_input(kind: str, seed: int = 0) -> torch.Tensor:
+    """A normalised-looking (1, 3, H, W) float tensor of the kind's input shape."""
+    h, w = SPECS[kind].input_hw
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randn((1, 3, h, w), generator=g)
+
+
+@dataclass
+class Case:
+    kind: str
+    model: torch.nn.Module
+    x: torch.Tensor
+    spec: ModelSpec
+
+
+@pytest.fixture(scope="session")
+def model_factory():
+    return make_model
+
+
+@pytest.fixture(scope="session")
+def model_input():
+    return make_input
+
+
+@pytest.fixture(scope="session")
+def model_specs():
+    return SPECS
+
+
+@pytest.fixture
+def tiny_vit():
+    return make_model("vit")
+
+
+@pytest.fixture
+def tiny_deit_distilled():
+    return make_model("deit_distilled")
+
+
+@pytest.fixture
+def tiny_vit_reg():
+    return make_model("vit_reg")
+
+
+@pytest.fixture
+def tiny_vit_avgpool():
+    return make_model("vit_avgpool")
+
+
+@pytest.fixture
+def tiny_vit_dynamic():
+    return make_model("vit_dynamic")
+
+
+@pytest.fixture
+def tiny_vit_rect():
+    return make_model("vit_rect")
+
+
+@pytest.fixture(params=KINDS)
+def tiny_case(request) -> Case:
+    kind = request.param
+    return Case(kind, make_model(kind), make_input(kind), SPECS[kind])
+
+
+# --------------------------------------------------------------------------------------------------
+# Model state: everything a trace (successful or refused) must leave exactly as it found it.
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def snapshot(model: torch.nn.Module) -> dict:
+    from torch.nn.modules import module as nn_module
+
+    hook_dicts = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                  "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",
+                  "_load_state_dict_pre_hooks")
+    return {
+        "hooks": {name: {h: list(getattr(m, h, {}).keys()) for h in hook_dicts}
+                  for name, m in model.named_modules()},
+        "global_hooks": [len(getattr(nn_module, n, {})) for n in (
+            "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks")],
+        "training": {name: m.training for name, m in model.named_modules()},
+        "fused_attn": {name: m.fused_attn for name, m in model.named_modules() if hasattr(m, "fused_attn")},
+        "params": {name: (_bits(p), str(p.dtype), str(p.device), p.requires_grad,
+                          None if p.grad is None else _bits(p.grad))
+                   for name, p in model.named_parameters()},
+        "buffers": {name: _bits(b) for name, b in model.named_buffers()},
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+
+
+def assert_unchanged(before: dict, model: torch.nn.Module) -> None:
+    after = snapshot(model)
+    for key in before:
+        assert after[key] == before[key], f"model state {key!r} changed by the trace"
+
+
+@pytest.fixture(scope="session")
+def model_snapshot():
+    return snapshot
+
+
+@pytest.fixture(scope="session")
+def assert_model_unchanged():
+    return assert_unchanged
