@@ -14,11 +14,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from vitcam_nb import evaluate, plot, presets
+from vitcam_nb import data, evaluate, plot, presets
 from vitcam_nb.cam import cam, gallery
 from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.io import load, save
 from vitcam_nb.many import atlas_many, cam_many, image_choices, image_trace, open_traces, trace_many
+from vitcam_nb.models import list_models, load_model, sample_image
 from vitcam_nb.taxonomy import Checklist, Recipe
 from vitcam_nb.tracer import trace
 from vitcam_nb.widgets import Compare, Explorer, Gallery
@@ -34,7 +35,11 @@ __all__ = [
     "Gallery",
     "Recipe",
     "cam",
+    "data",
     "evaluate",
+    "list_models",
+    "load_model",
+    "sample_image",
     "gallery",
     "plot",
     "presets",
