@@ -1,0 +1,209 @@
+"""Models to explain: the bundled known-answer ViTs, any timm model, or your own module.
+
+The bundled models (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``) are small timm
+``VisionTransformer`` s trained on :func:`vitcam_nb.data.shapes`, shipped as safetensors with a JSON
+model card. They load offline, and their weights file is checked against the card's SHA-256 before
+anything is read from it. Every other name goes to ``timm.create_model`` unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "sample_image"]
+
+BUNDLED_PREFIX = "shapes-"
+_SAMPLES_FILE = "shapes_samples.npz"
+_SAMPLE_KINDS = ("shapes", "shortcut", "shortcut-random")
+
+
+def _models_dir() -> Path:
+    return Path(str(resources.files("vitcam_nb.data").joinpath("models")))
+
+
+def _samples_path() -> Path:
+    return Path(str(resources.files("vitcam_nb.data").joinpath("samples", _SAMPLES_FILE)))
+
+
+def bundled_names() -> list[str]:
+    """Names of the bundled models (those with a model card in the package).
+
+    Example:
+        >>> "shapes-vit" in bundled_names()
+        True
+    """
+    return sorted(p.stem for p in _models_dir().glob("*.json"))
+
+
+def model_card(name: str) -> dict:
+    """The model card (a dict, parsed from the bundled JSON) of bundled model ``name``.
+
+    Example:
+        >>> model_card("shapes-vit")["classes"]
+        ['circle', 'square', 'triangle', 'cross', 'ring']
+    """
+    path = _models_dir() / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(_unknown_name_message(name))
+    return json.loads(path.read_text())
+
+
+def list_models() -> list[dict]:
+    """One summary dict per bundled model: name, task, test_accuracy, weights_sha256, classes, description.
+
+    Example:
+        >>> [m["name"] for m in list_models()]
+        ['shapes-vit', 'shapes-vit-reg4', 'shapes-vit-shortcut']
+    """
+    rows = []
+    for name in bundled_names():
+        card = model_card(name)
+        keys = ("name", "task", "test_accuracy", "weights_sha256", "classes", "description")
+        row = {k: card[k] for k in keys}
+        if "test_accuracy_random_mark" in card:
+            row["test_accuracy_random_mark"] = card["test_accuracy_random_mark"]
+        rows.append(row)
+    return rows
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pretrained_cfg(card: dict) -> dict:
+    # JSON turns tuples into lists; timm's configs use tuples for sizes, mean, std and label names.
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in card["pretrained_cfg"].items()}
+
+
+def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.nn.Module:
+    """Build a bundled-style model from a safetensors file and its JSON card, hash checked first."""
+    from safetensors.torch import load_file
+    from timm.models.vision_transformer import VisionTransformer
+
+    weights_path, card_path = Path(weights_path), Path(card_path)
+    card = json.loads(card_path.read_text())
+    expected = card.get("weights_sha256")
+    actual = _file_sha256(weights_path)
+    if actual != expected:
+        raise ValueError(
+            f"weights file {weights_path} does not match its model card {card_path.name}: "
+            f"expected sha256 {expected}, got {actual}. The file is damaged or was replaced; "
+            "reinstall vitcam_nb (or retrain with `python -m vitcam_nb.data.train`)."
+        )
+    model = VisionTransformer(**card["timm_kwargs"])
+    model.load_state_dict(load_file(str(weights_path)), strict=True)
+    cfg = _pretrained_cfg(card)
+    model.pretrained_cfg = cfg
+    model.default_cfg = cfg
+    return model.eval()
+
+
+def _unknown_name_message(name: str) -> str:
+    return (
+        f"unknown model {name!r}. Bundled models (offline, no download): {', '.join(bundled_names())}. "
+        "Any other name is passed to timm.create_model, e.g. "
+        'vc.load_model("vit_base_patch16_224", pretrained=True) with the weights in the timm / '
+        "Hugging Face cache (timm.list_models() lists the architectures timm knows)."
+    )
+
+
+def load_model(name_or_model: str | torch.nn.Module, **timm_kwargs: Any) -> torch.nn.Module:
+    """Return a model ready to trace, in eval mode.
+
+    * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``): loaded from the
+      package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
+      mismatch), with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
+    * any other string: ``timm.create_model(name, **timm_kwargs)`` (random weights unless you pass
+      ``pretrained=True``, which reads the timm / Hugging Face cache or downloads);
+    * a ``torch.nn.Module``: returned as is.
+
+    Example:
+        >>> m = load_model("shapes-vit")
+        >>> m.pretrained_cfg["label_names"]
+        ('circle', 'square', 'triangle', 'cross', 'ring')
+        >>> m2 = load_model("vit_base_patch16_224", pretrained=True)  # doctest: +SKIP
+    """
+    if isinstance(name_or_model, torch.nn.Module):
+        if timm_kwargs:
+            raise ValueError(f"keyword arguments {sorted(timm_kwargs)} apply to timm names, not to a module")
+        return name_or_model
+    if not isinstance(name_or_model, str):
+        raise TypeError(f"expected a model name or a torch.nn.Module, got {type(name_or_model).__name__}")
+    name = name_or_model
+    if name in bundled_names():
+        if timm_kwargs:
+            raise ValueError(f"bundled model {name!r} takes no keyword arguments, got {sorted(timm_kwargs)}")
+        models = _models_dir()
+        return _load_from_files(models / f"{name}.safetensors", models / f"{name}.json")
+    if name.startswith(BUNDLED_PREFIX):
+        raise ValueError(_unknown_name_message(name))
+
+    import timm
+
+    try:
+        model = timm.create_model(name, **timm_kwargs)
+    except RuntimeError as err:
+        if "Unknown model" in str(err):
+            raise ValueError(_unknown_name_message(name)) from err
+        raise
+    return model.eval()
+
+
+@lru_cache(maxsize=1)
+def _samples() -> dict[str, np.ndarray]:
+    with np.load(_samples_path(), allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def sample_image(
+    kind: str = "shapes", index: int = 0, with_mask: bool = False
+) -> np.ndarray | tuple[np.ndarray, int, np.ndarray]:
+    """A fixed bundled example image, uint8 (64, 64, 3).
+
+    ``kind``: ``"shapes"`` (honest images; index i < 5 shows class i, then the classes repeat),
+    ``"shortcut"`` (with the class-coded corner mark the shortcut model relies on) or
+    ``"shortcut-random"`` (the same images with a mark that disagrees with the class). With
+    ``with_mask=True`` returns ``(image, label, mask)``, the mask being the class object's pixels.
+
+    Example:
+        >>> img = sample_image()
+        >>> img.shape, img.dtype
+        ((64, 64, 3), dtype('uint8'))
+        >>> img, label, mask = sample_image("shapes", 3, with_mask=True)
+        >>> label, mask.dtype
+        (3, dtype('bool'))
+    """
+    if kind not in _SAMPLE_KINDS:
+        raise ValueError(f"kind must be one of {_SAMPLE_KINDS}, got {kind!r}")
+    data = _samples()
+    images = data["images"]
+    if not -len(images) <= index < len(images):
+        raise IndexError(f"index {index} out of range: {len(images)} bundled {kind!r} samples")
+    image = images[index].copy()
+    mask = data["masks"][index].copy()
+    if kind != "shapes":
+        import sys
+
+        import vitcam_nb.data  # noqa: F401  (the module, not the function vitcam_nb.data.shapes)
+
+        generator = sys.modules["vitcam_nb.data.shapes"]
+        mark_class = data[kind.replace("-", "_") + "_mark_class"][index : index + 1]
+        marked, mark = generator._shortcut_marks(
+            np.random.default_rng(0), image[None].astype(np.float32), mark_class, 64, 1.0, randomise=False
+        )
+        image, mask = marked[0].astype(np.uint8), mask & ~mark[0]
+    if not with_mask:
+        return image
+    return image, int(data["labels"][index]), mask
