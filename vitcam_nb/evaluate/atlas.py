@@ -183,6 +183,15 @@ def atlas(
         if not isinstance(t, xr.Dataset):
             raise ValueError(f"tr: item {i} is a {type(t).__name__}, not a trace")
     per = [_one(t, items, labels, name, fn, signed, metric_kwargs) for t in tr]
+    return aggregate(per)
+
+
+def aggregate(per: Sequence[xr.DataArray]) -> xr.Dataset:
+    """Mean, std and count over images of per-image atlases (NaN-aware; population std).
+
+    Example:
+        >>> ds = aggregate([atlas(t, recipes) for t in traces])  # doctest: +SKIP
+    """
     stack = np.stack([p.values for p in per])
     count = np.sum(~np.isnan(stack), axis=0)
     with warnings.catch_warnings():

@@ -3,7 +3,6 @@ Client when one is active)."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -141,28 +140,6 @@ def _atlas_image(one: xr.Dataset, recipes: Any, metric: Any, signed: bool | None
     return atlas(_as_trace(one.load()), recipes, metric, signed=signed, **metric_kwargs)
 
 
-def _aggregate(per: Sequence[xr.DataArray]) -> xr.Dataset:
-    """Mean, std and count over images of per-image atlases, as ``vitcam_nb.evaluate.atlas`` does for a list."""
-    stack = np.stack([p.values for p in per])
-    count = np.sum(~np.isnan(stack), axis=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN pairs: NaN mean, counted as 0
-        mean = np.nanmean(stack, axis=0)
-        std = np.nanstd(stack, axis=0)
-    coords = {k: v for k, v in per[0].coords.items() if not k.startswith("degenerate")}
-    degenerate_count = np.sum([p["degenerate_a"].values for p in per], axis=0)
-    coords["degenerate_a"] = ("recipe_a", degenerate_count)
-    coords["degenerate_b"] = ("recipe_b", degenerate_count)
-    dims = ("recipe_a", "recipe_b")
-    attrs = {**per[0].attrs, "n_images": len(per),
-             "trace_ids": json.dumps([p.attrs["trace_id"] for p in per]),
-             "std": "population std (ddof=0) over images where the pair is defined"}
-    attrs.pop("trace_id", None)
-    attrs["degenerate"] = json.dumps([json.loads(p.attrs["degenerate"]) for p in per])
-    return xr.Dataset({"mean": (dims, mean), "std": (dims, std), "count": (dims, count)}, coords=coords,
-                      attrs=attrs)
-
-
 def atlas_many(
     ds: xr.Dataset,
     recipes: Sequence[Recipe] | Mapping[str, Recipe],
@@ -207,4 +184,6 @@ def atlas_many(
         per = dask.compute(*tasks, scheduler=scheduler)
     else:
         per = [_atlas_image(sub.isel(image=i), recipes, metric, signed, metric_kwargs) for i in range(n)]
-    return _aggregate(per)
+    from vitcam_nb.evaluate.atlas import aggregate
+
+    return aggregate(per)
