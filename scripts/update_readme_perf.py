@@ -39,6 +39,35 @@ def replace_between_markers(text: str, body: str) -> str | None:
     return text[: start + len(README_START)] + "\n" + body.strip("\n") + "\n" + text[end:]
 
 
+def extra_rows(results: dict, trace_many_path: Path) -> str:
+    """Lines for the widget latency (from the suite's JSON) and the trace_many benchmark (its own JSON).
+
+    Example:
+        >>> extra_rows({"widget_latency": {"status": "skipped"}}, Path("/nonexistent.json"))
+        ''
+    """
+    lines = []
+    widget = results.get("widget_latency", {})
+    if widget.get("status") == "ok":
+        w = widget["result"]
+        lines.append(f"- Widget repaint, control change in headless Chromium to repainted canvas "
+                     f"(ViT-B/16 trace): median {w['widget_repaint_median_ms']:.1f} ms over {w['n']} changes "
+                     f"(p90 {w['p90_ms']:.1f} ms; target <= 100 ms: "
+                     f"{'holds' if w['widget_repaint_median_ms'] <= 100 else 'missed'}).")
+    if trace_many_path.is_file():
+        tm = json.loads(trace_many_path.read_text())
+        t, m = tm["throughput"], tm["memory"]
+        rise = {k: v / 2**20 for k, v in m["peak_rise_bytes"].items()}
+        lines.append(f"- `trace_many` on {tm['model']} ({tm['settings']['sites']}, {tm['settings']['dtype']}, "
+                     f"batch {tm['settings']['batch_size']}): {t['trace_many_images_per_s']:.1f} images/s against "
+                     f"{t['loop_trace_save_images_per_s']:.1f} for a loop of trace() + save() "
+                     f"({t['speedup']:.1f}x); peak memory rise "
+                     + ", ".join(f"{v:.0f} MiB at {k} images" for k, v in rise.items())
+                     + f" ({'flat' if m['flat'] else 'NOT flat'}). From `{tm['command']}` "
+                     f"(benchmarks/TRACE_MANY.json).")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Update (or, with ``--check``, verify) the README's performance section; returns the exit status."""
     p = argparse.ArgumentParser(prog="python scripts/update_readme_perf.py", description=__doc__.split("\n")[0])
@@ -49,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.results.is_file():
         print(f"{args.results} does not exist; run `python -m benchmarks` first", file=sys.stderr)
         return 2
-    body = readme_table(json.loads(args.results.read_text()))
+    results = json.loads(args.results.read_text())
+    body = readme_table(results)
+    extra = extra_rows(results, args.results.parent / "TRACE_MANY.json")
+    if extra:
+        body = body.rstrip("\n") + "\n\n" + extra
     text = args.readme.read_text() if args.readme.is_file() else ""
     updated = replace_between_markers(text, body)
     if updated is None:
