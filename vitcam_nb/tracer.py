@@ -114,6 +114,24 @@ def _on_device(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
         model.to(original)
 
 
+@contextlib.contextmanager
+def _deterministic(device: torch.device) -> Iterator[None]:
+    """On CUDA, deterministic kernels for the trace (cuDNN and torch's flag), restored afterwards; the CPU
+    kernels used here are deterministic already."""
+    if device.type != "cuda":
+        yield
+        return
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
+
+
 def _resolve_layers(layers: object, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
@@ -251,7 +269,8 @@ def trace(
     _check_size(model, prepared.tensor)
     prefix = adapter.prefix_kinds(model)
 
-    with _on_device(model, run_device), _Capture(model, adapter, layer_ids, site_ids) as cap, \
+    with _on_device(model, run_device), _deterministic(run_device), \
+            _Capture(model, adapter, layer_ids, site_ids) as cap, \
             torch.inference_mode(False), torch.enable_grad():
         x = prepared.tensor.to(run_device, compute_dtype).clone().requires_grad_(True)
         logits = model(x)
@@ -418,7 +437,9 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
         "device": str(run_device),
         "dtype": np.dtype(store_dtype).name,
         "compute_dtype": str(compute_dtype).replace("torch.", ""),
-        "deterministic": int(run_device.type == "cpu" or torch.are_deterministic_algorithms_enabled()),
+        "deterministic": 1,  # CPU kernels are; on CUDA _deterministic() switched deterministic kernels on
+        "deterministic_settings": "cpu kernels" if run_device.type == "cpu" else
+        "torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic=True, cudnn.benchmark=False",
         **info,
     }
     for site in site_ids:
