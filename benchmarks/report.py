@@ -284,6 +284,8 @@ def markdown(results: dict) -> str:
         out += ["```json", _compact(wl["result"]), "```", ""]
     tm = results["trace_many"]
     out += ["**6. trace_many throughput**: " + tm["status"] + (f" — {tm['note']}" if tm.get("note") else ""), ""]
+    if tm.get("status") == "ok":
+        out += ["```json", _compact({k: tm[k] for k in ("throughput", "memory") if k in tm}), "```", ""]
     if results.get("notes"):
         out += ["## Notes", ""] + [f"- {n}" for n in results["notes"]] + [""]
     return "\n".join(out)
