@@ -56,7 +56,9 @@ def report_known_answer(
     class object's mask (tolerance as :func:`~vitcam_nb.evaluate.pointing_game`). Deletion AUC: token
     mode, patches ordered by the token-grid map, ``deletion_steps`` steps, ``substrate`` and ``score``
     as in :func:`~vitcam_nb.evaluate.deletion`. Degenerate maps count as NaN (their share is reported).
-    Variants are ranked by mean pointing game (higher first), then mean deletion AUC (lower first).
+    Variants are ranked by mean pointing game over all images with degenerate maps counted as misses
+    (``pointing_game_all``, higher first), then mean deletion AUC (lower first); ``pointing_game`` is the
+    mean over the images where the map is not degenerate.
 
     Args:
         model: the model or a bundled name (``vc.load_model``).
@@ -167,6 +169,8 @@ def report_known_answer(
             "layer": [v[1] for v in variants],
             "weighting": [v[2] for v in variants],
             "target": [v[3] for v in variants],
+            # A map that is degenerate on an image points nowhere: it counts as a miss in the ranking score.
+            "pointing_game_all": np.nan_to_num(pg_all, nan=0.0).mean(axis=0),
             "pointing_game": np.nanmean(pg_all, axis=0),
             "pointing_game_std": np.nanstd(pg_all, axis=0),
             "deletion_auc": np.nanmean(auc_all, axis=0),
@@ -176,7 +180,7 @@ def report_known_answer(
         })
     table["recipe_id"] = [Recipe(site=s, layer=layer, weighting=w, target=t).id
                           for s, layer, w, t in variants]
-    table = table.sort_values(["pointing_game", "deletion_auc"], ascending=[False, True], na_position="last",
+    table = table.sort_values(["pointing_game_all", "deletion_auc"], ascending=[False, True], na_position="last",
                               kind="stable").reset_index(drop=True)
     table.insert(0, "rank", np.arange(1, len(table) + 1))
     table.attrs = {
@@ -207,11 +211,11 @@ def _figure(table):
     left.set_ylabel("deletion AUC (lower is better)")
     left.legend(title="site", fontsize=8)
     left.set_title(f"{len(table)} variants, {table.attrs.get('n_images', '?')} images", fontsize=9)
-    top = table.dropna(subset=["pointing_game"]).head(15).iloc[::-1]
+    top = table.dropna(subset=["pointing_game_all"]).head(15).iloc[::-1]
     names = [f"{r.site} L{r.layer} {r.weighting} {r.target}" for r in top.itertuples()]
-    right.barh(range(len(top)), top["pointing_game"], xerr=None, color="tab:blue", alpha=0.8)
+    right.barh(range(len(top)), top["pointing_game_all"], xerr=None, color="tab:blue", alpha=0.8)
     right.set_yticks(range(len(top)), names, fontsize=7)
-    for y, (pg, auc) in enumerate(zip(top["pointing_game"], top["deletion_auc"], strict=True)):
+    for y, (pg, auc) in enumerate(zip(top["pointing_game_all"], top["deletion_auc"], strict=True)):
         right.text(pg, y, f" AUC {auc:.2f}", va="center", fontsize=6)
     right.set_xlim(0, 1.15)
     right.set_xlabel("pointing game")
