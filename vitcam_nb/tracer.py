@@ -132,6 +132,20 @@ def _deterministic(device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
 
 
+def _check_model(model: object, dtype: str) -> tuple[Adapter, int]:
+    """Refuse a non-module, an unsupported family, an unknown storage dtype or a model without logits;
+    return the model's adapter and class count."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    adapter = find_adapter(model)
+    if dtype not in _DTYPES:
+        raise TraceError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
+    num_classes = int(getattr(model, "num_classes", 0) or 0)
+    if num_classes <= 0:
+        raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
+    return adapter, num_classes
+
+
 def _resolve_layers(layers: object, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
@@ -247,17 +261,9 @@ def trace(
         >>> tr["grad"].dims
         ('target', 'layer', 'site', 'token', 'channel')
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    adapter = find_adapter(model)
-    if dtype not in _DTYPES:
-        raise TraceError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
-    n_layers = len(adapter.blocks(model))
-    layer_ids = _resolve_layers(layers, n_layers)
+    adapter, num_classes = _check_model(model, dtype)
+    layer_ids = _resolve_layers(layers, len(adapter.blocks(model)))
     site_ids = _resolve_sites(sites, adapter)
-    num_classes = int(getattr(model, "num_classes", 0) or 0)
-    if num_classes <= 0:
-        raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
     target_mode = _parse_targets(targets, num_classes)
     class_labels = _class_labels(model, num_classes, labels)
     params = list(model.parameters())

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 import xarray as xr
 
-from vitcam_nb.adapters import find_adapter
 from vitcam_nb.errors import TraceError, TraceFileError
 from vitcam_nb.many.batch import ENV_ATTRS, PER_IMAGE_ATTRS, _Plan, _store_layout, _strings, _target_names, _trace_batch
 from vitcam_nb.many.inputs import _Item, _items, _prepare_mask
@@ -26,6 +25,7 @@ from vitcam_nb.tracer import (
     _DTYPES,
     EXPECTED_TARGET,
     SCHEMA_VERSION,
+    _check_model,
     _check_size,
     _class_labels,
     _model_name,
@@ -274,16 +274,9 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    adapter = find_adapter(model)
-    if dtype not in _DTYPES:
-        raise TraceError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
+    adapter, num_classes = _check_model(model, dtype)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
-    num_classes = int(getattr(model, "num_classes", 0) or 0)
-    if num_classes <= 0:
-        raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
     params = list(model.parameters())
     plan = _Plan(
         model=model, adapter=adapter,
