@@ -488,6 +488,14 @@ def cam(trace: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False, 
         raise TypeError(f"grid: expected True or False, got {grid!r}")
     if grid and recipe.upsample != "none":
         recipe = recipe.replace(upsample="none")
+    if isinstance(trace, xr.DataTree):
+        from vitcam_nb.stages import cam_stages
+
+        return cam_stages(trace, recipe)
+    if recipe.site == "xattn":
+        from vitcam_nb.vlm.xattn import xattn_cam
+
+        return xattn_cam(trace, recipe)
     view = _TraceView.of(trace)
     values, notes, partial = _compute(view, recipe)
     reason = _warn(recipe, notes) if notes else ""

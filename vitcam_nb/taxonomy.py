@@ -16,7 +16,7 @@ import numpy as np
 from vitcam_nb.errors import RecipeError
 
 TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", "resid_pre", "attn_out", "resid_mid")
-SITES = ("F1", "F2", "F3", "F4", "F5", "F6", "resid_pre", "attn_out", "resid_mid")
+SITES = ("F1", "F2", "F3", "F4", "F5", "F6", "resid_pre", "attn_out", "resid_mid", "xattn")
 TARGETS = ("logit", "prob", "logprob")
 WEIGHT_TOKENS = ("patch", "all", "cls")
 RESHAPES = ("raster",)
@@ -33,7 +33,11 @@ NORMALIZES = ("minmax", "max", "none")
 POOLED_WEIGHTINGS = ("gradcam", "gradcampp", "xgradcam")
 GRADIENT_FREE = ("eigencam",)
 ROLLOUTS = ("rollout", "grad_rollout")
-HEAD_SITES = ("F2", "F3")
+HEAD_SITES = ("F2", "F3", "xattn")
+# Fields added after 0.1.0: left out of the canonical JSON while at their default, so older ids stay valid.
+LATER_FIELDS = ("text_tokens",)
+# A Swin-style block address "stage.block" (block may be negative, counted from the end of the stage).
+STAGE_BLOCK = re.compile(r"(\d+)\.(-?\d+)")
 
 WEIGHTING_FORMULAS = {
     "gradcam": "alpha_k = mean over weight tokens of G[t,k]; map[t] = sum_k alpha_k A[t,k] (Selvaraju et al. 2017)",
@@ -71,8 +75,10 @@ FUSION_TEXT = {
 }
 
 _FIELDS_DOC = """
-    site: feature location, F1..F6 or an extended site (resid_pre, attn_out, resid_mid).
-    layer: block index (negative counts from the end), a tuple of indices, or "all".
+    site: feature location, F1..F6, an extended site (resid_pre, attn_out, resid_mid) or "xattn"
+        (cross-attention of text queries to image keys, vision-language models).
+    layer: block index (negative counts from the end), "stage.block" for hierarchical models (e.g. "2.-1"),
+        a tuple of these, or "all". For site "xattn" it indexes the cross-attention layers.
     target: scalar differentiated: "logit", "prob" or "logprob" (the last two derived exactly from the trace).
     class_: class index, or "topN" for the N-th highest logit (default "top1").
     weight_tokens: tokens whose gradients form channel weights: "patch" (prefix tokens dropped), "all", "cls".
@@ -84,6 +90,8 @@ _FIELDS_DOC = """
     layer_fusion: "none", "mean", "sum", "max", "rollout", "grad_rollout".
     relu: "after" (ReLU on each layer map) or "none".
     normalize: "minmax", "max" or "none".
+    text_tokens: site "xattn" only: text query rows, "all" (mean over the text tokens), "cls" (the first,
+        [CLS]/[ENC] token), a token position, or a word (every token whose text equals it).
 """
 
 
@@ -128,6 +136,7 @@ class Recipe:
     layer_fusion: str = "none"
     relu: str = "after"
     normalize: str = "minmax"
+    text_tokens: str | int = "all"
 
     def __post_init__(self) -> None:
         layer = self.layer
@@ -138,13 +147,23 @@ class Recipe:
         object.__setattr__(self, "layer", layer)
         object.__setattr__(self, "class_", _plain_int(self.class_))
         object.__setattr__(self, "heads", _plain_int(self.heads))
+        object.__setattr__(self, "text_tokens", _plain_int(self.text_tokens))
         _choice("site", self.site, SITES)
+
+        def one_layer(v: Any) -> bool:
+            return _is_int(v) or (isinstance(v, str) and STAGE_BLOCK.fullmatch(v) is not None)
         if isinstance(layer, tuple):
-            if not layer or not all(_is_int(v) for v in layer) or len(set(layer)) != len(layer):
-                raise RecipeError(f"layer: a tuple must hold distinct ints, got {layer!r}")
-        elif not (_is_int(layer) or layer == "all"):
-            raise RecipeError(f"layer: expected an int (negative from the end), a tuple of ints or 'all', "
-                              f"got {layer!r}")
+            if not layer or not all(one_layer(v) for v in layer) or len(set(layer)) != len(layer):
+                raise RecipeError(f"layer: a tuple must hold distinct ints or 'stage.block' strings, got {layer!r}")
+        elif not (one_layer(layer) or layer == "all"):
+            raise RecipeError(f"layer: expected an int (negative from the end), 'stage.block' (e.g. '2.-1'), "
+                              f"a tuple of these or 'all', got {layer!r}")
+        if _is_int(self.text_tokens):
+            if self.text_tokens < 0:
+                raise RecipeError(f"text_tokens: got {self.text_tokens}; a token position must be >= 0")
+        elif not isinstance(self.text_tokens, str) or not self.text_tokens.strip():
+            raise RecipeError(f"text_tokens: got {self.text_tokens!r}; expected 'all', 'cls', a token position "
+                              "or a word")
         _choice("target", self.target, TARGETS)
         if _is_int(self.class_):
             if self.class_ < 0:
@@ -168,7 +187,7 @@ class Recipe:
 
     def _check_combination(self) -> None:
         default = Recipe.__dataclass_fields__
-        single = _is_int(self.layer)
+        single = not isinstance(self.layer, tuple) and self.layer != "all"
         if self.layer_fusion == "none" and not single:
             raise RecipeError(f"layer: {self.layer!r} names several layers but layer_fusion is 'none'; "
                               f"choose layer_fusion from {list(LAYER_FUSIONS[1:])}")
@@ -178,6 +197,9 @@ class Recipe:
         if self.attn_rows != default["attn_rows"].default and self.site != "F2":
             raise RecipeError(f"attn_rows: applies to site F2 (attention rows) only, not {self.site}; "
                               f"leave it at {default['attn_rows'].default!r}")
+        if self.text_tokens != default["text_tokens"].default and self.site != "xattn":
+            raise RecipeError(f"text_tokens: applies to site 'xattn' (cross-attention rows) only, not "
+                              f"{self.site}; leave it at {default['text_tokens'].default!r}")
         if self.weight_tokens != "patch" and self.weighting not in POOLED_WEIGHTINGS:
             raise RecipeError(f"weight_tokens: only weightings that pool gradients over tokens "
                               f"{list(POOLED_WEIGHTINGS)} use it; {self.weighting} is per token, "
@@ -204,7 +226,8 @@ class Recipe:
             >>> Recipe().to_dict()["site"]
             'F1'
         """
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in LATER_FIELDS or getattr(self, f.name) != f.default}
         if isinstance(out["layer"], tuple):
             out["layer"] = list(out["layer"])
         return out
@@ -320,7 +343,7 @@ def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
     if num_layers is None:
         text = ", ".join(map(str, values)) + (" (the last block)" if values == (-1,) else "")
     else:
-        absolute = [v % num_layers for v in values]
+        absolute = [v % num_layers if _is_int(v) else f"{v} (stage.block)" for v in values]
         text = ", ".join(map(str, absolute)) + f" of 0..{num_layers - 1}"
         if absolute == [num_layers - 1]:
             text += " (the last block)"
@@ -399,6 +422,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         "gradient target": {
             "scalar": scalar,
             "derivation": how,
+            "scores": str(attrs.get("target_scores", "classifier logits" if attrs else "see trace")),
         },
         "token handling": {
             "prefix tokens present": prefix_text,

@@ -15,6 +15,7 @@ from vitcam_nb.adapters import Adapter, find_adapter
 from vitcam_nb.errors import TraceError
 from vitcam_nb.preprocess import prepare_input, preprocessing_json
 from vitcam_nb.provenance import array_sha256, settings_id, weights_sha256
+from vitcam_nb.targets import ClassTargets, Target, as_target
 
 SCHEMA_VERSION = 1
 CORE_SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
@@ -43,8 +44,22 @@ class _Capture:
         self._handles: list = []
         self._modes: list[tuple[torch.nn.Module, bool]] = []
         self._fused: list[tuple[torch.nn.Module, bool]] = []
+        self._patch: contextlib.AbstractContextManager | None = None
+
+    def _hook(self, module: torch.nn.Module, io: str, key: tuple[int, str]) -> None:
+        if io == "output":
+            def hook(_m, _i, out):
+                self._keep(key, out)
+            self._handles.append(module.register_forward_hook(hook))
+        else:
+            def pre_hook(_m, args):
+                self._keep(key, args[0] if args else None)
+            self._handles.append(module.register_forward_pre_hook(pre_hook))
 
     def _keep(self, key: tuple[int, str], tensor: object) -> None:
+        # Hugging Face layers return tuples whose first element is the hidden state.
+        if isinstance(tensor, (tuple, list)) and tensor and isinstance(tensor[0], torch.Tensor):
+            tensor = tensor[0]
         if not isinstance(tensor, torch.Tensor):
             raise TraceError(f"sites: {key[1]} at layer {key[0]} produced {type(tensor).__name__}, not a tensor")
         if key in self.tensors:
@@ -57,20 +72,20 @@ class _Capture:
             self._modes = [(m, m.training) for m in self.model.modules()]
             self._fused = [(m, m.fused_attn) for m in self.adapter.attention_modules(self.model)
                            if hasattr(m, "fused_attn")]
+            self._patch = self.adapter.patched(self.model)
+            self._patch.__enter__()
             blocks = self.adapter.blocks(self.model)
-            for layer in self.layers:
-                for site in self.sites:
-                    spec = self.adapter.sites[site]
+            table = self.adapter.site_table(self.model)
+            extra = self.adapter.extra_sites(self.model)
+            for site in self.sites:
+                if site in extra:
+                    for i, (module, io) in enumerate(extra[site]):
+                        self._hook(module, io, (i, site))
+                    continue
+                spec = table[site]
+                for layer in self.layers:
                     module = blocks[layer].get_submodule(spec.module) if spec.module else blocks[layer]
-                    key = (layer, site)
-                    if spec.io == "output":
-                        def hook(_m, _i, out, key=key):
-                            self._keep(key, out)
-                        self._handles.append(module.register_forward_hook(hook))
-                    else:
-                        def pre_hook(_m, args, key=key):
-                            self._keep(key, args[0] if args else None)
-                        self._handles.append(module.register_forward_pre_hook(pre_hook))
+                    self._hook(module, spec.io, (layer, site))
 
             def grid_hook(_m, _i, out):
                 self.grid = self.adapter.grid_from_output(self.model, out)
@@ -87,6 +102,9 @@ class _Capture:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._patch is not None:
+            patch, self._patch = self._patch, None
+            patch.__exit__(None, None, None)
         for m, flag in self._fused:
             m.fused_attn = flag
         for m, mode in self._modes:
@@ -132,14 +150,19 @@ def _deterministic(device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
 
 
-def _check_model(model: object, dtype: str) -> tuple[Adapter, int]:
-    """Refuse a non-module, an unsupported family, an unknown storage dtype or a model without logits;
-    return the model's adapter and class count."""
+def _check_family(model: object, dtype: str) -> Adapter:
+    """Refuse a non-module, an unsupported family or an unknown storage dtype; return the model's adapter."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     adapter = find_adapter(model)
     if dtype not in _DTYPES:
         raise TraceError(f"dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
+    return adapter
+
+
+def _check_model(model: object, dtype: str) -> tuple[Adapter, int]:
+    """:func:`_check_family`, and refuse a model without logits; return the model's adapter and class count."""
+    adapter = _check_family(model, dtype)
     num_classes = int(getattr(model, "num_classes", 0) or 0)
     if num_classes <= 0:
         raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
@@ -163,41 +186,25 @@ def _resolve_layers(layers: object, n_layers: int) -> list[int]:
     return sorted(out)
 
 
-def _resolve_sites(sites: object, adapter: Adapter) -> list[str]:
+def _resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> list[str]:
+    allowed = list(adapter.site_table(model)) + list(adapter.extra_sites(model))
     if sites is None:
-        return [s for s in CORE_SITES if s in adapter.sites]
+        return [s for s in allowed if s in CORE_SITES or s not in adapter.sites]
     items = [sites] if isinstance(sites, str) else sites
     if not isinstance(items, Sequence) or len(items) == 0:
         raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
-    allowed = list(adapter.sites)
     for s in items:
-        if s not in adapter.sites:
-            raise TraceError(f"sites: unknown site {s!r}; the {adapter.family} family has {allowed}")
+        if s not in allowed:
+            known = "unknown site" if s not in adapter.sites else "a site this model does not have"
+            raise TraceError(f"sites: {known} {s!r}; this {adapter.family} model has {allowed}")
     return [s for s in allowed if s in items]
 
 
 def _parse_targets(targets: object, num_classes: int) -> tuple[str, object]:
-    """Validate ``targets`` before the forward pass; returns ("top", k) or ("classes", [ints])."""
-    if isinstance(targets, str):
-        m = re.fullmatch(r"top(\d+)", targets)
-        if not m or not 1 <= int(m.group(1)) <= num_classes:
-            raise TraceError(f"targets: expected 'topK' with 1 <= K <= {num_classes}, an int class or a "
-                             f"list of ints, got {targets!r}")
-        return "top", int(m.group(1))
-    items = [targets] if isinstance(targets, (int, np.integer)) and not isinstance(targets, bool) else targets
-    if not isinstance(items, Sequence) or len(items) == 0:
-        raise TraceError(f"targets: expected 'top5', 'topK', an int class or a non-empty list of ints, "
-                         f"got {targets!r}")
-    classes = []
-    for c in items:
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
-            raise TraceError(f"targets: class indices must be ints, got {c!r}")
-        if not 0 <= c < num_classes:
-            raise TraceError(f"targets: class {c} is out of range; the model has {num_classes} classes "
-                             f"(0..{num_classes - 1})")
-        if int(c) not in classes:
-            classes.append(int(c))
-    return "classes", classes
+    """Validate class ``targets`` before the forward pass; returns ("top", k) or ("classes", [ints])."""
+    parsed = ClassTargets(targets)
+    parsed.check_count(num_classes)
+    return ("top", parsed.k) if parsed.k is not None else ("classes", parsed.classes)
 
 
 def _class_labels(model: torch.nn.Module, num_classes: int, labels: Sequence[str] | None) -> list[str]:
@@ -227,7 +234,7 @@ def _model_name(model: torch.nn.Module) -> tuple[str, str]:
 def trace(
     model: torch.nn.Module,
     image: object,
-    targets: str | int | Sequence[int] = "top5",
+    targets: str | int | Sequence[int] | Target = "top5",
     *,
     sites: Sequence[str] | str | None = None,
     layers: int | Sequence[int] | None = None,
@@ -247,7 +254,8 @@ def trace(
         model: a timm VisionTransformer (or a family with a registered adapter).
         image: PIL image, HxWx3 uint8 array (preprocessed with the model's timm data config), or a
             (1,3,H,W) float tensor used as given.
-        targets: "top5" (default), "topK", an int class or a list of ints.
+        targets: "top5" (default), "topK", an int class, a list of ints, or a target from
+            :mod:`vitcam_nb.targets` (similarity to vectors, text prompts, image-text matching).
         sites: subset of F1..F6 and the extended sites resid_pre, attn_out, resid_mid (default F1..F6).
         layers: block indices to keep (default all; negative counts from the end).
         dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).
@@ -261,11 +269,11 @@ def trace(
         >>> tr["grad"].dims
         ('target', 'layer', 'site', 'token', 'channel')
     """
-    adapter, num_classes = _check_model(model, dtype)
+    adapter = _check_family(model, dtype)
+    target = as_target(targets, labels)
+    target.check(model)
     layer_ids = _resolve_layers(layers, len(adapter.blocks(model)))
-    site_ids = _resolve_sites(sites, adapter)
-    target_mode = _parse_targets(targets, num_classes)
-    class_labels = _class_labels(model, num_classes, labels)
+    site_ids = _resolve_sites(sites, adapter, model)
     params = list(model.parameters())
     model_device = params[0].device if params else torch.device("cpu")
     run_device = torch.device(device) if device is not None else model_device
@@ -274,23 +282,21 @@ def trace(
     prepared = prepare_input(model, image)
     _check_size(model, prepared.tensor)
     prefix = adapter.prefix_kinds(model)
+    extra = adapter.extra_sites(model)
 
     with _on_device(model, run_device), _deterministic(run_device), \
             _Capture(model, adapter, layer_ids, site_ids) as cap, \
             torch.inference_mode(False), torch.enable_grad():
         x = prepared.tensor.to(run_device, compute_dtype).clone().requires_grad_(True)
-        logits = model(x)
-        if logits.ndim != 2 or logits.shape[0] != 1:
-            raise TraceError(f"model: expected logits of shape (1, classes), got {tuple(logits.shape)}")
-        missing = [f"{s}@{layer}" for layer in layer_ids for s in site_ids if (layer, s) not in cap.tensors]
+        z = target.scores(model, x)
+        missing = [f"{s}@{layer}" for layer in layer_ids for s in site_ids
+                   if s not in extra and (layer, s) not in cap.tensors]
+        missing += [f"{s}@{i}" for s in site_ids if s in extra for i in range(len(extra[s]))
+                    if (i, s) not in cap.tensors]
         if missing or cap.grid is None:
             raise TraceError(f"sites: hooks never fired for {missing or ['patch grid']}; the adapter's site "
                              "table does not fit this model")
-        z = logits[0]
-        if target_mode[0] == "top":
-            classes = [int(c) for c in torch.topk(z.detach(), target_mode[1]).indices]
-        else:
-            classes = target_mode[1]
+        classes = target.choose(z)
         expected = (torch.softmax(z.detach(), dim=0) * z).sum()
         outputs = torch.stack([z[c] for c in classes] + [expected])
         keys = list(cap.tensors)
@@ -305,15 +311,21 @@ def trace(
                 raise
             raise TraceError("model: a gradient hook already on the model (e.g. another CAM library's) cannot "
                              f"run in the batched backward pass; remove it first ({exc})") from exc
-        acts = {k: cap.tensors[k].detach() for k in keys}
-        grad_by_key = dict(zip(keys, grads))
+        acts, grad_by_key = {}, {}
+        for k, g in zip(keys, grads):
+            act = cap.tensors[k].detach()
+            if g is None:
+                g = torch.zeros((len(outputs), *act.shape[1:]), dtype=act.dtype, device=act.device)
+            if k[1] not in extra:
+                act, g = adapter.arrange(model, k[1], k[0], act), adapter.arrange(model, k[1], k[0], g)
+            acts[k], grad_by_key[k] = act, g
         grid = cap.grid
 
     return _assemble(
         model=model, adapter=adapter, prepared=prepared, logits=z.detach(), classes=classes,
-        class_labels=class_labels, layer_ids=layer_ids, site_ids=site_ids, acts=acts, grads=grad_by_key,
-        grid=grid, prefix=prefix, store_dtype=_DTYPES[dtype], run_device=run_device,
-        compute_dtype=compute_dtype,
+        class_labels=target.class_labels(model, int(z.shape[0])), layer_ids=layer_ids, site_ids=site_ids,
+        acts=acts, grads=grad_by_key, grid=grid, prefix=prefix, store_dtype=_DTYPES[dtype],
+        run_device=run_device, compute_dtype=compute_dtype, target=target,
     )
 
 
@@ -337,14 +349,15 @@ def _check_size(model: torch.nn.Module, x: torch.Tensor) -> None:
                          "dynamic_img_size=True")
 
 
-def _to_numpy(t: torch.Tensor | None, shape: tuple, dtype: type) -> np.ndarray:
+def _to_numpy(t: torch.Tensor | None, shape: tuple | None, dtype: type) -> np.ndarray:
     if t is None:  # allow_unused: the target does not depend on this tensor at all
         return np.zeros(shape, dtype)
-    return t.detach().to("cpu", torch.float32).numpy().astype(dtype, copy=False).reshape(shape)
+    out = t.detach().to("cpu", torch.float32).numpy().astype(dtype, copy=False)
+    return out if shape is None else out.reshape(shape)
 
 
 def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_ids, site_ids, acts, grads,
-              grid, prefix, store_dtype, run_device, compute_dtype) -> xr.Dataset:
+              grid, prefix, store_dtype, run_device, compute_dtype, target=None) -> xr.Dataset:
     import timm
 
     import vitcam_nb
@@ -356,7 +369,8 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
     rows = np.concatenate([np.full(n_prefix, -1), np.repeat(np.arange(gh), gw)])
     cols = np.concatenate([np.full(n_prefix, -1), np.tile(np.arange(gw), gh)])
     n_targets = len(classes) + 1
-    token_sites = [s for s in site_ids if s != "F2"]
+    extra = adapter.extra_sites(model)
+    token_sites = [s for s in site_ids if s != "F2" and s not in extra]
     info = adapter.describe(model)
 
     data_vars = {}
@@ -406,6 +420,13 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
             coords[f"{axis}_patch_col"] = (axis, cols.astype(np.int64))
         data_vars["attn"] = (("layer", "head", "query", "key"), attn)
         data_vars["attn_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+    for site in [s for s in site_ids if s in extra]:
+        n = len(extra[site])
+        site_acts = [_to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]
+        site_grads = [_to_numpy(grads.pop((i, site)), None, store_dtype) for i in range(n)]
+        more_vars, more_coords = adapter.assemble_extra(model, site, site_acts, site_grads, target)
+        data_vars.update(more_vars)
+        coords.update(more_coords)
     data_vars["logits"] = (("class",), logits.to("cpu", torch.float32).numpy().copy())
     h, w = prepared.display.shape[:2]
     data_vars["image"] = (("y", "x", "rgb"), prepared.display)
@@ -418,6 +439,9 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
     in_hash = array_sha256(prepared.tensor)
     settings = {"weights": w_hash, "input": in_hash, "classes": classes, "layers": layer_ids,
                 "sites": site_ids, "dtype": np.dtype(store_dtype).name, "schema": SCHEMA_VERSION}
+    target = target or ClassTargets()
+    if target.kind != "class":  # class-target trace ids stay what they were before other targets existed
+        settings["target"] = target.settings()
     attrs = {
         "schema_version": SCHEMA_VERSION,
         "trace_id": settings_id(settings),
@@ -446,8 +470,11 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
         "deterministic": 1,  # CPU kernels are; on CUDA _deterministic() switched deterministic kernels on
         "deterministic_settings": "cpu kernels" if run_device.type == "cpu" else
         "torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic=True, cudnn.benchmark=False",
+        **target.attrs(),
         **info,
     }
+    table = adapter.site_table(model)
     for site in site_ids:
-        attrs[f"hook_{site}"] = adapter.sites[site].hook(adapter.block_template)
+        if site in table:
+            attrs[f"hook_{site}"] = table[site].hook(adapter.block_template)
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)

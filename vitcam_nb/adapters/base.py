@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -62,4 +65,38 @@ class Adapter:
 
     def describe(self, model: torch.nn.Module) -> dict[str, object]:
         """Flat facts about the model for the trace attrs (num_heads, head_dim, global_pool, ...)."""
+        raise NotImplementedError
+
+    # Optional override points; the defaults fit a plain pre-norm ViT.
+
+    def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
+        """The sites this particular model has. A family whose blocks lack a module (e.g. post-norm blocks
+        have no LayerNorm before attention) leaves that site out, and asking for it is refused."""
+        return dict(self.sites)
+
+    @contextlib.contextmanager
+    def patched(self, model: torch.nn.Module) -> Iterator[None]:
+        """Temporary changes the trace needs beyond ``fused_attn`` (e.g. an explicit attention forward so the
+        softmax matrix is a hookable tensor); everything must be restored on exit, also on error."""
+        yield
+
+    def arrange(self, model: torch.nn.Module, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Bring a captured tensor (leading dim = batch for activations, = targets for gradients) to the
+        schema layout: (N, token, channel) for token sites and (N, head, query, key) for F2."""
+        return tensor
+
+    def data_config(self, model: torch.nn.Module) -> dict | None:
+        """A timm-style data config (input_size, mean, std, interpolation, crop_pct, crop_mode) for models
+        that do not carry a timm ``pretrained_cfg``; None uses timm's resolver."""
+        return None
+
+    def extra_sites(self, model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, str]]]:
+        """Sites outside the block stack (e.g. BLIP's cross-attention ``xattn``): site name -> one
+        (module, "input"/"output") per layer of that site."""
+        return {}
+
+    def assemble_extra(self, model: torch.nn.Module, site: str, acts: list[np.ndarray], grads: list[np.ndarray],
+                       target: object) -> tuple[dict, dict]:
+        """Data variables and coordinates of an extra site from its per-layer activations (leading dim 1) and
+        gradients (leading dim = targets), already on the CPU in the storage dtype."""
         raise NotImplementedError

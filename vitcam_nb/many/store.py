@@ -281,7 +281,7 @@ def trace_many(
     plan = _Plan(
         model=model, adapter=adapter,
         layer_ids=_resolve_layers(layers, len(adapter.blocks(model))),
-        site_ids=_resolve_sites(sites, adapter),
+        site_ids=_resolve_sites(sites, adapter, model),
         target_mode=_parse_targets(targets, num_classes),
         class_labels=_class_labels(model, num_classes, labels),
         run_device=torch.device(device) if device is not None else (params[0].device if params else
