@@ -4,7 +4,6 @@ gradients, at every site, in a labeled ``xarray.Dataset`` (DESIGN.md sections 3 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
