@@ -115,6 +115,38 @@ def test_cam_is_bitwise_deterministic_and_traces_are_identical():
     assert t1.attrs == t2.attrs
 
 
+def test_cuda_traces_switch_deterministic_kernels_on_and_restore_them():
+    """The CUDA branch of the tracer's determinism guard, exercised on CPU: only global flags change."""
+    from vitcam_nb.tracer import _deterministic
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.benchmark = True
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with _deterministic(torch.device("cuda")):
+                assert torch.are_deterministic_algorithms_enabled()
+                assert torch.is_deterministic_algorithms_warn_only_enabled()
+                assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+                raise RuntimeError("inside")
+        assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+        assert torch.are_deterministic_algorithms_enabled() == before[0]
+        with _deterministic(torch.device("cpu")):
+            assert torch.backends.cudnn.benchmark  # CPU traces leave the flags alone
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_traces_are_bitwise_identical():
+    image = np.random.default_rng(7).integers(0, 255, (IMG, IMG, 3), dtype=np.uint8)
+    t1, t2 = vc.trace(MODEL, image, device="cuda"), vc.trace(MODEL, image, device="cuda")
+    for name in t1.variables:
+        assert t1[name].values.tobytes() == t2[name].values.tobytes(), name
+    assert "use_deterministic_algorithms(True" in t1.attrs["deterministic_settings"]
+    assert t1.attrs["device"].startswith("cuda") and next(MODEL.parameters()).device.type == "cpu"
+
+
 def test_repeated_traces_do_not_grow_memory():
     image = np.random.default_rng(6).integers(0, 255, (IMG, IMG, 3), dtype=np.uint8)
     for _ in range(5):  # warm caches (weights hash, interpolation matrices, allocator pools)

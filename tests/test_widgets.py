@@ -85,7 +85,7 @@ def test_options_offer_only_what_the_trace_holds(tr):
     heads = field_values(ex, "heads")
     assert heads[:4] == ["channels", "mean_then_relu", "relu_then_mean", "max"] and heads[4:] == [0, 1, 2, 3]
     when = {f["name"]: f["when"] for f in ex.options["fields"]}
-    assert when["heads"][0] == {"field": "site", "in": ["F2", "F3"]}
+    assert when["heads"][0] == {"field": "site", "in": ["F2", "F3", "xattn"]}
     assert when["attn_rows"] == [{"field": "site", "in": ["F2"]}]
 
 

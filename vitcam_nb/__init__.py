@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from vitcam_nb import adapters, data, evaluate, plot, presets, targets
+from vitcam_nb import adapters, data, evaluate, plot, presets, stages, targets
 from vitcam_nb.cam import cam, gallery
 from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.io import load, save

@@ -79,16 +79,21 @@ class _TraceView:
         if missing:
             raise TraceError(f"trace: missing {missing}; it does not follow the vitcam_nb schema")
         arrays = {k: trace.variables[k].values for k in ("act", "grad", "attn", "attn_grad", "logits",
-                                                         "target_class", "site") if k in trace.variables}
+                                                         "target_class", "site", "attn_window", "attn_window_grad",
+                                                         "attn_window_key") if k in trace.variables}
         kinds = trace.variables["token_kind"].values
         patch = np.flatnonzero(kinds == "patch")
         gh, gw = int(trace.attrs["grid_h"]), int(trace.attrs["grid_w"])
         rows = trace.variables["patch_row"].values[patch]
         cols = trace.variables["patch_col"].values[patch]
         sites = [str(s) for s in arrays["site"]] if "site" in arrays else []
-        if "attn" in arrays:
+        if "attn" in arrays or "attn_window" in arrays:
             sites.append("F2")
-        dtype = (arrays.get("grad") if "grad" in arrays else arrays["attn_grad"]).dtype
+        stored = [arrays[k] for k in ("grad", "attn_grad", "attn_window_grad") if k in arrays]
+        if not stored:
+            raise RecipeError("site: this trace holds no block sites (e.g. only 'xattn'); use site='xattn' or "
+                              "trace again with sites=[..., 'F1']")
+        dtype = stored[0].dtype
         height = int(trace.sizes.get("y", trace.attrs.get("img_height", gh)))
         width = int(trace.sizes.get("x", trace.attrs.get("img_width", gw)))
         return cls(
@@ -101,9 +106,12 @@ class _TraceView:
     def token_index(self, kind: str, field: str) -> int:
         where = np.flatnonzero(self.kinds == kind)
         if where.size == 0:
-            present = sorted(set(map(str, self.kinds)) - {"patch"}) or ["no prefix tokens"]
-            raise RecipeError(f"{field}: needs a {kind} token, but this model's prefix tokens are {present}; "
-                              "use 'patch' or 'mean'-style choices instead")
+            present = sorted(set(map(str, self.kinds)) - {"patch"})
+            has = f"prefix tokens {present}" if present else "no prefix tokens (e.g. class_token=False)"
+            instead = {"weight_tokens": "weight_tokens='patch' or 'all'",
+                       "attn_rows": "attn_rows='mean' or 'patch_mean'"}.get(field, "another choice")
+            raise RecipeError(f"{field}={kind!r}: needs a {kind} token, but this model has {has}; "
+                              f"use {instead} instead")
         return int(where[0])
 
     def layer_positions(self, layer: int | tuple | str) -> list[int]:
@@ -127,6 +135,10 @@ class _TraceView:
         return out
 
     def site_check(self, site: str) -> None:
+        model_sites = str(self.attrs.get("model_sites", "")).split(",")
+        if site not in self.sites and self.attrs.get("model_sites") and site not in model_sites:
+            raise RecipeError(f"site: this {self.attrs.get('model_family', '')} model has no {site!r} (its blocks "
+                              f"lack that module); its sites are {model_sites}")
         if site not in self.sites:
             raise RecipeError(f"site: {site!r} is not in this trace (traced sites: {self.sites}); trace again "
                               f"with sites=[..., {site!r}]")
@@ -319,6 +331,24 @@ def _rows(view: _TraceView, x: np.ndarray, rows: str) -> np.ndarray:
     return np.swapaxes(sel, -1, -2)
 
 
+def _window_rows(view: _TraceView, x: np.ndarray, rows: str, layer_pos: list[int]) -> np.ndarray:
+    """:func:`_rows` for window attention (layer, H, Tq, window position) -> (layer, Tk, H): the mean over
+    query rows of the dense matrix, each key token summing its entries from every window (padding dropped)."""
+    if rows == "cls":
+        view.token_index("cls", "attn_rows")
+    query = slice(None) if rows == "mean" else view.patch
+    keys = view.arrays["attn_window_key"][layer_pos][:, query]
+    n_layers, n_heads = x.shape[:2]
+    out = np.zeros((n_layers, view.kinds.size, n_heads), np.float32)
+    for li in range(n_layers):
+        k = keys[li].reshape(-1)
+        valid = k >= 0
+        flat = x[li][:, query, :].reshape(n_heads, -1)[:, valid]
+        for h in range(n_heads):
+            out[li, :, h] = np.bincount(k[valid], weights=flat[h], minlength=view.kinds.size)
+    return out / keys.shape[1]
+
+
 def _weight_mask(view: _TraceView, recipe: Recipe) -> np.ndarray:
     mask = np.zeros(view.kinds.shape, bool)
     if recipe.weight_tokens == "patch":
@@ -339,7 +369,13 @@ def _raw_maps(view: _TraceView, recipe: Recipe, layer_pos: list[int], site_pos: 
     weights, _ = view.target_weights(recipe)
     wmask = _compact(_weight_mask(view, recipe))
     patch = _compact(view.patch)
-    if site_pos is None:
+    if site_pos is None and "attn_window" in view.arrays:
+        A = view.arrays["attn_window"][layer_pos].astype(np.float32, copy=False)
+        G = _combine(view.arrays["attn_window_grad"], weights, (layer_pos,))
+        A, G = (_window_rows(view, A, recipe.attn_rows, layer_pos),
+                _window_rows(view, G, recipe.attn_rows, layer_pos))
+        groups = A.shape[-1]
+    elif site_pos is None:
         A = view.arrays["attn"][layer_pos].astype(np.float32, copy=False)
         G = _combine(view.arrays["attn_grad"], weights, (layer_pos,))
         A, G = _rows(view, A, recipe.attn_rows), _rows(view, G, recipe.attn_rows)
@@ -411,18 +447,29 @@ def _compute(view: _TraceView, recipe: Recipe) -> tuple[np.ndarray, list[str], l
         maps, reasons = _finish_layers(view, recipe, raw[None], np.abs(raw)[None], np.zeros(1, bool))
         out = upsample(maps[0], size, recipe.upsample)
         return _normalise(out, recipe.normalize), [r for r in reasons if r], []
+    maps, reasons = _layer_maps(view, recipe, layer_pos)
+    return _fuse_layers(maps, reasons, [int(view.layers[p]) for p in layer_pos], recipe)
+
+
+def _layer_maps(view: _TraceView, recipe: Recipe, layer_pos: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer maps (ReLU, degeneracy, normalised, upsampled) before fusion, and why each is degenerate."""
     site_pos = None if recipe.site == "F2" else [view.sites.index(recipe.site)]
     raw, scale, zero_grad = _raw_maps(view, recipe, layer_pos, site_pos)
     if site_pos is not None:
         raw, scale, zero_grad = raw[:, 0], scale[:, 0], zero_grad[:, 0]
     maps, reasons = _finish_layers(view, recipe, raw, scale, zero_grad)
-    maps = upsample(maps, size, recipe.upsample)
+    return upsample(maps, (view.height, view.width), recipe.upsample), reasons
+
+
+def _fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], recipe: Recipe
+                 ) -> tuple[np.ndarray, list[str], list[str]]:
+    """Fuse per-layer maps; degenerate layers enter as zeros and are named, and a fusion that is all
+    degenerate or constant is returned as zeros with the reasons."""
     fused = _fuse(maps, recipe.layer_fusion)
-    notes = [f"layer {int(view.layers[p])}: {r}" if len(layer_pos) > 1 else r
-             for p, r in zip(layer_pos, reasons) if r]
-    if len(notes) < len(layer_pos) and np.ptp(fused) <= 0:
+    notes = [f"layer {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]
+    if len(notes) < len(layer_ids) and np.ptp(fused) <= 0:
         notes.append("the fused map is constant")
-    if notes and (len(notes) >= len(layer_pos) or np.ptp(fused) <= 0):
+    if notes and (len(notes) >= len(layer_ids) or np.ptp(fused) <= 0):
         return np.zeros_like(fused), notes, []
     return _normalise(fused, recipe.normalize), [], notes
 
@@ -539,6 +586,12 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
     """
     if isinstance(trace, xr.Dataset) and "image" in trace.dims:
         raise TraceError("trace: gallery() takes one image's trace; pick one with vc.image_trace(ds, i)")
+    varied_sites = vary.get("site", ()) if isinstance(vary, Mapping) else ()
+    if isinstance(trace, xr.DataTree) or (recipe is not None and getattr(recipe, "site", "") == "xattn") \
+            or (isinstance(varied_sites, Sequence) and "xattn" in varied_sites):
+        from vitcam_nb.stages import gallery_loop
+
+        return gallery_loop(trace, recipe, vary)
     base = recipe if recipe is not None else Recipe()
     if not isinstance(base, Recipe):
         raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(base).__name__}")

@@ -43,6 +43,32 @@ def content_sha256(ds: xr.Dataset) -> str:
     return h.hexdigest()
 
 
+def tree_sha256(tree: xr.DataTree) -> str:
+    """:func:`content_sha256` of a hierarchical trace: every node's own variables and attributes, in path order.
+
+    Example:
+        >>> t = xr.DataTree.from_dict({"/": xr.Dataset(), "a": xr.Dataset({"v": ("x", [1.0])})})
+        >>> tree_sha256(t) == tree_sha256(t.copy(deep=True))
+        True
+    """
+    h = hashlib.sha256()
+    for node in sorted(tree.subtree, key=lambda n: n.path):
+        h.update(f"{node.path}|{content_sha256(node.to_dataset(inherit=False))}".encode())
+    return h.hexdigest()
+
+
+def _checksum(trace: xr.Dataset | xr.DataTree) -> str:
+    return tree_sha256(trace) if isinstance(trace, xr.DataTree) else content_sha256(trace)
+
+
+def _clean(ds: xr.Dataset) -> xr.Dataset:
+    ds.attrs = {k: _plain(v) for k, v in ds.attrs.items()}
+    for name in ds.variables:
+        if ds.variables[name].dtype == object:
+            ds[name] = ds[name].astype(str)
+    return ds
+
+
 def _plain(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
@@ -56,7 +82,7 @@ def _format(path: Path) -> str:
     raise TraceFileError(f"path: {path} must end in .nc (netCDF) or .zarr (zarr)")
 
 
-def save(trace: xr.Dataset, path: str | os.PathLike) -> Path:
+def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
 
     Example:
@@ -66,17 +92,20 @@ def save(trace: xr.Dataset, path: str | os.PathLike) -> Path:
         >>> p.name
         't.nc'
     """
-    if not isinstance(trace, xr.Dataset):
-        raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+    if not isinstance(trace, (xr.Dataset, xr.DataTree)):
+        raise TypeError(f"trace: expected an xarray.Dataset (or DataTree) from vitcam_nb.trace(), "
+                        f"got {type(trace).__name__}")
     path = Path(path)
     kind = _format(path)
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
     out = trace.copy(deep=False)
-    out.attrs = {**trace.attrs, CHECKSUM_ATTR: content_sha256(trace)}
-    for bad in [k for k, v in out.attrs.items() if not isinstance(v, (str, int, float, np.integer, np.floating))]:
-        raise TraceFileError(f"trace: attribute {bad!r} is {type(out.attrs[bad]).__name__}; only str, int and "
-                             "float attributes can be stored")
+    out.attrs = {**trace.attrs, CHECKSUM_ATTR: _checksum(trace)}
+    nodes = [n.to_dataset(inherit=False) for n in out.subtree] if isinstance(out, xr.DataTree) else [out]
+    for attrs in (node.attrs for node in nodes):
+        for bad in [k for k, v in attrs.items() if not isinstance(v, (str, int, float, np.integer, np.floating))]:
+            raise TraceFileError(f"trace: attribute {bad!r} is {type(attrs[bad]).__name__}; only str, int and "
+                                 "float attributes can be stored")
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if kind == "netcdf":
@@ -99,8 +128,9 @@ def save(trace: xr.Dataset, path: str | os.PathLike) -> Path:
     return path
 
 
-def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset:
-    """Read a trace written by :func:`save` fully into memory and verify its checksum and schema.
+def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset | xr.DataTree:
+    """Read a trace written by :func:`save` fully into memory and verify its checksum and schema (a
+    hierarchical trace comes back as a DataTree).
 
     Example:
         >>> import tempfile, numpy as np, xarray as xr
@@ -114,13 +144,11 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset:
     if not path.exists():
         raise TraceFileError(f"path: {path} does not exist")
     try:
-        if kind == "netcdf":
-            ds = xr.load_dataset(path, engine="h5netcdf")
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with xr.open_zarr(path, consolidated=True) as lazy:
-                    ds = lazy.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine = {"engine": "h5netcdf"} if kind == "netcdf" else {"engine": "zarr", "consolidated": True}
+            with xr.open_datatree(path, **engine) as lazy:
+                ds = lazy.load() if lazy.children else lazy.to_dataset().load()
     except Exception as exc:  # h5py/zarr raise many types for a damaged file; the user needs one answer
         raise TraceFileError(f"path: {path} could not be read as a {kind} trace "
                              f"(truncated, corrupted or not a trace): {exc}") from exc
@@ -132,15 +160,15 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset:
                              f"{list(SUPPORTED_SCHEMAS)}. Re-trace the model, or load it with the vitcam_nb "
                              "version that wrote it and save again")
     stored = ds.attrs.pop(CHECKSUM_ATTR, None)
-    ds.attrs = {k: _plain(v) for k, v in ds.attrs.items()}
-    for name in ds.variables:
-        if ds.variables[name].dtype == object:
-            ds[name] = ds[name].astype(str)
+    if isinstance(ds, xr.DataTree):
+        ds = xr.DataTree.from_dict({node.path: _clean(node.to_dataset(inherit=False)) for node in ds.subtree})
+    else:
+        ds = _clean(ds)
     if verify:
         if stored is None:
             raise TraceFileError(f"path: {path} has no {CHECKSUM_ATTR}; it was not written by vitcam_nb.save "
                                  "(pass verify=False to read it anyway)")
-        actual = content_sha256(ds)
+        actual = _checksum(ds)
         if actual != stored:
             raise TraceFileError(f"path: {path} failed its checksum (stored {stored[:12]}…, content "
                                  f"{actual[:12]}…): the file is corrupted or was modified")

@@ -30,6 +30,15 @@ def data_config(model: torch.nn.Module) -> dict:
     """
     from timm.data import resolve_data_config
 
+    from vitcam_nb.adapters import find_adapter
+
+    try:
+        own = find_adapter(model).data_config(model)
+    except TypeError:  # no adapter: timm's resolver still gives a usable default
+        own = None
+    # Families without a timm pretrained_cfg (e.g. open_clip) state their own preprocessing.
+    if own is not None:
+        return dict(own)
     cfg = resolve_data_config(model=model)
     pe = getattr(model, "patch_embed", None)
     size = getattr(pe, "img_size", None)

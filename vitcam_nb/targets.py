@@ -155,7 +155,8 @@ class Similarity(Target):
                              f"timm.create_model(..., num_classes=0)); this model has a {n}-class head")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        emb = model(x)
+        encode = getattr(model, "encode_image", None)  # whole CLIP-style models: the image embedding
+        emb = encode(x) if callable(encode) else model(x)
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != 1:
             shape = tuple(emb.shape) if isinstance(emb, torch.Tensor) else type(emb).__name__
             raise TraceError(f"model: expected a pooled embedding of shape (1, D), got {shape}")

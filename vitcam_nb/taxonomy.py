@@ -382,7 +382,9 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     attrs = dict(getattr(trace, "attrs", {}) or {})
     hook = attrs.get(f"hook_{recipe.site}", "")
     module, _, io = hook.partition(":")
-    if module and _is_int(recipe.layer) and "num_layers" in attrs:
+    if module and "{block}" in module and _is_int(recipe.layer) and "stage_first_layer" in attrs:
+        module = module.replace("{block}", str(recipe.layer - int(attrs["stage_first_layer"])))
+    elif module and _is_int(recipe.layer) and "num_layers" in attrs:
         module = module.replace("{layer}", str(recipe.layer % int(attrs["num_layers"])))
     elif module:
         module = module.replace("{layer}", "<l>") + " for each block l listed"

@@ -194,7 +194,8 @@ def _resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> l
         raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
     for s in items:
         if s not in allowed:
-            known = "unknown site" if s not in adapter.sites else "a site this model does not have"
+            known = ("a site this model does not have" if s in adapter.sites or s in CORE_SITES + EXTENDED_SITES
+                     else "unknown site")
             raise TraceError(f"sites: {known} {s!r}; this {adapter.family} model has {allowed}")
     return [s for s in allowed if s in items]
 
@@ -280,6 +281,7 @@ def trace(
 
     prepared = prepare_input(model, image)
     _check_size(model, prepared.tensor)
+    adapter.check_input(model, prepared.tensor)
     prefix = adapter.prefix_kinds(model)
     extra = adapter.extra_sites(model)
 
@@ -320,12 +322,16 @@ def trace(
             acts[k], grad_by_key[k] = act, g
         grid = cap.grid
 
-    return _assemble(
-        model=model, adapter=adapter, prepared=prepared, logits=z.detach(), classes=classes,
-        class_labels=target.class_labels(model, int(z.shape[0])), layer_ids=layer_ids, site_ids=site_ids,
-        acts=acts, grads=grad_by_key, grid=grid, prefix=prefix, store_dtype=_DTYPES[dtype],
-        run_device=run_device, compute_dtype=compute_dtype, target=target,
-    )
+    common = dict(prepared=prepared, logits=z.detach(), classes=classes, prefix=prefix,
+                  class_labels=target.class_labels(model, int(z.shape[0])), run_device=run_device,
+                  compute_dtype=compute_dtype, target=target)
+    if getattr(adapter, "hierarchical", False):
+        from vitcam_nb.stages import assemble_stages
+
+        return assemble_stages(_assemble, model=model, adapter=adapter, site_ids=site_ids, layer_ids=layer_ids,
+                               acts=acts, grads=grad_by_key, store_dtype=_DTYPES[dtype], **common)
+    return _assemble(model=model, adapter=adapter, layer_ids=layer_ids, site_ids=site_ids, acts=acts,
+                     grads=grad_by_key, grid=grid, store_dtype=_DTYPES[dtype], **common)
 
 
 def _check_size(model: torch.nn.Module, x: torch.Tensor) -> None:
@@ -473,6 +479,7 @@ def _assemble(*, model, adapter, prepared, logits, classes, class_labels, layer_
         **info,
     }
     table = adapter.site_table(model)
+    attrs["model_sites"] = ",".join([*table, *extra])
     for site in site_ids:
         if site in table:
             attrs[f"hook_{site}"] = table[site].hook(adapter.block_template)

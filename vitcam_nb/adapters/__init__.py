@@ -14,10 +14,15 @@ Example:
 from __future__ import annotations
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
+from vitcam_nb.adapters.beit import BeitAdapter
+from vitcam_nb.adapters.eva import EvaAdapter
+from vitcam_nb.adapters.swin import SwinAdapter
 from vitcam_nb.adapters.vit import VitAdapter
 from vitcam_nb.errors import TraceError
+from vitcam_nb.vlm.blip import BlipAdapter  # imports transformers only when a BLIP model is traced
+from vitcam_nb.vlm.clip import OpenClipAdapter  # imports open_clip only when one of its models is traced
 
-_ADAPTERS: list[Adapter] = [VitAdapter()]
+_ADAPTERS: list[Adapter] = [VitAdapter(), SwinAdapter(), BeitAdapter(), EvaAdapter(), OpenClipAdapter(), BlipAdapter()]
 
 
 def register_adapter(adapter: Adapter, *, first: bool = True) -> None:
@@ -33,6 +38,38 @@ def register_adapter(adapter: Adapter, *, first: bool = True) -> None:
         _ADAPTERS.insert(0, adapter)
     else:
         _ADAPTERS.append(adapter)
+
+
+def unregister_adapter(adapter: Adapter | str) -> None:
+    """Remove an adapter added with :func:`register_adapter`: the instance itself, or every adapter of a family
+    name. Built-in adapters can be removed too (e.g. to test a replacement); a name or instance that is not
+    registered raises a ValueError.
+
+    Example:
+        >>> from vitcam_nb.adapters import register_adapter, unregister_adapter, VitAdapter, supported_families
+        >>> before = supported_families()
+        >>> mine = VitAdapter()
+        >>> register_adapter(mine)
+        >>> try:
+        ...     pass  # trace models here
+        ... finally:
+        ...     unregister_adapter(mine)
+        >>> supported_families() == before
+        True
+    """
+    if isinstance(adapter, str):
+        keep = [a for a in _ADAPTERS if a.family != adapter]
+        if len(keep) == len(_ADAPTERS):
+            raise ValueError(f"adapter: no registered adapter of family {adapter!r}; "
+                             f"registered: {', '.join(supported_families())}")
+        _ADAPTERS[:] = keep
+        return
+    for i, registered in enumerate(_ADAPTERS):
+        if registered is adapter:  # identity: a user's second instance of a built-in class stays distinct
+            del _ADAPTERS[i]
+            return
+    raise ValueError(f"adapter: {type(adapter).__name__} (family {getattr(adapter, 'family', '?')!r}) is not "
+                     "registered")
 
 
 def supported_families() -> list[str]:
@@ -63,5 +100,5 @@ def find_adapter(model: object) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "SiteSpec", "VitAdapter", "find_adapter", "register_adapter", "supported_families",
-           "TraceError"]
+__all__ = ["Adapter", "BeitAdapter", "EvaAdapter", "SiteSpec", "VitAdapter", "find_adapter", "register_adapter",
+           "supported_families", "TraceError", "unregister_adapter"]

@@ -81,9 +81,13 @@ class Adapter:
         yield
 
     def arrange(self, model: torch.nn.Module, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
-        """Bring a captured tensor (leading dim = batch for activations, = targets for gradients) to the
-        schema layout: (N, token, channel) for token sites and (N, head, query, key) for F2."""
+        """Bring a captured tensor to the schema layout: (..., token, channel) for token sites and
+        (..., head, query, key) for F2. Activations arrive as (1, ...), gradients as (targets, 1, ...), so
+        index from the end (e.g. ``tensor.index_select(-2, order)`` to reorder tokens)."""
         return tensor
+
+    def check_input(self, model: torch.nn.Module, x: torch.Tensor) -> None:
+        """Refuse an input tensor (1, 3, H, W) the model cannot take, with a message naming ``image``."""
 
     def data_config(self, model: torch.nn.Module) -> dict | None:
         """A timm-style data config (input_size, mean, std, interpolation, crop_pct, crop_mode) for models

@@ -1,0 +1,131 @@
+"""Build the README's support matrix (model family x site F1..F6) from the reference tests.
+
+Usage::
+
+    python scripts/support_matrix.py [--readme README.md]
+
+Runs ``test_site_reference`` and ``test_site_not_applicable`` of the family test files that exist (``ids``
+are ``"<family>-<site>"``, one family per matrix row), reads pytest's JUnit XML and renders one cell per
+(family, site): ✓ the trace matches the autograd reference, n/a the family has no such site and asking for it
+is refused, ✗ a test failed, blank not tested (no test, or skipped). With ``--readme`` the table is written
+between ``<!-- support-matrix:start -->`` and ``<!-- support-matrix:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_FILES = ("tests/test_families.py", "tests/test_swin.py", "tests/test_vlm_clip.py", "tests/test_vlm_blip.py")
+SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
+KINDS = {"test_site_reference": "✓", "test_site_not_applicable": "n/a"}
+START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
+_CASE = re.compile(r"^(test_site_reference|test_site_not_applicable)\[(.+)-(F[1-6])\]$")
+
+
+def run_tests(files: list[str], junit: Path) -> int:
+    """Run the matrix tests of ``files`` with pytest, writing JUnit XML to ``junit``; returns pytest's exit code.
+
+    Example:
+        >>> run_tests(["tests/test_families.py"], Path("/tmp/matrix.xml"))  # doctest: +SKIP
+        0
+    """
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+           "test_site_reference or test_site_not_applicable", f"--junitxml={junit}", *files]
+    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+
+
+def parse_junit(text: str) -> dict[str, dict[str, str]]:
+    """Cells ``{family: {site: mark}}`` from JUnit XML, families in the order their tests ran.
+
+    Example:
+        >>> xml = ('<testsuites><testsuite><testcase name="test_site_reference[beit-F2]"/>'
+        ...        '<testcase name="test_site_not_applicable[eva_postnorm-F1]"/>'
+        ...        '<testcase name="test_site_reference[eva_postnorm-F3]"><failure/></testcase>'
+        ...        '</testsuite></testsuites>')
+        >>> parse_junit(xml)
+        {'beit': {'F2': '✓'}, 'eva_postnorm': {'F1': 'n/a', 'F3': '✗'}}
+    """
+    matrix: dict[str, dict[str, str]] = {}
+    for case in ET.fromstring(text).iter("testcase"):
+        m = _CASE.match(case.get("name", ""))
+        if not m:
+            continue
+        test, family, site = m.groups()
+        if case.find("skipped") is not None:
+            mark = ""
+        elif case.find("failure") is not None or case.find("error") is not None:
+            mark = "✗"
+        else:
+            mark = KINDS[test]
+        row = matrix.setdefault(family, {})
+        # a failure anywhere in a cell wins; otherwise the first verdict stays
+        if mark == "✗" or not row.get(site):
+            row[site] = mark
+    return matrix
+
+
+def to_markdown(matrix: dict[str, dict[str, str]]) -> str:
+    """Render the matrix as a markdown table with a legend.
+
+    Example:
+        >>> print(to_markdown({"beit": {"F1": "✓", "F2": "✓"}}).splitlines()[2])
+        | `beit` | ✓ | ✓ |  |  |  |  |
+    """
+    lines = ["| family | " + " | ".join(SITES) + " |", "|---|" + "---|" * len(SITES)]
+    for family, row in matrix.items():
+        lines.append(f"| `{family}` | " + " | ".join(row.get(s, "") for s in SITES) + " |")
+    lines += ["", "✓ stored activations and gradients match a hand-written autograd reference (relative error "
+              "≤ 1e-5) · n/a the family has no such site and tracing it is refused · ✗ failing · blank: not tested. "
+              "Written by `python scripts/support_matrix.py --readme README.md`."]
+    return "\n".join(lines)
+
+
+def write_readme(path: Path, table: str) -> None:
+    """Replace the text between the support-matrix markers of ``path`` with ``table``.
+
+    Example:
+        >>> write_readme(Path("README.md"), "| family |")  # doctest: +SKIP
+    """
+    text = path.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{path} has no {START} ... {END} markers")
+    head, rest = text.split(START, 1)
+    path.write_text(head + START + "\n" + table.strip() + "\n" + END + rest.split(END, 1)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point: run the tests, print the table, optionally write it into the README.
+
+    Example:
+        >>> main(["--readme", "README.md"])  # doctest: +SKIP
+        0
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readme", default=None, help=f"also write the table into this file between {START} "
+                        f"and {END}")
+    args = parser.parse_args(argv)
+    files = [f for f in TEST_FILES if (ROOT / f).exists()]
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "matrix.xml"
+        code = run_tests(files, junit)
+        if not junit.exists():
+            print(f"pytest wrote no JUnit XML (exit code {code})", file=sys.stderr)
+            return 1
+        matrix = parse_junit(junit.read_text())
+    table = to_markdown(matrix)
+    print(table)
+    if args.readme:
+        write_readme(Path(args.readme), table)
+    # failing cells are part of the table, not an error of this script
+    return 0 if code in (0, 1) else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
