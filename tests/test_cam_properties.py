@@ -22,11 +22,13 @@ from vitcam_nb.taxonomy import (
     NORMALIZES,
     POOLED_WEIGHTINGS,
     RELUS,
-    SITES as RECIPE_SITES,
     TARGETS,
     UPSAMPLES,
     WEIGHT_TOKENS,
     WEIGHTINGS,
+)
+from vitcam_nb.taxonomy import (
+    SITES as RECIPE_SITES,
 )
 
 NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3

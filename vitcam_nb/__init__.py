@@ -44,6 +44,7 @@ __all__ = [
     "plot",
     "presets",
     "adapters",
+    "stages",
     "targets",
     "__version__",
     "load",
