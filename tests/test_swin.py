@@ -342,3 +342,13 @@ def test_tree_round_trip_and_checksum(case, tmp_path, ext):
             f["stage_1/act"][0, 0, 0, 0] += 1.0
         with pytest.raises(vc.TraceFileError, match="checksum"):
             vc.load(path)
+
+
+def test_widgets_and_trace_many_say_what_to_do_with_a_tree(case, tmp_path):
+    v2, model, x, tr, _ = case
+    with pytest.raises(TypeError, match="stage_dataset"):
+        vc.Explorer(tr)
+    ex = vc.Explorer(vc.stages.stage_dataset(tr, 1))  # one stage is an ordinary trace
+    assert ex.recipe.site == ("F3" if v2 else "F1") and ex.recipe_json  # V2 has no F1
+    with pytest.raises(vc.TraceError, match="trace_many stores flat token layouts"):
+        vc.trace_many(model, [np.zeros((IMG, IMG, 3), np.uint8)], tmp_path / "s.zarr", progress=False)

@@ -388,6 +388,13 @@ def _raw_maps(view: _TraceView, recipe: Recipe, layer_pos: list[int], site_pos: 
         G = _combine(view.arrays["grad"], weights, idx)
         heads = int(view.attrs.get("num_heads", 1))
         groups = heads if (view.sites[site_pos[0]] == "F3" and recipe.heads != "channels") else 1
+    return _grid_maps(view, recipe, A, G, wmask, patch, groups)
+
+
+def _grid_maps(view: _TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any,
+               groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighting and head rule over (..., token, channel) A and G: maps and scales on the grid, and whether
+    the gradients the formula reads were all zero."""
     maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups)
     maps, scale = _heads(maps, scale, recipe.heads if groups > 1 else "channels")
     if recipe.weighting == "eigencam":

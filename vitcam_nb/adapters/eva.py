@@ -108,21 +108,15 @@ class EvaAdapter(VitAdapter):
             ('rope', 'pre-norm', 'avg')
         """
         attn = model.blocks[0].attn
-        patch = model.patch_embed.patch_size
         encodings = []
         if getattr(model, "pos_embed", None) is not None:
             encodings.append("absolute")
         if getattr(model, "rope", None) is not None:
             encodings.append("rope (mixed, per layer)" if getattr(model, "rope_mixed", False) else "rope")
         return {
-            "num_heads": int(attn.num_heads),
-            "head_dim": int(attn.head_dim),
-            "embed_dim": int(model.embed_dim),
-            "global_pool": str(model.global_pool or "none"),
-            "patch_size": int(patch[0]) if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}",
+            **super().describe(model),
             "position_encoding": " + ".join(encodings) or "none",
             "block_norm": "post-norm" if _is_post_norm(model) else "pre-norm",
             "attn_sub_norm": int(not isinstance(attn.norm, torch.nn.Identity)),
             "attn_type": type(attn).__name__,
-            "dynamic_img_size": int(bool(getattr(model, "dynamic_img_size", False))),
         }

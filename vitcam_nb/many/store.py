@@ -275,6 +275,9 @@ def trace_many(
         ('image', 'layer', 'site', 'token', 'channel')
     """
     adapter, num_classes = _check_model(model, dtype)
+    if getattr(adapter, "hierarchical", False) or adapter.extra_sites(model):
+        raise TraceError(f"model: trace_many stores flat token layouts; the {adapter.family} family has "
+                         "per-stage grids or extra sites. Trace its images one by one with vitcam_nb.trace()")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     params = list(model.parameters())

@@ -21,13 +21,11 @@ from vitcam_nb.cam import (
     _dims,
     _finish_layers,
     _fuse,
-    _heads,
+    _grid_maps,
     _normalise,
-    _to_grid,
     _TraceView,
     _warn,
     _weight_mask,
-    token_maps,
     upsample,
 )
 from vitcam_nb.errors import RecipeError, TraceError
@@ -194,15 +192,8 @@ def xattn_cam(trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
     n_heads = A.shape[-1]
     wmask = _compact(_weight_mask(view, recipe))
     patch = _compact(view.patch)
-    maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups=n_heads)
-    maps, scale = _heads(maps, scale, recipe.heads if n_heads > 1 else "channels")
-    if recipe.weighting == "eigencam":
-        zero_grad = np.zeros(maps.shape[:-1], bool)
-    elif recipe.weighting in ("gradcam", "gradcampp", "xgradcam"):
-        zero_grad = ~np.any(G[..., wmask, :] != 0, axis=(-2, -1))
-    else:
-        zero_grad = ~np.any(G[..., patch, :] != 0, axis=(-2, -1))
-    per_layer, reasons = _finish_layers(view, recipe, _to_grid(view, maps), _to_grid(view, scale), zero_grad)
+    maps, scale, zero_grad = _grid_maps(view, recipe, A, G, wmask, patch, n_heads)
+    per_layer, reasons = _finish_layers(view, recipe, maps, scale, zero_grad)
     reasons = np.where(zero_grad, _ZERO_ROWS, reasons)
     per_layer = upsample(per_layer, (view.height, view.width), recipe.upsample)
     fused = _fuse(per_layer, recipe.layer_fusion)

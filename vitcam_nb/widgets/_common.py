@@ -94,12 +94,15 @@ class TraceFacts:
             >>> facts = TraceFacts.of(tr)  # doctest: +SKIP
         """
         if not isinstance(trace, xr.Dataset):
-            raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+            hint = ("; widgets show one stage of a hierarchical trace: pass vc.stages.stage_dataset(tr, stage)"
+                    if isinstance(trace, xr.DataTree) else "")
+            raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
+                            f"{type(trace).__name__}{hint}")
         for name in ("image", "logits", "target_class", "layer"):
             if name not in trace.variables:
                 raise ValueError(f"trace: has no {name!r}; pass a Dataset made by vitcam_nb.trace()")
         traced = {str(s) for s in trace["site"].values} if "site" in trace.variables else set()
-        if "attn" in trace.variables:
+        if "attn" in trace.variables or "attn_window" in trace.variables:
             traced.add("F2")
         sites = tuple(s for s in SITES if s in traced)
         layers = tuple(int(v) for v in trace["layer"].values)
@@ -140,7 +143,8 @@ def default_recipe(facts: TraceFacts) -> Recipe:
     """
     changes: dict[str, Any] = {}
     if facts.sites and _DEFAULTS["site"] not in facts.sites:
-        changes["site"] = facts.sites[0]
+        # A token site first: F2's default query row is CLS, which not every model has.
+        changes["site"] = next((s for s in facts.sites if s != "F2"), facts.sites[0])
     if facts.classes and 1 not in facts.top_ranks():
         changes["class_"] = facts.classes[0]
     if facts.layers and (_DEFAULTS["layer"] % facts.num_layers) not in facts.layers:
