@@ -604,3 +604,28 @@ def test_gallery_varies_xattn_layers_and_text_tokens(blip_trace):
     assert g.dims == ("layer", "text_tokens", "y", "x") and g.shape[:2] == (2, 2)
     np.testing.assert_array_equal(g.sel(layer=1).values[1], one.values)
     assert g.recipe_id.values[1, 1] == one.attrs["recipe_id"]
+
+
+def test_explorer_offers_xattn_and_text_tokens(blip_trace):
+    import json
+
+    from vitcam_nb.widgets import _common as common
+
+    ex = vc.Explorer(blip_trace, vc.Recipe(site="F1", layer=0, class_=1))
+    spec = {f["name"]: f for f in ex.options["fields"]}
+    assert "xattn" in [v for v, _ in spec["site"]["values"]]
+    words = [str(v) for v in blip_trace["text_token_str"].values]
+    assert [v for v, _ in spec["text_tokens"]["values"]] == ["all", "cls", *range(len(words))]
+    assert spec["text_tokens"]["values"][3][1] == f"1 · {words[1]}"  # labels are inserted as text
+    assert spec["text_tokens"]["when"] == [{"field": "site", "in": ["xattn"]}]
+    draft = {**ex.recipe.to_dict(), "site": "xattn", "text_tokens": 2, "weighting": "layercam"}
+    ex.set_state(json.loads(json.dumps({"request": {"id": 1, "recipe": draft,
+                                                    "changed": ["site", "text_tokens", "weighting"]}})))
+    want = vc.Recipe(site="xattn", layer=0, class_=1, text_tokens=2, weighting="layercam")
+    assert ex.error == "" and ex.recipe == want
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
+        assert ex.grid == common.grid_bytes(vc.cam(blip_trace, want, grid=True).values)
+    draft = {**ex.recipe.to_dict(), "site": "F1", "text_tokens": 2}  # hidden control goes back to its default
+    ex.set_state({"request": {"id": 2, "recipe": draft, "changed": ["site"]}})
+    assert ex.recipe == vc.Recipe(site="F1", layer=0, class_=1, weighting="layercam")

@@ -56,6 +56,7 @@ SITE_TEXT = {
     "resid_pre": "block input (residual)",
     "attn_out": "attention output, after proj",
     "resid_mid": "residual after attention",
+    "xattn": "cross-attention, text queries x image keys",
 }
 GROUPS = ("feature representation", "gradient target", "token handling", "aggregation", "spatial reconstruction")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
@@ -65,6 +66,7 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
 APPLIES: dict[str, list[dict[str, Any]]] = {
     "heads": [{"field": "site", "in": list(HEAD_SITES)}, {"field": "layer_fusion", "not_in": list(ROLLOUTS)}],
     "attn_rows": [{"field": "site", "in": ["F2"]}],
+    "text_tokens": [{"field": "site", "in": ["xattn"]}],
     "weight_tokens": [{"field": "weighting", "in": list(POOLED_WEIGHTINGS)},
                       {"field": "layer_fusion", "not_in": list(ROLLOUTS)}],
     "weighting": [{"field": "layer_fusion", "not_in": list(ROLLOUTS)}],
@@ -85,6 +87,7 @@ class TraceFacts:
     labels: dict[int, str]
     ranked: tuple[int, ...]
     image: np.ndarray
+    text_tokens: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, trace: xr.Dataset) -> TraceFacts:
@@ -104,6 +107,9 @@ class TraceFacts:
         traced = {str(s) for s in trace["site"].values} if "site" in trace.variables else set()
         if "attn" in trace.variables or "attn_window" in trace.variables:
             traced.add("F2")
+        if "xattn" in trace.variables:
+            traced.add("xattn")
+        text = tuple(str(v) for v in trace["text_token_str"].values) if "text_token_str" in trace.variables else ()
         sites = tuple(s for s in SITES if s in traced)
         layers = tuple(int(v) for v in trace["layer"].values)
         num_layers = int(trace.attrs.get("num_layers", max(layers) + 1))
@@ -122,7 +128,7 @@ class TraceFacts:
             image = np.clip(image, 0, 255).astype(np.uint8)
         return cls(sites=sites, layers=layers, num_layers=num_layers,
                    num_heads=int(trace.attrs.get("num_heads", 1)), classes=classes, labels=labels,
-                   ranked=ranked, image=image)
+                   ranked=ranked, image=image, text_tokens=text)
 
     def top_ranks(self) -> list[int]:
         """The N of every "topN" class choice whose class was traced.
@@ -189,6 +195,11 @@ def controls(facts: TraceFacts) -> dict[str, Any]:
         {"name": "normalize", "label": "normalisation", "group": g["spatial"], "kind": "select",
          "values": _pairs(NORMALIZES)},
     ]
+    if facts.text_tokens:
+        words = [["all", "all · mean over the text"], ["cls", f"cls · {facts.text_tokens[0]}"]]
+        words += [[i, f"{i} · {w}"] for i, w in enumerate(facts.text_tokens)]
+        fields.insert(6, {"name": "text_tokens", "label": "text tokens", "group": g["tokens"], "kind": "select",
+                          "values": words})
     for field in fields:
         field.setdefault("label", field["name"])
         field["default"] = _DEFAULTS[field["name"]]
