@@ -179,3 +179,36 @@ def test_keyboard_interrupt_inside_a_trace_restores_the_model():
     handle.remove()
     assert_unchanged(before, model)
     assert model.training and all(blk.attn.fused_attn for blk in model.blocks)
+
+
+class _BadShape(vc.targets.Target):
+    def scores(self, model, x):
+        return model(x)  # (1, classes) instead of (classes,)
+
+
+class _BadChoice(vc.targets.Target):
+    def scores(self, model, x):
+        return model(x)[0]
+
+    def choose(self, scores):
+        return [int(scores.shape[0]) + 2]
+
+
+@pytest.mark.parametrize("target,match", [(_BadShape(), r"scores\(\) must return a non-empty 1-D float tensor"),
+                                          (_BadChoice(), r"choose\(\) must return a non-empty list of distinct")])
+def test_custom_targets_are_checked_and_the_model_restored(target, match):
+    before = snapshot(MODEL)
+    with pytest.raises(vc.TraceError, match=f"targets: the target's {match}"):
+        vc.trace(MODEL, np.zeros((IMG, IMG, 3), np.uint8), targets=target)
+    assert_unchanged(before, MODEL)
+
+
+def test_wrong_labels_are_refused_before_the_forward_pass():
+    calls = []
+    handle = MODEL.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(vc.TraceError, match="labels: expected a sequence of"):
+            vc.trace(MODEL, np.zeros((IMG, IMG, 3), np.uint8), labels=["only one"])
+    finally:
+        handle.remove()
+    assert calls == []

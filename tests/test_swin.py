@@ -234,7 +234,7 @@ def test_tree_structure_and_attrs(case):
     assert list(tr["stage_1"]["layer"].values) == [2, 3]
     assert tr["stage_1"].attrs["num_heads"] == 4 and tr["stage_0"].attrs["num_heads"] == 2
     assert tr.attrs["trace_id"] == tr["stage_0"].attrs["trace_id"] == tr["stage_1"].attrs["trace_id"]
-    assert tr["stage_1"].attrs["hook_F3"] == "layers.1.blocks.{block}.attn.proj:input"
+    assert tr["stage_1"].attrs["hook_F3"] == "layers.{stage}.blocks.{block}.attn.proj:input"
     with torch.no_grad():
         np.testing.assert_allclose(tr["logits"].values, model(x)[0].numpy(), rtol=1e-5, atol=1e-6)
 
@@ -352,3 +352,50 @@ def test_widgets_and_trace_many_say_what_to_do_with_a_tree(case, tmp_path):
     assert ex.recipe.site == ("F3" if v2 else "F1") and ex.recipe_json  # V2 has no F1
     with pytest.raises(vc.TraceError, match="trace_many stores flat token layouts"):
         vc.trace_many(model, [np.zeros((IMG, IMG, 3), np.uint8)], tmp_path / "s.zarr", progress=False)
+
+
+def test_review_fixes_on_trees_and_stages(case):
+    v2, model, x, tr, _ = case
+    # A stage alone refuses rollouts clearly (it holds window attention only).
+    with pytest.raises(vc.RecipeError, match="layer_fusion: 'rollout'.*not applicable"):
+        vc.cam(vc.stages.stage_dataset(tr, 0), vc.Recipe(site="F2", layer=(0, 1), layer_fusion="rollout",
+                                                        attn_rows="mean"))
+    # The checklist of a fusion across stages names every block's module.
+    fused = vc.cam(tr, vc.Recipe(site="F3", layer=(0, 3), layer_fusion="mean"))
+    module = json.loads(fused.attrs["checklist"])["feature representation"]["module"]
+    assert module == "layers.0.blocks.0.attn.proj, layers.1.blocks.1.attn.proj"
+    # Varying sites includes F2, which on a model without CLS reads the mean over query rows.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
+        g = vc.gallery(tr, vc.Recipe(site="F3"), vary={"layer": [1], "site": ["F2", "F3"]})
+        f2 = vc.cam(tr, vc.Recipe(site="F2", layer=1, attn_rows="mean"))
+    np.testing.assert_array_equal(g.sel(site="F2").values[0], f2.values)
+    assert g.recipe_id.values[0, 0] == f2.attrs["recipe_id"]
+    with pytest.raises(vc.RecipeError, match="vary: upsample"):
+        vc.gallery(tr, vc.Recipe(site="F3"), vary={"upsample": ["none", "bilinear"]})
+    # Trace ids tell site sets apart.
+    only = vc.trace(model, x, targets="top2", sites=["F3"])
+    assert only.attrs["trace_id"] != vc.trace(model, x, targets="top2", sites=["F2", "F3"]).attrs["trace_id"]
+    assert "num_heads" not in tr.attrs and json.loads(tr.attrs["num_heads_per_stage"]) == [2, 4]
+
+
+def test_stage_block_strings_are_canonical_and_refused_on_flat_traces():
+    assert vc.Recipe(layer="01.-0").layer == "1.0" and vc.Recipe(layer="01.0").id == vc.Recipe(layer="1.0").id
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=5,
+                            embed_dim=32, num_heads=2).eval()
+    tr = vc.trace(vit, make_image()[..., :32, :32], targets="top2")
+    with pytest.raises(vc.RecipeError, match="layer: '1.0' is a 'stage.block' address"):
+        vc.cam(tr, vc.Recipe(layer="1.0"))
+    with pytest.raises(vc.RecipeError, match="layer: '0.1' is a 'stage.block' address"):
+        vc.gallery(tr, vc.Recipe(), vary={"layer": ["0.1", 1]})
+
+
+def test_a_head_index_is_checked_when_a_stage_has_one_head():
+    torch.manual_seed(0)
+    m = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=IMG, window_size=4,
+                          depths=(1, 1), num_heads=(1, 2), embed_dim=16, num_classes=5).eval()
+    tr = vc.trace(m, make_image(), targets="top1", sites=["F3"])
+    with pytest.raises(vc.RecipeError, match=r"heads: head 3 does not exist \(the model has 1 heads"):
+        vc.cam(tr, vc.Recipe(site="F3", layer=0, heads=3))
+    np.testing.assert_array_equal(vc.cam(tr, vc.Recipe(site="F3", layer=0, heads=0)).values,
+                                  vc.cam(tr, vc.Recipe(site="F3", layer=0)).values)

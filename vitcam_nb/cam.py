@@ -121,6 +121,9 @@ class _TraceView:
         wanted = layer if isinstance(layer, tuple) else (layer,)
         out = []
         for v in wanted:
+            if isinstance(v, str):
+                raise RecipeError(f"layer: {v!r} is a 'stage.block' address, which only hierarchical (Swin) traces "
+                                  "have; this trace's blocks are numbered by int")
             if not -self.num_layers <= v < self.num_layers:
                 raise RecipeError(f"layer: {v} is out of range for a model with {self.num_layers} blocks "
                                   f"(allowed -{self.num_layers}..{self.num_layers - 1})")
@@ -396,7 +399,7 @@ def _grid_maps(view: _TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, w
     """Weighting and head rule over (..., token, channel) A and G: maps and scales on the grid, and whether
     the gradients the formula reads were all zero."""
     maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups)
-    maps, scale = _heads(maps, scale, recipe.heads if groups > 1 else "channels")
+    maps, scale = _heads(maps, scale, recipe.heads if groups > 1 or isinstance(recipe.heads, int) else "channels")
     if recipe.weighting == "eigencam":
         zero_grad = np.zeros(maps.shape[:-1], bool)
     elif recipe.weighting in ("gradcam", "gradcampp", "xgradcam"):
@@ -448,6 +451,10 @@ def _compute(view: _TraceView, recipe: Recipe) -> tuple[np.ndarray, list[str], l
     view.site_check(recipe.site)
     size = (view.height, view.width)
     if recipe.layer_fusion in ROLLOUTS:
+        if "attn" not in view.arrays:
+            raise RecipeError(f"layer_fusion: {recipe.layer_fusion!r} multiplies token-to-token attention across "
+                              "blocks; this trace holds window attention (Swin), for which a rollout is not "
+                              "applicable. Use layer_fusion 'mean', 'sum' or 'max'")
         if recipe.layer_fusion == "grad_rollout":
             view.target_weights(recipe)
         raw = _rollout(view, recipe, layer_pos)
@@ -593,7 +600,14 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
     """
     if isinstance(trace, xr.Dataset) and "image" in trace.dims:
         raise TraceError("trace: gallery() takes one image's trace; pick one with vc.image_trace(ds, i)")
-    varied_sites = vary.get("site", ()) if isinstance(vary, Mapping) else ()
+    if isinstance(vary, str):
+        vary = (vary,)
+    if not isinstance(vary, Mapping):
+        vary = {field: "all" for field in vary}
+    if "upsample" in vary:
+        raise RecipeError("vary: upsample changes the size of the maps, which a gallery stacks; make one gallery "
+                          "per upsampling instead")
+    varied_sites = vary.get("site", ())
     if isinstance(trace, xr.DataTree) or (recipe is not None and getattr(recipe, "site", "") == "xattn") \
             or (isinstance(varied_sites, Sequence) and "xattn" in varied_sites):
         from vitcam_nb.stages import gallery_loop
@@ -603,10 +617,6 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
     if not isinstance(base, Recipe):
         raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(base).__name__}")
     view = _TraceView.of(trace)
-    if isinstance(vary, str):
-        vary = (vary,)
-    if not isinstance(vary, Mapping):
-        vary = {field: "all" for field in vary}
     fields = list(vary)
     values = {f: _vary_values(view, base, f, vary[f]) for f in fields}
     if ("layer" in values or "site" in values) and base.layer_fusion in ROLLOUTS:

@@ -57,9 +57,7 @@ def assemble_stages(assemble: Any, *, model: Any, adapter: Any, site_ids: list[s
             "stage_dim": int(attn.qkv.in_features),
         })
         for site in site_ids:
-            key = f"hook_{site}"
-            template = adapter.site_table(model)[site].hook(adapter.block_template)
-            ds.attrs[key] = template.replace("{stage}", str(s))
+            ds.attrs[f"hook_{site}"] = adapter.site_table(model)[site].hook(adapter.block_template)
         if root is None:
             root = xr.Dataset({v: ds[v] for v in ROOT_VARS},
                               coords={c: ds[c] for c in ROOT_COORDS if c in ds.coords}, attrs=dict(ds.attrs))
@@ -68,13 +66,17 @@ def assemble_stages(assemble: Any, *, model: Any, adapter: Any, site_ids: list[s
     # One trace, one id: the root's settings cover every traced layer.
     from vitcam_nb.provenance import settings_id
 
-    trace_id = settings_id({"stages": [nodes[k].attrs["trace_id"] for k in sorted(nodes)]})
+    trace_id = settings_id({"stages": [nodes[k].attrs["trace_id"] for k in sorted(nodes)], "sites": site_ids})
     for ds in [root, *nodes.values()]:
         ds.attrs["trace_id"] = trace_id
-    for key in ("stage", "stage_first_layer", "stage_blocks", "stage_dim", "grid_h", "grid_w"):
+    # Per-stage facts live on the stages; the root keeps what holds for the whole model.
+    for key in [k for k in root.attrs if k.startswith("hook_")] + ["stage", "stage_first_layer", "stage_blocks",
+                                                                   "stage_dim", "grid_h", "grid_w", "num_heads",
+                                                                   "head_dim"]:
         root.attrs.pop(key, None)
     root.attrs.update({"num_stages": len(adapter.stages(model)), "hierarchical": 1,
-                       "stage_layers": json.dumps(adapter.stages(model))})
+                       "stage_layers": json.dumps(adapter.stages(model)),
+                       "num_heads_per_stage": json.dumps([int(nodes[k].attrs["num_heads"]) for k in sorted(nodes)])})
     return xr.DataTree.from_dict({"/": root, **nodes})
 
 
@@ -265,6 +267,7 @@ def gallery_loop(trace: xr.DataTree | xr.Dataset, recipe: Recipe | None = None,
         vary = (vary,)
     if not isinstance(vary, Mapping):
         vary = {field: "all" for field in vary}
+    has_cls = "cls" in [str(k) for k in first["token_kind"].values]
     values = {}
     for field, vals in vary.items():
         if field not in Recipe.__dataclass_fields__:
@@ -286,14 +289,23 @@ def gallery_loop(trace: xr.DataTree | xr.Dataset, recipe: Recipe | None = None,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DegenerateMapWarning)
         for combo in itertools.product(*values.values()):
-            rec = base.replace(**dict(zip(fields, combo)))
+            changes = dict(zip(fields, combo))
+            if "site" in changes and "attn_rows" not in changes:
+                # Query rows belong to F2; without a CLS token its map reads the mean over query rows.
+                f2_rows = base.attn_rows if has_cls or base.attn_rows != "cls" else "mean"
+                changes["attn_rows"] = f2_rows if changes["site"] == "F2" else "cls"
+            rec = base.replace(**changes)
             m = cam_stages(tree, rec) if tree is not None else cam(trace, rec)
             v = m.values if m.shape == common else upsample(m.values, common, "bilinear")
             maps.append(v)
             ids.append(m.attrs["recipe_id"])
             reasons.append(m.attrs["degenerate"])
-    if caught:
-        warnings.warn(f"{len(caught)} of {len(maps)} gallery maps are degenerate and were returned as zeros",
+    degenerate = [w for w in caught if issubclass(w.category, DegenerateMapWarning)]
+    for w in caught:
+        if w not in degenerate:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if degenerate:
+        warnings.warn(f"{len(degenerate)} of {len(maps)} gallery maps are degenerate and were returned as zeros",
                       DegenerateMapWarning, stacklevel=2)
     shape = [len(values[f]) for f in fields]
     coords = {f: np.array(values[f], dtype=object if f in ("class_", "heads", "layer", "text_tokens") else None)

@@ -150,6 +150,12 @@ class Recipe:
         object.__setattr__(self, "text_tokens", _plain_int(self.text_tokens))
         _choice("site", self.site, SITES)
 
+        def canonical(v: Any) -> Any:  # "01.0" and "1.0" name the same block, so they get one id
+            m = STAGE_BLOCK.fullmatch(v) if isinstance(v, str) else None
+            return f"{int(m.group(1))}.{int(m.group(2))}" if m else v
+        layer = tuple(canonical(v) for v in layer) if isinstance(layer, tuple) else canonical(layer)
+        object.__setattr__(self, "layer", layer)
+
         def one_layer(v: Any) -> bool:
             return _is_int(v) or (isinstance(v, str) and STAGE_BLOCK.fullmatch(v) is not None)
         if isinstance(layer, tuple):
@@ -372,6 +378,26 @@ def _preset_citation(recipe: Recipe) -> str:
     return citation(recipe)
 
 
+def _stage_modules(template: str, layer: Any, stages: list[list[int]]) -> str:
+    """Module paths of a hierarchical model's blocks named by ``layer`` (global ints or "stage.block")."""
+    where = {g: (s, b) for s, ids in enumerate(stages) for b, g in enumerate(ids)}
+    total = len(where)
+    wanted = list(where) if layer == "all" else list(layer) if isinstance(layer, tuple) else [layer]
+    paths = []
+    for v in wanted:
+        if isinstance(v, str):
+            s, b = (int(x) for x in STAGE_BLOCK.fullmatch(v).groups())
+            if s >= len(stages) or not -len(stages[s]) <= b < len(stages[s]):
+                continue
+            s, b = s, b % len(stages[s])
+        elif -total <= v < total:
+            s, b = where[v % total]
+        else:
+            continue
+        paths.append(template.replace("{stage}", str(s)).replace("{block}", str(b)))
+    return ", ".join(paths) or template
+
+
 def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     """Build the checklist of ``recipe``; pass a trace to add module paths, tokens and model facts.
 
@@ -382,8 +408,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     attrs = dict(getattr(trace, "attrs", {}) or {})
     hook = attrs.get(f"hook_{recipe.site}", "")
     module, _, io = hook.partition(":")
-    if module and "{block}" in module and _is_int(recipe.layer) and "stage_first_layer" in attrs:
-        module = module.replace("{block}", str(recipe.layer - int(attrs["stage_first_layer"])))
+    if module and "{block}" in module and "stage_layers" in attrs:
+        module = _stage_modules(module, recipe.layer, json.loads(attrs["stage_layers"]))
     elif module and _is_int(recipe.layer) and "num_layers" in attrs:
         module = module.replace("{layer}", str(recipe.layer % int(attrs["num_layers"])))
     elif module:

@@ -62,8 +62,9 @@ class _Capture:
         if not isinstance(tensor, torch.Tensor):
             raise TraceError(f"sites: {key[1]} at layer {key[0]} produced {type(tensor).__name__}, not a tensor")
         if key in self.tensors:
-            raise TraceError(f"sites: {key[1]} at layer {key[0]} fired twice in one forward pass; "
-                             "the adapter's site table does not fit this model")
+            raise TraceError(f"sites: {key[1]} at layer {key[0]} fired twice in one forward pass; the adapter's "
+                             "site table does not fit this model, or gradient checkpointing reruns the block "
+                             "(switch it off for the trace: model.set_grad_checkpointing(False))")
         self.tensors[key] = tensor
 
     def __enter__(self) -> _Capture:
@@ -272,6 +273,8 @@ def trace(
     adapter = _check_family(model, dtype)
     target = as_target(targets, labels)
     target.check(model)
+    if isinstance(target, ClassTargets):  # wrong labels are refused before the forward pass, not after
+        target.class_labels(model, int(model.num_classes))
     layer_ids = _resolve_layers(layers, len(adapter.blocks(model)))
     site_ids = _resolve_sites(sites, adapter, model)
     params = list(model.parameters())
@@ -297,7 +300,7 @@ def trace(
         if missing or cap.grid is None:
             raise TraceError(f"sites: hooks never fired for {missing or ['patch grid']}; the adapter's site "
                              "table does not fit this model")
-        classes = target.choose(z)
+        classes = _check_scores(z, target.choose(z) if isinstance(z, torch.Tensor) else None)
         expected = (torch.softmax(z.detach(), dim=0) * z).sum()
         outputs = torch.stack([z[c] for c in classes] + [expected])
         keys = list(cap.tensors)
@@ -332,6 +335,19 @@ def trace(
                                acts=acts, grads=grad_by_key, store_dtype=_DTYPES[dtype], **common)
     return _assemble(model=model, adapter=adapter, layer_ids=layer_ids, site_ids=site_ids, acts=acts,
                      grads=grad_by_key, grid=grid, store_dtype=_DTYPES[dtype], **common)
+
+
+def _check_scores(z: object, classes: object) -> list[int]:
+    """A target's scores must be a 1-D float tensor and its choice distinct valid indices into them."""
+    if not isinstance(z, torch.Tensor) or z.ndim != 1 or not z.is_floating_point() or z.numel() == 0:
+        shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+        raise TraceError(f"targets: the target's scores() must return a non-empty 1-D float tensor, got {shape}")
+    n = int(z.shape[0])
+    if not isinstance(classes, Sequence) or not classes or len(set(classes)) != len(classes) or any(
+            isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < n for c in classes):
+        raise TraceError(f"targets: the target's choose() must return a non-empty list of distinct ints in "
+                         f"0..{n - 1}, got {classes!r}")
+    return [int(c) for c in classes]
 
 
 def _check_size(model: torch.nn.Module, x: torch.Tensor) -> None:
