@@ -780,3 +780,23 @@ def test_a_block_named_twice_through_a_negative_index_is_refused(real):
     n = int(tr.attrs["num_layers"])
     with pytest.raises(vc.RecipeError, match=r"^layer: .*twice"):
         vc.cam(tr, vc.Recipe(layer=(0, -n), layer_fusion="mean"))
+
+
+def test_gallery_over_sites_without_a_cls_token_reads_f2_by_mean_rows():
+    import timm
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                          embed_dim=32, num_heads=2, num_classes=4, class_token=False, global_pool="avg").eval()
+    tr = vc.trace(m, torch.randn(1, 3, 32, 32), targets="top2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
+        g = vc.gallery(tr, vc.Recipe(), vary={"layer": "all", "site": "all"})
+        f2 = vc.cam(tr, vc.Recipe(site="F2", layer=1, attn_rows="mean"))
+        f3 = vc.cam(tr, vc.Recipe(site="F3", layer=1))
+        back = vc.gallery(tr, vc.Recipe(site="F2", attn_rows="patch_mean"), vary={"site": ["F2", "F4"]})
+    np.testing.assert_array_equal(g.sel(site="F2", layer=1).values, f2.values)
+    np.testing.assert_array_equal(g.sel(site="F3", layer=1).values, f3.values)
+    assert g.recipe_id.sel(site="F2", layer=1).item() == f2.attrs["recipe_id"]
+    assert back.recipe_id.values[0] == vc.Recipe(site="F2", attn_rows="patch_mean").id
+    assert back.recipe_id.values[1] == vc.Recipe(site="F4").id

@@ -583,6 +583,18 @@ def _vary_values(view: _TraceView, base: Recipe, field: str, values: Any) -> lis
     return list(values)
 
 
+def with_site(recipe: Recipe, site: str, has_cls: bool = True, **changes: Any) -> Recipe:
+    """``recipe.replace(site=site, ...)`` keeping the F2 query-row choice valid: other sites take the default
+    row rule, and F2 on a model without a CLS token reads the mean over query rows.
+
+    Example:
+        >>> with_site(Recipe(site="F2", attn_rows="mean"), "F3").attn_rows
+        'cls'
+    """
+    rows = recipe.attn_rows if has_cls or recipe.attn_rows != "cls" else "mean"
+    return recipe.replace(site=site, attn_rows=rows if site == "F2" else "cls", **changes)
+
+
 def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
             vary: Mapping[str, Any] | Sequence[str] = ("layer", "site")) -> xr.DataArray:
     """Many variants at once: the recipe with some fields varied, as one labeled DataArray.
@@ -637,7 +649,9 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
         try:
             rec = base.replace(**changes)
             if "layer" in values or "site" in values:
-                probe = [rec.replace(layer=v, site=s) for v in layers for s in sites]
+                has_cls = bool(np.any(view.kinds == "cls"))
+                probe = [with_site(rec, s, has_cls, layer=v) if "site" in values else rec.replace(layer=v)
+                         for v in layers for s in sites]
         except RecipeError as exc:
             raise RecipeError(f"vary: the combination {changes} is not a valid recipe: {exc}") from exc
         if "layer" not in values and "site" not in values:
@@ -709,7 +723,7 @@ def _batch(view: _TraceView, rec: Recipe, layers: list, sites: list, size: tuple
             reasons[:, cols] = why
     if "F2" in sites:
         si = sites.index("F2")
-        raw, scale, zero = _raw_maps(view, rec.replace(site="F2"), layer_pos, None)
+        raw, scale, zero = _raw_maps(view, recipes[0][si], layer_pos, None)
         maps, why = _finish_layers(view, rec, raw, scale, zero)
         block[:, si] = _normalise(upsample(maps, size, rec.upsample), rec.normalize)
         reasons[:, si] = why

@@ -256,7 +256,7 @@ def gallery_loop(trace: xr.DataTree | xr.Dataset, recipe: Recipe | None = None,
         >>> vc.gallery(tr, vc.Recipe(), vary={"layer": "all"}).dims  # doctest: +SKIP
         ('layer', 'y', 'x')
     """
-    from vitcam_nb.cam import _report, _TraceView, cam, upsample
+    from vitcam_nb.cam import _report, _TraceView, cam, upsample, with_site
 
     base = recipe if recipe is not None else Recipe()
     if not isinstance(base, Recipe):
@@ -290,11 +290,8 @@ def gallery_loop(trace: xr.DataTree | xr.Dataset, recipe: Recipe | None = None,
         warnings.simplefilter("always", DegenerateMapWarning)
         for combo in itertools.product(*values.values()):
             changes = dict(zip(fields, combo))
-            if "site" in changes and "attn_rows" not in changes:
-                # Query rows belong to F2; without a CLS token its map reads the mean over query rows.
-                f2_rows = base.attn_rows if has_cls or base.attn_rows != "cls" else "mean"
-                changes["attn_rows"] = f2_rows if changes["site"] == "F2" else "cls"
-            rec = base.replace(**changes)
+            site = changes.pop("site", None)
+            rec = base.replace(**changes) if site is None else with_site(base, site, has_cls, **changes)
             m = cam_stages(tree, rec) if tree is not None else cam(trace, rec)
             v = m.values if m.shape == common else upsample(m.values, common, "bilinear")
             maps.append(v)
