@@ -28,7 +28,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vitcam_testing import assert_unchanged, make_model, snapshot
+from vitcam_testing import assert_rel_close, assert_unchanged, make_model, snapshot, traced
 
 import vitcam_nb as vc
 from vitcam_nb import presets
@@ -37,7 +37,6 @@ from vitcam_nb.adapters import Adapter, SiteSpec, find_adapter, register_adapter
 torch.set_num_threads(1)
 
 CORE = ("F1", "F2", "F3", "F4", "F5", "F6")
-REL = 1e-5
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -364,22 +363,8 @@ def scalar_for(target_class: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return expected_scalar if target_class < 0 else (lambda z: z[target_class])
 
 
-def traced(tr, site: str, layer: int, target: str | None = None) -> np.ndarray:
-    if site == "F2":
-        if target is None:
-            return tr["attn"].sel(layer=layer).transpose("head", "query", "key").values
-        return tr["attn_grad"].sel(layer=layer, target=target).transpose("head", "query", "key").values
-    if target is None:
-        return tr["act"].sel(layer=layer, site=site).transpose("token", "channel").values
-    return tr["grad"].sel(layer=layer, site=site, target=target).transpose("token", "channel").values
 
 
-def assert_rel_close(actual, expected, what: str, rel: float = REL) -> None:
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != reference {expected.shape}"
-    err = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
-    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-    assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
 
 @functools.cache

@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import xarray as xr
+from vitcam_testing import assert_rel_close, traced
 
 import vitcam_nb as vc
 
 CORE = ["F1", "F2", "F3", "F4", "F5", "F6"]
 EXTENDED = ["resid_pre", "attn_out", "resid_mid"]
 ALL_SITES = CORE + EXTENDED
-REL = 1e-5
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,24 +101,8 @@ def scalar_for(target_class: int):
     return lambda z: z[target_class]
 
 
-def traced(tr, site, layer, target=None):
-    """(act or attn) or its gradient for one (site, layer[, target]), selected by label."""
-    if site == "F2":
-        if target is None:
-            return tr["attn"].sel(layer=layer).transpose("head", "query", "key").values
-        return tr["attn_grad"].sel(layer=layer, target=target).transpose("head", "query", "key").values
-    if target is None:
-        return tr["act"].sel(layer=layer, site=site).transpose("token", "channel").values
-    return tr["grad"].sel(layer=layer, site=site, target=target).transpose("token", "channel").values
 
 
-def assert_rel_close(actual, expected, what, rel=REL):
-    actual = np.asarray(actual, np.float64)
-    expected = np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != reference {expected.shape}"
-    err = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
-    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-    assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
 
 def depth(model) -> int:

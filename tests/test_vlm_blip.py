@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from vitcam_testing import assert_rel_close, traced
 
 import vitcam_nb as vc
 
@@ -26,7 +27,6 @@ transformers = pytest.importorskip("transformers")
 
 CORE = ["F1", "F2", "F3", "F4", "F5", "F6"]
 EXTENDED = ["resid_pre", "attn_out", "resid_mid"]
-REL = 1e-5
 GRID = 4
 # "[CLS] a dog on a sofa [SEP] [PAD]": "a" occurs twice, the padding token is masked out.
 VOCAB = {0: "[PAD]", 1: "[CLS]", 2: "[SEP]", 5: "a", 6: "dog", 7: "on", 9: "sofa"}
@@ -169,22 +169,8 @@ def refs(blip):
     return {name: reference(blip, make_x(), name) for name in SCALARS}
 
 
-def assert_rel_close(actual, expected, what, rel=REL):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != reference {expected.shape}"
-    err = float(np.max(np.abs(actual - expected)))
-    scale = float(np.max(np.abs(expected)))
-    assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
 
-def traced(tr, site, layer, target=None):
-    if site == "F2":
-        if target is None:
-            return tr["attn"].sel(layer=layer).transpose("head", "query", "key").values
-        return tr["attn_grad"].sel(layer=layer, target=target).transpose("head", "query", "key").values
-    if target is None:
-        return tr["act"].sel(layer=layer, site=site).transpose("token", "channel").values
-    return tr["grad"].sel(layer=layer, site=site, target=target).transpose("token", "channel").values
 
 
 # --------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from vitcam_testing import assert_unchanged, snapshot
+from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
 
 import vitcam_nb as vc
 from vitcam_nb import presets
@@ -30,7 +30,6 @@ open_clip = pytest.importorskip("open_clip")
 CORE = ["F1", "F2", "F3", "F4", "F5", "F6"]
 EXTENDED = ["resid_pre", "attn_out", "resid_mid"]
 ALL_SITES = CORE + EXTENDED
-REL = 1e-5
 PROMPTS = ["a photo of a dog", "a photo of a cat", "a red car"]
 IMG, PATCH, WIDTH, HEADS, DEPTH, EMBED, CTX = 32, 8, 64, 4, 2, 32, 16
 
@@ -160,21 +159,8 @@ def references(clip_model, x, text_emb):
     return {c: reference(clip_model, x, text_emb, scale, c) for c in [0, 1, 2, -1]}
 
 
-def traced(tr, site, layer, target=None):
-    if site == "F2":
-        if target is None:
-            return tr["attn"].sel(layer=layer).transpose("head", "query", "key").values
-        return tr["attn_grad"].sel(layer=layer, target=target).transpose("head", "query", "key").values
-    if target is None:
-        return tr["act"].sel(layer=layer, site=site).transpose("token", "channel").values
-    return tr["grad"].sel(layer=layer, site=site, target=target).transpose("token", "channel").values
 
 
-def assert_rel_close(actual, expected, what, rel=REL):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != reference {expected.shape}"
-    err, scale = float(np.max(np.abs(actual - expected))), float(np.max(np.abs(expected)))
-    assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
 
 def check_site(tr, references, site):

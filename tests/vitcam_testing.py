@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 import torch
 from timm.models.deit import VisionTransformerDistilled
@@ -199,3 +200,26 @@ def model_snapshot():
 @pytest.fixture(scope="session")
 def assert_model_unchanged():
     return assert_unchanged
+
+
+REL = 1e-5  # the relative error every reference comparison allows
+
+
+def traced(tr, site: str, layer: int, target: str | None = None) -> np.ndarray:
+    """A site's activation (or attention) or its gradient for one layer[, target], selected by label."""
+    if site == "F2":
+        if target is None:
+            return tr["attn"].sel(layer=layer).transpose("head", "query", "key").values
+        return tr["attn_grad"].sel(layer=layer, target=target).transpose("head", "query", "key").values
+    if target is None:
+        return tr["act"].sel(layer=layer, site=site).transpose("token", "channel").values
+    return tr["grad"].sel(layer=layer, site=site, target=target).transpose("token", "channel").values
+
+
+def assert_rel_close(actual, expected, what: str, rel: float = REL) -> None:
+    """max |actual - expected| <= rel * max |expected| (the relative error of the reference tests)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != reference {expected.shape}"
+    err = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
