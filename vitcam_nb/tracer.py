@@ -273,8 +273,8 @@ def trace(
     adapter = _check_family(model, dtype)
     target = as_target(targets, labels)
     target.check(model)
-    if isinstance(target, ClassTargets):  # wrong labels are refused before the forward pass, not after
-        target.class_labels(model, int(model.num_classes))
+    # Class labels are known (and wrong ones refused) before the forward pass; other targets name their scores.
+    class_labels = target.class_labels(model, int(model.num_classes)) if isinstance(target, ClassTargets) else None
     layer_ids = _resolve_layers(layers, len(adapter.blocks(model)))
     site_ids = _resolve_sites(sites, adapter, model)
     params = list(model.parameters())
@@ -326,7 +326,7 @@ def trace(
         grid = cap.grid
 
     common = dict(prepared=prepared, logits=z.detach(), classes=classes, prefix=prefix,
-                  class_labels=target.class_labels(model, int(z.shape[0])), run_device=run_device,
+                  class_labels=class_labels or target.class_labels(model, int(z.shape[0])), run_device=run_device,
                   compute_dtype=compute_dtype, target=target)
     if getattr(adapter, "hierarchical", False):
         from vitcam_nb.stages import assemble_stages
