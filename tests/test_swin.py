@@ -373,6 +373,8 @@ def test_review_fixes_on_trees_and_stages(case):
     assert g.recipe_id.values[0, 0] == f2.attrs["recipe_id"]
     with pytest.raises(vc.RecipeError, match="vary: upsample"):
         vc.gallery(tr, vc.Recipe(site="F3"), vary={"upsample": ["none", "bilinear"]})
+    both = vc.gallery(tr, vc.Recipe(site="F3", layer=1), vary={"upsample": ["bilinear", "nearest"]})
+    np.testing.assert_array_equal(both.values[1], vc.cam(tr, vc.Recipe(site="F3", layer=1, upsample="nearest")).values)
     # Trace ids tell site sets apart.
     only = vc.trace(model, x, targets="top2", sites=["F3"])
     assert only.attrs["trace_id"] != vc.trace(model, x, targets="top2", sites=["F2", "F3"]).attrs["trace_id"]

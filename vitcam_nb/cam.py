@@ -616,9 +616,10 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
         vary = (vary,)
     if not isinstance(vary, Mapping):
         vary = {field: "all" for field in vary}
-    if "upsample" in vary:
-        raise RecipeError("vary: upsample changes the size of the maps, which a gallery stacks; make one gallery "
-                          "per upsampling instead")
+    ups = vary.get("upsample", ())
+    if isinstance(ups, Sequence) and not isinstance(ups, str) and len({u == "none" for u in ups}) > 1:
+        raise RecipeError("vary: upsample mixes 'none' (token grid) with an input-size upsampling, and a gallery "
+                          "stacks maps of one size; make one gallery for 'none' and one for the others")
     varied_sites = vary.get("site", ())
     if isinstance(trace, xr.DataTree) or (recipe is not None and getattr(recipe, "site", "") == "xattn") \
             or (isinstance(varied_sites, Sequence) and "xattn" in varied_sites):
