@@ -94,6 +94,13 @@ def _one(tr: xr.Dataset, recipes: list, labels: list[str], name: str, fn: Callab
         if m.attrs.get("degenerate"):
             degenerate[label] = f"{r.id}: {m.attrs['degenerate']}"
         maps.append(m)
+    finest = max((m.shape for m in maps), key=lambda shape: shape[0] * shape[1])
+    if any(m.shape != finest for m in maps):
+        # Hierarchical traces: stages have different grids; compare on the finest, as gallery() shows them.
+        from vitcam_nb.cam import upsample
+
+        maps = [m if m.shape == finest else xr.DataArray(upsample(m.values, finest, "bilinear"), dims=m.dims,
+                                                         attrs=m.attrs) for m in maps]
     n = len(recipes)
     values = np.full((n, n), np.nan)
     undefined = []
@@ -175,7 +182,7 @@ def atlas(
     items, labels = _normalise_recipes(recipes)
     name, fn = _metric(metric)
     signed = name in SIGNED_METRICS if signed is None else bool(signed)
-    if isinstance(tr, xr.Dataset):
+    if isinstance(tr, (xr.Dataset, xr.DataTree)):
         return _one(tr, items, labels, name, fn, signed, metric_kwargs)
     if not isinstance(tr, Sequence) or isinstance(tr, str) or len(tr) == 0:
         raise ValueError(f"tr: expected a trace or a non-empty list of traces, got {type(tr).__name__}")
