@@ -532,8 +532,8 @@ def cam(trace: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False, 
         >>> import timm, numpy as np, vitcam_nb as vc
         >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), np.zeros((224, 224, 3), np.uint8))
         >>> m = vc.cam(tr, vc.Recipe(site="F1", layer=-1))
-        >>> m.dims, float(m.max())
-        (('y', 'x'), 1.0)
+        >>> m.dims, m.shape, m.attrs["recipe_id"]
+        (('y', 'x'), (224, 224), '36db00aafece')
     """
     if isinstance(trace, xr.Dataset) and "image" in trace.dims:
         from vitcam_nb.many import cam_many

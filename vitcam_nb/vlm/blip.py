@@ -357,7 +357,7 @@ def itm(input_ids: Any, attention_mask: Any = None, *, match: bool = True, token
     Example:
         >>> t = itm([101, 1037, 3899, 102])
         >>> t.tokens, t.choose(None)
-        (['[101]', '[1037]', '[3899]', '[102]'], [1])
+        (['[101]', '[1037]', '[3899]', '[102]'], [1, 0])
     """
     if not isinstance(match, (bool, np.bool_)):
         raise TraceError(f"match: expected True or False, got {match!r}")
