@@ -98,13 +98,6 @@ class SwinAdapter(Adapter):
             start += len(stage.blocks)
         return out
 
-    def locate(self, model: torch.nn.Module, layer: int) -> tuple[int, int]:
-        """(stage, block within the stage) of global block ``layer``."""
-        for s, ids in enumerate(self.stages(model)):
-            if layer in ids:
-                return s, ids.index(layer)
-        raise IndexError(layer)
-
     def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
         if self.is_v2(model):
             return {k: v for k, v in self.sites.items() if k not in POST_NORM_MISSING}
