@@ -626,6 +626,17 @@ def test_beit_attention_includes_the_relative_bias():
 # 4. ViT / DINOv2 sizes: patch 14 and 16, 224, 384, 518 and non-square inputs, registers
 
 
+def assert_block0_matches_reference(fam, model, x, tr, cls: int) -> None:
+    """Logits, and block 0's activations and gradients (class ``cls`` and the expected logit) at the family's
+    sites, against the autograd reference."""
+    for target, c in ((f"logit_{cls}", cls), ("expected_logit", -1)):
+        ref, scores = reference(fam, model, x, scalar_for(c))
+        assert_rel_close(tr["logits"].values, scores, "logits")
+        for site in fam.sites:
+            assert_rel_close(traced(tr, site, 0), ref[(0, site)][0], f"act {site}")
+            assert_rel_close(traced(tr, site, 0, target), ref[(0, site)][1], f"grad {site} {target}")
+
+
 @pytest.mark.parametrize(("name", "img_size", "grid", "prefix", "extra"), [
     ("vit_small_patch16_224", 224, (14, 14), 1, {}),
     ("vit_small_patch16_384", 384, (24, 24), 1, {}),
@@ -645,12 +656,7 @@ def test_vit_sizes(name, img_size, grid, prefix, extra):
     assert tr.sizes["token"] == prefix + grid[0] * grid[1]
     fam = Family(name, lambda: model, (h, w), p, grid, tuple(tr["token_kind"].values[:prefix]),
                  {s: PRE_NORM[s] for s in ("F1", "F2", "F6")})
-    for target, c in (("logit_2", 2), ("expected_logit", -1)):
-        ref, scores = reference(fam, model, x, scalar_for(c))
-        assert_rel_close(tr["logits"].values, scores, "logits")
-        for site in ("F1", "F2", "F6"):
-            assert_rel_close(traced(tr, site, 0), ref[(0, site)][0], f"act {site}")
-            assert_rel_close(traced(tr, site, 0, target), ref[(0, site)][1], f"grad {site} {target}")
+    assert_block0_matches_reference(fam, model, x, tr, 2)
     assert_tokens_on_their_cells(fam, model, x, tr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", vc.DegenerateMapWarning)
@@ -671,12 +677,7 @@ def test_beit_eva_sizes(name, kwargs, hw, grid, sites):
     assert (tr.attrs["grid_h"], tr.attrs["grid_w"]) == grid and tr.sizes["token"] == 1 + grid[0] * grid[1]
     fam = Family(name, lambda: model, hw, model.patch_embed.patch_size[0], grid, ("cls",),
                  {s: sites[s] for s in ("F1", "F2", "F3")})
-    for target, c in (("logit_3", 3), ("expected_logit", -1)):
-        ref, scores = reference(fam, model, x, scalar_for(c))
-        assert_rel_close(tr["logits"].values, scores, "logits")
-        for site in ("F1", "F2", "F3"):
-            assert_rel_close(traced(tr, site, 0), ref[(0, site)][0], f"act {site}")
-            assert_rel_close(traced(tr, site, 0, target), ref[(0, site)][1], f"grad {site} {target}")
+    assert_block0_matches_reference(fam, model, x, tr, 3)
     assert_tokens_on_their_cells(fam, model, x, tr)
 
 

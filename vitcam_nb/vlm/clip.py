@@ -327,13 +327,8 @@ class ClipPrompts(Similarity):
                              f"tower returns {dim}; use the text model of the same CLIP model")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if _is_whole_clip(model):
-            OpenClipAdapter().check_input(model, x)
-            emb = model.encode_image(x)
-        else:
-            if _is_open_clip_vit(model):
-                OpenClipAdapter().check_input(model, x)
-            emb = model(x)
+        # The input size was checked by the adapter (trace() calls check_input before the forward pass).
+        emb = model.encode_image(x) if _is_whole_clip(model) else model(x)
         if isinstance(emb, (tuple, list)):  # output_tokens=True returns (pooled, tokens)
             emb = emb[0]
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != 1:
