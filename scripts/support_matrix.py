@@ -22,7 +22,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_FILES = ("tests/test_families.py", "tests/test_swin.py", "tests/test_vlm_clip.py", "tests/test_vlm_blip.py")
+TEST_FILES = ("tests/unit/model/test_adapters.py", "tests/unit/model/test_swin.py",
+              "tests/unit/model/test_open_clip.py", "tests/unit/model/test_blip.py")
 SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
 KINDS = {"test_site_reference": "✓", "test_site_not_applicable": "n/a"}
 START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
@@ -33,7 +34,7 @@ def run_tests(files: list[str], junit: Path) -> int:
     """Run the matrix tests of ``files`` with pytest, writing JUnit XML to ``junit``; returns pytest's exit code.
 
     Example:
-        >>> run_tests(["tests/test_families.py"], Path("/tmp/matrix.xml"))  # doctest: +SKIP
+        >>> run_tests(["tests/unit/model/test_adapters.py"], Path("/tmp/matrix.xml"))  # doctest: +SKIP
         0
     """
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",

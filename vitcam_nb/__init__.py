@@ -3,6 +3,9 @@
 Trace a model once (:func:`trace`), recompute any variant of the Grad-CAM taxonomy from the trace
 instantly (:func:`cam`, :func:`gallery`), each map carrying its recipe and reporting checklist.
 
+The package is layered (``docs/architecture.md``): core, model, capture, compute, analysis, face. This
+module is the face: it names the public API and imports the layer that registers the computations.
+
 Example:
     >>> import vitcam_nb as vc
     >>> r = vc.Recipe(site="F1", layer=-1)
@@ -12,16 +15,22 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from vitcam_nb import adapters, data, evaluate, plot, presets, stages, targets
-from vitcam_nb.cam import cam, gallery
-from vitcam_nb.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
-from vitcam_nb.io import load, save
-from vitcam_nb.many import atlas_many, cam_many, image_choices, image_trace, open_traces, trace_many
+# compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
+from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, targets, widgets  # noqa: F401
+from vitcam_nb.api import cam, gallery
+from vitcam_nb.capture.io import load, save
+from vitcam_nb.capture.reader import image_choices, image_trace, open_traces
+from vitcam_nb.capture.trace import trace
+from vitcam_nb.capture.trace_many import trace_many
+from vitcam_nb.compute import stages
+from vitcam_nb.compute.many import cam_many
+from vitcam_nb.core import presets
+from vitcam_nb.core.checklist import Checklist
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.version import __version__
+from vitcam_nb.evaluate.atlas import atlas_many
 from vitcam_nb.models import list_models, load_model, sample_image
-from vitcam_nb.taxonomy import Checklist, Recipe
-from vitcam_nb.tracer import trace
 from vitcam_nb.widgets import Compare, Explorer, Gallery
 
 __all__ = [

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vitcam_nb.errors import DegenerateMapWarning
+from vitcam_nb import evaluate, htmlreport, plot
+from vitcam_nb.api import cam, gallery
+from vitcam_nb.capture.io import save
+from vitcam_nb.capture.trace import trace
+from vitcam_nb.core import presets
+from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.models import bundled_names, load_model, sample_image
 
 
 def demo_recipes(num_layers: int) -> dict[str, object]:
@@ -19,8 +26,6 @@ def demo_recipes(num_layers: int) -> dict[str, object]:
         >>> len(demo_recipes(6)) > 10
         True
     """
-    from vitcam_nb import presets
-    from vitcam_nb.taxonomy import Recipe
 
     out: dict[str, object] = {}
     for layer in sorted({-1, num_layers // 2, 0}, reverse=True):
@@ -41,7 +46,6 @@ def demo_recipes(num_layers: int) -> dict[str, object]:
 
 
 def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray | None, str]:
-    from vitcam_nb.models import bundled_names, sample_image
 
     if image is not None:
         from PIL import Image
@@ -77,12 +81,6 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     import matplotlib.pyplot as plt
     from tqdm.auto import tqdm
 
-    from vitcam_nb import evaluate, htmlreport, plot
-    from vitcam_nb.cam import cam, gallery
-    from vitcam_nb.io import save
-    from vitcam_nb.models import load_model
-    from vitcam_nb.taxonomy import Recipe
-    from vitcam_nb.tracer import trace
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitcam_nb.data.shapes import shortcut_marks
+
 __all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "sample_image"]
 
 BUNDLED_PREFIX = "shapes-"
@@ -194,13 +196,8 @@ def sample_image(
     image = images[index].copy()
     mask = data["masks"][index].copy()
     if kind != "shapes":
-        import sys
-
-        import vitcam_nb.data  # noqa: F401  (the module, not the function vitcam_nb.data.shapes)
-
-        generator = sys.modules["vitcam_nb.data.shapes"]
         mark_class = data[kind.replace("-", "_") + "_mark_class"][index : index + 1]
-        marked, mark = generator._shortcut_marks(
+        marked, mark = shortcut_marks(
             np.random.default_rng(0), image[None].astype(np.float32), mark_class, 64, 1.0, randomise=False
         )
         image, mask = marked[0].astype(np.uint8), mask & ~mark[0]

@@ -1,4 +1,10 @@
-"""Turn a user's image into the model input tensor and a uint8 display copy, with timm's data config."""
+"""Turn a user's image into the model input tensor and a uint8 display copy, with timm's data config.
+
+Example:
+    >>> import numpy as np, timm
+    >>> prepare_input(timm.create_model("vit_tiny_patch16_224"), np.zeros((8, 8, 3), np.uint8)).display.shape
+    (224, 224, 3)
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vitcam_nb.errors import TraceError
+from vitcam_nb.adapters.registry import find_adapter
+from vitcam_nb.core.errors import TraceError
+
+__all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json"]
 
 
 @dataclass
@@ -29,8 +38,6 @@ def data_config(model: torch.nn.Module) -> dict:
         (3, 224, 224)
     """
     from timm.data import resolve_data_config
-
-    from vitcam_nb.adapters import find_adapter
 
     try:
         own = find_adapter(model).data_config(model)

@@ -1,13 +1,22 @@
-"""The adapter interface: a site table (site -> module path and input/output) and a token layout."""
+"""The adapter interface: a site table (site -> module path and input/output), a token layout, and the
+per-trace context an adapter records facts of one trace into.
+
+Example:
+    >>> SiteSpec("norm1", "output").hook("blocks.{layer}")
+    'blocks.{layer}.norm1:output'
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+
+__all__ = ["Adapter", "SiteSpec", "TraceContext"]
 
 
 @dataclass(frozen=True)
@@ -25,8 +34,26 @@ class SiteSpec:
     meaning: str = ""
 
     def hook(self, block_template: str) -> str:
+        """The checklist's name of this site: module path template and ``:input`` or ``:output``."""
         path = f"{block_template}.{self.module}" if self.module else block_template
         return f"{path}:{self.io}"
+
+
+@dataclass
+class TraceContext:
+    """What one trace knows beyond the model: facts an adapter records while it runs (e.g. the token grid
+    entering each Swin block), kept here and never on the registered adapter, which every trace shares.
+
+    Example:
+        >>> import torch
+        >>> ctx = TraceContext(torch.nn.Identity())
+        >>> ctx.facts["grid"] = (4, 4)
+        >>> ctx.facts
+        {'grid': (4, 4)}
+    """
+
+    model: torch.nn.Module
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 class Adapter:
@@ -43,9 +70,11 @@ class Adapter:
     sites: dict[str, SiteSpec] = {}
 
     def matches(self, model: torch.nn.Module) -> bool:
+        """Whether this adapter reads ``model`` (checked in registration order)."""
         raise NotImplementedError
 
     def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The transformer blocks in forward order (layer ``l`` is ``blocks(model)[l]``)."""
         raise NotImplementedError
 
     def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
@@ -57,6 +86,7 @@ class Adapter:
         raise NotImplementedError
 
     def grid_from_output(self, model: torch.nn.Module, output: torch.Tensor) -> tuple[int, int]:
+        """(rows, columns) of the patch grid, read from the output of :meth:`grid_module`."""
         raise NotImplementedError
 
     def attention_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -82,12 +112,25 @@ class Adapter:
 
     def arrange(self, model: torch.nn.Module, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
         """Bring a captured tensor to the schema layout: (..., token, channel) for token sites and
-        (..., head, query, key) for F2. Activations arrive as (1, ...), gradients as (targets, 1, ...), so
-        index from the end (e.g. ``tensor.index_select(-2, order)`` to reorder tokens)."""
+        (..., head, query, key) for F2. Activations arrive as (batch, ...), gradients as (targets, batch, ...),
+        so index from the end (e.g. ``tensor.index_select(-2, order)`` to reorder tokens)."""
         return tensor
 
+    # Per-trace forms. The capture calls these with the trace's context; by default they are the plain
+    # override points above, so an adapter that keeps no per-trace facts only writes those.
+
+    def tracing(self, ctx: TraceContext) -> contextlib.AbstractContextManager[None]:
+        """Everything the adapter does around one trace's passes: ``patched(ctx.model)`` by default. An
+        adapter that needs facts of this trace (e.g. each block's token grid) records them into ``ctx.facts``
+        here, never on ``self``: one adapter instance serves every trace, also concurrently."""
+        return self.patched(ctx.model)
+
+    def arrange_traced(self, ctx: TraceContext, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
+        """:meth:`arrange` with the trace's context: ``arrange(ctx.model, site, layer, tensor)`` by default."""
+        return self.arrange(ctx.model, site, layer, tensor)
+
     def check_input(self, model: torch.nn.Module, x: torch.Tensor) -> None:
-        """Refuse an input tensor (1, 3, H, W) the model cannot take, with a message naming ``image``."""
+        """Refuse an input batch (B, 3, H, W) the model cannot take, with a message naming ``image``."""
 
     def data_config(self, model: torch.nn.Module) -> dict | None:
         """A timm-style data config (input_size, mean, std, interpolation, crop_pct, crop_mode) for models

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vitcam_nb.adapters.base import Adapter, SiteSpec
+from vitcam_nb.adapters.base import Adapter, SiteSpec, TraceContext
+
+__all__ = ["NHWC", "POST_NORM_MISSING", "SWIN_SITES", "SwinAdapter", "WINDOWED", "window_tokens"]
 
 SWIN_SITES: dict[str, SiteSpec] = {
     "F1": SiteSpec("norm1", "output", "LayerNorm output before window attention"),
@@ -72,10 +74,6 @@ class SwinAdapter(Adapter):
     sites = SWIN_SITES
     hierarchical = True
 
-    def __init__(self) -> None:
-        # (H, W) of the token grid entering each global block, recorded during the last traced forward.
-        self.resolution: dict[int, tuple[int, int]] = {}
-
     def matches(self, model: torch.nn.Module) -> bool:
         from timm.models.swin_transformer import SwinTransformer
         from timm.models.swin_transformer_v2 import SwinTransformerV2
@@ -116,45 +114,65 @@ class SwinAdapter(Adapter):
         return [blk.attn for blk in self.blocks(model)]
 
     @contextlib.contextmanager
-    def patched(self, model: torch.nn.Module) -> Iterator[None]:
-        self.resolution = {}
+    def tracing(self, ctx: TraceContext) -> Iterator[None]:
+        """Record the (H, W) token grid entering each global block into ``ctx.facts["grid"]``.
+
+        Example:
+            >>> import timm, torch
+            >>> m = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1, 1, 1))
+            >>> ctx = TraceContext(m)
+            >>> with SwinAdapter().tracing(ctx):
+            ...     _ = m(torch.zeros(1, 3, 224, 224))
+            >>> ctx.facts["grid"][0], ctx.facts["grid"][3]
+            ((56, 56), (7, 7))
+        """
+        grids: dict[int, tuple[int, int]] = {}
+        ctx.facts["grid"] = grids
         handles = []
-        for layer, blk in enumerate(self.blocks(model)):
+        for layer, blk in enumerate(self.blocks(ctx.model)):
             def record(_m, args, layer=layer):
-                self.resolution[layer] = (int(args[0].shape[1]), int(args[0].shape[2]))
+                grids[layer] = (int(args[0].shape[1]), int(args[0].shape[2]))
             handles.append(blk.register_forward_pre_hook(record))
         try:
-            yield
+            with self.patched(ctx.model):
+                yield
         finally:
             for h in handles:
                 h.remove()
 
-    def window_layout(self, model: torch.nn.Module, layer: int) -> np.ndarray:
-        """:func:`window_tokens` of global block ``layer`` at the resolution of the last traced forward."""
-        blk = self.blocks(model)[layer]
-        h, w = self.resolution[layer]
+    def grid_of(self, ctx: TraceContext, layer: int) -> tuple[int, int]:
+        """The (H, W) token grid entering global block ``layer`` in this trace."""
+        return ctx.facts["grid"][layer]
+
+    def window_layout(self, ctx: TraceContext, layer: int) -> np.ndarray:
+        """:func:`window_tokens` of global block ``layer`` at this trace's grid."""
+        blk = self.blocks(ctx.model)[layer]
+        h, w = self.grid_of(ctx, layer)
         return window_tokens(h, w, tuple(blk.window_size), tuple(blk.shift_size))
 
-    def arrange(self, model: torch.nn.Module, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
-        h, w = self.resolution[layer]
+    def arrange_traced(self, ctx: TraceContext, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Token sites in raster order of the stage grid: NHWC flattened, windows put back, shift undone. The
+        leading dimensions (batch; targets, batch) are kept: windows of one image are contiguous."""
+        h, w = self.grid_of(ctx, layer)
         if site in NHWC:
-            return tensor.reshape(-1, h * w, tensor.shape[-1])
+            return tensor.reshape(*tensor.shape[:-3], h * w, tensor.shape[-1])
         if site not in WINDOWED:
             return tensor
-        layout = torch.as_tensor(self.window_layout(model, layer), device=tensor.device)
+        layout = torch.as_tensor(self.window_layout(ctx, layer), device=tensor.device)
         n_windows, area = layout.shape
         valid = layout.reshape(-1) >= 0
         where = torch.argsort(layout.reshape(-1)[valid])  # raster token t sits at windowed position where[t]
         positions = torch.nonzero(valid).reshape(-1)[where]
-        if site == "F2":
-            x = tensor.reshape(-1, n_windows, tensor.shape[-3], area, area).transpose(1, 2)
-            return x.reshape(x.shape[0], x.shape[1], n_windows * area, area)[:, :, positions]
-        x = tensor.reshape(-1, n_windows * area, tensor.shape[-1])
-        return x[:, positions]
+        if site == "F2":  # (..., batch * windows, head, area, area) -> (..., batch, head, query, window key)
+            lead, heads = tensor.shape[:-4], tensor.shape[-3]
+            x = tensor.reshape(*lead, -1, n_windows, heads, area, area).transpose(-4, -3)
+            return x.reshape(*x.shape[:-3], n_windows * area, area)[..., positions, :]
+        x = tensor.reshape(*tensor.shape[:-3], -1, n_windows * area, tensor.shape[-1])
+        return x[..., positions, :]
 
-    def window_keys(self, model: torch.nn.Module, layer: int) -> np.ndarray:
+    def window_keys(self, ctx: TraceContext, layer: int) -> np.ndarray:
         """(token, window position) -> raster token of that key (-1 = padding), for F2 of block ``layer``."""
-        layout = self.window_layout(model, layer)
+        layout = self.window_layout(ctx, layer)
         flat = layout.reshape(-1)
         window_of = np.empty(int(flat.max()) + 1, np.int64)
         window_of[flat[flat >= 0]] = np.nonzero(flat >= 0)[0] // layout.shape[1]

@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["CLASS_NAMES", "NUM_CLASSES", "MEAN", "STD", "generator_settings", "shapes"]
+__all__ = ["CLASS_NAMES", "NUM_CLASSES", "MEAN", "STD", "generator_settings", "shapes", "shortcut_marks"]
 
 CLASS_NAMES: tuple[str, ...] = ("circle", "square", "triangle", "cross", "ring")
 NUM_CLASSES = len(CLASS_NAMES)
@@ -206,7 +206,7 @@ def _render(
     masks = sd < 0.0
 
     if shortcut:
-        img, mark = _shortcut_marks(rng, img, labels, size, s, randomise=shortcut == "random")
+        img, mark = shortcut_marks(rng, img, labels, size, s, randomise=shortcut == "random")
         masks &= ~mark  # the mark is painted over the object where they overlap
 
     return np.clip(np.rint(img), 0, 255).astype(np.uint8), labels.astype(np.int64), masks
@@ -256,9 +256,18 @@ def _contrasting_colour(rng: np.random.Generator, ref: np.ndarray) -> np.ndarray
     return cand[np.arange(ref.shape[0]), idx]
 
 
-def _shortcut_marks(
+def shortcut_marks(
     rng: np.random.Generator, img: np.ndarray, labels: np.ndarray, size: int, s: float, randomise: bool
 ) -> tuple[np.ndarray, np.ndarray]:
+    """Paint each image's class-coded corner mark (or, with ``randomise``, a random one) into a copy of the
+    float images (B, size, size, 3); returns the marked images and the marks' pixel masks.
+
+    Example:
+        >>> out, mark = shortcut_marks(np.random.default_rng(0), np.zeros((1, 64, 64, 3), np.float32),
+        ...                            np.array([0]), 64, 1.0, randomise=False)
+        >>> int(mark.sum()), out[0, 2, 2].tolist()
+        (36, [255.0, 255.0, 255.0])
+    """
     b = len(labels)
     if randomise:
         corner = rng.integers(0, 4, size=b)

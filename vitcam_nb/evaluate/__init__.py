@@ -8,7 +8,9 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.atlas`: the pairwise agreement of many recipes, and its clustered plot.
 * :mod:`~vitcam_nb.evaluate.localisation`: a map against a ground-truth mask (pointing game,
   energy-based pointing game, relevance mass and rank accuracy, AUROC).
-* :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model).
+* :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
+  on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
+  :mod:`~vitcam_nb.evaluate.substrates`.
 * :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
@@ -38,15 +40,7 @@ from vitcam_nb.evaluate.agreement import (
     topk_iou,
 )
 from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
-from vitcam_nb.evaluate.faithfulness import (
-    SUBSTRATES,
-    deletion,
-    insertion,
-    lerf_morf_area,
-    model_input,
-    noisy_linear_imputation,
-    road,
-)
+from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
 from vitcam_nb.evaluate.localisation import (
     LOCALISATION_METRICS,
     auroc,
@@ -56,6 +50,7 @@ from vitcam_nb.evaluate.localisation import (
     relevance_mass_accuracy,
     relevance_rank_accuracy,
 )
+from vitcam_nb.evaluate.perturbation import model_input
 from vitcam_nb.evaluate.report import report_known_answer
 from vitcam_nb.evaluate.sanity import (
     model_parts,
@@ -64,6 +59,7 @@ from vitcam_nb.evaluate.sanity import (
     randomise_parts,
     randomised_logit,
 )
+from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
 
 __all__ = [
     "AGREEMENT_METRICS",

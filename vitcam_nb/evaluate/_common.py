@@ -11,6 +11,10 @@ import warnings
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe import Recipe
+
 
 class MetricWarning(UserWarning):
     """A metric returned NaN (or a number that needs a caveat) and says why.
@@ -135,3 +139,19 @@ def recipe_fields(m: object) -> dict:
             return {}
         return out if isinstance(out, dict) else {}
     return {}
+
+
+def grid_map(trace: object, recipe: Recipe) -> xr.DataArray:
+    """``vc.cam(trace, recipe, grid=True)`` with no DegenerateMapWarning (the map's attrs say it instead): the
+    token-grid map metrics compare.
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), np.zeros((224, 224, 3), np.uint8), targets="top1")
+        >>> grid_map(tr, vc.Recipe()).shape
+        (14, 14)
+    """
+    recipe = recipe.replace(upsample="none") if recipe.upsample != "none" else recipe
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateMapWarning)
+        return kind_for(trace, recipe).cam(trace, recipe)

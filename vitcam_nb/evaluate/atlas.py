@@ -7,21 +7,26 @@ import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.evaluate._common import MetricWarning, warn
+from vitcam_nb.capture.reader import is_store
+from vitcam_nb.capture.store_layout import single_trace
+from vitcam_nb.compute.many import image_blocks, is_lazy, subset
+from vitcam_nb.compute.spatial import upsample
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate._common import MetricWarning, grid_map, warn
 from vitcam_nb.evaluate.agreement import AGREEMENT_METRICS, SIGNED_METRICS
 
-__all__ = ["atlas", "plot_atlas", "recipe_labels"]
+__all__ = ["aggregate", "atlas", "atlas_many", "plot_atlas", "recipe_labels"]
 
 
 def recipe_labels(recipes: Sequence[object]) -> list[str]:
     """Short labels naming only the recipe fields that differ between ``recipes``.
 
     Example:
-        >>> from vitcam_nb.taxonomy import Recipe
         >>> recipe_labels([Recipe(site="F1"), Recipe(site="F4", weighting="layercam")])
         ['F1 gradcam', 'F4 layercam']
     """
@@ -51,8 +56,6 @@ def recipe_labels(recipes: Sequence[object]) -> list[str]:
 
 
 def _normalise_recipes(recipes: object) -> tuple[list, list[str]]:
-    from vitcam_nb.taxonomy import Recipe
-
     if isinstance(recipes, Mapping):
         labels, items = [str(k) for k in recipes], list(recipes.values())
     elif isinstance(recipes, Sequence) and not isinstance(recipes, str):
@@ -82,23 +85,15 @@ def _metric(metric: str | Callable[..., float]) -> tuple[str, Callable[..., floa
 
 def _one(tr: xr.Dataset, recipes: list, labels: list[str], name: str, fn: Callable[..., float], signed: bool,
          kwargs: dict) -> xr.DataArray:
-    from vitcam_nb.cam import cam
-    from vitcam_nb.errors import DegenerateMapWarning
-
     maps, degenerate = [], {}
     for r, label in zip(recipes, labels, strict=True):
-        used = r.replace(relu="none", normalize="none") if signed else r
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DegenerateMapWarning)
-            m = cam(tr, used, grid=True)
+        m = grid_map(tr, r.replace(relu="none", normalize="none") if signed else r)
         if m.attrs.get("degenerate"):
             degenerate[label] = f"{r.id}: {m.attrs['degenerate']}"
         maps.append(m)
     finest = max((m.shape for m in maps), key=lambda shape: shape[0] * shape[1])
     if any(m.shape != finest for m in maps):
         # Hierarchical traces: stages have different grids; compare on the finest, as gallery() shows them.
-        from vitcam_nb.cam import upsample
-
         maps = [m if m.shape == finest else xr.DataArray(upsample(m.values, finest, "bilinear"), dims=m.dims,
                                                          attrs=m.attrs) for m in maps]
     n = len(recipes)
@@ -175,9 +170,7 @@ def atlas(
         >>> da.dims, da["label_a"].values.tolist()
         (('recipe_a', 'recipe_b'), ['F1', 'F4'])
     """
-    if isinstance(tr, xr.Dataset) and "image" in tr.dims:
-        from vitcam_nb.many import atlas_many
-
+    if is_store(tr):
         return atlas_many(tr, recipes, metric, signed=signed, **metric_kwargs)
     items, labels = _normalise_recipes(recipes)
     name, fn = _metric(metric)
@@ -217,6 +210,55 @@ def aggregate(per: Sequence[xr.DataArray]) -> xr.Dataset:
     attrs["degenerate"] = json.dumps([json.loads(p.attrs["degenerate"]) for p in per])
     return xr.Dataset({"mean": (dims, mean), "std": (dims, std), "count": (dims, count)}, coords=coords,
                       attrs=attrs)
+
+
+def _atlas_image(one: xr.Dataset, recipes: Any, metric: Any, signed: bool | None, metric_kwargs: dict) -> xr.DataArray:
+    return atlas(single_trace(one.load()), recipes, metric, signed=signed, **metric_kwargs)
+
+
+def atlas_many(
+    ds: xr.Dataset,
+    recipes: Sequence[Recipe] | Mapping[str, Recipe],
+    metric: str | Callable[..., float] = "spearman",
+    *,
+    signed: bool | None = None,
+    scheduler: str | None = None,
+    **metric_kwargs: Any,
+) -> xr.Dataset:
+    """Agreement atlas over every image of a many-image Dataset, computed one task per image.
+
+    Each task reads one image's chunks and runs :func:`vitcam_nb.evaluate.atlas` on it; the per-image
+    matrices are combined into ``mean``, ``std`` and ``count`` exactly as the atlas of a list of traces.
+    Runs on the active dask.distributed Client if there is one (else dask's default scheduler, or
+    ``scheduler``).
+
+    Example:
+        >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224")
+        >>> p = vc.trace_many(m, [np.zeros((224, 224, 3), np.uint8)] * 2, tempfile.mkdtemp() + "/t.zarr",
+        ...                   targets="top1", sites=["F1", "F4"], progress=False)
+        >>> at = atlas_many(vc.open_traces(p), [vc.Recipe(site="F1", layer=0), vc.Recipe(site="F4", layer=0)])
+        >>> int(at.attrs["n_images"]), at["mean"].dims
+        (2, ('recipe_a', 'recipe_b'))
+    """
+    import dask
+
+    if not is_store(ds):
+        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+    items, _ = _normalise_recipes(recipes)
+    _metric(metric)
+    n = ds.sizes["image"]
+    if n == 0:
+        raise ValueError("ds: the store holds no finished images")
+    sub = subset(ds, items)
+    if is_lazy(sub):
+        blocks = image_blocks(sub)
+        tasks = [dask.delayed(_atlas_image)(blocks.isel(image=i), recipes, metric, signed, metric_kwargs)
+                 for i in range(n)]
+        per = dask.compute(*tasks, scheduler=scheduler)
+    else:
+        per = [_atlas_image(sub.isel(image=i), recipes, metric, signed, metric_kwargs) for i in range(n)]
+    return aggregate(per)
 
 
 def _cluster_order(values: np.ndarray) -> tuple[list[int], object]:

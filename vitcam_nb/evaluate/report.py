@@ -13,8 +13,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitcam_nb.evaluate.faithfulness import _auc, _perturbation_scores, _pixel_rank, _Scorer, model_input
+from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.weighting import WEIGHTINGS
+from vitcam_nb.data import shapes
 from vitcam_nb.evaluate.localisation import default_tolerance
+from vitcam_nb.evaluate.perturbation import Scorer, area_under_curve, model_input, perturbation_scores, pixel_rank
+from vitcam_nb.models import load_model
 
 __all__ = ["report_known_answer"]
 
@@ -81,15 +88,7 @@ def report_known_answer(
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from vitcam_nb.cam import gallery
-    from vitcam_nb.data import shapes
-    from vitcam_nb.errors import DegenerateMapWarning
-    from vitcam_nb.taxonomy import GRADIENT_FREE, WEIGHTINGS, Recipe
-    from vitcam_nb.tracer import trace
-
     if isinstance(model, str):
-        from vitcam_nb.models import load_model
-
         model = load_model(model)
     if device is not None:
         model = copy.deepcopy(model).to(device)
@@ -97,10 +96,10 @@ def report_known_answer(
         raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
     if isinstance(deletion_steps, bool) or not isinstance(deletion_steps, int) or deletion_steps < 1:
         raise ValueError(f"deletion_steps: expected a positive int, got {deletion_steps!r}")
-    weightings = list(WEIGHTINGS if weightings is None else weightings)
+    weightings = list(WEIGHTINGS.names() if weightings is None else weightings)
     targets = list(targets)
     images, labels, masks = shapes(n_images, seed)
-    scorer = _Scorer(model, score)
+    scorer = Scorer(model, score)
 
     variants: list[tuple] = []  # (site, layer, weighting, target)
     pg_rows, auc_rows, degenerate_rows = [], [], []
@@ -123,13 +122,13 @@ def report_known_answer(
         pgs, degs, grid_all = [], [], []
         names = []
         for weighting in weightings:
-            for target in targets[:1] if weighting in GRADIENT_FREE else targets:
+            for target in targets if WEIGHTINGS.get(weighting).uses_gradient else targets[:1]:
                 base = Recipe(class_=label, weighting=weighting, target=target)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DegenerateMapWarning)
                     vary = {"layer": layers, "site": list(sites)}
-                    up = gallery(tr, base, vary=vary)
-                    grid = gallery(tr, base.replace(upsample="none"), vary=vary)
+                    up = kind_for(tr, base).gallery(tr, base, vary)
+                    grid = kind_for(tr, base).gallery(tr, base.replace(upsample="none"), vary)
                 bad = up["degenerate"].values.ravel() != ""
                 pg = _pointing(up.values.reshape(-1, h, w), masks[i], tol)
                 pg[bad] = np.nan
@@ -143,17 +142,17 @@ def report_known_answer(
         for v, (g, is_bad) in enumerate(zip(grid_all, bad_all, strict=True)):
             if is_bad:
                 continue
-            r = _pixel_rank(g.astype(np.float64), (h, w), "morf")
+            r = pixel_rank(g.astype(np.float64), (h, w), "morf")
             index[v] = keys.setdefault(r.tobytes(), len(ranks))
             if index[v] == len(ranks):
                 ranks.append(r)
         auc = np.full(len(index), np.nan)
         if ranks:
-            curves = _perturbation_scores(
+            curves = perturbation_scores(
                 scorer, model_input(model, tr)[0], ranks, counts, kind="deletion", substrate=substrate,
                 target=label, batch_size=batch_size, seed=seed, nli_noise=0.01,
                 blur_sigma=5.0 * np.sqrt(h * w) / 224.0, progress=False, desc="deletion")
-            areas = np.array([_auc(c, frac) for c in curves])
+            areas = np.array([area_under_curve(c, frac) for c in curves])
             auc[index >= 0] = areas[index[index >= 0]]
         if not variants:
             variants = names

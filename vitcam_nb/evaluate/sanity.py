@@ -13,14 +13,15 @@ from __future__ import annotations
 import copy
 import json
 import re
-import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import xarray as xr
 
-from vitcam_nb.evaluate._common import warn
+from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.evaluate._common import grid_map, warn
 from vitcam_nb.evaluate.agreement import AGREEMENT_METRICS
 
 __all__ = ["model_parts", "model_randomisation", "plot_randomisation", "randomise_parts", "randomised_logit"]
@@ -117,18 +118,7 @@ def _metrics(metrics: Sequence[str | Callable[..., float]]) -> list[tuple[str, C
     return out
 
 
-def _quiet_cam(tr: xr.Dataset, recipe: object) -> xr.DataArray:
-    from vitcam_nb.cam import cam
-    from vitcam_nb.errors import DegenerateMapWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DegenerateMapWarning)
-        return cam(tr, recipe, grid=True)
-
-
 def _fix_class(recipe: object, cls: int) -> object:
-    from vitcam_nb.errors import RecipeError
-
     try:
         return recipe.replace(class_=cls)
     except RecipeError:  # attention rollout takes no class
@@ -189,8 +179,6 @@ def model_randomisation(
     """
     from tqdm.auto import tqdm
 
-    from vitcam_nb.tracer import trace
-
     if mode not in ("cascading", "independent"):
         raise ValueError(f"mode: expected 'cascading' or 'independent', got {mode!r}")
     fns = _metrics(metrics)
@@ -208,7 +196,7 @@ def model_randomisation(
     cls = int(cls_request) if isinstance(cls_request, int) else int(np.argsort(-logits, kind="stable")[
         int(cls_request[3:]) - 1])
     fixed = _fix_class(recipe, cls)
-    ref = _quiet_cam(tr0, fixed)
+    ref = grid_map(tr0, fixed)
     if ref.attrs.get("degenerate"):
         raise ValueError(f"recipe: the map on the original model is degenerate ({ref.attrs['degenerate']}); "
                          "a randomisation test needs a map that carries information")
@@ -217,7 +205,7 @@ def model_randomisation(
     for i, part in enumerate(tqdm(order, desc=f"{mode} randomisation", disable=not show, leave=False)):
         chosen = order[: i + 1] if mode == "cascading" else [part]
         rand = randomise_parts(model, chosen, seed=seed, init=init)
-        m = _quiet_cam(trace(rand, image, targets=[cls], **kw), fixed)
+        m = grid_map(trace(rand, image, targets=[cls], **kw), fixed)
         del rand
         rows.append(_similarities(ref, m, fns, part))
         maps.append(m)
@@ -324,8 +312,8 @@ def randomised_logit(
     elif other not in candidates:
         raise ValueError(f"other: class {other!r} is not a traced class other than the predicted {pred} "
                          f"(traced {traced})")
-    a = _quiet_cam(tr, recipe.replace(class_=pred))
-    b = _quiet_cam(tr, recipe.replace(class_=int(other)))
+    a = grid_map(tr, recipe.replace(class_=pred))
+    b = grid_map(tr, recipe.replace(class_=int(other)))
     values = []
     for name, fn in fns:
         bad = [f"class {c}: {m.attrs['degenerate']}" for c, m in ((pred, a), (other, b))

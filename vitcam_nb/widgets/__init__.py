@@ -1,7 +1,8 @@
 """Notebook widgets (anywidget): slice a trace live in JupyterLab or Notebook 7.
 
 * :class:`Explorer`: the image with the heatmap of the current recipe and a control for every taxonomy
-  dimension, the live methods paragraph and checklist, degenerate-variant notices.
+  dimension, the live methods paragraph and checklist, degenerate-variant notices; on a many-image store,
+  an image picker.
 * :class:`Gallery`: thumbnails of a recipe with one or two fields varied; a click opens an Explorer.
 * :class:`Compare`: two recipes side by side with their agreement and the differing fields.
 

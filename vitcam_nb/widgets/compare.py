@@ -12,22 +12,18 @@ import numpy as np
 import traitlets as t
 import xarray as xr
 
-from vitcam_nb.taxonomy import Recipe
-from vitcam_nb.widgets._common import (
-    COLORMAPS,
-    GridResult,
-    TraceFacts,
-    as_recipe,
-    compute_grid,
-    css,
-    diff_fields,
-    error_text,
-    esm,
-    grid_bytes,
-    grid_from_bytes,
-    image_rgba,
-    png_bundle,
-)
+from vitcam_nb.api import cam
+from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate import spearman, topk_iou
+from vitcam_nb.evaluate._common import resolve_k
+from vitcam_nb.plot import overlay
+from vitcam_nb.widgets.assets import css, esm
+from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, diff_fields
+from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
+from vitcam_nb.widgets.facts import TraceFacts
+from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
 
 __all__ = ["Compare"]
 
@@ -173,16 +169,12 @@ class Compare(anywidget.AnyWidget):
         """
         import matplotlib.pyplot as plt
 
-        from vitcam_nb import plot
-        from vitcam_nb.cam import cam
-        from vitcam_nb.errors import DegenerateMapWarning
-
         fig, axes = plt.subplots(1, 2, figsize=(7, 3.8))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateMapWarning)
             for ax, side, name in zip(axes, (self._a, self._b), "AB"):
                 m = cam(self._trace, side.recipe)
-                plot.overlay(self._trace, m, ax=ax, alpha=self.opacity, cmap=self.colormap,
+                overlay(self._trace, m, ax=ax, alpha=self.opacity, cmap=self.colormap,
                              title=f"{name}: {side.recipe.id}" + (" (degenerate)" if side.degenerate else ""))
 
         def show(v: float | None) -> str:
@@ -201,9 +193,6 @@ class Compare(anywidget.AnyWidget):
 
     # -- computation -------------------------------------------------------------------------------
     def _stats(self, a: GridResult, b: GridResult, k: float) -> tuple[float | None, float | None, int, str]:
-        from vitcam_nb.evaluate import spearman, topk_iou
-        from vitcam_nb.evaluate._common import resolve_k
-
         if a.grid.shape != b.grid.shape:
             raise ValueError(f"the two maps have different grids {a.grid.shape} and {b.grid.shape}")
         with warnings.catch_warnings(record=True) as caught:

@@ -1,9 +1,18 @@
-"""The Explorer: one trace, one image, the heatmap of the current recipe and a control for every
-taxonomy dimension. The trace stays in the kernel; the browser gets the image once and then one small
-float32 grid per change, which it upsamples and colours itself."""
+"""The Explorer: one trace (or one image of a many-image store, with an image picker), the heatmap of the
+current recipe and a control for every taxonomy dimension. The trace stays in the kernel; the browser gets
+the image once and then one small float32 grid per change, which it upsamples and colours itself.
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), np.zeros((224, 224, 3), np.uint8), targets="top1")
+    >>> ex = Explorer(tr, vc.Recipe(site="F4", layer=0))
+    >>> ex.map.shape, ex.images
+    ((14, 14), [])
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,44 +21,39 @@ import numpy as np
 import traitlets as t
 import xarray as xr
 
-from vitcam_nb.errors import RecipeError
-from vitcam_nb.taxonomy import Recipe
-from vitcam_nb.widgets._common import (
-    COLORMAPS,
-    GridResult,
-    TraceFacts,
-    as_recipe,
-    coerce_request,
-    compute_grid,
-    controls,
-    css,
-    default_recipe,
-    error_text,
-    esm,
-    grid_bytes,
-    grid_from_bytes,
-    image_rgba,
-    png_bundle,
-)
+from vitcam_nb.api import cam
+from vitcam_nb.capture.reader import image_choices, image_trace, is_store
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.plot import overlay
+from vitcam_nb.widgets.assets import css, esm
+from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, coerce_request, controls
+from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
+from vitcam_nb.widgets.facts import TraceFacts, default_recipe
+from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
 
 __all__ = ["Explorer"]
 
 
 class Explorer(anywidget.AnyWidget):
-    """Interactive Grad-CAM explorer for one trace.
+    """Interactive Grad-CAM explorer for one trace, or for the images of a many-image store.
 
     The image with the heatmap of the current recipe overlaid; a control for every taxonomy dimension
     (controls that do not apply to the current choices are hidden); overlay opacity and colormap; the
     live methods paragraph and checklist with copy buttons; the recipe id; a notice when the variant is
-    degenerate. A refused combination shows its message in the widget, never a traceback.
+    degenerate. A refused combination shows its message in the widget, never a traceback. Given a store
+    (``vc.open_traces``), the page shows an image picker; switching image keeps the recipe.
 
     Args:
-        trace: a Dataset from :func:`vitcam_nb.trace`.
+        trace: a Dataset from :func:`vitcam_nb.trace`, or a many-image Dataset from
+            :func:`vitcam_nb.open_traces`.
         recipe: the recipe to start from (default :class:`~vitcam_nb.Recipe` ``()``, moved to a traced
             site/class if needed).
         opacity: overlay opacity in [0, 1].
         colormap: one of ``jet``, ``viridis``, ``inferno``, ``gray``.
         size: display width of the image in CSS pixels.
+        index: with a store, the position of the image shown first.
 
     Example:
         >>> import vitcam_nb as vc
@@ -81,6 +85,11 @@ class Explorer(anywidget.AnyWidget):
     notes = t.Unicode().tag(sync=True)
     error = t.Unicode().tag(sync=True)
 
+    #: With a store: [label, position] of every image, for the page's picker; empty for a single trace.
+    images = t.List().tag(sync=True)
+    #: With a store: the position of the image shown (the page's picker sets it).
+    image_index = t.Int(0).tag(sync=True)
+
     #: The browser's change: {"id": int, "recipe": {field: value}, "changed": [field, ...]}.
     request = t.Dict().tag(sync=True, echo_update=False)
     #: The id of the last browser request answered; the browser ignores answers older than its newest request.
@@ -88,43 +97,73 @@ class Explorer(anywidget.AnyWidget):
     #: Incremented with every answer (from the browser's requests or from Python), so the page repaints.
     frame = t.Int(0).tag(sync=True)
 
-    def __new__(cls, trace: xr.Dataset | None = None, *args: Any, **kwargs: Any) -> Any:
-        # A many-image store gets an image picker around a single-image Explorer.
-        if isinstance(trace, xr.Dataset) and "image" in trace.dims:
-            from vitcam_nb.widgets.images import ImageExplorer
-
-            return ImageExplorer(trace, *args, **kwargs)
-        return super().__new__(cls)
-
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None, *, opacity: float = 0.5,
-                 colormap: str = "jet", size: int = 360, **kwargs: Any) -> None:
+                 colormap: str = "jet", size: int = 360, index: int = 0, **kwargs: Any) -> None:
         if not 0.0 <= float(opacity) <= 1.0:
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         if colormap not in COLORMAPS:
             raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+        self._store = trace if is_store(trace) else None
+        choices = []
+        if self._store is not None:
+            choices = [[label, pos] for label, pos in image_choices(self._store)]
+            if not choices:
+                raise ValueError("store: holds no traced images yet")
+            trace = image_trace(self._store, index)
         facts = TraceFacts.of(trace)
         start = default_recipe(facts) if recipe is None else as_recipe(recipe)
         first = compute_grid(trace, start)  # raises for a recipe this trace cannot give: fail at construction
         super().__init__(options=controls(facts), image=image_rgba(facts.image),
                          image_shape=list(facts.image.shape[:2]), opacity=float(opacity), colormap=colormap,
-                         size=int(size), **kwargs)
+                         size=int(size), images=choices, image_index=int(index) if choices else 0, **kwargs)
         self._trace = trace
         self._facts = facts
+        self._shown = int(self.image_index)
         self._recipe = start
         self._callbacks: list[Callable[[Recipe], Any]] = []
         self._publish(first, response_id=0)
         self.observe(self._on_request, names="request")
+        self.observe(self._on_image_index, names="image_index")
 
     # -- Python API --------------------------------------------------------------------------------
     @property
     def trace(self) -> xr.Dataset:
-        """The trace this explorer slices (kept in the kernel, never sent to the browser).
+        """The trace this explorer slices (with a store: the shown image's), kept in the kernel.
 
         Example:
             >>> ex.trace is tr  # doctest: +SKIP
             True
         """
         return self._trace
+
+    @property
+    def store(self) -> xr.Dataset | None:
+        """The many-image Dataset this explorer picks images from, or None for a single trace.
+
+        Example:
+            >>> vc.Explorer(vc.open_traces("traces.zarr")).store is not None  # doctest: +SKIP
+            True
+        """
+        return self._store
+
+    @property
+    def index(self) -> int:
+        """With a store: the position of the image shown; setting it switches image and keeps the recipe.
+
+        Example:
+            >>> ex.index = 3  # doctest: +SKIP
+        """
+        return int(self.image_index)
+
+    @index.setter
+    def index(self, value: int) -> None:
+        if self._store is None:
+            raise TypeError("index: this Explorer shows a single trace; pass a many-image store "
+                            "(vc.open_traces) to pick images")
+        n = len(self.images)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+            raise IndexError(f"index: expected an int in [0, {n - 1}], got {value!r}")
+        self.image_index = int(value)
 
     @property
     def recipe(self) -> Recipe:
@@ -158,11 +197,6 @@ class Explorer(anywidget.AnyWidget):
             >>> ex.cam().dims  # doctest: +SKIP
             ('y', 'x')
         """
-        import warnings
-
-        from vitcam_nb.cam import cam
-        from vitcam_nb.errors import DegenerateMapWarning
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateMapWarning)
             return cam(self._trace, self._recipe)
@@ -181,9 +215,7 @@ class Explorer(anywidget.AnyWidget):
         Example:
             >>> fig = ex.static()  # doctest: +SKIP
         """
-        from vitcam_nb import plot
-
-        return plot.overlay(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
+        return overlay(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
@@ -192,6 +224,28 @@ class Explorer(anywidget.AnyWidget):
         return bundle
 
     # -- the round trip ----------------------------------------------------------------------------
+    def _on_image_index(self, change: dict) -> None:
+        if change["new"] == self._shown:
+            return
+        try:
+            trace = image_trace(self._store, int(change["new"]))
+            facts = TraceFacts.of(trace)
+            result = compute_grid(trace, self._recipe)
+        except Exception as exc:  # e.g. a class the new image did not trace: say so in the page
+            if not isinstance(exc, ValueError):
+                self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            with self.hold_sync():
+                self.error = error_text(exc)
+                self.image_index = self._shown  # the picker goes back to the image still shown
+                self.frame += 1
+            return
+        self._trace, self._facts, self._shown = trace, facts, int(change["new"])
+        with self.hold_sync():
+            self.options = controls(facts)
+            self.image = image_rgba(facts.image)
+            self.image_shape = list(facts.image.shape[:2])
+        self._publish(result, response_id=self.response_id)
+
     def _on_request(self, change: dict) -> None:
         request = change["new"] or {}
         try:

@@ -14,22 +14,17 @@ import numpy as np
 import traitlets as t
 import xarray as xr
 
-from vitcam_nb.cam import gallery as compute_gallery
-from vitcam_nb.errors import DegenerateMapWarning
-from vitcam_nb.taxonomy import Recipe
-from vitcam_nb.widgets._common import (
-    COLORMAPS,
-    TraceFacts,
-    as_recipe,
-    css,
-    default_recipe,
-    error_text,
-    esm,
-    grid_bytes,
-    image_rgba,
-    png_bundle,
-)
+from vitcam_nb.api import gallery as compute_gallery
+from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.plot import grid as plot_grid
+from vitcam_nb.widgets.assets import css, esm
+from vitcam_nb.widgets.controls import COLORMAPS, as_recipe
+from vitcam_nb.widgets.encoding import grid_bytes, image_rgba
 from vitcam_nb.widgets.explorer import Explorer
+from vitcam_nb.widgets.facts import TraceFacts, default_recipe
+from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.results import error_text
 
 __all__ = ["Gallery", "GalleryGrid"]
 
@@ -224,9 +219,7 @@ class Gallery(ipywidgets.VBox):
         Example:
             >>> fig = g.static()  # doctest: +SKIP
         """
-        from vitcam_nb import plot
-
-        return plot.grid(self._trace, self.maps, alpha=self.thumbnails.opacity, cmap=self.thumbnails.colormap)
+        return plot_grid(self._trace, self.maps, alpha=self.thumbnails.opacity, cmap=self.thumbnails.colormap)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)

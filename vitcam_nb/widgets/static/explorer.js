@@ -2,6 +2,8 @@
 //   page -> kernel: `request` = {id, recipe, changed}   (debounced; ids increase)
 //   kernel -> page: recipe_json, grid (float32 LE bytes), grid_shape, checklist, methods, recipe_id,
 //                   degenerate, notes, error, response_id (the request answered), frame (+1 per answer)
+//   with a many-image store: `images` ([label, position] per image) and `image_index`, which the page's
+//   picker sets; the kernel answers with the new image, options and map (the recipe is kept).
 // An answer whose response_id is older than the newest request sent is stale and never painted.
 // Timing hook for benchmarks: the root element's data-last-paint-latency-ms is the time from the first
 // control event of a request to the end of the canvas draw of its answer (kernel round trip included).
@@ -23,8 +25,9 @@ function render({ model, el }) {
   // -- layout ------------------------------------------------------------------------------------
   const recipeId = h("code", { className: "vc-recipe-id" });
   const status = h("span", { className: "vc-status" });
+  const picker = imagePicker();
   const header = h("div", { className: "vc-header" },
-    h("strong", { textContent: "vitcam_nb Explorer" }), h("span", { textContent: " recipe " }), recipeId,
+    h("strong", { textContent: "vitcam_nb Explorer" }), picker, h("span", { textContent: " recipe " }), recipeId,
     copyButton("copy recipe JSON", () => model.get("recipe_json")), status);
   const canvas = h("canvas", { className: "vc-canvas" });
   const bar = h("div", { className: "vc-colorbar-slot" });
@@ -34,7 +37,7 @@ function render({ model, el }) {
   const notesBox = h("div", { className: "vc-notes", hidden: true });
   const view = h("div", { className: "vc-view" }, canvas, bar, display.node);
   const controlsNode = h("div", { className: "vc-controls" });
-  const controls = recipeControls(controlsNode, options.fields, onControl);
+  let controls = recipeControls(controlsNode, options.fields, onControl);
   const methods = h("p", { className: "vc-methods" });
   const checklistSlot = h("div", { className: "vc-checklist-slot" });
   const report = h("div", { className: "vc-report" },
@@ -46,6 +49,23 @@ function render({ model, el }) {
       copyButton("copy checklist (markdown)", () => model.get("checklist_md"))));
   root.append(header, errorBox, degenerateBox, notesBox,
     h("div", { className: "vc-main" }, view, controlsNode), report);
+
+  // A store's image picker (null for a single trace); labels are inserted as text.
+  function imagePicker() {
+    const images = model.get("images") || [];
+    if (!images.length) return null;
+    const select = h("select", { className: "vc-image-picker", attrs: { "aria-label": "image" } });
+    for (const [label, position] of images) {
+      select.append(h("option", { value: String(position), textContent: label }));
+    }
+    select.value = String(model.get("image_index"));
+    select.addEventListener("change", () => {
+      status.textContent = "loading image…";
+      model.set("image_index", Number(select.value));
+      model.save_changes();
+    });
+    return select;
+  }
 
   // -- requests ----------------------------------------------------------------------------------
   // Slider input is debounced (a drag sends one request per pause); a select is sent at once, still
@@ -143,11 +163,22 @@ function render({ model, el }) {
     display.sync();
     paint();
   };
+  const onOptions = () => {
+    // Another image of a store traced other classes: the controls are rebuilt from its options.
+    controlsNode.replaceChildren();
+    controls = recipeControls(controlsNode, model.get("options").fields, onControl);
+    controls.sync(draft);
+  };
+  const onImageIndex = () => {
+    if (picker) picker.value = String(model.get("image_index"));
+  };
   model.on("change:frame", onAnswer);
   model.on("change:image", onImage);
   model.on("change:opacity", onDisplay);
   model.on("change:colormap", onDisplay);
   model.on("change:size", paint);
+  model.on("change:options", onOptions);
+  model.on("change:image_index", onImageIndex);
 
   controls.sync(draft);
   showReport();
@@ -160,6 +191,8 @@ function render({ model, el }) {
     model.off("change:opacity", onDisplay);
     model.off("change:colormap", onDisplay);
     model.off("change:size", paint);
+    model.off("change:options", onOptions);
+    model.off("change:image_index", onImageIndex);
   };
 }
 

@@ -1,0 +1,110 @@
+"""The benchmark suite runs end to end in --quick mode and writes every result key (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ITEMS = {
+    "trace_cost": ["k", "n_targets", "trace", "baseline_autograd", "baseline_backward", "forward",
+                   "ratio_vs_autograd", "ratio_vs_autograd_of_medians", "ratio_vs_backward", "ratio_vs_forward",
+                   "first_trace", "breakdown", "baseline_description"],
+    "single_variant": ["recipe", "recipe_id", "class", "what", "vc_cam", "vc_cam_cold_caches", "pytorch_grad_cam",
+                       "speedup_vs_pytorch_grad_cam", "speedup_vs_pytorch_grad_cam_cold_caches", "agreement",
+                       "timing_note"],
+    "gallery": ["variants", "layers", "sites", "recipe", "vc_gallery", "pytorch_grad_cam_loop",
+                "pytorch_grad_cam_one_pass", "speedup_vs_pytorch_grad_cam_loop",
+                "speedup_vs_pytorch_grad_cam_one_pass", "agreement", "f3_hook", "timing_note"],
+    "memory": ["stored_bytes", "stored_data_bytes", "tensor_bytes", "stored_bytes_ratio", "per_variable_bytes",
+               "netcdf_bytes", "netcdf_over_stored", "save_netcdf_s", "load_netcdf_s", "peak_trace",
+               "peak_baseline"],
+}
+STAT_KEYS = {"median_s", "min_s", "max_s", "n", "samples_s"}
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    committed = ROOT / "benchmarks" / "RESULTS.json"
+    before = committed.stat().st_mtime_ns if committed.exists() else None
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)], cwd=ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = committed.stat().st_mtime_ns if committed.exists() else None
+    assert before == after, "--quick must not overwrite the committed benchmarks/RESULTS.json"
+    return json.loads((out / "latest.json").read_text()), out
+
+
+@pytest.mark.slow
+def test_quick_run_writes_every_key(quick_run: tuple[dict, Path]) -> None:
+    results, out = quick_run
+    for key in ("schema", "created", "command", "quick", "device", "machine", "versions", "settings", "models",
+                "widget_latency", "trace_many", "targets", "notes", "wall_s"):
+        assert key in results, key
+    assert results["quick"] is True and "--quick" in results["command"]
+    for key in ("cpu_model", "logical_cpus", "usable_cpus", "load_average_start", "load_average_end",
+                "torch_threads"):
+        assert key in results["machine"], key
+    for dist in ("vitcam_nb", "torch", "timm", "grad-cam", "torchcam"):
+        assert dist in results["versions"], dist
+    tiny = results["models"]["tiny_vit"]
+    assert tiny["status"] == "ok"
+    for item, keys in ITEMS.items():
+        missing = [k for k in keys if k not in tiny[item]]
+        assert not missing, f"{item}: {missing}"
+    for item, name in (("trace_cost", "trace"), ("single_variant", "vc_cam"), ("gallery", "vc_gallery")):
+        assert STAT_KEYS <= set(tiny[item][name]), (item, name)
+        assert tiny[item][name]["median_s"] > 0
+    assert tiny["gallery"]["variants"] == 3 * 5
+    assert tiny["memory"]["stored_bytes"] > 0 and tiny["memory"]["tensor_bytes"] > 0
+    for probe in ("peak_trace", "peak_baseline"):
+        assert tiny["memory"][probe]["status"] == "ok", tiny["memory"][probe]
+        assert tiny["memory"][probe]["peak_rise_bytes"] is not None
+    # Peers computing the same variant give the same map (a wiring check, not a timing claim).
+    for name, agreement in tiny["gallery"]["agreement"].items():
+        assert agreement["max_abs_diff"] < 1e-3, name
+    assert tiny["single_variant"]["agreement"]["pytorch_grad_cam_max_abs_diff"] < 1e-3
+    bundled = results["models"]["shapes-vit"]
+    assert bundled["status"] in ("ok", "skipped")
+    if bundled["status"] == "skipped":
+        assert bundled["note"]
+    assert results["widget_latency"]["status"] in ("ok", "skipped", "error")
+    assert results["trace_many"]["status"]
+    targets = {(row["target"], row["model"]) for row in results["targets"]}
+    for target in ("trace_ratio", "single_variant_speedup", "gallery_seconds", "stored_bytes_ratio"):
+        assert (target, "tiny_vit") in targets
+    assert not any(row["official"] for row in results["targets"]), "quick rows are never the official claim"
+    for row in results["targets"]:
+        assert {"what", "value", "cpu_value", "op", "threshold", "holds", "official"} <= set(row)
+    md = (out / "latest.md").read_text()
+    assert "## Targets" in md and "tiny_vit" in md and "python -m benchmarks --quick" in md
+
+
+@pytest.mark.slow
+def test_update_readme_perf_replaces_only_between_markers(quick_run: tuple[dict, Path], tmp_path: Path) -> None:
+    _, out = quick_run
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\nbefore\n<!-- perf:start -->\nold table\n<!-- perf:end -->\nafter\n")
+    script = [sys.executable, str(ROOT / "scripts" / "update_readme_perf.py"), "--results", str(out / "latest.json"),
+              "--readme", str(readme)]
+    proc = subprocess.run(script, capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n<!-- perf:start -->\n") and text.endswith("<!-- perf:end -->\nafter\n")
+    assert "old table" not in text and "| target |" in text
+    assert subprocess.run([*script, "--check"], env=_env(), timeout=120).returncode == 0
+
+    readme.write_text("# no markers\n")
+    proc = subprocess.run(script, capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 1 and "| target |" in proc.stdout and "markers" in proc.stderr
+    assert readme.read_text() == "# no markers\n"

@@ -1,0 +1,199 @@
+"""Assembly of one image's trace Dataset from a pass: the site tensors laid out in the schema of
+:mod:`vitcam_nb.core.schema`, the coordinates of the token layout, and every attribute the checklist and
+the trace id are made of.
+
+Example:
+    >>> import timm, numpy as np
+    >>> from vitcam_nb.capture.passes import run_pass
+    >>> from vitcam_nb.capture.plan import TracePlan
+    >>> from vitcam_nb.preprocess import prepare_input
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    >>> plan = TracePlan.for_trace(m, "top1", sites=["F1"], layers=[0])
+    >>> prepared = prepare_input(m, np.zeros((224, 224, 3), np.uint8))
+    >>> run = run_pass(plan, prepared.tensor)
+    >>> assemble(plan, prepared, run.image(0), run)["act"].dims
+    ('layer', 'site', 'token', 'channel')
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import timm
+import torch
+import xarray as xr
+
+from vitcam_nb.capture.passes import ImagePass, PassResult
+from vitcam_nb.capture.plan import TracePlan, model_name
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
+from vitcam_nb.core.schema import ATTENTION_SITE, EXPECTED_LABEL, EXPECTED_TARGET, SCHEMA_VERSION, target_name
+from vitcam_nb.core.version import __version__
+from vitcam_nb.preprocess import PreparedInput, preprocessing_json
+from vitcam_nb.targets.classes import ClassTargets
+
+__all__ = ["assemble", "to_numpy", "token_coords"]
+
+
+def to_numpy(t: torch.Tensor | None, shape: tuple | None, dtype: type) -> np.ndarray:
+    """A captured tensor on the CPU as ``dtype`` (reshaped to ``shape``); None (the targets do not depend on
+    the tensor at all) becomes zeros.
+
+    Example:
+        >>> to_numpy(None, (2,), np.float16)
+        array([0., 0.], dtype=float16)
+    """
+    if t is None:
+        return np.zeros(shape, dtype)
+    out = t.detach().to("cpu", torch.float32).numpy().astype(dtype, copy=False)
+    return out if shape is None else out.reshape(shape)
+
+
+def token_coords(prefix: list[str], grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kind, patch row and patch column of every token: the prefix tokens first, then the patches in raster
+    order (row -1 and column -1 for prefix tokens).
+
+    Example:
+        >>> kinds, rows, cols = token_coords(["cls"], (2, 2))
+        >>> kinds.tolist(), rows.tolist(), cols.tolist()
+        (['cls', 'patch', 'patch', 'patch', 'patch'], [-1, 0, 0, 1, 1], [-1, 0, 1, 0, 1])
+    """
+    gh, gw = grid
+    n_prefix = len(prefix)
+    kinds = np.array(prefix + ["patch"] * (gh * gw))
+    rows = np.concatenate([np.full(n_prefix, -1), np.repeat(np.arange(gh), gw)]).astype(np.int64)
+    cols = np.concatenate([np.full(n_prefix, -1), np.tile(np.arange(gw), gh)]).astype(np.int64)
+    return kinds, rows, cols
+
+
+def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: PassResult, *,
+             layer_ids: list[int] | None = None, site_ids: list[str] | None = None,
+             grid: tuple[int, int] | None = None) -> xr.Dataset:
+    """The single-image trace Dataset of ``image`` (by default every layer and site of the plan on the pass's
+    grid; a hierarchical trace assembles one stage at a time with its own layers, sites and grid).
+
+    Tensors are popped from ``image`` as they are copied, so the torch and numpy copies never all coexist.
+    """
+    model, adapter, target = plan.model, plan.adapter, plan.target
+    layer_ids = plan.layer_ids if layer_ids is None else layer_ids
+    site_ids = plan.site_ids if site_ids is None else site_ids
+    gh, gw = run.grid if grid is None else grid
+    store_dtype = plan.store_dtype
+    acts, grads, classes = image.acts, image.grads, image.classes
+    prefix = adapter.prefix_kinds(model)
+    n_prefix = len(prefix)
+    n_tokens = n_prefix + gh * gw
+    kinds, rows, cols = token_coords(prefix, (gh, gw))
+    n_targets = len(classes) + 1
+    extra = plan.extra_sites
+    token_sites = [s for s in site_ids if s != ATTENTION_SITE and s not in extra]
+    labels = plan.class_labels or target.class_labels(model, int(image.logits.shape[0]))
+
+    data_vars = {}
+    coords = {
+        "layer": ("layer", np.array(layer_ids, np.int64)),
+        "token": ("token", np.arange(n_tokens, dtype=np.int64)),
+        "token_kind": ("token", kinds),
+        "patch_row": ("token", rows),
+        "patch_col": ("token", cols),
+        "target": ("target", np.array([target_name(c) for c in classes] + [EXPECTED_TARGET])),
+        "target_class": ("target", np.array(classes + [-1], np.int64)),
+        "target_label": ("target", np.array([labels[c] for c in classes] + [EXPECTED_LABEL])),
+        "class": ("class", np.arange(len(labels), dtype=np.int64)),
+        "class_label": ("class", np.array(labels)),
+    }
+    if token_sites:
+        sample = acts[(layer_ids[0], token_sites[0])]
+        if sample.shape[-2] != n_tokens:
+            raise TraceError(f"model: {sample.shape[-2]} tokens at the blocks but the patch grid {gh}x{gw} "
+                             f"with {n_prefix} prefix tokens gives {n_tokens}")
+        n_channels = int(sample.shape[-1])
+        act = np.empty((len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
+        grad = np.empty((n_targets, len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
+        for li, layer in enumerate(layer_ids):
+            for si, site in enumerate(token_sites):
+                act[li, si] = to_numpy(acts.pop((layer, site)), (n_tokens, n_channels), store_dtype)
+                grad[:, li, si] = to_numpy(grads.pop((layer, site)), (n_targets, n_tokens, n_channels), store_dtype)
+        coords["site"] = ("site", np.array(token_sites))
+        coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
+        data_vars["act"] = (("layer", "site", "token", "channel"), act)
+        data_vars["grad"] = (("target", "layer", "site", "token", "channel"), grad)
+    if ATTENTION_SITE in site_ids:
+        n_heads = int(acts[(layer_ids[0], ATTENTION_SITE)].shape[1])
+        shape = (n_heads, n_tokens, n_tokens)
+        attn = np.empty((len(layer_ids), *shape), store_dtype)
+        attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
+        for li, layer in enumerate(layer_ids):
+            attn[li] = to_numpy(acts.pop((layer, ATTENTION_SITE)), shape, store_dtype)
+            attn_grad[:, li] = to_numpy(grads.pop((layer, ATTENTION_SITE)), (n_targets, *shape), store_dtype)
+        coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
+        for axis in ("query", "key"):
+            coords[axis] = (axis, np.arange(n_tokens, dtype=np.int64))
+            coords[f"{axis}_kind"] = (axis, kinds)
+            coords[f"{axis}_patch_row"] = (axis, rows)
+            coords[f"{axis}_patch_col"] = (axis, cols)
+        data_vars["attn"] = (("layer", "head", "query", "key"), attn)
+        data_vars["attn_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+    for site in [s for s in site_ids if s in extra]:
+        n = len(extra[site])
+        site_acts = [to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]
+        site_grads = [to_numpy(grads.pop((i, site)), None, store_dtype) for i in range(n)]
+        more_vars, more_coords = adapter.assemble_extra(model, site, site_acts, site_grads, target)
+        data_vars.update(more_vars)
+        coords.update(more_coords)
+    data_vars["logits"] = (("class",), image.logits.to("cpu", torch.float32).numpy().copy())
+    h, w = prepared.display.shape[:2]
+    data_vars["image"] = (("y", "x", "rgb"), prepared.display)
+    coords["y"] = ("y", np.arange(h, dtype=np.int64))
+    coords["x"] = ("x", np.arange(w, dtype=np.int64))
+    coords["rgb"] = ("rgb", np.array(["r", "g", "b"]))
+    attrs = _attrs(plan, prepared, classes, layer_ids, site_ids, (gh, gw), run, (h, w))
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+
+def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_ids: list[int], site_ids: list[str],
+           grid: tuple[int, int], run: PassResult, size: tuple[int, int]) -> dict:
+    model, adapter, target = plan.model, plan.adapter, plan.target
+    name, tag = model_name(model)
+    w_hash = weights_sha256(model)
+    in_hash = array_sha256(prepared.tensor)
+    settings = {"weights": w_hash, "input": in_hash, "classes": classes, "layers": layer_ids,
+                "sites": site_ids, "dtype": plan.dtype, "schema": SCHEMA_VERSION}
+    if not isinstance(target, ClassTargets):  # class-target trace ids stay what they were before other targets
+        settings["target"] = target.settings()
+    h, w = size
+    attrs = {
+        "schema_version": SCHEMA_VERSION,
+        "trace_id": settings_id(settings),
+        "model_name": name,
+        "model_family": adapter.family,
+        "pretrained_tag": tag,
+        "weights_sha256": w_hash,
+        "input_sha256": in_hash,
+        "img_size": f"{h}x{w}",
+        "img_height": int(h),
+        "img_width": int(w),
+        "grid_h": int(grid[0]),
+        "grid_w": int(grid[1]),
+        "num_prefix_tokens": len(adapter.prefix_kinds(model)),
+        "num_layers": len(adapter.blocks(model)),
+        "fused_attn": 0,
+        "preprocessing": preprocessing_json(prepared.preprocessing),
+        "vitcam_nb_version": __version__,
+        "torch_version": str(torch.__version__),
+        "timm_version": timm.__version__,
+        "numpy_version": np.__version__,
+        "xarray_version": xr.__version__,
+        "device": str(plan.run_device),
+        "dtype": plan.dtype,
+        "compute_dtype": str(plan.compute_dtype).replace("torch.", ""),
+        "deterministic": run.deterministic,
+        "deterministic_settings": run.deterministic_settings,
+        **target.attrs(),
+        **adapter.describe(model),
+    }
+    table = adapter.site_table(model)
+    attrs["model_sites"] = ",".join([*table, *plan.extra_sites])
+    for site in site_ids:
+        if site in table:
+            attrs[f"hook_{site}"] = table[site].hook(adapter.block_template)
+    return attrs

@@ -1,0 +1,189 @@
+"""Turn every accepted kind of ``images`` (list, array, iterator, folder, torch Dataset or DataLoader) into
+items: an image, its label and mask, and where it came from.
+
+Example:
+    >>> import numpy as np
+    >>> items, n = iter_items([np.zeros((4, 4, 3), np.uint8)], image_labels=[2], masks=None)
+    >>> n, next(items).label
+    (1, 2)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.preprocess import PreparedInput, prepare_input
+
+__all__ = ["IMAGE_SUFFIXES", "Item", "iter_items", "prepare_mask"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass
+class Item:
+    """One image to trace, its ground-truth label (-1: unknown), mask (or None) and where it came from."""
+
+    image: Any
+    label: int
+    mask: np.ndarray | None
+    source: str
+
+
+def _label(value: Any, where: str) -> int:
+    if value is None:
+        return -1
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TraceError(f"image_labels: {where} has a label tensor of shape {tuple(value.shape)}; "
+                             "expected one int")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < -1:
+        raise TraceError(f"image_labels: {where} has label {value!r}; expected a class index >= 0 (or -1/None "
+                         "for unknown)")
+    return int(value)
+
+
+def _mask(value: Any, where: str) -> np.ndarray | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim == 3 and arr.shape[-1] == 1:
+        arr = arr[..., 0]
+    if arr.ndim != 2:
+        raise TraceError(f"masks: {where} has a mask of shape {arr.shape}; expected (H, W)")
+    return arr.astype(bool)
+
+
+def _image(value: Any) -> Any:
+    """A single image as prepare_input accepts it (uint8 torch tensors become HxWx3 arrays)."""
+    if isinstance(value, torch.Tensor) and not value.is_floating_point():
+        arr = value.detach().cpu().numpy()
+        if arr.ndim == 3 and arr.shape[0] == 3 and arr.shape[-1] != 3:
+            arr = np.moveaxis(arr, 0, -1)
+        return np.ascontiguousarray(arr.astype(np.uint8))
+    return value
+
+
+def _unpack(obj: Any, where: str) -> tuple[Any, Any, Any]:
+    """An item is an image, a tuple (image, label[, mask]) or a dict with image, label and mask keys."""
+    if isinstance(obj, Mapping):
+        if "image" not in obj:
+            raise TraceError(f"images: {where} is a dict without an 'image' key (keys: {sorted(obj)})")
+        return obj["image"], obj.get("label"), obj.get("mask")
+    if isinstance(obj, tuple) or (isinstance(obj, list) and 2 <= len(obj) <= 3):
+        if not 2 <= len(obj) <= 3:
+            raise TraceError(f"images: {where} is a tuple of {len(obj)}; expected (image, label) or "
+                             "(image, label, mask)")
+        return obj[0], obj[1], obj[2] if len(obj) == 3 else None
+    return obj, None, None
+
+
+def _unbatch(batch: Any) -> Iterator[Any]:
+    """Split one DataLoader batch into per-image items."""
+    if isinstance(batch, torch.Tensor):
+        yield from batch
+        return
+    if isinstance(batch, Mapping):
+        n = len(batch["image"])
+        for i in range(n):
+            yield {k: batch[k][i] for k in ("image", "label", "mask") if k in batch}
+        return
+    if isinstance(batch, (tuple, list)) and 2 <= len(batch) <= 3:
+        yield from zip(*batch)
+        return
+    raise TraceError(f"images: a DataLoader batch of type {type(batch).__name__} is not understood; expected a "
+                     "tensor, (images, labels[, masks]) or a dict with 'image', 'label' and 'mask' keys")
+
+
+def _folder(path: Path) -> list[Path]:
+    if not path.is_dir():
+        raise TraceError(f"images: {path} is not a folder of image files (pass a list, an iterator, a folder or a "
+                         "torch DataLoader)")
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise TraceError(f"images: folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    return files
+
+
+def _read_file(path: Path) -> Any:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
+def iter_items(images: Any, image_labels: Any, masks: Any) -> tuple[Iterator[Item], int | None]:
+    """Normalise every accepted kind of ``images`` into items, and the image count when it is known."""
+    n: int | None
+    sources: Iterable[str] | None = None
+    if isinstance(images, (str, os.PathLike)):
+        files = _folder(Path(images))
+        raw: Iterable[Any] = (_read_file(f) for f in files)
+        n, sources = len(files), [f.name for f in files]
+    elif isinstance(images, torch.utils.data.DataLoader):
+        raw, n = (item for batch in images for item in _unbatch(batch)), None
+    elif isinstance(images, np.ndarray):
+        if images.ndim != 4:
+            raise TraceError(f"images: expected an array of images (N, H, W, 3), got shape {images.shape}")
+        raw, n = iter(images), len(images)
+    elif isinstance(images, torch.Tensor):
+        if images.ndim != 4:
+            raise TraceError(f"images: expected a tensor of images (N, 3, H, W), got shape {tuple(images.shape)}")
+        raw, n = iter(images), len(images)
+    elif isinstance(images, Sequence) and not isinstance(images, (str, bytes)):
+        raw, n = iter(images), len(images)
+    elif isinstance(images, torch.utils.data.Dataset) and hasattr(images, "__len__"):
+        raw, n = (images[i] for i in range(len(images))), len(images)
+    elif isinstance(images, Iterable):
+        raw, n = iter(images), None
+    else:
+        raise TypeError(f"images: expected a list, an iterator, a folder of image files or a torch DataLoader, "
+                        f"got {type(images).__name__}")
+    for name, extra in (("image_labels", image_labels), ("masks", masks)):
+        if extra is not None and n is not None and len(extra) != n:
+            raise TraceError(f"{name}: {len(extra)} values for {n} images")
+
+    def generate() -> Iterator[Item]:
+        src = iter(sources) if sources is not None else None
+        for i, obj in enumerate(raw):
+            where = f"image {i}"
+            image, label, mask = _unpack(obj, where)
+            if image_labels is not None:
+                if label is not None:
+                    raise TraceError(f"image_labels: {where} carries its own label; pass labels one way only")
+                label = image_labels[i]
+            if masks is not None:
+                if mask is not None:
+                    raise TraceError(f"masks: {where} carries its own mask; pass masks one way only")
+                mask = masks[i]
+            yield Item(_image(image), _label(label, where), _mask(mask, where), next(src) if src else "")
+
+    return generate(), n
+
+
+def prepare_mask(model: torch.nn.Module, item: Item, prepared: PreparedInput, index: int) -> np.ndarray | None:
+    """The mask in the model input's geometry: it goes through the image's own resize and crop."""
+    if item.mask is None:
+        return None
+    out_hw = prepared.display.shape[:2]
+    if isinstance(item.image, torch.Tensor):
+        if item.mask.shape != out_hw:
+            raise TraceError(f"masks: image {index} is a tensor used as given ({out_hw[0]}x{out_hw[1]}), but its "
+                             f"mask is {item.mask.shape[0]}x{item.mask.shape[1]}")
+        return item.mask
+    size = item.image.shape[:2] if isinstance(item.image, np.ndarray) else item.image.size[::-1]
+    if item.mask.shape != tuple(size):
+        raise TraceError(f"masks: image {index} is {size[0]}x{size[1]} but its mask is "
+                         f"{item.mask.shape[0]}x{item.mask.shape[1]}")
+    rgb = np.repeat(item.mask[..., None].astype(np.uint8) * 255, 3, axis=-1)
+    return prepare_input(model, rgb).display[..., 0] >= 128

@@ -1,0 +1,178 @@
+"""The plan of a trace: every argument of :func:`vitcam_nb.trace` and :func:`vitcam_nb.trace_many` checked and
+resolved once, before any model call (model family, target, class labels, layers, sites, dtypes, device).
+
+Example:
+    >>> import timm
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    >>> plan = TracePlan.for_trace(m, "top2", sites=["F1", "F2"], layers=[-1])
+    >>> plan.layer_ids, plan.site_ids, plan.store_dtype.__name__
+    ([11], ['F1', 'F2'], 'float32')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.adapters.registry import find_adapter
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, STORAGE_DTYPES
+from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.classes import ClassTargets, as_target
+
+__all__ = ["TracePlan", "model_name", "resolve_layers", "resolve_sites"]
+
+
+def _check_family(model: object, dtype: str) -> Adapter:
+    """Refuse a non-module, an unsupported family or an unknown storage dtype; return the model's adapter."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    adapter = find_adapter(model)
+    if dtype not in STORAGE_DTYPES:
+        raise TraceError(f"dtype: expected one of {list(STORAGE_DTYPES)}, got {dtype!r}")
+    return adapter
+
+
+def resolve_layers(layers: object, n_layers: int) -> list[int]:
+    """Sorted absolute block indices from the ``layers`` argument (None: every block).
+
+    Example:
+        >>> resolve_layers([-1, 0], 12)
+        [0, 11]
+    """
+    if layers is None:
+        return list(range(n_layers))
+    items = [layers] if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool) else layers
+    if not isinstance(items, Sequence) or isinstance(items, str) or len(items) == 0:
+        raise TraceError(f"layers: expected None, an int or a non-empty list of ints, got {layers!r}")
+    out = set()
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TraceError(f"layers: expected ints in [-{n_layers}, {n_layers - 1}], got {i!r}")
+        if not -n_layers <= i < n_layers:
+            raise TraceError(f"layers: {i} is out of range for a model with {n_layers} blocks "
+                             f"(allowed -{n_layers}..{n_layers - 1})")
+        out.add(int(i) % n_layers)
+    return sorted(out)
+
+
+def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> list[str]:
+    """The sites to read, in the adapter's order (None: F1..F6 and the extra sites the model has).
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.adapters import find_adapter
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> resolve_sites(["F4", "F1"], find_adapter(m), m)
+        ['F1', 'F4']
+    """
+    allowed = list(adapter.site_table(model)) + list(adapter.extra_sites(model))
+    if sites is None:
+        return [s for s in allowed if s in CORE_SITES or s not in adapter.sites]
+    items = [sites] if isinstance(sites, str) else sites
+    if not isinstance(items, Sequence) or len(items) == 0:
+        raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
+    for s in items:
+        if s not in allowed:
+            known = ("a site this model does not have" if s in adapter.sites or s in CORE_SITES + EXTENDED_SITES
+                     else "unknown site")
+            raise TraceError(f"sites: {known} {s!r}; this {adapter.family} model has {allowed}")
+    return [s for s in allowed if s in items]
+
+
+def model_name(model: torch.nn.Module) -> tuple[str, str]:
+    """(architecture, pretrained tag) as the model's timm config states them ("" when it has no tag).
+
+    Example:
+        >>> model_name(torch.nn.Linear(1, 1))
+        ('Linear', '')
+    """
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    arch = cfg.get("architecture") if isinstance(cfg, dict) else None
+    tag = cfg.get("tag") if isinstance(cfg, dict) else None
+    return str(arch or type(model).__name__), str(tag or "")
+
+
+@dataclass
+class TracePlan:
+    """Everything resolved once for a trace or a store: what to read, what to differentiate, where, how.
+
+    ``class_labels`` is None for targets that name their scores only once they are computed.
+    """
+
+    model: torch.nn.Module
+    adapter: Adapter
+    target: Target
+    class_labels: list[str] | None
+    layer_ids: list[int]
+    site_ids: list[str]
+    dtype: str
+    run_device: torch.device
+    compute_dtype: torch.dtype
+
+    @property
+    def store_dtype(self) -> type:
+        """The numpy type arrays are stored in."""
+        return np.float16 if self.dtype == "float16" else np.float32
+
+    @property
+    def extra_sites(self) -> dict:
+        """The adapter's sites outside the block stack (e.g. ``xattn``)."""
+        return self.adapter.extra_sites(self.model)
+
+    @classmethod
+    def _make(cls, model: torch.nn.Module, adapter: Adapter, target: Target, class_labels: list[str] | None,
+              sites: object, layers: object, dtype: str, device: object) -> TracePlan:
+        layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
+        site_ids = resolve_sites(sites, adapter, model)
+        params = list(model.parameters())
+        model_device = params[0].device if params else torch.device("cpu")
+        return cls(model=model, adapter=adapter, target=target, class_labels=class_labels, layer_ids=layer_ids,
+                   site_ids=site_ids, dtype=dtype,
+                   run_device=torch.device(device) if device is not None else model_device,
+                   compute_dtype=params[0].dtype if params else torch.float32)
+
+    @classmethod
+    def for_trace(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
+                  dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None) -> TracePlan:
+        """The plan of one :func:`vitcam_nb.trace` call: any target kind.
+
+        Example:
+            >>> import timm
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+            >>> TracePlan.for_trace(m, 3).target.classes
+            [3]
+        """
+        adapter = _check_family(model, dtype)
+        target = as_target(targets, labels)
+        target.check(model)
+        # Class labels are known (and wrong ones refused) before the forward pass; other targets name their
+        # scores when they have computed them.
+        names = target.class_labels(model, int(model.num_classes)) if isinstance(target, ClassTargets) else None
+        return cls._make(model, adapter, target, names, sites, layers, dtype, device)
+
+    @classmethod
+    def for_store(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
+                  dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None) -> TracePlan:
+        """The plan of a :func:`vitcam_nb.trace_many` store: class targets of a flat (non-hierarchical) model.
+
+        Example:
+            >>> import timm
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+            >>> TracePlan.for_store(m, "top1").target.k
+            1
+        """
+        adapter = _check_family(model, dtype)
+        num_classes = int(getattr(model, "num_classes", 0) or 0)
+        if num_classes <= 0:
+            raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
+        if getattr(adapter, "hierarchical", False) or adapter.extra_sites(model):
+            raise TraceError(f"model: trace_many stores flat token layouts; the {adapter.family} family has "
+                             "per-stage grids or extra sites. Trace its images one by one with vitcam_nb.trace()")
+        target = ClassTargets(targets, labels)
+        target.check_count(num_classes)
+        return cls._make(model, adapter, target, target.class_labels(model, num_classes), sites, layers, dtype, device)

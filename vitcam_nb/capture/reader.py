@@ -1,0 +1,137 @@
+"""Read a trace_many store: open it lazily with dask (only the images that are done), take one image back
+as a single trace, and name its images for a picker.
+
+Example:
+    >>> import timm, numpy as np, tempfile
+    >>> from vitcam_nb.capture.trace_many import trace_many
+    >>> m = timm.create_model("vit_tiny_patch16_224")
+    >>> p = trace_many(m, [np.zeros((224, 224, 3), np.uint8)], tempfile.mkdtemp() + "/t.zarr", targets="top1",
+    ...                sites=["F1"], progress=False)
+    >>> image_trace(open_traces(p), 0)["act"].dims
+    ('layer', 'site', 'token', 'channel')
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.capture.store import dims_of
+from vitcam_nb.capture.store_layout import single_trace
+from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS
+
+__all__ = ["image_choices", "image_trace", "is_store", "open_traces"]
+
+
+def is_store(ds: object) -> bool:
+    """Whether ``ds`` is a many-image Dataset (a store opened with :func:`open_traces`): it has an ``image``
+    dimension.
+
+    Example:
+        >>> import xarray as xr
+        >>> is_store(xr.Dataset(coords={"image": [0, 1]})), is_store(None)
+        (True, False)
+    """
+    return isinstance(ds, xr.Dataset) and "image" in ds.dims
+
+
+def open_traces(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Dataset:
+    """Open a :func:`trace_many` store lazily (dask-backed), with only the images that are done.
+
+    Nothing is read but metadata until you compute; slicing one image and one layer reads one chunk.
+    ``incomplete=True`` also returns images whose trace was not finished (their values are undefined)
+    with the ``done`` flag as a variable.
+
+    Example:
+        >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224")
+        >>> p = vc.trace_many(m, [np.zeros((224, 224, 3), np.uint8)] * 2, tempfile.mkdtemp() + "/t.zarr",
+        ...                   targets="top1", sites=["F1"], progress=False)
+        >>> ds = vc.open_traces(p)
+        >>> ds.sizes["image"], ds["act"].chunks[:2]
+        (2, ((1, 1), (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)))
+    """
+    import zarr
+
+    path = Path(path)
+    if not path.exists():
+        raise TraceFileError(f"path: {path} does not exist")
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        attrs = dict(group.attrs)
+    except Exception as exc:  # zarr raises several types for a folder that is no group
+        raise TraceFileError(f"path: {path} is not a zarr store: {exc}") from exc
+    if attrs.get("store_kind") != STORE_KIND:
+        hint = " (a single trace: read it with vc.load)" if "schema_version" in attrs else ""
+        raise TraceFileError(f"path: {path} is not a vitcam_nb trace_many store{hint}")
+    if int(attrs.get("store_version", -1)) not in SUPPORTED_STORE_VERSIONS or \
+            int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
+        raise TraceFileError(f"path: {path} has store_version {attrs.get('store_version')} and schema_version "
+                             f"{attrs.get('schema_version')}; this vitcam_nb reads store versions "
+                             f"{list(SUPPORTED_STORE_VERSIONS)} with schema {SCHEMA_VERSION}")
+    lengths = {group[k].shape[0] for k in group.array_keys() if dims_of(group[k])[:1] == ("image",)}
+    if len(lengths) > 1:
+        raise TraceFileError(f"path: {path} is being grown by a running trace_many, or was interrupted while "
+                             "growing; wait for it, or rerun trace_many with the same arguments to resume (it "
+                             "repairs the store)")
+    ds = xr.open_zarr(str(path), chunks={}, consolidated=False)
+    if not incomplete:
+        done = np.asarray(ds["done"].values, bool)
+        ds = (ds if done.all() else ds.isel(image=np.flatnonzero(done))).drop_vars("done")
+    return ds
+
+
+def image_trace(ds: xr.Dataset, index: int) -> xr.Dataset:
+    """Image ``index`` (position along ``image``) of a many-image Dataset, as a single trace in memory.
+
+    The result has exactly the schema and attributes of :func:`vitcam_nb.trace` (target names, ``image``
+    variable, ``trace_id``), plus ``image_index``, ``image_label``, ``image_source`` attributes and the
+    ``mask`` variable when the store has masks. Only that image's chunks are read.
+
+    Example:
+        >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224")
+        >>> p = vc.trace_many(m, [np.zeros((224, 224, 3), np.uint8)] * 2, tempfile.mkdtemp() + "/t.zarr",
+        ...                   targets="top1", sites=["F1"], progress=False)
+        >>> tr = vc.image_trace(vc.open_traces(p), 1)
+        >>> tr["target"].values.tolist()[-1], tr["image"].dims
+        ('expected_logit', ('y', 'x', 'rgb'))
+    """
+    if not is_store(ds):
+        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+    n = ds.sizes["image"]
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not -n <= index < n:
+        raise IndexError(f"index: expected an int in [-{n}, {n - 1}], got {index!r}")
+    one = ds.isel(image=int(index)).load()
+    one.attrs = {**ds.attrs, "image_index": int(ds["image"].values[index])}
+    return single_trace(one)
+
+
+def image_choices(ds: xr.Dataset) -> list[tuple[str, int]]:
+    """``(label, index)`` pairs naming each image of a many-image Dataset, for a widget's image picker.
+
+    Example:
+        >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224")
+        >>> p = vc.trace_many(m, [np.zeros((224, 224, 3), np.uint8)], tempfile.mkdtemp() + "/t.zarr",
+        ...                   targets="top1", sites=["F1"], progress=False)
+        >>> image_choices(vc.open_traces(p))
+        [('image 0', 0)]
+    """
+    if not is_store(ds):
+        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+    names = ds["class_label"].values if "class_label" in ds.coords else None
+    index = ds["image"].values
+    sources = ds["source"].values if "source" in ds.coords else [""] * len(index)
+    labels = ds["label"].values if "label" in ds.coords else [-1] * len(index)
+    out = []
+    for pos, (i, src, lab) in enumerate(zip(index, sources, labels)):
+        text = f"image {int(i)}" + (f": {src}" if str(src) else "")
+        if int(lab) >= 0:
+            text += f" ({names[int(lab)] if names is not None else int(lab)})"
+        out.append((text, pos))
+    return out

@@ -1,0 +1,179 @@
+"""The trace_many store on disk: a zarr group written resumably and atomically, chunked one image and one layer
+per chunk, that records the model and settings it holds and refuses anything else.
+
+Writes are resumable: a ``done`` flag per image is written only after that image's data, every chunk and
+metadata write of zarr's local store is atomic (temporary file, then rename), and growth lengthens ``done``
+last. Only local (or shared-filesystem) paths are supported, and one writer at a time.
+
+Example:
+    >>> runs([0, 1, 2, 5, 6])
+    [array([0, 1, 2]), array([3, 4])]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.capture.store_layout import strings
+from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.provenance import settings_id
+from vitcam_nb.core.schema import ENV_ATTRS, STORE_KIND, STORE_PIXELS, SUPPORTED_STORE_VERSIONS
+
+__all__ = ["META_CHUNK", "Store", "TRACE_VARS", "dims_of", "runs"]
+
+# Small per-image coordinates are chunked in blocks, so that opening a store of 100k images does not read
+# 100k tiny files per coordinate; zarr's atomic chunk writes keep a block safe when a run is interrupted.
+META_CHUNK = 1024
+TRACE_VARS = ("act", "grad", "attn", "attn_grad", "logits", STORE_PIXELS, "mask")
+
+
+def dims_of(array: Any) -> tuple[str, ...]:
+    """The dimension names of a zarr array (zarr v3 metadata, or xarray's v2 attribute)."""
+    names = getattr(array.metadata, "dimension_names", None)
+    if names is None:
+        names = array.attrs.get("_ARRAY_DIMENSIONS", ())
+    return tuple(names)
+
+
+def _encoding(ds: xr.Dataset) -> dict[str, dict]:
+    enc = {}
+    for name, var in ds.variables.items():
+        if "image" not in var.dims:
+            continue
+        if name in TRACE_VARS:
+            chunks = tuple(1 if d in ("image", "layer") else n for d, n in zip(var.dims, var.shape))
+        else:
+            chunks = tuple(META_CHUNK if d == "image" else n for d, n in zip(var.dims, var.shape))
+        enc[name] = {"chunks": chunks}
+    return enc
+
+
+def _short(value: Any) -> str:
+    return f"{value[:12]}…" if isinstance(value, str) and len(value) > 16 else json.dumps(value)[:80]
+
+
+def _settings_diff(stored: dict, wanted: dict) -> list[str]:
+    return [f"{key}: store {_short(stored.get(key))}, this call {_short(wanted.get(key))}"
+            for key in sorted(set(stored) | set(wanted)) if stored.get(key) != wanted.get(key)]
+
+
+def runs(indices: list[int]) -> list[np.ndarray]:
+    """Positions of ``indices`` split into runs of consecutive image indices (one zarr write each)."""
+    return np.split(np.arange(len(indices)), np.flatnonzero(np.diff(indices) != 1) + 1)
+
+
+class Store:
+    """A trace_many zarr store opened for writing."""
+
+    def __init__(self, path: Path) -> None:
+        import zarr
+
+        self.path = path
+        self.group = zarr.open_group(str(path), mode="r+")
+        # Handles of the arrays with a leading image dimension (resizing a handle updates it in place).
+        self.arrays = {k: a for k, a in self.group.arrays() if dims_of(a)[:1] == ("image",)}
+        self.done = np.asarray(self.arrays["done"][:], bool)
+        self.hashes = strings(self.arrays["input_sha256"][:])
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self.group.attrs)
+
+    @staticmethod
+    def check(path: Path, settings: dict) -> None:
+        """Refuse a path that is not a trace_many store, or one written with another model or settings."""
+        import zarr
+
+        try:
+            attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+        except Exception as exc:  # zarr raises several types for a folder that is no group
+            raise TraceFileError(f"path: {path} exists and is not a trace_many store; choose another path") from exc
+        if attrs.get("store_kind") != STORE_KIND:
+            raise TraceFileError(f"path: {path} is a zarr store but not a vitcam_nb trace_many store; choose another "
+                                 "path")
+        if int(attrs.get("store_version", -1)) not in SUPPORTED_STORE_VERSIONS:
+            raise TraceFileError(f"path: {path} has store_version {attrs.get('store_version')}; this vitcam_nb "
+                                 f"writes {list(SUPPORTED_STORE_VERSIONS)}")
+        if attrs.get("settings_id") != settings_id(settings):
+            diff = _settings_diff(json.loads(attrs.get("settings", "{}")), settings)
+            raise TraceFileError(f"path: {path} holds traces of another model or settings, and traces are never "
+                                 "mixed: " + "; ".join(diff) + ". Use a new path, or overwrite=True to replace it")
+
+    @classmethod
+    def create(cls, path: Path, batch: xr.Dataset) -> Store:
+        """Write the first batch as a new store, atomically: a temporary folder renamed into place."""
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            batch.to_zarr(str(tmp), mode="w-", encoding=_encoding(batch), consolidated=False, zarr_format=3)
+            os.rename(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        store = cls(path)
+        store.mark_done(batch)
+        return store
+
+    def repair(self) -> None:
+        """An interrupted growth leaves ``done`` shorter than the data arrays (it is grown last): even them."""
+        lengths = {a.shape[0] for a in self.arrays.values()}
+        if len(lengths) > 1:
+            self.grow(max(lengths))
+
+    def grow(self, n: int) -> None:
+        """Lengthen every image array to ``n``; the index next, and ``done`` last, so that an interrupted
+        growth never shows an image as done that has no data."""
+        order = [k for k in self.arrays if k not in ("image", "done")] + ["image", "done"]
+        for key in order:
+            arr = self.arrays[key]
+            old = arr.shape[0]
+            if old < n:
+                arr.resize((n, *arr.shape[1:]))
+                if key == "image":
+                    arr[old:n] = np.arange(old, n, dtype=np.int64)
+        if n > len(self.done):
+            self.done = np.concatenate([self.done, np.zeros(n - len(self.done), bool)])
+            self.hashes = np.concatenate([self.hashes, strings([""] * (n - len(self.hashes)))])
+
+    def check_batch(self, batch: xr.Dataset) -> None:
+        stored = self.attrs
+        diff = [k for k, v in batch.attrs.items() if k not in ENV_ATTRS and stored.get(k) != v]
+        names = {k for k in self.arrays if k not in ("image", "done")}
+        wanted = {k for k in batch.variables if "image" in batch[k].dims and k not in ("image", "done")}
+        if diff or names != wanted:
+            what = diff or sorted(names ^ wanted)
+            raise TraceFileError(f"path: {self.path} was written with other {what}; a store holds images traced "
+                                 "alike (same input size, masks for all images or none)")
+
+    def write(self, batch: xr.Dataset) -> None:
+        """Write a batch's data at its image indices, then mark those images done."""
+        self.check_batch(batch)
+        indices = [int(i) for i in batch["image"].values]
+        self.grow(max(indices) + 1)
+        spans = runs(indices)
+        for name, var in batch.variables.items():
+            if "image" not in var.dims or name in ("image", "done"):
+                continue
+            values = var.values
+            for run in spans:
+                start = indices[run[0]]
+                self.arrays[name][start:start + len(run)] = values[run]
+        self.mark_done(batch)
+
+    def mark_done(self, batch: xr.Dataset) -> None:
+        indices = [int(i) for i in batch["image"].values]
+        for run in runs(indices):
+            self.arrays["done"][indices[run[0]]:indices[run[-1]] + 1] = True
+        self.done[indices] = True
+        self.hashes[indices] = strings(batch["input_sha256"].values)
+
+    def finish(self, n_seen: int) -> None:
+        n_done = int(self.done.sum())
+        self.group.attrs.update({"n_images": n_done, "complete": int(n_done >= n_seen and self.done[:n_seen].all())})

@@ -1,0 +1,74 @@
+"""The caching tracer: one forward pass and one batched backward pass store every block's activations and
+gradients, at every site, in a labeled ``xarray.Dataset`` (the schema in ``docs/architecture.md``).
+
+Example:
+    >>> import timm, numpy as np
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    >>> trace(m, np.zeros((224, 224, 3), np.uint8), targets="top1", sites="F1")["act"].sizes["layer"]
+    12
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import xarray as xr
+
+from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.passes import run_pass
+from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.runtime import on_device
+from vitcam_nb.capture.staged import assemble_tree
+from vitcam_nb.preprocess import prepare_input
+from vitcam_nb.targets.base import Target
+
+__all__ = ["trace"]
+
+
+def trace(
+    model: torch.nn.Module,
+    image: object,
+    targets: str | int | Sequence[int] | Target = "top5",
+    *,
+    sites: Sequence[str] | str | None = None,
+    layers: int | Sequence[int] | None = None,
+    dtype: str = "float32",
+    device: str | torch.device | None = None,
+    labels: Sequence[str] | None = None,
+) -> xr.Dataset:
+    """Trace ``model`` on ``image``: one forward pass, one batched backward pass, everything stored.
+
+    Activations and gradients of every requested site and block are kept in an ``xarray.Dataset``
+    (schema in ``docs/architecture.md``). Gradients are taken for the logits of the chosen classes and for
+    the expected logit ``E = sum_j p_j z_j`` (``p`` detached), so probability and log-probability
+    targets are derived exactly later. The model is returned as it was given: hooks, ``fused_attn``
+    flags, train/eval mode, device and gradient state are restored, also when an exception is raised.
+
+    Args:
+        model: a timm VisionTransformer (or a family with a registered adapter).
+        image: PIL image, HxWx3 uint8 array (preprocessed with the model's timm data config), or a
+            (1,3,H,W) float tensor used as given.
+        targets: "top5" (default), "topK", an int class, a list of ints, or a target from
+            :mod:`vitcam_nb.targets` (similarity to vectors, text prompts, image-text matching).
+        sites: subset of F1..F6 and the extended sites resid_pre, attn_out, resid_mid (default F1..F6).
+        layers: block indices to keep (default all; negative counts from the end).
+        dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).
+        device: where to run (default: the model's device); results always come back to CPU.
+        labels: class names (default: the model's ``pretrained_cfg["label_names"]`` or ImageNet's).
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> tr = vc.trace(m, np.zeros((224, 224, 3), np.uint8), targets="top2")
+        >>> tr["grad"].dims
+        ('target', 'layer', 'site', 'token', 'channel')
+    """
+    plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
+                               labels=labels)
+    prepared = prepare_input(model, image)
+    with on_device(model, plan.run_device):
+        run = run_pass(plan, prepared.tensor)
+    if getattr(plan.adapter, "hierarchical", False):
+        return assemble_tree(plan, prepared, run.image(0), run)
+    return assemble(plan, prepared, run.image(0), run)

@@ -1,0 +1,220 @@
+"""Trace many images into one zarr store: batched passes (the same pass as :func:`vitcam_nb.trace`),
+resumable, refusing a store of another model or settings.
+
+The store holds the trace schema with a leading ``image`` dimension (:mod:`vitcam_nb.capture.store_layout`),
+one image and one layer per chunk; :func:`vitcam_nb.open_traces` opens it lazily.
+
+Example:
+    >>> import timm, numpy as np, tempfile
+    >>> m = timm.create_model("vit_tiny_patch16_224")
+    >>> p = trace_many(m, [np.zeros((224, 224, 3), np.uint8)] * 2, tempfile.mkdtemp() + "/t.zarr",
+    ...                targets="top1", sites=["F1"], progress=False)
+    >>> p.suffix
+    '.zarr'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
+from vitcam_nb.capture.passes import run_pass
+from vitcam_nb.capture.plan import TracePlan, model_name
+from vitcam_nb.capture.runtime import on_device
+from vitcam_nb.capture.store import Store
+from vitcam_nb.capture.store_layout import stack_images, store_target_names
+from vitcam_nb.core.errors import TraceError, TraceFileError
+from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
+from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
+from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
+
+__all__ = ["store_settings", "trace_many"]
+
+
+def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
+    """One pass over a batch; each image's single-trace Dataset."""
+    shapes = {tuple(p.tensor.shape) for p in prepared}
+    if len(shapes) > 1:
+        raise TraceError(f"images: a store holds images of one input size; this batch has {sorted(shapes)}")
+    run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
+    return [assemble(plan, p, run.image(b), run) for b, p in enumerate(prepared)]
+
+
+def store_settings(plan: TracePlan) -> dict:
+    """What a store holds traces of: model, weights, layers, sites, targets, dtype, labels, preprocessing. A
+    store written with other settings is refused, and traces are never mixed."""
+    name, tag = model_name(plan.model)
+    cfg = data_config(plan.model)
+    target = plan.target
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "store_version": STORE_VERSION,
+        "model_name": name,
+        "pretrained_tag": tag,
+        "model_family": plan.adapter.family,
+        "weights_sha256": weights_sha256(plan.model),
+        "sites": plan.site_ids,
+        "layers": plan.layer_ids,
+        "targets": f"top{target.k}" if target.k is not None else target.classes,
+        "dtype": plan.dtype,
+        "class_labels_sha256": array_sha256(np.array(plan.class_labels)),
+        "data_config": {
+            "input_size": [int(v) for v in cfg["input_size"]],
+            "mean": [float(v) for v in cfg["mean"]],
+            "std": [float(v) for v in cfg["std"]],
+            "interpolation": str(cfg.get("interpolation", "")),
+            "crop_pct": float(cfg.get("crop_pct", 1.0)),
+            "crop_mode": str(cfg.get("crop_mode", "center")),
+        },
+    }
+
+
+def trace_many(
+    model: torch.nn.Module,
+    images: Any,
+    path: str | os.PathLike,
+    *,
+    targets: str | int | Sequence[int] = "top5",
+    sites: Sequence[str] | str | None = None,
+    layers: int | Sequence[int] | None = None,
+    dtype: str = "float32",
+    batch_size: int = 8,
+    device: str | torch.device | None = None,
+    labels: Sequence[str] | None = None,
+    image_labels: Sequence[Any] | None = None,
+    masks: Sequence[Any] | None = None,
+    overwrite: bool = False,
+    verify: bool = True,
+    progress: bool = True,
+) -> Path:
+    """Trace every image into one zarr store: batched forward and backward passes, resumable.
+
+    The store holds the trace schema with a leading ``image`` dimension (see the module docstring), one
+    image and one layer per chunk. Rerunning with the same arguments after an interruption continues where
+    it stopped; a batch is traced again only if it was not marked done, so no image is lost or duplicated.
+    The store records the model, its weights hash and the settings, and a call with another model or
+    other settings is refused (``TraceFileError``) unless ``overwrite=True``. With ``verify`` (default),
+    images already in the store are checked against this call's images by input hash.
+
+    Args:
+        model: a timm VisionTransformer (or a family with a registered adapter).
+        images: a list or array of images (PIL, HxWx3 uint8, (3,H,W) float tensors used as given), an
+            iterator, a folder of image files, or a torch DataLoader. Items may be ``(image, label)``,
+            ``(image, label, mask)`` or dicts with ``image``, ``label`` and ``mask`` keys.
+        path: the store folder (``.zarr``).
+        targets: "topK" (each image's own top K classes), an int class or a list of ints; the expected
+            logit is always traced too.
+        sites, layers, dtype, device, labels: as in :func:`vitcam_nb.trace` (``labels`` are class names).
+        batch_size: images per forward/backward pass.
+        image_labels: per-image ground-truth classes (-1 or None for unknown).
+        masks: per-image ground-truth masks (H, W) at the image's own size; stored in the model input's
+            geometry (the image's resize and crop applied).
+        overwrite: replace an existing store instead of resuming it.
+        verify: check that images already done are the same images (by input hash).
+        progress: show a progress bar.
+
+    Returns:
+        the store path; open it with :func:`open_traces`.
+
+    Example:
+        >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224")
+        >>> imgs = [np.zeros((224, 224, 3), np.uint8)] * 3
+        >>> p = vc.trace_many(m, imgs, tempfile.mkdtemp() + "/t.zarr", targets="top1", sites=["F1"],
+        ...                   progress=False)
+        >>> vc.open_traces(p)["act"].dims
+        ('image', 'layer', 'site', 'token', 'channel')
+    """
+    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    settings = store_settings(plan)
+    path = Path(path)
+    if not path.parent.exists():
+        raise TraceFileError(f"path: folder {path.parent} does not exist")
+    items, n = iter_items(images, image_labels, masks)
+
+    store: Store | None = None
+    if path.exists():
+        if overwrite:
+            try:
+                Store.check(path, settings)
+            except TraceFileError as exc:
+                if "another model or settings" not in str(exc):
+                    raise
+            shutil.rmtree(path)
+        else:
+            Store.check(path, settings)
+            store = Store(path)
+            expected = int(store.attrs.get("n_expected", -1))
+            if n is not None and expected >= 0 and expected != n:
+                raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these "
+                                     "are other images. Use a new path, or overwrite=True")
+            store.repair()
+            store.group.attrs.update({"complete": 0})
+
+    from tqdm.auto import tqdm
+
+    n_done = int(store.done.sum()) if store is not None else 0
+    bar = tqdm(total=n, initial=n_done, disable=not progress, unit="img", desc="trace_many")
+    names = store_target_names(plan.target)
+    pending: list[tuple[int, Item, PreparedInput]] = []
+    seen = 0
+
+    def flush() -> None:
+        nonlocal store
+        if not pending:
+            return
+        per = _trace_batch(plan, [p for _, _, p in pending])
+        batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
+        batch = stack_images(per, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks, names)
+        if store is None:
+            batch.attrs.update({"store_kind": STORE_KIND, "store_version": STORE_VERSION,
+                                "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
+                                "n_expected": -1 if n is None else int(n), "n_images": 0,
+                                "batch_size": int(batch_size), "complete": 0})
+            store = Store.create(path, batch)
+        else:
+            store.write(batch)
+        bar.update(len(pending))
+        pending.clear()
+
+    try:
+        with on_device(model, plan.run_device):
+            for i, item in enumerate(items):
+                if i % batch_size == 0:
+                    flush()
+                seen = i + 1
+                if store is not None and i < len(store.done) and store.done[i]:
+                    if verify:
+                        digest = array_sha256(prepare_input(model, item.image).tensor)
+                        if digest != store.hashes[i]:
+                            raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
+                                                 f"{store.hashes[i][:12]}…, this call's {digest[:12]}…); resume "
+                                                 "with the same images in the same order, or use a new path")
+                    continue
+                prepared = prepare_input(model, item.image)
+                pending.append((i, item, prepared))
+            flush()
+    finally:
+        bar.close()
+    if store is None:
+        if seen == 0:
+            raise TraceError("images: no images were given")
+        raise TraceError("images: nothing was traced")  # unreachable: the first batch creates the store
+    if store.done[seen:].any():
+        warnings.warn(f"trace_many: {path} holds {int(store.done[seen:].sum())} image(s) beyond the {seen} given "
+                      "now; they were kept", UserWarning, stacklevel=2)
+    store.finish(seen)
+    return path

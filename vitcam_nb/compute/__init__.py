@@ -1,0 +1,8 @@
+"""Layer 4, compute: from a trace to maps with no model call. The trace view, the weighting kernels, the
+per-layer pipeline, layer fusion, the checklist and methods text, and one module per trace kind (flat,
+stages, cross-attention, many images), each registered in :data:`vitcam_nb.core.kinds.TRACE_KINDS`.
+
+Importing this package registers the built-in kernels and kinds.
+"""
+
+from vitcam_nb.compute import flat, kernels, many, stages, xattn  # noqa: F401  (each registers itself)

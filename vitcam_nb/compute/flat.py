@@ -1,0 +1,195 @@
+"""The flat trace kind: a single-image trace Dataset of a plain ViT-like model (one token grid). Recipes are
+computed from its view through the per-layer pipeline and layer fusion; a gallery that varies layers and
+token sites computes them together in one array expression.
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), img, targets="top1")
+    >>> values, notes, partial = FLAT.compute(tr, vc.Recipe(site="F1", layer=0, upsample="none"))
+    >>> values.shape, notes
+    ((14, 14), [])
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.compute.fusion import fuse_layers, rollout
+from vitcam_nb.compute.galleries import gallery_array, loop_gallery, normalise_vary, vary_values, with_site
+from vitcam_nb.compute.maps import map_array, user_stacklevel, warn_degenerate
+from vitcam_nb.compute.pipeline import finish_layers, layer_maps, raw_maps
+from vitcam_nb.compute.report import build_checklist, cached_report, describe
+from vitcam_nb.compute.spatial import normalise, upsample
+from vitcam_nb.compute.view import TraceView
+from vitcam_nb.core.checklist import Checklist
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
+from vitcam_nb.core.recipe import ROLLOUTS, Recipe
+from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES
+
+__all__ = ["FLAT", "FlatKind"]
+
+
+def _values(view: TraceView, recipe: Recipe) -> MapValues:
+    """One recipe to one map: (H, W), or the (gh, gw) grid with upsample 'none'; then why the map is
+    degenerate (returned as zeros) and which fused layers were degenerate and left out."""
+    layer_pos = view.layer_positions(recipe.layer)
+    view.site_check(recipe.site)
+    size = (view.height, view.width)
+    if recipe.layer_fusion in ROLLOUTS:
+        if "attn" not in view.arrays:
+            raise RecipeError(f"layer_fusion: {recipe.layer_fusion!r} multiplies token-to-token attention across "
+                              "blocks; this trace holds window attention (Swin), for which a rollout is not "
+                              "applicable. Use layer_fusion 'mean', 'sum' or 'max'")
+        if recipe.layer_fusion == "grad_rollout":
+            view.target_weights(recipe)
+        raw = rollout(view, recipe, layer_pos)
+        maps, reasons = finish_layers(view, recipe, raw[None], np.abs(raw)[None], np.zeros(1, bool))
+        out = upsample(maps[0], size, recipe.upsample)
+        return normalise(out, recipe.normalize), [r for r in reasons if r], []
+    maps, reasons = layer_maps(view, recipe, layer_pos)
+    return fuse_layers(maps, reasons, [int(view.layers[p]) for p in layer_pos], recipe)
+
+
+def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, size: tuple[int, int],
+                      recipes: list[list[Recipe]]) -> tuple[np.ndarray, np.ndarray]:
+    """Maps for every (layer, site) pair of one recipe, token sites in one batched expression."""
+    if rec.layer_fusion != "none" and len(layers) > 1:
+        raise RecipeError("vary: varying layer needs layer_fusion='none' (each map is one layer)")
+    for s in sites:
+        view.site_check(s)
+    h, w = (view.gh, view.gw) if rec.upsample == "none" else size
+    block = np.zeros((len(layers), len(sites), h, w), np.float32)
+    reasons = np.full((len(layers), len(sites)), "", object)
+    if rec.layer_fusion != "none":  # one fused recipe per site
+        for si in range(len(sites)):
+            maps, notes, _ = _values(view, recipes[0][si])
+            block[0, si], reasons[0, si] = maps, "; ".join(notes)
+        return block, reasons
+    layer_pos = [view.layer_positions(v)[0] for v in layers]
+    token_idx = [i for i, s in enumerate(sites) if s != ATTENTION_SITE]
+    if token_idx:
+        if rec.heads != "channels" and any(sites[i] != "F3" for i in token_idx):
+            raise RecipeError("vary: heads applies to F2/F3 only; vary sites with heads='channels'")
+        by_site: dict[bool, list[tuple[int, int]]] = {}
+        for i in token_idx:
+            # F3 may group channels into heads; other token sites never do, so compute F3 on its own.
+            by_site.setdefault(sites[i] == "F3", []).append((i, view.sites.index(sites[i])))
+        for members in by_site.values():
+            cols = [i for i, _ in members]
+            raw, scale, zero = raw_maps(view, rec, layer_pos, [sp for _, sp in members])
+            maps, why = finish_layers(view, rec, raw, scale, zero)
+            block[:, cols] = normalise(upsample(maps, size, rec.upsample), rec.normalize)
+            reasons[:, cols] = why
+    if ATTENTION_SITE in sites:
+        si = sites.index(ATTENTION_SITE)
+        raw, scale, zero = raw_maps(view, recipes[0][si], layer_pos, None)
+        maps, why = finish_layers(view, rec, raw, scale, zero)
+        block[:, si] = normalise(upsample(maps, size, rec.upsample), rec.normalize)
+        reasons[:, si] = why
+    block[reasons != ""] = 0
+    return block, reasons
+
+
+class FlatKind(TraceKind):
+    """Single-image traces with one token grid (and reports without a trace)."""
+
+    name = "flat"
+
+    def accepts(self, trace: Any, recipe: Recipe | None) -> bool:
+        if trace is None:
+            return True
+        return isinstance(trace, xr.Dataset) and "image" not in trace.dims and \
+            (recipe is None or recipe.site not in EXTRA_SITES)
+
+    def compute(self, trace: xr.Dataset, recipe: Recipe) -> MapValues:
+        return _values(TraceView.of(trace), recipe)
+
+    def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
+        view = TraceView.of(trace)
+        values, notes, partial = _values(view, recipe)
+        reason = warn_degenerate(recipe, notes) if notes else ""
+        checklist, methods = cached_report(recipe, trace)
+        return map_array(values, recipe, str(view.attrs.get("trace_id", "")), checklist, methods, reason, partial)
+
+    def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
+        vary = normalise_vary(vary)
+        view = TraceView.of(trace)
+        has_cls = bool(np.any(view.kinds == "cls"))
+        varied_sites = vary.get("site", ())
+        if not isinstance(varied_sites, str) and any(s in EXTRA_SITES for s in varied_sites):
+            every_site = view.sites + [s for s in EXTRA_SITES if s in trace.variables]
+            values = {f: vary_values(f, v, {"layer": [int(x) for x in view.layers], "site": every_site})
+                      for f, v in vary.items()}
+            checklist, methods = cached_report(recipe, trace)
+            return loop_gallery(trace, recipe, values, has_cls=has_cls, checklist=checklist, methods=methods,
+                                common=(view.gh, view.gw) if recipe.upsample == "none" else (view.height, view.width))
+        return self._batched(trace, view, recipe, vary, has_cls)
+
+    def _batched(self, trace: xr.Dataset, view: TraceView, base: Recipe, vary: dict, has_cls: bool) -> xr.DataArray:
+        fields = list(vary)
+        values = {f: vary_values(f, vary[f], {"layer": [int(v) for v in view.layers], "site": list(view.sites)})
+                  for f in fields}
+        if ("layer" in values or "site" in values) and base.layer_fusion in ROLLOUTS:
+            raise RecipeError("vary: a rollout fuses all its layers at site F2; vary other fields instead")
+        others = [f for f in fields if f not in ("layer", "site")]
+        layers = values.get("layer", [base.layer])
+        sites = values.get("site", [base.site])
+        shape = [len(values[f]) for f in fields]
+        size = (view.height, view.width)
+        out = np.zeros((*shape, *((view.gh, view.gw) if base.upsample == "none" else size)), np.float32)
+        ids = np.empty(shape, object)
+        reasons_out = np.full(shape, "", object)
+        pos = {f: i for i, f in enumerate(fields)}
+        notes_all = []
+        for combo in itertools.product(*(range(len(values[f])) for f in others)):
+            changes = {f: values[f][i] for f, i in zip(others, combo)}
+            try:
+                rec = base.replace(**changes)
+                recipes = [[with_site(rec, s, has_cls, layer=v) if "site" in values else rec.replace(layer=v)
+                            for s in sites] for v in layers]
+            except RecipeError as exc:
+                raise RecipeError(f"vary: the combination {changes} is not a valid recipe: {exc}") from exc
+            if "layer" not in values and "site" not in values:
+                maps, notes, _ = _values(view, rec)
+                block, reasons, recipes = maps[None, None], np.array([["; ".join(notes)]], object), [[rec]]
+            else:
+                block, reasons = _layer_site_block(view, rec, layers, sites, size, recipes)
+            for li, layer in enumerate(layers):
+                for si, site in enumerate(sites):
+                    index = [0] * len(fields)
+                    for f, i in zip(others, combo):
+                        index[pos[f]] = i
+                    if "layer" in pos:
+                        index[pos["layer"]] = li
+                    if "site" in pos:
+                        index[pos["site"]] = si
+                    out[tuple(index)] = block[li, si]
+                    ids[tuple(index)] = recipes[li][si].id
+                    reasons_out[tuple(index)] = reasons[li, si]
+                    if reasons[li, si]:
+                        notes_all.append(f"{recipes[li][si].id} ({site}, layer {layer})")
+        if notes_all:
+            warnings.warn(f"{len(notes_all)} of {ids.size} gallery maps are degenerate and were returned as zeros: "
+                          + ", ".join(notes_all[:8]) + (" ..." if len(notes_all) > 8 else ""),
+                          DegenerateMapWarning, stacklevel=user_stacklevel())
+        checklist, methods = cached_report(base, trace)
+        return gallery_array(out, values, ids, reasons_out, base, str(view.attrs.get("trace_id", "")), checklist,
+                             methods, object_fields=("class_", "heads"))
+
+    def checklist(self, recipe: Recipe, trace: Any) -> Checklist:
+        return build_checklist(recipe, trace)
+
+    def describe(self, recipe: Recipe, trace: Any) -> str:
+        return describe(recipe, trace)
+
+
+FLAT = FlatKind()
+TRACE_KINDS.register(FLAT.name, FLAT, replace=True)

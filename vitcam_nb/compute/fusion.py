@@ -1,0 +1,72 @@
+"""Layer fusion: per-layer maps fused into one (mean, sum, max, with degenerate layers named), and the
+attention rollouts that multiply attention across blocks (Abnar & Zuidema 2020; Chefer et al. 2021b).
+
+Example:
+    >>> m = np.stack([np.eye(2, dtype=np.float32), np.zeros((2, 2), np.float32)])
+    >>> import vitcam_nb as vc
+    >>> fused, notes, partial = fuse_layers(m, np.array(["", "dead"]), [0, 1], vc.Recipe(layer=(0, 1),
+    ...                                     layer_fusion="sum"))
+    >>> fused.tolist(), notes, partial
+    ([[1.0, 0.0], [0.0, 1.0]], [], ['layer 1: dead'])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vitcam_nb.compute.kernels import relu
+from vitcam_nb.compute.pipeline import combine, query_rows
+from vitcam_nb.compute.spatial import normalise, to_grid
+from vitcam_nb.compute.view import TraceView
+from vitcam_nb.core.recipe import Recipe
+
+__all__ = ["fuse", "fuse_layers", "rollout"]
+
+
+def rollout(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
+    """The rollout map on the grid (``rollout``: attention only; ``grad_rollout``: gradient-weighted), read at
+    the recipe's query rows. A rollout is a product over blocks in forward order, whatever order the recipe's
+    tuple lists them in."""
+    layer_pos = sorted(set(layer_pos), key=lambda p: int(view.layers[p]))
+    attn = view.arrays["attn"][layer_pos].astype(np.float64)
+    n = attn.shape[-1]
+    eye = np.eye(n)
+    R = eye.copy()
+    if recipe.layer_fusion == "rollout":
+        for a in attn:
+            R = (0.5 * a.mean(axis=0) + 0.5 * eye) @ R
+    else:
+        weights, _ = view.target_weights(recipe)
+        grads = combine(view.arrays["attn_grad"], weights, (layer_pos,)).astype(np.float64)
+        for a, g in zip(attn, grads):
+            R = R + relu(g * a).mean(axis=0) @ R
+    rows = query_rows(view, R[None].astype(np.float32), recipe.attn_rows)[..., 0]
+    return to_grid(view, rows[..., view.patch])
+
+
+def fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], recipe: Recipe
+                 ) -> tuple[np.ndarray, list[str], list[str]]:
+    """Fuse per-layer maps; degenerate layers enter as zeros and are named, and a fusion that is all
+    degenerate or constant is returned as zeros with the reasons. Returns (map, why it is degenerate, which
+    fused layers were degenerate and left out)."""
+    fused = fuse(maps, recipe.layer_fusion)
+    notes = [f"layer {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]
+    if len(notes) < len(layer_ids) and np.ptp(fused) <= 0:
+        notes.append("the fused map is constant")
+    if notes and (len(notes) >= len(layer_ids) or np.ptp(fused) <= 0):
+        return np.zeros_like(fused), notes, []
+    return normalise(fused, recipe.normalize), [], notes
+
+
+def fuse(maps: np.ndarray, how: str) -> np.ndarray:
+    """Fuse (layer, h, w) maps by a layer fusion ("none" and "mean" average; "sum"; "max").
+
+    Example:
+        >>> fuse(np.array([[[0.0]], [[2.0]]]), "max")
+        array([[2.]])
+    """
+    if how in ("none", "mean"):
+        return maps.mean(axis=0)
+    if how == "sum":
+        return maps.sum(axis=0)
+    return maps.max(axis=0)

@@ -1,0 +1,179 @@
+"""The weighting kernels: one small function per channel weighting, registered by name beside its formula,
+and the head rules that aggregate per-head maps.
+
+Each kernel takes activations ``A`` and gradients ``G`` as (..., token, channel) float32 arrays, the tokens
+whose gradients form channel weights (``wmask``), the patch tokens (``patch``) and the number of channel
+groups (heads), and returns per-group maps over the patch tokens and their magnitude scale (the same sums
+over absolute terms, which tell a real map from rounding noise). Any leading dimensions (layers, sites) are
+computed at once.
+
+Example:
+    >>> A = np.ones((3, 2), np.float32); G = np.ones((3, 2), np.float32)
+    >>> token_maps(A, G, "gradcam", np.array([False, True, True]), np.array([1, 2]))[0][..., 0]
+    array([2., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.weighting import WEIGHTINGS, Weighting, register_weighting
+
+__all__ = ["apply_head_rule", "relu", "token_maps"]
+
+Maps = tuple[np.ndarray, np.ndarray]
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    """max(x, 0), elementwise.
+
+    Example:
+        >>> relu(np.array([-1.0, 2.0]))
+        array([0., 2.])
+    """
+    return np.maximum(x, 0)
+
+
+def _group(x: np.ndarray, groups: int) -> np.ndarray:
+    return x.reshape(*x.shape[:-1], groups, x.shape[-1] // groups)
+
+
+# -- weightings that pool gradients over tokens into channel weights alpha_k -------------------------------
+def _weighted(A: np.ndarray, alpha: np.ndarray, patch: Any, groups: int) -> Maps:
+    """map[t, g] = sum_{k in g} alpha_k A[t, k] over the patch tokens."""
+    Ap = _group(A[..., patch, :], groups)
+    alpha = _group(alpha, groups)
+    return (np.einsum("...tgd,...gd->...tg", Ap, alpha),
+            np.einsum("...tgd,...gd->...tg", np.abs(Ap), np.abs(alpha)))
+
+
+def gradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """alpha_k = mean over weight tokens of G[t,k]."""
+    return _weighted(A, G[..., wmask, :].mean(axis=-2), patch, groups)
+
+
+def gradcampp(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """alpha_k = sum_t relu(G) a, a = G^2 / (2 G^2 + (sum_t A) G^3 + 1e-6), a = 0 where G = 0."""
+    Gw, Aw = G[..., wmask, :], A[..., wmask, :]
+    g2 = Gw * Gw
+    a = g2 / (2 * g2 + Aw.sum(axis=-2, keepdims=True) * g2 * Gw + 1e-6)
+    return _weighted(A, (relu(Gw) * np.where(Gw != 0, a, 0)).sum(axis=-2), patch, groups)
+
+
+def xgradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """alpha_k = sum_t G[t,k] A[t,k] / (sum_t A[t,k] + 1e-7)."""
+    Gw, Aw = G[..., wmask, :], A[..., wmask, :]
+    return _weighted(A, (Gw * Aw / (Aw.sum(axis=-2, keepdims=True) + 1e-7)).sum(axis=-2), patch, groups)
+
+
+# -- weightings that combine A and G token by token ------------------------------------------------------
+def _summed(terms: np.ndarray, groups: int) -> Maps:
+    terms = _group(terms, groups)
+    return terms.sum(axis=-1), np.abs(terms).sum(axis=-1)
+
+
+def hirescam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """map[t] = sum_k G[t,k] A[t,k]."""
+    return _summed(G[..., patch, :] * A[..., patch, :], groups)
+
+
+def gradcam_elementwise(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """map[t] = sum_k relu(G[t,k] A[t,k])."""
+    return _summed(relu(G[..., patch, :] * A[..., patch, :]), groups)
+
+
+def layercam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """map[t] = sum_k relu(G[t,k]) A[t,k]."""
+    return _summed(relu(G[..., patch, :]) * A[..., patch, :], groups)
+
+
+def gradient(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """map[t] = sum_k G[t,k]."""
+    return _summed(G[..., patch, :], groups)
+
+
+# -- projections on the first principal direction ---------------------------------------------------------
+def _first_component(X: np.ndarray) -> Maps:
+    """Projection of the centred X on its first right singular vector, the largest-|value| token positive."""
+    X = X - X.mean(axis=-2, keepdims=True)
+    _, _, vt = np.linalg.svd(X, full_matrices=False)
+    v = vt[..., 0, :]
+    proj = np.einsum("...tk,...k->...t", X, v)
+    peak = np.take_along_axis(proj, np.abs(proj).argmax(-1)[..., None], -1)
+    proj = proj * np.where(peak < 0, -1, 1)
+    scale = np.einsum("...tk,...k->...t", np.abs(X), np.abs(v))
+    return proj[..., None], scale[..., None]
+
+
+def eigencam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """First principal component of the activations (no gradient)."""
+    return _first_component(A[..., patch, :])
+
+
+def eigengradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
+    """First principal component of G * A."""
+    return _first_component((G * A)[..., patch, :])
+
+
+for _weighting in (
+    Weighting("gradcam", "alpha_k = mean over weight tokens of G[t,k]; map[t] = sum_k alpha_k A[t,k] "
+              "(Selvaraju et al. 2017)", gradcam, pools_tokens=True),
+    Weighting("hirescam", "map[t] = sum_k G[t,k] A[t,k] (Draelos & Carin 2020)", hirescam),
+    Weighting("gradcam_elementwise", "map[t] = sum_k relu(G[t,k] A[t,k])", gradcam_elementwise),
+    Weighting("gradcampp", "alpha_k = sum_t relu(G[t,k]) a[t,k], a = G^2 / (2 G^2 + (sum_t A[t,k]) G^3 + 1e-6), "
+              "a = 0 where G = 0; map[t] = sum_k alpha_k A[t,k] (Chattopadhay et al. 2018)", gradcampp,
+              pools_tokens=True),
+    Weighting("xgradcam", "alpha_k = sum_t G[t,k] A[t,k] / (sum_t A[t,k] + 1e-7); map[t] = sum_k alpha_k A[t,k] "
+              "(Fu et al. 2020)", xgradcam, pools_tokens=True),
+    Weighting("layercam", "map[t] = sum_k relu(G[t,k]) A[t,k] (Jiang et al. 2021)", layercam),
+    Weighting("eigencam", "projection of the centred activations on their first right singular vector, sign fixed "
+              "so that the largest-magnitude token is positive (Muhammad & Yeasin 2020)", eigencam,
+              uses_gradient=False, all_channels=True, title="EigenCAM"),
+    Weighting("eigengradcam", "projection of the centred G*A on its first right singular vector, sign fixed so "
+              "that the largest-magnitude token is positive", eigengradcam, all_channels=True),
+    Weighting("gradient", "map[t] = sum_k G[t,k] (gradient only, as in LeGrad-style maps)", gradient),
+):
+    register_weighting(_weighting, replace=True)
+
+
+def token_maps(A: np.ndarray, G: np.ndarray, weighting: str, wmask: np.ndarray, patch: np.ndarray,
+               groups: int = 1) -> Maps:
+    """Per-group maps over patch tokens and their magnitude scale, by the registered kernel of ``weighting``.
+
+    ``A`` and ``G`` are (..., T, K); ``wmask`` selects the tokens that form channel weights; ``patch``
+    indexes the patch tokens; ``groups`` splits channels into heads. Returns ``maps`` (..., P, groups)
+    and ``scale`` (..., P, groups).
+
+    Example:
+        >>> A = np.eye(3, 2, dtype=np.float32); G = np.ones((3, 2), np.float32)
+        >>> token_maps(A, G, "hirescam", np.ones(3, bool), np.arange(3))[0][..., 0]
+        array([1., 1., 0.], dtype=float32)
+    """
+    if weighting not in WEIGHTINGS:
+        raise RecipeError(f"weighting: unknown {weighting!r}; registered: {WEIGHTINGS.names()}")
+    return WEIGHTINGS.get(weighting).kernel(A, G, wmask, patch, groups)
+
+
+def apply_head_rule(maps: np.ndarray, scale: np.ndarray, rule: str | int) -> Maps:
+    """Aggregate the trailing group (head) axis of (..., P, groups) maps by a recipe's head rule.
+
+    Example:
+        >>> m = np.array([[1.0, -3.0]])
+        >>> apply_head_rule(m, np.abs(m), "relu_then_mean")[0], apply_head_rule(m, np.abs(m), 1)[0]
+        (array([0.5]), array([-3.]))
+    """
+    groups = maps.shape[-1]
+    if isinstance(rule, int):
+        if rule >= groups:
+            raise RecipeError(f"heads: head {rule} does not exist (the model has {groups} heads: 0..{groups - 1})")
+        return maps[..., rule], scale[..., rule]
+    if rule == "channels":
+        return maps.sum(-1), scale.sum(-1)
+    if rule == "mean_then_relu":
+        return maps.mean(-1), scale.mean(-1)
+    if rule == "relu_then_mean":
+        return relu(maps).mean(-1), scale.mean(-1)
+    return maps.max(-1), scale.max(-1)

@@ -1,0 +1,163 @@
+"""The per-layer pipeline of a recipe on a trace view: select the arrays (target combination, query rows,
+window attention, weight tokens), apply the weighting kernel and head rule, place the result on the grid,
+then ReLU, degeneracy check, normalisation and upsampling per layer.
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> img = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), img, targets="top1")
+    >>> maps, reasons = layer_maps(TraceView.of(tr), vc.Recipe(site="F1", upsample="none"), [10, 11])
+    >>> maps.shape, reasons.tolist()
+    ((2, 14, 14), ['', ''])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vitcam_nb.compute.kernels import apply_head_rule, relu, token_maps
+from vitcam_nb.compute.spatial import normalise, to_grid, upsample
+from vitcam_nb.compute.view import TraceView
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.schema import ATTENTION_SITE
+from vitcam_nb.core.weighting import WEIGHTINGS
+
+__all__ = ["combine", "compact", "finish_layers", "grid_maps", "layer_maps", "query_rows", "raw_maps", "weight_mask",
+           "window_rows"]
+
+
+def compact(index: np.ndarray) -> slice | np.ndarray:
+    """A contiguous index (positions or a boolean mask) as a slice, so numpy returns a view, not a copy."""
+    positions = np.flatnonzero(index) if index.dtype == bool else np.asarray(index)
+    if positions.size and np.array_equal(positions, np.arange(positions[0], positions[0] + positions.size)):
+        return slice(int(positions[0]), int(positions[0]) + positions.size)
+    return positions
+
+
+def combine(grad: np.ndarray, weights: dict[int, float], index: tuple) -> np.ndarray:
+    """Weighted sum over targets of ``grad[(target, *index)]`` in float32 (prob/logprob are derived this way)."""
+    out = None
+    for pos, w in weights.items():
+        # Select the target first: numpy would move mixed integer/array indices to the front.
+        term = grad[pos][index].astype(np.float32, copy=False)
+        term = term if w == 1.0 else term * np.float32(w)
+        out = term if out is None else out + term
+    return out
+
+
+def query_rows(view: TraceView, x: np.ndarray, rows: str) -> np.ndarray:
+    """Select F2 query rows of (..., H, Tq, Tk) and return (..., Tk, H)."""
+    if rows == "cls":
+        sel = x[..., view.token_index("cls", "attn_rows"), :]
+    elif rows == "mean":
+        sel = x.mean(axis=-2)
+    else:
+        sel = x[..., view.patch, :].mean(axis=-2)
+    return np.swapaxes(sel, -1, -2)
+
+
+def window_rows(view: TraceView, x: np.ndarray, rows: str, layer_pos: list[int]) -> np.ndarray:
+    """:func:`query_rows` for window attention (layer, H, Tq, window position) -> (layer, Tk, H): the mean over
+    query rows of the dense matrix, each key token summing its entries from every window (padding dropped)."""
+    if rows == "cls":
+        view.token_index("cls", "attn_rows")
+    query = slice(None) if rows == "mean" else view.patch
+    keys = view.arrays["attn_window_key"][layer_pos][:, query]
+    n_layers, n_heads = x.shape[:2]
+    out = np.zeros((n_layers, view.kinds.size, n_heads), np.float32)
+    for li in range(n_layers):
+        k = keys[li].reshape(-1)
+        valid = k >= 0
+        flat = x[li][:, query, :].reshape(n_heads, -1)[:, valid]
+        for h in range(n_heads):
+            out[li, :, h] = np.bincount(k[valid], weights=flat[h], minlength=view.kinds.size)
+    return out / keys.shape[1]
+
+
+def weight_mask(view: TraceView, recipe: Recipe) -> np.ndarray:
+    """Tokens whose gradients form channel weights (``weight_tokens``) as a boolean mask over tokens."""
+    mask = np.zeros(view.kinds.shape, bool)
+    if recipe.weight_tokens == "patch":
+        mask[view.patch] = True
+    elif recipe.weight_tokens == "all":
+        mask[:] = True
+    else:
+        mask[view.token_index("cls", "weight_tokens")] = True
+    return mask
+
+
+def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: list[int] | None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw per-layer maps on the grid, their scale and whether their gradients were all zero.
+
+    For token sites the leading dims are (layer, site); for F2 (site_pos None) just (layer,).
+    """
+    weights, _ = view.target_weights(recipe)
+    wmask = compact(weight_mask(view, recipe))
+    patch = compact(view.patch)
+    if site_pos is None and "attn_window" in view.arrays:
+        A = view.arrays["attn_window"][layer_pos].astype(np.float32, copy=False)
+        G = combine(view.arrays["attn_window_grad"], weights, (layer_pos,))
+        A, G = (window_rows(view, A, recipe.attn_rows, layer_pos),
+                window_rows(view, G, recipe.attn_rows, layer_pos))
+        groups = A.shape[-1]
+    elif site_pos is None:
+        A = view.arrays["attn"][layer_pos].astype(np.float32, copy=False)
+        G = combine(view.arrays["attn_grad"], weights, (layer_pos,))
+        A, G = query_rows(view, A, recipe.attn_rows), query_rows(view, G, recipe.attn_rows)
+        groups = A.shape[-1]
+    else:
+        idx = (compact(np.asarray(layer_pos)), compact(np.asarray(site_pos)))
+        if not any(isinstance(i, slice) for i in idx):
+            idx = np.ix_(*idx)
+        A = view.arrays["act"][idx].astype(np.float32, copy=False)
+        G = combine(view.arrays["grad"], weights, idx)
+        heads = int(view.attrs.get("num_heads", 1))
+        groups = heads if (view.sites[site_pos[0]] == "F3" and recipe.heads != "channels") else 1
+    return grid_maps(view, recipe, A, G, wmask, patch, groups)
+
+
+def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any,
+               groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighting and head rule over (..., token, channel) A and G: maps and scales on the grid, and whether
+    the gradients the formula reads were all zero."""
+    maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups)
+    rule = recipe.heads if groups > 1 or isinstance(recipe.heads, int) else "channels"
+    maps, scale = apply_head_rule(maps, scale, rule)
+    weighting = WEIGHTINGS.get(recipe.weighting)
+    if not weighting.uses_gradient:
+        zero_grad = np.zeros(maps.shape[:-1], bool)
+    elif weighting.pools_tokens:
+        zero_grad = ~np.any(G[..., wmask, :] != 0, axis=(-2, -1))
+    else:
+        zero_grad = ~np.any(G[..., patch, :] != 0, axis=(-2, -1))
+    return to_grid(view, maps), to_grid(view, scale), zero_grad
+
+
+def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.ndarray,
+                   zero_grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ReLU, degeneracy check, per-layer normalisation. Returns (maps, reasons) with reasons '' if fine."""
+    maps = relu(raw) if recipe.relu == "after" else raw
+    span = maps.max(axis=(-2, -1)) - maps.min(axis=(-2, -1))
+    ref = scale.max(axis=(-2, -1))
+    constant = span <= view.rtol * ref
+    reasons = np.where(zero_grad, "gradients are exactly zero at these tokens (the target does not depend on "
+                                  "them: with CLS pooling, the last block's patch tokens never reach the output)",
+                       np.where(constant, "the map is constant (after the ReLU nothing is left, or only "
+                                          "rounding noise remains)", ""))
+    bad = reasons != ""
+    maps = np.where(bad[..., None, None], np.float32(0), maps)
+    return normalise(maps, recipe.normalize), reasons
+
+
+
+def layer_maps(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer maps (ReLU, degeneracy, normalised, upsampled) before fusion, and why each is degenerate."""
+    site_pos = None if recipe.site == ATTENTION_SITE else [view.sites.index(recipe.site)]
+    raw, scale, zero_grad = raw_maps(view, recipe, layer_pos, site_pos)
+    if site_pos is not None:
+        raw, scale, zero_grad = raw[:, 0], scale[:, 0], zero_grad[:, 0]
+    maps, reasons = finish_layers(view, recipe, raw, scale, zero_grad)
+    return upsample(maps, (view.height, view.width), recipe.upsample), reasons

@@ -1,0 +1,238 @@
+"""The reporting checklist and the methods paragraph of a recipe on a trace: the five categories of the audit
+(feature representation, gradient target, token handling, aggregation, spatial reconstruction), the recipe's
+id and preset, and the model facts a trace records. Trace kinds add what is particular to them.
+
+Example:
+    >>> import vitcam_nb as vc
+    >>> build_checklist(vc.Recipe())["aggregation"]["weighting"][:7]
+    'gradcam'
+    >>> describe(vc.Recipe()).startswith("Heatmaps were computed")
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vitcam_nb.core.checklist import Checklist
+from vitcam_nb.core.presets import citation
+from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
+from vitcam_nb.core.weighting import WEIGHTINGS
+
+__all__ = ["ATTN_ROW_TEXT", "FUSION_TEXT", "HEAD_RULE_TEXT", "build_checklist", "cached_report", "describe"]
+
+
+HEAD_RULE_TEXT = {
+    "channels": "heads are channels: contributions summed over all heads",
+    "mean_then_relu": "per-head maps averaged over heads, then the ReLU",
+    "relu_then_mean": "ReLU of each per-head map, then averaged over heads",
+    "max": "maximum over per-head maps",
+}
+ATTN_ROW_TEXT = {
+    "cls": "the CLS query row",
+    "mean": "the mean over all query rows",
+    "patch_mean": "the mean over patch query rows",
+}
+FUSION_TEXT = {
+    "none": "a single layer",
+    "mean": "per-layer maps (ReLU, normalised, upsampled) averaged over layers",
+    "sum": "per-layer maps (ReLU, normalised, upsampled) summed over layers",
+    "max": "per-layer maps (ReLU, normalised, upsampled), pixelwise maximum over layers",
+    "rollout": "attention rollout R = prod_l (0.5 mean_h A_l + 0.5 I) (Abnar & Zuidema 2020)",
+    "grad_rollout": "gradient-weighted rollout R <- R + mean_h(relu(G_l * A_l)) R from R = I (Chefer et al. 2021b)",
+}
+
+
+def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
+    if recipe.layer == "all":
+        return "all traced blocks"
+    values = recipe.layer if isinstance(recipe.layer, tuple) else (recipe.layer,)
+    if num_layers is None:
+        text = ", ".join(map(str, values)) + (" (the last block)" if values == (-1,) else "")
+    else:
+        absolute = [v % num_layers if is_int(v) else f"{v} (stage.block)" for v in values]
+        text = ", ".join(map(str, absolute)) + f" of 0..{num_layers - 1}"
+        if absolute == [num_layers - 1]:
+            text += " (the last block)"
+    return ("blocks " if len(values) > 1 else "block ") + text
+
+
+def _target_text(recipe: Recipe) -> tuple[str, str]:
+    cls = f"class {recipe.class_}" if is_int(recipe.class_) else \
+        f"the class ranked {recipe.class_[3:]} by logit ({recipe.class_})"
+    if recipe.layer_fusion == "rollout":
+        return "none: attention rollout uses no gradient", "not applicable"
+    scalar = {"logit": "the raw logit z_c (pre-softmax)",
+              "prob": "the softmax probability p_c",
+              "logprob": "the log-probability log p_c"}[recipe.target]
+    how = "direct: stored gradient of z_c" if recipe.target == "logit" else (
+        "derived exactly from the stored gradients: dp_c = p_c (dz_c - dE), E = sum_j p_j z_j with p detached"
+        if recipe.target == "prob" else "derived exactly: dlog p_c = dz_c - dE, E = sum_j p_j z_j, p detached")
+    weighting = WEIGHTINGS.get(recipe.weighting)
+    if not weighting.uses_gradient:
+        return f"none: {weighting.title or weighting.name} uses no gradient", "not applicable"
+    return f"{scalar} of {cls}", how
+
+
+def _stage_modules(template: str, layer: Any, stages: list[list[int]]) -> str:
+    """Module paths of a hierarchical model's blocks named by ``layer`` (global ints or "stage.block")."""
+    where = {g: (s, b) for s, ids in enumerate(stages) for b, g in enumerate(ids)}
+    total = len(where)
+    wanted = list(where) if layer == "all" else list(layer) if isinstance(layer, tuple) else [layer]
+    paths = []
+    for v in wanted:
+        if isinstance(v, str):
+            s, b = (int(x) for x in STAGE_BLOCK.fullmatch(v).groups())
+            if s >= len(stages) or not -len(stages[s]) <= b < len(stages[s]):
+                continue
+            s, b = s, b % len(stages[s])
+        elif -total <= v < total:
+            s, b = where[v % total]
+        else:
+            continue
+        paths.append(template.replace("{stage}", str(s)).replace("{block}", str(b)))
+    return ", ".join(paths) or template
+
+
+def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
+    """Build the checklist of ``recipe``; pass a trace to add module paths, tokens and model facts.
+
+    Example:
+        >>> build_checklist(Recipe())["aggregation"]["weighting"][:7]
+        'gradcam'
+    """
+    attrs = dict(getattr(trace, "attrs", {}) or {})
+    hook = attrs.get(f"hook_{recipe.site}", "")
+    module, _, io = hook.partition(":")
+    if module and "{block}" in module and "stage_layers" in attrs:
+        module = _stage_modules(module, recipe.layer, json.loads(attrs["stage_layers"]))
+    elif module and is_int(recipe.layer) and "num_layers" in attrs:
+        module = module.replace("{layer}", str(recipe.layer % int(attrs["num_layers"])))
+    elif module:
+        module = module.replace("{layer}", "<l>") + " for each block l listed"
+    scalar, how = _target_text(recipe)
+    prefix = int(attrs.get("num_prefix_tokens", -1))
+    if trace is not None and "token_kind" in getattr(trace, "coords", {}):
+        kinds = [str(k) for k in trace["token_kind"].values[:prefix]] if prefix > 0 else []
+        prefix_text = f"{prefix} ({', '.join(kinds)})" if kinds else "none"
+    else:
+        prefix_text = "see trace"
+    site_text = recipe.site
+    if recipe.site == "F2":
+        site_text += f" (softmax attention, key tokens of {ATTN_ROW_TEXT[recipe.attn_rows]})"
+    weighting = recipe.weighting if recipe.layer_fusion not in ROLLOUTS else "not used"
+    formula = WEIGHTINGS.get(recipe.weighting).formula
+    heads = recipe.heads if recipe.site in HEAD_SITES else "not applicable (no heads at this site)"
+    if is_int(recipe.heads):
+        heads_text = f"head {recipe.heads} only"
+    elif recipe.site in HEAD_SITES:
+        heads_text = f"{heads}: {HEAD_RULE_TEXT[recipe.heads]}"
+        if recipe.layer_fusion in ROLLOUTS:
+            heads_text = "mean over heads (the rollout's own rule)"
+    else:
+        heads_text = heads
+    weight_tokens = {"patch": "patch tokens only (prefix tokens dropped)", "all": "all tokens incl. prefix",
+                     "cls": "the CLS token only"}[recipe.weight_tokens]
+    if not WEIGHTINGS.get(recipe.weighting).pools_tokens or recipe.layer_fusion in ROLLOUTS:
+        weight_tokens = "none (the formula is per token, no channel weights are pooled)"
+    grid = f"{attrs['grid_h']} x {attrs['grid_w']} grid" if "grid_h" in attrs else "patch grid of the model"
+    size = attrs.get("img_size", "the input size")
+    checklist = Checklist({
+        "feature representation": {
+            "site": site_text,
+            "module": module or "see trace (hook template per site)",
+            "input or output": io or "see trace",
+            "layer": _layer_text(recipe, int(attrs["num_layers"]) if "num_layers" in attrs else None),
+        },
+        "gradient target": {
+            "scalar": scalar,
+            "derivation": how,
+            "scores": str(attrs.get("target_scores", "classifier logits" if attrs else "see trace")),
+        },
+        "token handling": {
+            "prefix tokens present": prefix_text,
+            "map over": "patch tokens only (prefix tokens have no grid position and are dropped from the map)",
+            "weight tokens": weight_tokens,
+        },
+        "aggregation": {
+            "weighting": f"{weighting}: {formula}" if weighting != "not used"
+            else "not used",
+            "heads": heads_text,
+            "relu": ("ReLU applied to the rollout map before normalisation" if recipe.layer_fusion in ROLLOUTS
+                     else "ReLU applied to each layer map before normalisation") if recipe.relu == "after"
+            else "no ReLU (signed map)",
+            "layer fusion": f"{recipe.layer_fusion}: {FUSION_TEXT[recipe.layer_fusion]}",
+        },
+        "spatial reconstruction": {
+            "reshape": f"raster: row-major {grid} from the patch_row/patch_col of each token",
+            "upsampling": "none (token grid)" if recipe.upsample == "none" else
+            f"{recipe.upsample} to {size} (half-pixel centres, align_corners=False)",
+            "normalisation": {"minmax": "min-max to [0, 1] per layer and again after upsampling and fusion",
+                              "max": "divided by the maximum per layer and again after fusion",
+                              "none": "none (raw values)"}[recipe.normalize],
+        },
+        "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": citation(recipe) or "none"},
+    })
+    if attrs:
+        checklist["model and input"] = {
+            "model": f"{attrs.get('model_name', '?')} ({attrs.get('pretrained_tag', '') or 'no tag'})",
+            "weights sha256": str(attrs.get("weights_sha256", "?")),
+            "input size": str(size),
+            "preprocessing": str(attrs.get("preprocessing", "?")),
+            "attention backend": "explicit softmax attention (fused_attn=False) so F2 exists",
+            "trace id": str(attrs.get("trace_id", "?")),
+            "versions": f"vitcam_nb {attrs.get('vitcam_nb_version', '?')}, torch "
+                        f"{attrs.get('torch_version', '?')}, timm {attrs.get('timm_version', '?')}",
+        }
+    return checklist
+
+
+def describe(recipe: Recipe, trace: Any = None) -> str:
+    """Render the recipe as a methods paragraph.
+
+    Example:
+        >>> describe(Recipe()).startswith("Heatmaps were computed")
+        True
+    """
+    c = build_checklist(recipe, trace)
+    fr, gt, th, ag, sr = (c[k] for k in ("feature representation", "gradient target", "token handling",
+                                         "aggregation", "spatial reconstruction"))
+    model = ""
+    if "model and input" in c:
+        mi = c["model and input"]
+        model = f" on {mi['model']} (weights sha256 {mi['weights sha256'][:12]}…, input {mi['input size']})"
+    where = f"{fr['site']} at {fr['layer']}"
+    if fr["module"] and not fr["module"].startswith("see"):
+        where += f" (the {fr['input or output']} of {fr['module']})"
+    return (
+        f"Heatmaps were computed with vitcam_nb recipe {recipe.id}{model}. "
+        f"Feature representation: {where}. "
+        f"Gradient target: {gt['scalar']}; {gt['derivation']}. "
+        f"Token handling: prefix tokens {th['prefix tokens present']}; the map covers {th['map over']}; "
+        f"channel weights pooled over: {th['weight tokens']}. "
+        f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
+        f"Spatial reconstruction: {sr['reshape']}; upsampling {sr['upsampling']}; normalisation {sr['normalisation']}."
+    )
+
+
+_REPORTS: dict[tuple, tuple[str, str]] = {}
+
+
+def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
+    """(checklist JSON, methods paragraph) of ``recipe`` on ``trace``, cached per recipe and trace id: a gallery
+    or widget repaint asks for the same report many times.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> checklist, methods = cached_report(vc.Recipe(), None)
+        >>> json.loads(checklist)["recipe"]["id"] == vc.Recipe().id
+        True
+    """
+    attrs = getattr(trace, "attrs", {}) or {}
+    key = (recipe, attrs.get("trace_id"), attrs.get("num_prefix_tokens"))
+    if key not in _REPORTS:
+        if len(_REPORTS) > 4096:
+            _REPORTS.clear()
+        _REPORTS[key] = (build_checklist(recipe, trace).to_json(), describe(recipe, trace))
+    return _REPORTS[key]

@@ -1,0 +1,72 @@
+"""Spatial reconstruction: token maps placed on the patch grid, normalised, and upsampled to the input size
+with torch's interpolation rules (half-pixel centres) as separable matrix products.
+
+Example:
+    >>> upsample(np.eye(2, dtype=np.float32), (4, 4), "nearest")[0]
+    array([1., 1., 0., 0.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from vitcam_nb.compute.view import TraceView
+
+__all__ = ["interp_matrix", "normalise", "to_grid", "upsample"]
+
+
+def normalise(x: np.ndarray, how: str) -> np.ndarray:
+    """Normalise the trailing (h, w) maps: "minmax" to [0, 1], "max" divided by the maximum, "none" as is;
+    a constant map becomes zeros.
+
+    Example:
+        >>> normalise(np.array([[1.0, 3.0]]), "minmax")
+        array([[0., 1.]], dtype=float32)
+    """
+    if how == "none":
+        return x
+    axes = (-2, -1)
+    hi = x.max(axis=axes, keepdims=True)
+    if how == "max":
+        return np.where(hi > 0, x / np.where(hi > 0, hi, 1), 0).astype(np.float32)
+    lo = x.min(axis=axes, keepdims=True)
+    span = hi - lo
+    return np.where(span > 0, (x - lo) / np.where(span > 0, span, 1), 0).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def interp_matrix(n_in: int, n_out: int, mode: str, transpose: bool = False) -> np.ndarray:
+    """(n_out, n_in) matrix of torch's 1-D interpolation (or its contiguous transpose, which BLAS needs
+    to be fast); the 2-D modes are separable products of it."""
+    import torch
+    import torch.nn.functional as F
+
+    eye = torch.eye(n_in, dtype=torch.float64)
+    # Interpolating each unit impulse along one axis gives that input's column of the weight matrix.
+    kwargs = {} if mode == "nearest" else {"align_corners": False}
+    cols = F.interpolate(eye[:, None, None, :], size=(1, n_out), mode=mode, **kwargs)[:, 0, 0, :]
+    weights = cols if transpose else cols.T
+    return np.ascontiguousarray(weights.numpy(), dtype=np.float32)
+
+
+def upsample(grid: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+    """Upsample (..., h, w) maps to ``size`` with torch's bilinear/bicubic/nearest rules (half-pixel centres).
+
+    Example:
+        >>> upsample(np.eye(2, dtype=np.float32), (4, 4), "nearest")[0]
+        array([1., 1., 0., 0.], dtype=float32)
+    """
+    if mode == "none":
+        return grid
+    wy = interp_matrix(grid.shape[-2], size[0], mode)
+    wx_t = interp_matrix(grid.shape[-1], size[1], mode, transpose=True)
+    return wy @ grid.astype(np.float32, copy=False) @ wx_t
+
+
+def to_grid(view: TraceView, raw: np.ndarray) -> np.ndarray:
+    """(..., patch token) values placed on the (..., grid_h, grid_w) raster grid by each token's row and column."""
+    out = np.zeros((*raw.shape[:-1], view.gh * view.gw), np.float32)
+    out[..., view.flat] = raw
+    return out.reshape(*raw.shape[:-1], view.gh, view.gw)

@@ -1,0 +1,186 @@
+"""The trace view: a trace's arrays as plain numpy views plus the bookkeeping every computation needs
+(patch positions, grid, layer and site positions, the target combination of a recipe), validated once and
+cached per trace.
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), np.zeros((224, 224, 3), np.uint8), targets="top2")
+    >>> v = TraceView.of(tr)
+    >>> (v.gh, v.gw), v.layer_positions(-1), TraceView.of(tr) is v
+    ((14, 14), [11], True)
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.schema import ATTENTION_SITE, SUPPORTED_SCHEMAS
+
+__all__ = ["TraceView", "clear_views"]
+
+_VIEWS: dict[int, tuple[weakref.ref, TraceView]] = {}
+
+
+def clear_views() -> None:
+    """Forget every cached view (benchmarks measure cold computations with it).
+
+    Example:
+        >>> clear_views()
+    """
+    _VIEWS.clear()
+
+
+@dataclass
+class TraceView:
+    """Plain numpy views of a trace plus the bookkeeping every computation needs (cached per trace)."""
+
+    attrs: dict
+    arrays: dict[str, np.ndarray]
+    layers: np.ndarray
+    sites: list[str]
+    kinds: np.ndarray
+    patch: np.ndarray
+    flat: np.ndarray
+    gh: int
+    gw: int
+    height: int
+    width: int
+    num_layers: int
+    rtol: float
+    signature: tuple
+
+    @staticmethod
+    def _signature(trace: xr.Dataset) -> tuple:
+        # Identity of each variable's data: a trace whose arrays were replaced gets a fresh view.
+        return tuple((k, id(v._data)) for k, v in trace.variables.items())
+
+    @classmethod
+    def of(cls, trace: Any) -> TraceView:
+        if not isinstance(trace, xr.Dataset):
+            raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+        key = id(trace)
+        signature = cls._signature(trace)
+        ref, cached = _VIEWS.get(key, (None, None))
+        if cached is not None and ref() is trace and cached.signature == signature:
+            return cached
+        view = cls._build(trace, signature)
+        # Datasets are unhashable, so cache by id and drop the entry when the trace is collected.
+        _VIEWS[key] = (weakref.ref(trace, lambda _r, k=key: _VIEWS.pop(k, None)), view)
+        return view
+
+    @classmethod
+    def _build(cls, trace: xr.Dataset, signature: tuple) -> TraceView:
+        version = trace.attrs.get("schema_version")
+        if version is None:
+            raise TraceError("trace: not a vitcam_nb trace (no schema_version attribute)")
+        if int(version) not in SUPPORTED_SCHEMAS:
+            raise TraceError(f"trace: schema_version {version} is not supported (this vitcam_nb reads "
+                             f"{list(SUPPORTED_SCHEMAS)}); re-trace the model with this version")
+        missing = [k for k in ("token_kind", "patch_row", "patch_col", "logits", "target_class")
+                   if k not in trace.variables]
+        if missing:
+            raise TraceError(f"trace: missing {missing}; it does not follow the vitcam_nb schema")
+        arrays = {k: trace.variables[k].values for k in ("act", "grad", "attn", "attn_grad", "logits",
+                                                         "target_class", "site", "attn_window", "attn_window_grad",
+                                                         "attn_window_key") if k in trace.variables}
+        kinds = trace.variables["token_kind"].values
+        patch = np.flatnonzero(kinds == "patch")
+        gh, gw = int(trace.attrs["grid_h"]), int(trace.attrs["grid_w"])
+        rows = trace.variables["patch_row"].values[patch]
+        cols = trace.variables["patch_col"].values[patch]
+        sites = [str(s) for s in arrays["site"]] if "site" in arrays else []
+        if "attn" in arrays or "attn_window" in arrays:
+            sites.append(ATTENTION_SITE)
+        stored = [arrays[k] for k in ("grad", "attn_grad", "attn_window_grad") if k in arrays]
+        if not stored:
+            raise RecipeError("site: this trace holds no block sites (e.g. only 'xattn'); use site='xattn' or "
+                              "trace again with sites=[..., 'F1']")
+        dtype = stored[0].dtype
+        height = int(trace.sizes.get("y", trace.attrs.get("img_height", gh)))
+        width = int(trace.sizes.get("x", trace.attrs.get("img_width", gw)))
+        return cls(
+            attrs=trace.attrs, arrays=arrays, layers=trace.variables["layer"].values, sites=sites,
+            kinds=kinds, patch=patch, flat=rows * gw + cols, gh=gh, gw=gw, height=height, width=width,
+            num_layers=int(trace.attrs.get("num_layers", int(trace.variables["layer"].values.max()) + 1)),
+            rtol=1e-2 if dtype == np.float16 else 1e-5, signature=signature,
+        )
+
+    def token_index(self, kind: str, field: str) -> int:
+        where = np.flatnonzero(self.kinds == kind)
+        if where.size == 0:
+            present = sorted(set(map(str, self.kinds)) - {"patch"})
+            has = f"prefix tokens {present}" if present else "no prefix tokens (e.g. class_token=False)"
+            instead = {"weight_tokens": "weight_tokens='patch' or 'all'",
+                       "attn_rows": "attn_rows='mean' or 'patch_mean'"}.get(field, "another choice")
+            raise RecipeError(f"{field}={kind!r}: needs a {kind} token, but this model has {has}; "
+                              f"use {instead} instead")
+        return int(where[0])
+
+    def layer_positions(self, layer: int | tuple | str) -> list[int]:
+        traced = [int(v) for v in self.layers]
+        if layer == "all":
+            return list(range(len(traced)))
+        wanted = layer if isinstance(layer, tuple) else (layer,)
+        out = []
+        for v in wanted:
+            if isinstance(v, str):
+                raise RecipeError(f"layer: {v!r} is a 'stage.block' address, which only hierarchical (Swin) traces "
+                                  "have; this trace's blocks are numbered by int")
+            if not -self.num_layers <= v < self.num_layers:
+                raise RecipeError(f"layer: {v} is out of range for a model with {self.num_layers} blocks "
+                                  f"(allowed -{self.num_layers}..{self.num_layers - 1})")
+            absolute = v % self.num_layers
+            if absolute not in traced:
+                raise RecipeError(f"layer: block {absolute} was not traced (traced: {traced}); trace again "
+                                  "with layers=None or include it")
+            if traced.index(absolute) in out:
+                raise RecipeError(f"layer: {wanted!r} names block {absolute} twice on a model with "
+                                  f"{self.num_layers} blocks; list each block once")
+            out.append(traced.index(absolute))
+        return out
+
+    def site_check(self, site: str) -> None:
+        model_sites = str(self.attrs.get("model_sites", "")).split(",")
+        if site not in self.sites and self.attrs.get("model_sites") and site not in model_sites:
+            raise RecipeError(f"site: this {self.attrs.get('model_family', '')} model has no {site!r} (its blocks "
+                              f"lack that module); its sites are {model_sites}")
+        if site not in self.sites:
+            raise RecipeError(f"site: {site!r} is not in this trace (traced sites: {self.sites}); trace again "
+                              f"with sites=[..., {site!r}]")
+
+    def target_weights(self, recipe: Recipe) -> tuple[dict[int, float], int]:
+        """Target positions and coefficients whose combination is the recipe's gradient, and the class."""
+        logits = self.arrays["logits"].astype(np.float64)
+        classes = [int(c) for c in self.arrays["target_class"]]
+        if isinstance(recipe.class_, str):
+            rank = int(recipe.class_[3:])
+            if rank > logits.size:
+                raise RecipeError(f"class_: {recipe.class_} but the model has {logits.size} classes")
+            cls = int(np.argmax(logits)) if rank == 1 else int(np.argsort(-logits, kind="stable")[rank - 1])
+        else:
+            cls = int(recipe.class_)
+            if cls >= logits.size:
+                raise RecipeError(f"class_: {cls} is out of range (the model has {logits.size} classes)")
+        traced = [c for c in classes if c >= 0]
+        if cls not in classes:
+            raise RecipeError(f"class_: class {cls} was not traced (traced classes: {traced}); trace again with "
+                              f"targets=[..., {cls}] or targets='topK' with a larger K")
+        pos = classes.index(cls)
+        if recipe.target == "logit" or recipe.layer_fusion == "rollout":
+            return {pos: 1.0}, cls
+        if -1 not in classes:
+            raise RecipeError(f"target: {recipe.target!r} is derived from the expected-logit gradient, which this "
+                              "trace lacks; use target='logit' or trace again with vitcam_nb.trace()")
+        expected = classes.index(-1)
+        if recipe.target == "logprob":
+            return {pos: 1.0, expected: -1.0}, cls
+        p = np.exp(logits - logits.max())
+        p_c = float(p[cls] / p.sum())
+        return {pos: p_c, expected: -p_c}, cls

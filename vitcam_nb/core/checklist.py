@@ -1,0 +1,55 @@
+"""The reporting checklist as a value: category -> {item: text}, in the five categories of the audit.
+
+:mod:`vitcam_nb.compute.report` fills it for a recipe and a trace; this module only says what it is and how
+it prints.
+
+Example:
+    >>> c = Checklist({"aggregation": {"weighting": "gradcam"}})
+    >>> print(c.to_markdown().splitlines()[2])
+    | aggregation | weighting | gradcam |
+"""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["CATEGORIES", "Checklist"]
+
+#: The five reporting categories every ViT Grad-CAM figure should state, in order.
+CATEGORIES = ("feature representation", "gradient target", "token handling", "aggregation",
+              "spatial reconstruction")
+
+
+class Checklist(dict):
+    """The checklist: category -> {item: text}. Renders as a markdown table in notebooks.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> print(vc.Recipe().checklist().to_markdown().splitlines()[0])
+        | category | item | value |
+    """
+
+    def to_markdown(self) -> str:
+        """A markdown table with one row per item.
+
+        Example:
+            >>> Checklist({"a": {"b": "c|d"}}).to_markdown().splitlines()[-1]
+            '| a | b | c/d |'
+        """
+        lines = ["| category | item | value |", "| --- | --- | --- |"]
+        for category, items in self.items():
+            for item, value in items.items():
+                lines.append(f"| {category} | {item} | {str(value).replace('|', '/')} |")
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def to_json(self) -> str:
+        """JSON in the checklist's own order (what a map's ``attrs["checklist"]`` holds).
+
+        Example:
+            >>> Checklist({"a": {"b": 1}}).to_json()
+            '{"a": {"b": 1}}'
+        """
+        return json.dumps(self, sort_keys=False)

@@ -1,0 +1,95 @@
+"""Trace kinds: how one kind of trace turns recipes into maps, and the table that picks the kind.
+
+A single-image trace, a hierarchical (Swin) tree, a cross-attention recipe on a vision-language trace and
+a many-image store each need their own computation. Each is a :class:`TraceKind` registered in
+:data:`TRACE_KINDS` by its module in :mod:`vitcam_nb.compute`; none knows the others. The public
+functions (``vc.cam``, ``vc.gallery``, ``Recipe.checklist``) ask :func:`kind_for` which one applies.
+
+Example:
+    >>> import vitcam_nb as vc
+    >>> kind_for(None, vc.Recipe()).name
+    'flat'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.registry import Registry
+
+if TYPE_CHECKING:
+    from vitcam_nb.core.checklist import Checklist
+    from vitcam_nb.core.recipe import Recipe
+
+__all__ = ["TRACE_KINDS", "MapValues", "TraceKind", "kind_for"]
+
+#: What :meth:`TraceKind.compute` returns: the map, why it is degenerate (empty: it is not), and which
+#: fused layers were degenerate and left out.
+MapValues = tuple[np.ndarray, list[str], list[str]]
+
+
+class TraceKind:
+    """The interface every trace kind implements.
+
+    Example:
+        >>> class Nothing(TraceKind):
+        ...     name = "nothing"
+        ...     def accepts(self, trace, recipe): return False
+        >>> Nothing().accepts(None, None)
+        False
+    """
+
+    name: str = "kind"
+
+    def accepts(self, trace: Any, recipe: Recipe | None) -> bool:
+        """Whether this kind computes ``recipe`` on ``trace`` (``trace`` may be None: report only)."""
+        raise NotImplementedError
+
+    def compute(self, trace: Any, recipe: Recipe) -> MapValues:
+        """The map's values and degeneracy, with no warning raised and no attributes attached."""
+        raise NotImplementedError
+
+    def cam(self, trace: Any, recipe: Recipe) -> xr.DataArray:
+        """The map as ``vc.cam`` returns it: values, recipe, ids, checklist, methods, degeneracy."""
+        raise NotImplementedError
+
+    def gallery(self, trace: Any, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
+        """Many variants of ``recipe`` as one labelled DataArray (see ``vc.gallery``)."""
+        raise NotImplementedError
+
+    def checklist(self, recipe: Recipe, trace: Any) -> Checklist:
+        """The reporting checklist of ``recipe`` on ``trace``: the one its maps carry."""
+        raise NotImplementedError
+
+    def describe(self, recipe: Recipe, trace: Any) -> str:
+        """The methods paragraph of ``recipe`` on ``trace``."""
+        raise NotImplementedError
+
+
+TRACE_KINDS: Registry[TraceKind] = Registry("trace kind")
+
+
+def kind_for(trace: Any, recipe: Recipe | None = None) -> TraceKind:
+    """The first registered kind that accepts ``trace`` and ``recipe``.
+
+    Anything but an xarray Dataset or DataTree (or None, for reports without a trace) is a TypeError; an
+    xarray object no kind accepts is a TraceError naming the registered kinds.
+
+    Example:
+        >>> kind_for([1, 2])  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TypeError: trace: expected an xarray.Dataset from vitcam_nb.trace(), got list
+    """
+    if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
+        raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+    for kind in TRACE_KINDS.values():
+        if kind.accepts(trace, recipe):
+            return kind
+    raise TraceError(f"trace: no registered trace kind accepts this {type(trace).__name__}"
+                     f"{f' with site {recipe.site!r}' if recipe is not None else ''}; registered kinds: "
+                     f"{TRACE_KINDS.names()}")

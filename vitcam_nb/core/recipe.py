@@ -1,0 +1,323 @@
+"""The recipe: one fully specified Grad-CAM-for-ViT variant. A :class:`Recipe` names every choice of the
+taxonomy, validates it, and has a canonical JSON form and a stable id (``docs/architecture.md``, "Recipes").
+
+Example:
+    >>> r = Recipe(site="F4", layer=-2)
+    >>> r.replace(weighting="layercam").weighting
+    'layercam'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import numbers
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
+from vitcam_nb.core.weighting import WEIGHTINGS, weighting_names
+
+if TYPE_CHECKING:
+    from vitcam_nb.core.checklist import Checklist
+
+__all__ = ["ATTN_ROWS", "HEAD_RULES", "HEAD_SITES", "LATER_FIELDS", "LAYER_FUSIONS", "NORMALIZES", "RELUS",
+           "RESHAPES", "ROLLOUTS", "SITES", "STAGE_BLOCK", "TARGETS", "TOKEN_SITES", "UPSAMPLES", "WEIGHT_TOKENS",
+           "Recipe", "is_int", "pooled_weightings", "weighting_names"]
+
+TARGETS = ("logit", "prob", "logprob")
+WEIGHT_TOKENS = ("patch", "all", "cls")
+RESHAPES = ("raster",)
+UPSAMPLES = ("bilinear", "bicubic", "nearest", "none")
+HEAD_RULES = ("channels", "mean_then_relu", "relu_then_mean", "max")
+ATTN_ROWS = ("cls", "mean", "patch_mean")
+LAYER_FUSIONS = ("none", "mean", "sum", "max", "rollout", "grad_rollout")
+RELUS = ("after", "none")
+NORMALIZES = ("minmax", "max", "none")
+
+ROLLOUTS = ("rollout", "grad_rollout")
+# Fields added after 0.1.0: left out of the canonical JSON while at their default, so older ids stay valid.
+LATER_FIELDS = ("text_tokens",)
+# A Swin-style block address "stage.block" (block may be negative, counted from the end of the stage).
+STAGE_BLOCK = re.compile(r"(\d+)\.(-?\d+)")
+
+_FIELDS_DOC = """
+    site: feature location, F1..F6, an extended site (resid_pre, attn_out, resid_mid) or "xattn"
+        (cross-attention of text queries to image keys, vision-language models).
+    layer: block index (negative counts from the end), "stage.block" for hierarchical models (e.g. "2.-1"),
+        a tuple of these, or "all". For site "xattn" it indexes the cross-attention layers.
+    target: scalar differentiated: "logit", "prob" or "logprob" (the last two derived exactly from the trace).
+    class_: class index, or "topN" for the N-th highest logit (default "top1").
+    weight_tokens: tokens whose gradients form channel weights: "patch" (prefix tokens dropped), "all", "cls".
+    reshape: token-to-grid rule; "raster" (row-major grid from patch_row/patch_col).
+    upsample: "bilinear", "bicubic", "nearest" or "none" (stay on the token grid).
+    weighting: channel aggregation formula, a name registered in ``vitcam_nb.core.weighting.WEIGHTINGS``
+        (gradcam, hirescam, gradcam_elementwise, gradcampp, xgradcam, layercam, eigencam, eigengradcam,
+        gradient; the formulas are in the checklist and in ``vitcam_nb.compute.kernels``).
+    heads: head aggregation on F2/F3: "channels", "mean_then_relu", "relu_then_mean", "max" or a head index.
+    attn_rows: F2 query rows: "cls", "mean", "patch_mean".
+    layer_fusion: "none", "mean", "sum", "max", "rollout", "grad_rollout".
+    relu: "after" (ReLU on each layer map) or "none".
+    normalize: "minmax", "max" or "none".
+    text_tokens: site "xattn" only: text query rows, "all" (mean over the text tokens), "cls" (the first,
+        [CLS]/[ENC] token), a token position, or a word (every token whose text equals it).
+"""
+
+
+def _choice(field: str, value: Any, allowed: tuple) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        raise RecipeError(f"{field}: got {value!r}; allowed values are {list(allowed)}")
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (numpy integers count).
+
+    Example:
+        >>> is_int(3), is_int(True), is_int(np.int64(2))
+        (True, False, True)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def pooled_weightings() -> tuple[str, ...]:
+    """Weightings whose channel weights pool gradients over tokens, so that ``weight_tokens`` matters.
+
+    Example:
+        >>> pooled_weightings()
+        ('gradcam', 'gradcampp', 'xgradcam')
+    """
+    return tuple(w.name for w in WEIGHTINGS.values() if w.pools_tokens)
+
+
+def _plain_int(value: Any) -> Any:
+    """numpy integers (e.g. from ``tr.layer.values``) become Python ints so the JSON stays canonical."""
+    return int(value) if is_int(value) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    __doc__ = f"""One fully specified Grad-CAM-for-ViT variant. Frozen, validated, hashable.
+
+    Fields (every one has a single default, stated in the checklist):
+    {_FIELDS_DOC}
+    Example:
+        >>> r = Recipe(site="F1", layer=-1, target="logit", weighting="gradcam")
+        >>> Recipe.from_json(r.to_json()) == r
+        True
+        >>> len(r.id)
+        12
+    """
+
+    site: str = "F1"
+    layer: int | tuple[int, ...] | str = -1
+    target: str = "logit"
+    class_: int | str = "top1"
+    weight_tokens: str = "patch"
+    reshape: str = "raster"
+    upsample: str = "bilinear"
+    weighting: str = "gradcam"
+    heads: str | int = "channels"
+    attn_rows: str = "cls"
+    layer_fusion: str = "none"
+    relu: str = "after"
+    normalize: str = "minmax"
+    text_tokens: str | int = "all"
+
+    def __post_init__(self) -> None:
+        layer = self.layer
+        if isinstance(layer, (list, tuple)):
+            layer = tuple(_plain_int(v) for v in layer)
+        else:
+            layer = _plain_int(layer)
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "class_", _plain_int(self.class_))
+        object.__setattr__(self, "heads", _plain_int(self.heads))
+        object.__setattr__(self, "text_tokens", _plain_int(self.text_tokens))
+        _choice("site", self.site, SITES)
+
+        def canonical(v: Any) -> Any:  # "01.0" and "1.0" name the same block, so they get one id
+            m = STAGE_BLOCK.fullmatch(v) if isinstance(v, str) else None
+            return f"{int(m.group(1))}.{int(m.group(2))}" if m else v
+        layer = tuple(canonical(v) for v in layer) if isinstance(layer, tuple) else canonical(layer)
+        object.__setattr__(self, "layer", layer)
+
+        def one_layer(v: Any) -> bool:
+            return is_int(v) or (isinstance(v, str) and STAGE_BLOCK.fullmatch(v) is not None)
+        if isinstance(layer, tuple):
+            if not layer or not all(one_layer(v) for v in layer) or len(set(layer)) != len(layer):
+                raise RecipeError(f"layer: a tuple must hold distinct ints or 'stage.block' strings, got {layer!r}")
+        elif not (one_layer(layer) or layer == "all"):
+            raise RecipeError(f"layer: expected an int (negative from the end), 'stage.block' (e.g. '2.-1'), "
+                              f"a tuple of these or 'all', got {layer!r}")
+        if is_int(self.text_tokens):
+            if self.text_tokens < 0:
+                raise RecipeError(f"text_tokens: got {self.text_tokens}; a token position must be >= 0")
+        elif not isinstance(self.text_tokens, str) or not self.text_tokens.strip():
+            raise RecipeError(f"text_tokens: got {self.text_tokens!r}; expected 'all', 'cls', a token position "
+                              "or a word")
+        _choice("target", self.target, TARGETS)
+        if is_int(self.class_):
+            if self.class_ < 0:
+                raise RecipeError(f"class_: got {self.class_}; expected a class index >= 0 or 'topN'")
+        elif not (isinstance(self.class_, str) and re.fullmatch(r"top[1-9]\d*", self.class_)):
+            raise RecipeError(f"class_: got {self.class_!r}; expected a class index or 'top1', 'top2', ...")
+        _choice("weight_tokens", self.weight_tokens, WEIGHT_TOKENS)
+        _choice("reshape", self.reshape, RESHAPES)
+        _choice("upsample", self.upsample, UPSAMPLES)
+        _choice("weighting", self.weighting, weighting_names())
+        if is_int(self.heads):
+            if self.heads < 0:
+                raise RecipeError(f"heads: got {self.heads}; a head index must be >= 0")
+        else:
+            _choice("heads", self.heads, HEAD_RULES)
+        _choice("attn_rows", self.attn_rows, ATTN_ROWS)
+        _choice("layer_fusion", self.layer_fusion, LAYER_FUSIONS)
+        _choice("relu", self.relu, RELUS)
+        _choice("normalize", self.normalize, NORMALIZES)
+        self._check_combination()
+
+    def _check_combination(self) -> None:
+        default = Recipe.__dataclass_fields__
+        single = not isinstance(self.layer, tuple) and self.layer != "all"
+        if self.layer_fusion == "none" and not single:
+            raise RecipeError(f"layer: {self.layer!r} names several layers but layer_fusion is 'none'; "
+                              f"choose layer_fusion from {list(LAYER_FUSIONS[1:])}")
+        if self.heads != default["heads"].default and self.site not in HEAD_SITES:
+            raise RecipeError(f"heads: applies to sites {list(HEAD_SITES)} only, not {self.site}; "
+                              f"leave it at {default['heads'].default!r}")
+        if self.attn_rows != default["attn_rows"].default and self.site != "F2":
+            raise RecipeError(f"attn_rows: applies to site F2 (attention rows) only, not {self.site}; "
+                              f"leave it at {default['attn_rows'].default!r}")
+        if self.text_tokens != default["text_tokens"].default and self.site != "xattn":
+            raise RecipeError(f"text_tokens: applies to site 'xattn' (cross-attention rows) only, not "
+                              f"{self.site}; leave it at {default['text_tokens'].default!r}")
+        weighting = WEIGHTINGS.get(self.weighting)
+        if self.weight_tokens != "patch" and not weighting.pools_tokens:
+            raise RecipeError(f"weight_tokens: only weightings that pool gradients over tokens "
+                              f"{list(pooled_weightings())} use it; {self.weighting} is per token, "
+                              "so leave weight_tokens at 'patch'")
+        if weighting.all_channels and self.heads != "channels":
+            raise RecipeError(f"heads: {self.weighting} projects all channels at once; heads must be "
+                              f"'channels', got {self.heads!r}")
+        if self.layer_fusion in ROLLOUTS:
+            if self.site != "F2":
+                raise RecipeError(f"site: layer_fusion={self.layer_fusion!r} is computed from the attention "
+                                  f"matrices; it needs site 'F2', got {self.site!r}")
+            if self.weighting != "gradcam" or self.heads != "channels":
+                raise RecipeError(f"weighting: {self.layer_fusion} has its own formula (mean over heads); "
+                                  "leave weighting at 'gradcam' and heads at 'channels'")
+            if self.layer_fusion == "rollout" and (self.target != "logit" or self.class_ != "top1"):
+                raise RecipeError("target: attention rollout uses no gradient; leave target at 'logit' and "
+                                  "class_ at 'top1'")
+
+    # -- identity -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, in declaration order, JSON-ready (tuples become lists).
+
+        Example:
+            >>> Recipe().to_dict()["site"]
+            'F1'
+        """
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in LATER_FIELDS or getattr(self, f.name) != f.default}
+        if isinstance(out["layer"], tuple):
+            out["layer"] = list(out["layer"])
+        return out
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, compact separators; equal recipes give equal strings.
+
+        Example:
+            >>> Recipe().to_json()[:20]
+            '{"attn_rows":"cls","'
+        """
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Recipe:
+        """Rebuild a recipe from :meth:`to_json` output (unknown keys are refused).
+
+        Example:
+            >>> Recipe.from_json('{"site": "F4"}').site
+            'F4'
+        """
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise RecipeError(f"text: not valid recipe JSON ({exc})") from exc
+        if not isinstance(data, Mapping):
+            raise RecipeError(f"text: expected a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Recipe:
+        """Build a recipe from a mapping of field names, refusing unknown fields.
+
+        Example:
+            >>> Recipe.from_dict({"layer": [0, 1], "layer_fusion": "mean"}).layer
+            (0, 1)
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise RecipeError(f"{unknown[0]}: unknown recipe field; fields are {names}")
+        return cls(**data)
+
+    @property
+    def id(self) -> str:
+        """Short stable id: the first 12 hex digits of the SHA-256 of the canonical JSON.
+
+        Example:
+            >>> Recipe().id == Recipe(site="F1").id
+            True
+        """
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with some fields changed (validated again).
+
+        Example:
+            >>> Recipe().replace(site="F4").site
+            'F4'
+        """
+        names = [f.name for f in dataclasses.fields(self)]
+        for key in changes:
+            if key not in names:
+                raise RecipeError(f"{key}: unknown recipe field; fields are {names}")
+        return dataclasses.replace(self, **changes)
+
+    # -- reporting ----------------------------------------------------------------------------------
+    def checklist(self, trace: Any = None) -> Checklist:
+        """The reporting checklist in the five categories of the audit; with a trace, model facts too.
+
+        It is the checklist the recipe's map on ``trace`` carries (``vc.cam(trace, r).attrs["checklist"]``):
+        the trace's kind renders it.
+
+        Example:
+            >>> list(Recipe().checklist())[:2]
+            ['feature representation', 'gradient target']
+        """
+        return kind_for(_reportable(trace), self).checklist(self, trace)
+
+    def describe(self, trace: Any = None) -> str:
+        """A methods paragraph that a paper can paste.
+
+        Example:
+            >>> "F1" in Recipe().describe()
+            True
+        """
+        return kind_for(_reportable(trace), self).describe(self, trace)
+
+
+def _reportable(trace: Any) -> xr.Dataset | xr.DataTree | None:
+    # Any object may be described (its attrs are read when it has some); only xarray traces pick a kind.
+    return trace if isinstance(trace, (xr.Dataset, xr.DataTree)) else None
+
+

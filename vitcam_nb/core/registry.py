@@ -1,0 +1,106 @@
+"""An ordered table of named entries, defined low and filled by the modules that implement them.
+
+The layered design extends by registration: a lower layer defines the table and the interface of its
+entries, a higher layer registers implementations, and nothing low ever imports what fills it.
+
+Example:
+    >>> table = Registry("colour")
+    >>> table.register("red", 1)
+    >>> table.register("blue", 2, first=True)
+    >>> table.names()
+    ['blue', 'red']
+    >>> table.get("red")
+    1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["Registry"]
+
+
+class Registry(Generic[T]):
+    """Named entries in lookup order; ``what`` names the kind of entry in error messages.
+
+    Example:
+        >>> r = Registry("shape"); r.register("circle", object())
+        >>> "circle" in r, len(r)
+        (True, 1)
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str, entry: T, *, first: bool = False, replace: bool = False) -> None:
+        """Add ``entry`` under ``name``; ``first`` puts it before the others in lookup order.
+
+        A name that is taken is refused unless ``replace`` (then the entry keeps its place).
+
+        Example:
+            >>> r = Registry("x"); r.register("a", 1); r.register("a", 2, replace=True); r.get("a")
+            2
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name: expected a non-empty string naming the {self.what}, got {name!r}")
+        if name in self._entries and not replace:
+            raise ValueError(f"name: a {self.what} named {name!r} is registered already; "
+                             f"registered: {self.names()}")
+        if first and name not in self._entries:
+            self._entries = {name: entry, **self._entries}
+        else:
+            self._entries[name] = entry
+
+    def unregister(self, name: str) -> T:
+        """Remove and return the entry ``name``.
+
+        Example:
+            >>> r = Registry("x"); r.register("a", 1); r.unregister("a"), r.names()
+            (1, [])
+        """
+        if name not in self._entries:
+            raise ValueError(f"name: no {self.what} named {name!r} is registered; registered: {self.names()}")
+        return self._entries.pop(name)
+
+    def get(self, name: str) -> T:
+        """The entry ``name``; an unknown name is a ValueError listing the registered ones.
+
+        Example:
+            >>> r = Registry("x"); r.register("a", 1); r.get("a")
+            1
+        """
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"name: no {self.what} named {name!r}; registered: {self.names()}") from None
+
+    def names(self) -> list[str]:
+        """Names in lookup order.
+
+        Example:
+            >>> Registry("x").names()
+            []
+        """
+        return list(self._entries)
+
+    def values(self) -> list[T]:
+        """Entries in lookup order.
+
+        Example:
+            >>> r = Registry("x"); r.register("a", 1); r.values()
+            [1]
+        """
+        return list(self._entries.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,160 @@
+"""The trace schema, written down once: site names, variables with their dimensions, coordinates,
+attributes, and the names a hierarchical trace and a many-image store use.
+
+Every module that writes or reads a trace takes its names from here, and ``docs/architecture.md`` shows
+the table :func:`markdown_table` renders (a test keeps the two equal). Names are added, never renamed:
+files written by 0.1 (schema version 1) must keep loading.
+
+Example:
+    >>> VARIABLES["grad"].dims
+    ('target', 'layer', 'site', 'token', 'channel')
+    >>> target_name(207)
+    'logit_207'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMAS = (1,)
+
+# -- sites ---------------------------------------------------------------------------------------------
+CORE_SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
+EXTENDED_SITES = ("resid_pre", "attn_out", "resid_mid")
+ATTENTION_SITE = "F2"
+#: Sites read outside the block stack (vision-language cross-attention).
+EXTRA_SITES = ("xattn",)
+#: Sites stored as (token, channel) in ``act`` / ``grad``.
+TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES)
+SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES)
+#: Sites with a head structure (heads as channel groups, or an attention matrix per head).
+HEAD_SITES = ("F2", "F3", "xattn")
+SITE_MEANINGS = {
+    "F1": "LayerNorm output before attention",
+    "F2": "softmax attention per head",
+    "F3": "attention output, heads concatenated, before the output projection",
+    "F4": "LayerNorm output before the MLP",
+    "F5": "MLP output",
+    "F6": "residual stream after the block",
+    "resid_pre": "residual stream entering the block",
+    "attn_out": "attention output after the projection",
+    "resid_mid": "residual stream after the attention residual",
+    "xattn": "cross-attention of text queries over image keys",
+}
+
+# -- targets -------------------------------------------------------------------------------------------
+EXPECTED_TARGET = "expected_logit"
+EXPECTED_LABEL = "expected logit"
+#: Storage dtypes a trace may be written in (computation stays in the model's dtype).
+STORAGE_DTYPES = ("float32", "float16")
+
+
+def target_name(class_index: int) -> str:
+    """Name of the logit target of a class in the trace's ``target`` coordinate.
+
+    Example:
+        >>> target_name(3)
+        'logit_3'
+    """
+    return f"logit_{class_index}"
+
+
+# -- variables, coordinates, attributes -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """One named item of the schema: its dimensions (empty for attributes) and what it holds."""
+
+    dims: tuple[str, ...]
+    meaning: str
+
+
+VARIABLES: dict[str, Entry] = {
+    "act": Entry(("layer", "site", "token", "channel"), "activations of the token sites"),
+    "grad": Entry(("target", "layer", "site", "token", "channel"), "d target / d act"),
+    "attn": Entry(("layer", "head", "query", "key"), "softmax attention (F2)"),
+    "attn_grad": Entry(("target", "layer", "head", "query", "key"), "d target / d attn"),
+    "attn_window": Entry(("layer", "head", "query", "wkey"), "window attention (F2 of Swin stages)"),
+    "attn_window_grad": Entry(("target", "layer", "head", "query", "wkey"), "d target / d attn_window"),
+    "xattn": Entry(("xattn_layer", "head", "text_token", "key"), "cross-attention (site xattn)"),
+    "xattn_grad": Entry(("target", "xattn_layer", "head", "text_token", "key"), "d target / d xattn"),
+    "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
+    "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
+}
+COORDINATES: dict[str, Entry] = {
+    "layer": Entry(("layer",), "global block index"),
+    "site": Entry(("site",), "token site name"),
+    "token": Entry(("token",), "token position in the sequence"),
+    "token_kind": Entry(("token",), '"cls", "dist", "reg" or "patch"'),
+    "patch_row": Entry(("token",), "grid row of a patch token, -1 for prefix tokens"),
+    "patch_col": Entry(("token",), "grid column of a patch token, -1 for prefix tokens"),
+    "query": Entry(("query",), "query token (mirrors token; query_kind, query_patch_row/col)"),
+    "key": Entry(("key",), "key token (mirrors token; key_kind, key_patch_row/col)"),
+    "head": Entry(("head",), "attention head"),
+    "attn_window_key": Entry(("layer", "query", "wkey"), "raster token of each window key, -1 for padding"),
+    "target": Entry(("target",), "logit_<class> for each traced class, then expected_logit"),
+    "target_class": Entry(("target",), "class of each target, -1 for the expected logit"),
+    "target_label": Entry(("target",), "label of each target"),
+    "class": Entry(("class",), "class index"),
+    "class_label": Entry(("class",), "class name"),
+    "text_token_str": Entry(("text_token",), "text of each text token (xattn)"),
+    "text_token_mask": Entry(("text_token",), "1 where the text token is attended (xattn)"),
+}
+ATTRIBUTES: dict[str, Entry] = {
+    "schema_version": Entry((), "1"),
+    "trace_id": Entry((), "hash of weights, input, classes, layers, sites, dtype (and non-class targets)"),
+    "model_name": Entry((), "architecture name"),
+    "model_family": Entry((), "adapter family"),
+    "pretrained_tag": Entry((), "pretrained tag from the model's config, or empty"),
+    "weights_sha256": Entry((), "hash of the state dict's tensors"),
+    "input_sha256": Entry((), "hash of the model input tensor"),
+    "img_height": Entry((), "input height"),
+    "img_width": Entry((), "input width"),
+    "grid_h": Entry((), "patch grid rows"),
+    "grid_w": Entry((), "patch grid columns"),
+    "num_prefix_tokens": Entry((), "tokens before the patches"),
+    "num_layers": Entry((), "blocks in the model"),
+    "num_heads": Entry((), "attention heads"),
+    "preprocessing": Entry((), "canonical JSON of how the input was made"),
+    "dtype": Entry((), "storage dtype"),
+    "compute_dtype": Entry((), "dtype the model ran in"),
+    "device": Entry((), "device the pass ran on"),
+    "deterministic": Entry((), "1: the pass ran with deterministic kernels"),
+    "deterministic_settings": Entry((), "which settings made it deterministic"),
+    "model_sites": Entry((), "sites this model has"),
+    "hook_<site>": Entry((), "module path template and input/output read for the site"),
+}
+
+# -- hierarchical traces (Swin) ------------------------------------------------------------------------
+#: Variables and coordinates a hierarchical trace keeps at its root (one child per stage holds the rest).
+ROOT_VARS = ("logits", "image")
+ROOT_COORDS = ("class", "class_label", "target", "target_class", "target_label", "y", "x", "rgb")
+
+# -- many-image stores (trace_many) ---------------------------------------------------------------------
+STORE_KIND = "vitcam_nb.traces"
+STORE_VERSION = 1
+SUPPORTED_STORE_VERSIONS = (1,)
+#: Attributes only a store has (its own bookkeeping); a single image read from it drops them.
+STORE_ATTRS = ("store_kind", "store_version", "settings", "settings_id", "n_expected", "n_images", "batch_size",
+               "complete")
+#: In a store the image dimension is ``image``, so the display copy is stored as ``pixels``.
+STORE_PIXELS = "pixels"
+#: Attributes of a single trace that differ from image to image: (image,) coordinates in a store.
+PER_IMAGE_ATTRS = ("trace_id", "input_sha256", "preprocessing", "device", "deterministic")
+#: Facts about the software that wrote a batch: a resumed run may differ; a store keeps its first run's.
+ENV_ATTRS = ("vitcam_nb_version", "torch_version", "timm_version", "numpy_version", "xarray_version")
+
+
+def markdown_table() -> str:
+    """The variables, coordinates and attributes as the markdown table ``docs/architecture.md`` shows.
+
+    Example:
+        >>> markdown_table().splitlines()[0]
+        '| name | kind | dims | holds |'
+    """
+    rows = ["| name | kind | dims | holds |", "| --- | --- | --- | --- |"]
+    for kind, table in (("variable", VARIABLES), ("coordinate", COORDINATES), ("attribute", ATTRIBUTES)):
+        for name, entry in table.items():
+            dims = ", ".join(entry.dims) if entry.dims else "—"
+            rows.append(f"| `{name}` | {kind} | {dims} | {entry.meaning} |")
+    return "\n".join(rows)

@@ -1,0 +1,84 @@
+"""Channel weightings (the recipe field ``weighting``): what a weighting is, and the table of them.
+
+A :class:`Weighting` names a formula, states it for the checklist, and carries the kernel that computes
+it; :data:`WEIGHTINGS` holds every weighting a recipe may name. The built-in kernels are registered by
+:mod:`vitcam_nb.compute.kernels`; :func:`register_weighting` adds your own without editing the package.
+
+Example:
+    >>> import vitcam_nb  # registers the built-in kernels
+    >>> WEIGHTINGS.get("gradcam").pools_tokens, WEIGHTINGS.get("eigencam").uses_gradient
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vitcam_nb.core.registry import Registry
+
+__all__ = ["WEIGHTINGS", "Kernel", "Weighting", "register_weighting", "weighting_names"]
+
+#: ``kernel(A, G, wmask, patch, groups) -> (maps, scale)``: A and G are (..., token, channel) float32;
+#: ``wmask`` selects the tokens that form channel weights, ``patch`` the patch tokens, ``groups`` splits
+#: channels into heads. ``maps`` and ``scale`` are (..., patch, groups); ``scale`` sums the absolute terms
+#: of the same formula, so a map within rounding of zero can be told from a real one.
+Kernel = Callable[[np.ndarray, np.ndarray, object, object, int], "tuple[np.ndarray, np.ndarray]"]
+
+
+@dataclass(frozen=True)
+class Weighting:
+    """One weighting: its recipe name, the formula the checklist states, and its kernel.
+
+    ``pools_tokens``: channel weights are pooled over tokens, so the recipe's ``weight_tokens`` applies.
+    ``uses_gradient``: False for gradient-free formulas (no target is differentiated).
+    ``all_channels``: the formula projects all channels at once, so heads must stay ``"channels"``.
+    ``title``: how the checklist names the method in prose (default: the name).
+
+    Example:
+        >>> Weighting("w", "map = 0", lambda *a: a).all_channels
+        False
+    """
+
+    name: str
+    formula: str
+    kernel: Kernel
+    pools_tokens: bool = False
+    uses_gradient: bool = True
+    all_channels: bool = False
+    title: str = ""
+
+
+WEIGHTINGS: Registry[Weighting] = Registry("weighting")
+
+
+def register_weighting(weighting: Weighting, *, replace: bool = False) -> None:
+    """Make ``weighting.name`` a valid ``Recipe.weighting``, computed by its kernel on every trace kind.
+
+    Example:
+        >>> import numpy as np
+        >>> def grad_abs(A, G, wmask, patch, groups):
+        ...     t = np.abs(G[..., patch, :]).reshape(*G.shape[:-2], -1, groups, G.shape[-1] // groups)
+        ...     return t.sum(-1), t.sum(-1)
+        >>> register_weighting(Weighting("grad_abs_demo", "map[t] = sum_k |G[t,k]|", grad_abs))
+        >>> "grad_abs_demo" in weighting_names()
+        True
+        >>> _ = WEIGHTINGS.unregister("grad_abs_demo")
+    """
+    if not isinstance(weighting, Weighting):
+        raise TypeError(f"weighting: expected a vitcam_nb.core.weighting.Weighting, got {type(weighting).__name__}")
+    if not callable(weighting.kernel):
+        raise TypeError(f"weighting: the kernel of {weighting.name!r} is not callable")
+    WEIGHTINGS.register(weighting.name, weighting, replace=replace)
+
+
+def weighting_names() -> tuple[str, ...]:
+    """Every registered weighting name, built-ins first.
+
+    Example:
+        >>> weighting_names()[0]
+        'gradcam'
+    """
+    return tuple(WEIGHTINGS.names())

@@ -1,0 +1,27 @@
+"""What a trace differentiates: a vector of scores computed from the model's output, and which of them.
+
+- class targets (the default, ``"top5"``, an int or a list of ints): the classifier's logits;
+- :func:`similarity`: the similarity of a model's pooled embedding (``num_classes=0``, e.g. a CLIP image
+  tower) to given vectors, cosine or dot product, times a stated scale;
+- :func:`prompts` (``vitcam_nb[clip]``): :func:`similarity` to the text embeddings of prompts;
+- :func:`itm` (``vitcam_nb[vlm]``): BLIP's image-text matching logits (no match, match).
+
+Every target's scores are stored as the trace's ``logits``; see :class:`Target` for writing your own.
+
+Example:
+    >>> import torch, vitcam_nb as vc
+    >>> t = vc.targets.similarity(torch.eye(3, 8), labels=["a", "b", "c"])
+    >>> t.labels
+    ['a', 'b', 'c']
+"""
+
+from __future__ import annotations
+
+from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
+from vitcam_nb.targets.itm import ItmTarget, itm
+from vitcam_nb.targets.prompts import ClipPrompts, prompts
+from vitcam_nb.targets.similarity import Similarity, similarity, similarity_scores
+
+__all__ = ["ClassTargets", "ClipPrompts", "ItmTarget", "Similarity", "Target", "as_target", "class_labels", "itm",
+           "prompts", "similarity", "similarity_scores"]

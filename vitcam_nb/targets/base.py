@@ -1,0 +1,70 @@
+"""What a trace differentiates: the :class:`Target` interface — a vector of scores computed from the model's
+output, and which of them to trace.
+
+The trace stores that vector as ``logits`` (one entry per "class") and the gradients of the chosen entries
+plus the expected score ``E = sum_j p_j s_j`` (``p = softmax(s)`` detached), exactly as for a classifier, so
+every recipe (logit, prob, logprob, topN) works unchanged whatever the target.
+
+Example:
+    >>> import torch
+    >>> class FirstTwo(Target):
+    ...     kind = "first_two"
+    ...     def scores(self, model, x): return model(x)[0, :2]
+    >>> FirstTwo().batch_scores(lambda x: torch.ones(1, 5), torch.zeros(1, 3, 2, 2)).shape
+    torch.Size([1, 2])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vitcam_nb.core.errors import TraceError
+
+__all__ = ["Target"]
+
+
+class Target:
+    """Base class: ``scores(model, x)`` returns a 1-D tensor of scores for a batch of one image,
+    ``choose(scores)`` the indices to trace. Subclasses fill in ``labels`` and ``description``.
+
+    Example:
+        >>> class Mean(Target):
+        ...     kind = "mean"
+        ...     def scores(self, model, x): return model(x)[0]
+    """
+
+    kind: str = "custom"
+    description: str = "custom scores"
+
+    def check(self, model: torch.nn.Module) -> None:
+        """Refuse a model this target cannot use, before the forward pass."""
+
+    def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The 1-D score vector of the one image in ``x`` (1, 3, H, W)."""
+        raise NotImplementedError
+
+    def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Scores of every image in ``x`` (B, 3, H, W) as a (B, N) tensor. A target that can only score one
+        image at a time (the default, :meth:`scores`) refuses a larger batch."""
+        if x.shape[0] != 1:
+            raise TraceError(f"targets: a {self.kind} target scores one image at a time; trace images one by one "
+                             "with vitcam_nb.trace()")
+        z = self.scores(model, x)
+        return z[None] if isinstance(z, torch.Tensor) else z
+
+    def choose(self, scores: torch.Tensor) -> list[int]:
+        """The indices of one image's scores to differentiate (default: all)."""
+        return list(range(int(scores.shape[0])))
+
+    def class_labels(self, model: torch.nn.Module, n: int) -> list[str]:
+        """Names of the ``n`` scores (default: ``labels`` when it has ``n`` entries, else "class i")."""
+        labels = getattr(self, "labels", None)
+        return list(labels) if labels is not None and len(labels) == n else [f"class {i}" for i in range(n)]
+
+    def settings(self) -> dict:
+        """What, besides the chosen indices, makes two traces with this target differ (for the trace id)."""
+        return {"kind": self.kind}
+
+    def attrs(self) -> dict[str, object]:
+        """Flat trace attributes describing the scores (read by the checklist)."""
+        return {"target_kind": self.kind, "target_scores": self.description}

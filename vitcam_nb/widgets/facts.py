@@ -1,0 +1,108 @@
+"""What the widget controls need to know about a trace: its sites, layers, heads, traced classes and labels,
+the image, and the recipe to start from.
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> tr = vc.trace(timm.create_model("vit_tiny_patch16_224"), np.zeros((224, 224, 3), np.uint8), targets="top2")
+    >>> facts = TraceFacts.of(tr)
+    >>> facts.sites[:2], facts.top_ranks(), default_recipe(facts).site
+    (('F1', 'F2'), [1, 2], 'F1')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.core.recipe import SITES, Recipe
+
+__all__ = ["TraceFacts", "default_recipe"]
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    """What the controls need to know about a trace: sites, layers, heads, traced classes and labels."""
+
+    sites: tuple[str, ...]
+    layers: tuple[int, ...]
+    num_layers: int
+    num_heads: int
+    classes: tuple[int, ...]
+    labels: dict[int, str]
+    ranked: tuple[int, ...]
+    image: np.ndarray
+    text_tokens: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, trace: xr.Dataset) -> TraceFacts:
+        """Read the facts from a trace Dataset.
+
+        Example:
+            >>> facts = TraceFacts.of(tr)  # doctest: +SKIP
+        """
+        if not isinstance(trace, xr.Dataset):
+            hint = ("; widgets show one stage of a hierarchical trace: pass vc.stages.stage_dataset(tr, stage)"
+                    if isinstance(trace, xr.DataTree) else "")
+            raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
+                            f"{type(trace).__name__}{hint}")
+        for name in ("image", "logits", "target_class", "layer"):
+            if name not in trace.variables:
+                raise ValueError(f"trace: has no {name!r}; pass a Dataset made by vitcam_nb.trace()")
+        traced = {str(s) for s in trace["site"].values} if "site" in trace.variables else set()
+        if "attn" in trace.variables or "attn_window" in trace.variables:
+            traced.add("F2")
+        if "xattn" in trace.variables:
+            traced.add("xattn")
+        text = tuple(str(v) for v in trace["text_token_str"].values) if "text_token_str" in trace.variables else ()
+        sites = tuple(s for s in SITES if s in traced)
+        layers = tuple(int(v) for v in trace["layer"].values)
+        num_layers = int(trace.attrs.get("num_layers", max(layers) + 1))
+        classes = tuple(int(c) for c in trace["target_class"].values if int(c) >= 0)
+        logits = np.asarray(trace["logits"].values, dtype=np.float64)
+        if "class_label" in trace.variables:
+            names = [str(v) for v in trace["class_label"].values]
+        else:
+            names = [str(i) for i in range(logits.size)]
+        labels = {c: names[c] if c < len(names) else str(c) for c in classes}
+        ranked = tuple(int(c) for c in np.argsort(-logits, kind="stable"))
+        image = np.asarray(trace["image"].values)
+        if image.ndim != 3 or image.shape[-1] != 3:
+            raise ValueError(f"trace: image has shape {image.shape}; expected (y, x, 3)")
+        if image.dtype != np.uint8:
+            image = np.clip(image, 0, 255).astype(np.uint8)
+        return cls(sites=sites, layers=layers, num_layers=num_layers,
+                   num_heads=int(trace.attrs.get("num_heads", 1)), classes=classes, labels=labels,
+                   ranked=ranked, image=image, text_tokens=text)
+
+    def top_ranks(self) -> list[int]:
+        """The N of every "topN" class choice whose class was traced.
+
+        Example:
+            >>> TraceFacts.of(tr).top_ranks()  # doctest: +SKIP
+            [1, 2, 3, 4, 5]
+        """
+        return [n for n in range(1, len(self.ranked) + 1) if self.ranked[n - 1] in self.classes][:len(self.classes)]
+
+
+def default_recipe(facts: TraceFacts) -> Recipe:
+    """The package default recipe, moved to a site and class this trace holds if it lacks F1 or top1.
+
+    Example:
+        >>> default_recipe(TraceFacts.of(tr)).site  # doctest: +SKIP
+        'F1'
+    """
+    changes: dict[str, Any] = {}
+    if facts.sites and _DEFAULTS["site"] not in facts.sites:
+        # A token site first: F2's default query row is CLS, which not every model has.
+        changes["site"] = next((s for s in facts.sites if s != "F2"), facts.sites[0])
+    if facts.classes and 1 not in facts.top_ranks():
+        changes["class_"] = facts.classes[0]
+    if facts.layers and (_DEFAULTS["layer"] % facts.num_layers) not in facts.layers:
+        changes["layer"] = facts.layers[-1]
+    return Recipe(**changes)
