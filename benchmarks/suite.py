@@ -246,7 +246,7 @@ def phase_timers(model: torch.nn.Module, device: str) -> Iterator[dict[str, floa
         >>> acc["forward"] > 0
         True
     """
-    import vitcam_nb.tracer as tracer
+    import importlib
 
     acc: dict[str, float] = defaultdict(float)
 
@@ -261,10 +261,16 @@ def phase_timers(model: torch.nn.Module, device: str) -> Iterator[dict[str, floa
                 acc[label] += time.perf_counter() - t0
         return inner
 
-    patched = {"prepare_input": "preprocessing", "_class_labels": "class labels", "_assemble": "assembly",
-               "_to_numpy": "assembly: _to_numpy (torch -> numpy view)", "weights_sha256": "assembly: weights hash",
-               "array_sha256": "assembly: input hash"}
-    originals = {name: getattr(tracer, name) for name in patched if hasattr(tracer, name)}
+    # (module where the name is looked up at call time, name) -> phase
+    patched = {
+        ("vitcam_nb.capture.trace", "prepare_input"): "preprocessing",
+        ("vitcam_nb.targets.classes", "class_labels"): "class labels",
+        ("vitcam_nb.capture.trace", "assemble"): "assembly",
+        ("vitcam_nb.capture.assemble", "to_numpy"): "assembly: to_numpy (torch -> numpy view)",
+        ("vitcam_nb.capture.assemble", "weights_sha256"): "assembly: weights hash",
+        ("vitcam_nb.capture.assemble", "array_sha256"): "assembly: input hash",
+    }
+    originals = {(mod, name): getattr(importlib.import_module(mod), name) for mod, name in patched}
     grad = torch.autograd.grad
     start: list[float] = []
 
@@ -278,14 +284,14 @@ def phase_timers(model: torch.nn.Module, device: str) -> Iterator[dict[str, floa
 
     handles = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
     try:
-        for name, fn in originals.items():
-            setattr(tracer, name, wrap(patched[name], fn))
+        for (mod, name), fn in originals.items():
+            setattr(importlib.import_module(mod), name, wrap(patched[(mod, name)], fn))
         torch.autograd.grad = wrap("batched backward", grad)
         yield acc
     finally:
         torch.autograd.grad = grad
-        for name, fn in originals.items():
-            setattr(tracer, name, fn)
+        for (mod, name), fn in originals.items():
+            setattr(importlib.import_module(mod), name, fn)
         for h in handles:
             h.remove()
 
@@ -377,12 +383,11 @@ def bench_trace_cost(w: workloads.Workload, cfg: Config, k: int) -> dict:
 
 # -- 2. one variant ----------------------------------------------------------------------------------------
 def _clear_cam_caches() -> None:
-    import vitcam_nb.cam as cam_module
+    from vitcam_nb.compute.report import clear_reports
+    from vitcam_nb.compute.view import clear_views
 
-    for name in ("_CHECKLISTS", "_VIEWS"):
-        cache = getattr(cam_module, name, None)
-        if isinstance(cache, dict):
-            cache.clear()
+    clear_reports()
+    clear_views()
 
 
 def bench_single_variant(w: workloads.Workload, tr: object, peer_models: dict, cfg: Config) -> dict:
@@ -762,7 +767,7 @@ def run(cfg: Config) -> dict:
             f"load average {results['machine']['load_average_start']}")
     _settle()
     with warnings.catch_warnings():
-        from vitcam_nb.errors import DegenerateMapWarning
+        from vitcam_nb.core.errors import DegenerateMapWarning
 
         warnings.simplefilter("ignore", DegenerateMapWarning)
         for name in cfg.models:

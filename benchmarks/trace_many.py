@@ -72,10 +72,9 @@ def probe(mode: str, n: int, batch_size: int, device: str = "cpu") -> dict:
     """
     import gc
 
-    from vitcam_nb.many import trace_many
-
     import vitcam_nb as vc
     from benchmarks.memprobe import _reset_peak, _status_kib
+    from vitcam_nb.capture.trace_many import trace_many
 
     model, description = _model(device)
     folder = Path(tempfile.mkdtemp(prefix="vitcam-trace-many-"))

@@ -16,15 +16,13 @@ Example:
 from __future__ import annotations
 
 # compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
-from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, targets, widgets  # noqa: F401
+from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, presets, stages, targets, widgets  # noqa: F401
 from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import load, save
 from vitcam_nb.capture.reader import image_choices, image_trace, open_traces
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.capture.trace_many import trace_many
-from vitcam_nb.compute import stages
 from vitcam_nb.compute.many import cam_many
-from vitcam_nb.core import presets
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.recipe import Recipe

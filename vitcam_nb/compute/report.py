@@ -20,7 +20,8 @@ from vitcam_nb.core.presets import citation
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
 from vitcam_nb.core.weighting import WEIGHTINGS
 
-__all__ = ["ATTN_ROW_TEXT", "FUSION_TEXT", "HEAD_RULE_TEXT", "build_checklist", "cached_report", "describe"]
+__all__ = ["ATTN_ROW_TEXT", "FUSION_TEXT", "HEAD_RULE_TEXT", "build_checklist", "cached_report", "clear_reports",
+           "describe"]
 
 
 HEAD_RULE_TEXT = {
@@ -236,3 +237,12 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
             _REPORTS.clear()
         _REPORTS[key] = (build_checklist(recipe, trace).to_json(), describe(recipe, trace))
     return _REPORTS[key]
+
+
+def clear_reports() -> None:
+    """Forget every cached report (benchmarks measure cold computations with it).
+
+    Example:
+        >>> clear_reports()
+    """
+    _REPORTS.clear()

@@ -14,17 +14,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.registry import Registry
-
-if TYPE_CHECKING:
-    from vitcam_nb.core.checklist import Checklist
-    from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["TRACE_KINDS", "MapValues", "TraceKind", "kind_for"]
 
@@ -34,7 +31,8 @@ MapValues = tuple[np.ndarray, list[str], list[str]]
 
 
 class TraceKind:
-    """The interface every trace kind implements.
+    """The interface every trace kind implements. ``recipe`` is always a :class:`vitcam_nb.Recipe` (typed
+    ``Any`` here: the recipe module dispatches through this one, so this one cannot import it).
 
     Example:
         >>> class Nothing(TraceKind):
@@ -46,27 +44,27 @@ class TraceKind:
 
     name: str = "kind"
 
-    def accepts(self, trace: Any, recipe: Recipe | None) -> bool:
+    def accepts(self, trace: Any, recipe: Any) -> bool:
         """Whether this kind computes ``recipe`` on ``trace`` (``trace`` may be None: report only)."""
         raise NotImplementedError
 
-    def compute(self, trace: Any, recipe: Recipe) -> MapValues:
+    def compute(self, trace: Any, recipe: Any) -> MapValues:
         """The map's values and degeneracy, with no warning raised and no attributes attached."""
         raise NotImplementedError
 
-    def cam(self, trace: Any, recipe: Recipe) -> xr.DataArray:
+    def cam(self, trace: Any, recipe: Any) -> xr.DataArray:
         """The map as ``vc.cam`` returns it: values, recipe, ids, checklist, methods, degeneracy."""
         raise NotImplementedError
 
-    def gallery(self, trace: Any, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
+    def gallery(self, trace: Any, recipe: Any, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         """Many variants of ``recipe`` as one labelled DataArray (see ``vc.gallery``)."""
         raise NotImplementedError
 
-    def checklist(self, recipe: Recipe, trace: Any) -> Checklist:
+    def checklist(self, recipe: Any, trace: Any) -> Checklist:
         """The reporting checklist of ``recipe`` on ``trace``: the one its maps carry."""
         raise NotImplementedError
 
-    def describe(self, recipe: Recipe, trace: Any) -> str:
+    def describe(self, recipe: Any, trace: Any) -> str:
         """The methods paragraph of ``recipe`` on ``trace``."""
         raise NotImplementedError
 
@@ -74,7 +72,7 @@ class TraceKind:
 TRACE_KINDS: Registry[TraceKind] = Registry("trace kind")
 
 
-def kind_for(trace: Any, recipe: Recipe | None = None) -> TraceKind:
+def kind_for(trace: Any, recipe: Any = None) -> TraceKind:
     """The first registered kind that accepts ``trace`` and ``recipe``.
 
     Anything but an xarray Dataset or DataTree (or None, for reports without a trace) is a TypeError; an

@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.evaluate._common import MetricWarning
+from vitcam_nb.evaluate._common import MetricWarning, resolve_k
 from vitcam_nb.evaluate.agreement import (
     AGREEMENT_METRICS,
     SIGNED_METRICS,
@@ -91,6 +91,7 @@ __all__ = [
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
     "report_known_answer",
+    "resolve_k",
     "road",
     "sign_agreement",
     "signed_rank_agreement",

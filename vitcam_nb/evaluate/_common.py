@@ -15,6 +15,9 @@ from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 
+__all__ = ["MetricWarning", "as_map", "as_mask", "as_pair", "grid_map", "nan_because", "order_desc", "recipe_fields",
+           "resolve_k", "warn"]
+
 
 class MetricWarning(UserWarning):
     """A metric returned NaN (or a number that needs a caveat) and says why.

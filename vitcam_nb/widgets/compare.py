@@ -15,8 +15,7 @@ import xarray as xr
 from vitcam_nb.api import cam
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.evaluate import spearman, topk_iou
-from vitcam_nb.evaluate._common import resolve_k
+from vitcam_nb.evaluate import resolve_k, spearman, topk_iou
 from vitcam_nb.plot import overlay
 from vitcam_nb.widgets.assets import css, esm
 from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, diff_fields

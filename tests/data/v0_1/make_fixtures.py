@@ -2,7 +2,7 @@
 
 Run once, at the last 0.1 commit (e4ec999), from the repository root::
 
-    python tests/data/v0_1/make_fixtures.py
+    python tests/data/v0_1/make_fixtures.py [--api-only]
 
 It writes, next to this file:
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -51,11 +52,14 @@ CLASSES = ["Recipe", "Checklist", "Explorer", "Gallery", "Compare", "Adapter", "
            "ClassTargets", "Similarity"]
 
 
-def _signature(obj: object) -> str | None:
+def _signature(obj: object) -> list | None:
+    """[name, kind, default] of every parameter (annotations left out: they document, they do not bind)."""
     try:
-        return str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return None
+    return [[p.name, p.kind.name, None if p.default is inspect.Parameter.empty else repr(p.default)]
+            for p in sig.parameters.values()]
 
 
 def _kind(obj: object) -> str:
@@ -125,6 +129,8 @@ SWIN_RECIPES = {
 
 def main() -> None:
     (HERE / "api.json").write_text(json.dumps(api_snapshot(), indent=1, sort_keys=True) + "\n")
+    if "--api-only" in sys.argv:
+        return
     warnings.simplefilter("ignore")
     flat, swin = flat_trace(), swin_trace()
     for path in ("flat.nc", "swin.nc"):

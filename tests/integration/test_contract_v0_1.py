@@ -1,0 +1,155 @@
+"""The 0.1 contract: the public API keeps every name and parameter list, files written by 0.1 load, and the ids,
+maps and reports 0.1 computed from them are reproduced exactly.
+
+The fixtures in tests/data/v0_1/ were written by vitcam_nb 0.1 itself (commit e4ec999, make_fixtures.py there).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vitcam_nb as vc
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "v0_1"
+API = json.loads((DATA / "api.json").read_text())
+EXPECTED = json.loads((DATA / "expected.json").read_text())
+pytestmark = pytest.mark.filterwarnings("ignore::vitcam_nb.DegenerateMapWarning")
+
+
+def _fixtures():
+    spec = importlib.util.spec_from_file_location("v0_1_fixtures", DATA / "make_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FIXTURES = _fixtures()
+
+
+def _compatible(old: list, new: list) -> str:
+    """Why a call written for ``old`` parameters would not bind to ``new`` ("" when it would): every old
+    parameter keeps its name, kind, default and position among the positional ones; an added one has a
+    default or is ``**kwargs``."""
+    new_by_name = {p[0]: p for p in new}
+    for p in old:
+        if p[0] not in new_by_name:
+            return f"parameter {p[0]!r} is gone"
+        if new_by_name[p[0]] != p:
+            return f"parameter {p[0]!r} changed from {p} to {new_by_name[p[0]]}"
+    positional = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
+    if [p[0] for p in old if p[1] in positional] != [p[0] for p in new if p[1] in positional][:len(
+            [p for p in old if p[1] in positional])]:
+        return "positional parameters were reordered"
+    added = [p for p in new if p[0] not in {q[0] for q in old}]
+    bad = [p[0] for p in added if p[2] is None and p[1] not in ("VAR_KEYWORD", "VAR_POSITIONAL")]
+    return f"added parameters without a default: {bad}" if bad else ""
+
+
+def test_compatible_refuses_what_breaks_a_call():
+    old = [["a", "POSITIONAL_OR_KEYWORD", None], ["b", "KEYWORD_ONLY", "1"]]
+    assert _compatible(old, old + [["c", "KEYWORD_ONLY", "0"]]) == ""
+    assert "gone" in _compatible(old, old[:1])
+    assert "changed" in _compatible(old, [old[0], ["b", "KEYWORD_ONLY", "2"]])
+    assert "without a default" in _compatible(old, old + [["c", "KEYWORD_ONLY", None]])
+
+
+def _parameters(obj: object) -> list | None:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    return [[p.name, p.kind.name, None if p.default is inspect.Parameter.empty else repr(p.default)]
+            for p in sig.parameters.values()]
+
+
+@pytest.mark.parametrize("qualified", sorted(API["names"]))
+def test_public_name_keeps_its_parameters(qualified):
+    path, _, name = qualified.partition(":")
+    module = importlib.import_module(path)  # the 0.1 import path itself, not only the attribute
+    assert hasattr(module, name), f"{qualified} is gone"
+    want = API["names"][qualified]
+    obj = getattr(module, name)
+    kind = "class" if inspect.isclass(obj) else "module" if inspect.ismodule(obj) else \
+        "function" if callable(obj) else "value"
+    assert kind == want["kind"]
+    # Classes are checked method by method (with __init__) below; 0.1's Explorer had a __new__.
+    if want["signature"] is not None and not (kind == "class" and name in API["classes"]):
+        assert _compatible(want["signature"], _parameters(obj)) == ""
+
+
+@pytest.mark.parametrize("cls_name", sorted(API["classes"]))
+def test_public_class_keeps_its_methods(cls_name):
+    cls = getattr(vc, cls_name, None) or getattr(vc.adapters, cls_name, None) or getattr(vc.targets, cls_name)
+    for attr, want in API["classes"][cls_name].items():
+        assert hasattr(cls, attr), f"{cls_name}.{attr} is gone"
+        value = inspect.getattr_static(cls, attr)
+        if want == "property":
+            assert isinstance(value, property), f"{cls_name}.{attr} is no longer a property"
+            continue
+        func = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
+        assert _compatible(want, _parameters(func)) == "", f"{cls_name}.{attr}"
+
+
+def test_recipe_ids_are_those_of_0_1():
+    for name, recipe in FIXTURES.RECIPES.items():
+        assert recipe.id == EXPECTED["flat"][name]["recipe_id"]
+    for name, recipe in FIXTURES.SWIN_RECIPES.items():
+        assert recipe.id == EXPECTED["swin"][name]["recipe_id"]
+    assert vc.Recipe().id == "36db00aafece"
+
+
+def test_a_flat_trace_written_by_0_1_gives_the_same_maps_and_reports():
+    tr = vc.load(DATA / "flat.nc")
+    maps = np.load(DATA / "expected.npz")
+    assert tr.attrs["trace_id"] == EXPECTED["flat_trace_id"]
+    for name, recipe in FIXTURES.RECIPES.items():
+        m = vc.cam(tr, recipe)
+        want = EXPECTED["flat"][name]
+        np.testing.assert_array_equal(m.values, maps[f"flat/{name}"], err_msg=name)
+        assert m.attrs["checklist"] == want["checklist"], name
+        assert m.attrs["methods"] == want["methods"], name
+        assert m.attrs["degenerate"] == want["degenerate"], name
+        assert recipe.checklist(tr).to_json() == want["checklist"], name
+    g = vc.gallery(tr, vc.Recipe(), vary={"layer": "all", "site": ["F1", "F4"]})
+    np.testing.assert_array_equal(g.values, maps["flat/gallery"])
+    assert g["recipe_id"].values.tolist() == EXPECTED["flat"]["gallery_ids"]
+
+
+def test_retracing_reproduces_the_0_1_file_exactly():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        new, old = FIXTURES.flat_trace(), vc.load(DATA / "flat.nc")
+    assert new.attrs["trace_id"] == old.attrs["trace_id"]
+    for name in old.variables:
+        np.testing.assert_array_equal(new[name].values, old[name].values, err_msg=name)
+    ignore = {"content_sha256", "torch_version", "timm_version", "numpy_version", "xarray_version"}
+    assert {k: v for k, v in new.attrs.items() if k not in ignore} == \
+        {k: v for k, v in old.attrs.items() if k not in ignore}
+
+
+def test_a_swin_tree_written_by_0_1_gives_the_same_maps():
+    tree = vc.load(DATA / "swin.nc")
+    maps = np.load(DATA / "expected.npz")
+    assert tree.attrs["trace_id"] == EXPECTED["swin_trace_id"] == FIXTURES.swin_trace().attrs["trace_id"]
+    for name, recipe in FIXTURES.SWIN_RECIPES.items():
+        m = vc.cam(tree, recipe)
+        np.testing.assert_array_equal(m.values, maps[f"swin/{name}"], err_msg=name)
+        assert m.attrs["checklist"] == EXPECTED["swin"][name]["checklist"], name
+
+
+def test_a_store_written_by_0_1_opens_and_gives_the_same_maps():
+    ds = vc.open_traces(DATA / "store.zarr")
+    maps = np.load(DATA / "expected.npz")
+    assert [str(v) for v in ds["trace_id"].values] == EXPECTED["store_trace_ids"]
+    recipe = vc.Recipe.from_json(EXPECTED["store"]["default"]["recipe"])
+    np.testing.assert_array_equal(vc.cam(ds, recipe).values, maps["store/default"])
+    one = vc.image_trace(ds, 1)
+    assert one.attrs["trace_id"] == EXPECTED["store_trace_ids"][1] and one["image"].dims == ("y", "x", "rgb")
