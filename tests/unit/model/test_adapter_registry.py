@@ -1,0 +1,124 @@
+"""The adapter table (vitcam_nb/adapters/registry.py) and the per-trace context (adapters/base.py): built-in
+families loaded only when their package is installed, third-party families from the ``vitcam_nb.adapters``
+entry point group, and no adapter keeping facts of a trace on itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+
+import vitcam_nb as vc
+from vitcam_nb.adapters import TraceContext, find_adapter
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _run(code: str, extra_path: Path | None = None) -> str:
+    env_path = [str(ROOT)] + ([str(extra_path)] if extra_path else [])
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300, env={"PYTHONPATH": ":".join(env_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip()
+
+
+def test_a_builtin_family_whose_package_is_missing_is_left_out():
+    out = _run("""
+        import importlib.util
+        real = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, *a: None if name == "open_clip" else real(name, *a)
+        import sys
+        from vitcam_nb.adapters import supported_families
+        print(",".join(supported_families()), "open_clip" in sys.modules)
+    """)
+    families, imported = out.split()
+    assert families.split(",") == ["vit", "swin", "beit", "eva", "blip"] and imported == "False"
+
+
+def test_a_family_from_an_entry_point_is_registered(tmp_path):
+    (tmp_path / "myfamily.py").write_text(textwrap.dedent("""
+        from vitcam_nb.adapters import VitAdapter
+
+        class MyAdapter(VitAdapter):
+            family = "my_family"
+
+            def matches(self, model):
+                return type(model).__name__ == "MyNet"
+    """))
+    dist = tmp_path / "myfamily-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myfamily\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[vitcam_nb.adapters]\nmy_family = myfamily:MyAdapter\n")
+    out = _run("""
+        from vitcam_nb.adapters import supported_families
+        print(",".join(supported_families()))
+    """, extra_path=tmp_path)
+    assert out.split(",")[-1] == "my_family" and out.split(",")[0] == "vit"
+
+
+def test_a_broken_entry_point_warns_and_the_builtins_stay(tmp_path):
+    dist = tmp_path / "broken-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[vitcam_nb.adapters]\nbroken = no_such_module:Adapter\n")
+    out = _run("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from vitcam_nb.adapters import supported_families
+            families = supported_families()
+        print("vit" in families, any("'broken'" in str(w.message) for w in caught))
+    """, extra_path=tmp_path)
+    assert out == "True True"
+
+
+def _swin() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1), num_heads=(2, 4),
+                             embed_dim=16, img_size=56, window_size=7, num_classes=4, strict_img_size=False).eval()
+
+
+def test_the_registered_swin_adapter_keeps_nothing_of_a_trace():
+    model = _swin()
+    adapter = find_adapter(model)
+    before = dict(vars(adapter))
+    vc.trace(model, np.zeros((56, 56, 3), np.uint8), targets="top1", sites=["F1", "F3"])
+    assert vars(adapter) == before == {}
+
+
+def test_two_traces_at_once_keep_their_own_grids():
+    """Two models of one family traced at once share the registered adapter; each trace keeps its own facts."""
+    model_a, model_b = _swin(), _swin()
+    adapter = find_adapter(model_a)
+    assert find_adapter(model_b) is adapter
+    a, b = TraceContext(model_a), TraceContext(model_b)
+    with adapter.tracing(a):
+        with adapter.tracing(b):
+            model_b(torch.zeros(1, 3, 84, 84))  # another input size: other grids per block
+        model_a(torch.zeros(1, 3, 56, 56))
+    assert adapter.grid_of(a, 0) == (14, 14) and adapter.grid_of(b, 0) == (21, 21)
+    assert adapter.window_keys(a, 0).shape[0] == 14 * 14 and adapter.window_keys(b, 0).shape[0] == 21 * 21
+
+
+def test_traces_in_threads_get_the_maps_of_their_own_input_size():
+    models = [_swin(), _swin()]
+    images = [np.random.default_rng(s).integers(0, 256, (h, h, 3), dtype=np.uint8) for s, h in ((0, 56), (1, 84))]
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        x = vc.preprocess.prepare_input(models[i], images[i]).tensor
+        x = torch.nn.functional.interpolate(x, size=images[i].shape[:2], mode="bilinear")
+        results[i] = vc.trace(models[i], x, targets="top1", sites=["F3"])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0]["stage_0"].attrs["grid_h"] == 14 and results[1]["stage_0"].attrs["grid_h"] == 21
