@@ -1,5 +1,6 @@
 """The recipe: one fully specified Grad-CAM-for-ViT variant. A :class:`Recipe` names every choice of the
-taxonomy, validates it, and has a canonical JSON form and a stable id (``docs/architecture.md``, "Recipes").
+taxonomy, validates it, and has a canonical JSON form and a stable id (docs/architecture.md, "Recipes and
+formulas").
 
 Example:
     >>> r = Recipe(site="F4", layer=-2)
