@@ -7,6 +7,9 @@ Usage::
     python scripts/update_readme_perf.py --results benchmarks/results/latest.json --readme README.md
     python scripts/update_readme_perf.py --check              # exit 1 if README.md is not up to date
 
+Next to the results file, ``TRACE_MANY.json`` and ``AGAINST.json`` (``python -m benchmarks.trace_many`` and
+``python -m benchmarks.against``) each add a line below the table when they exist.
+
 If the README has no markers, the table is printed and the exit status is 1.
 """
 
@@ -68,6 +71,29 @@ def extra_rows(results: dict, trace_many_path: Path) -> str:
     return "\n".join(lines)
 
 
+def against_row(against_path: Path) -> str:
+    """The line for ``python -m benchmarks.against`` (its own JSON): new/base ratios per item and the verdict;
+    empty if the file is missing or holds a ``--quick`` run, whose timings are no claim.
+
+    Example:
+        >>> against_row(Path("/nonexistent.json"))
+        ''
+    """
+    if not against_path.is_file():
+        return ""
+    a = json.loads(against_path.read_text())
+    if a.get("quick"):
+        return ""
+    items = a["items"]
+    threads = a["settings"]["threads"]
+    ratios = ", ".join(f"{label} ×{items[key]['ratio']:.2f}"
+                       for key, label in (("trace", "trace"), ("one_variant", "one variant"), ("gallery", "gallery")))
+    return (f"- Redesign against {a['base']['version']} ({a['base']['commit'][:7]}), side by side on {a['model']}, "
+            f"{threads} thread{'' if threads == 1 else 's'}: {ratios} (new/old, medians of "
+            f"{a['settings']['rounds']} per-round ratios; target ≤ {a['threshold']:.2f}: {a['verdict']}). "
+            f"From `{a['command']}` (benchmarks/AGAINST.json).")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Update (or, with ``--check``, verify) the README's performance section; returns the exit status."""
     p = argparse.ArgumentParser(prog="python scripts/update_readme_perf.py", description=__doc__.split("\n")[0])
@@ -80,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = json.loads(args.results.read_text())
     body = readme_table(results)
-    extra = extra_rows(results, args.results.parent / "TRACE_MANY.json")
+    extra = "\n".join(line for line in (extra_rows(results, args.results.parent / "TRACE_MANY.json"),
+                                         against_row(args.results.parent / "AGAINST.json")) if line)
     if extra:
         body = body.rstrip("\n") + "\n\n" + extra
     text = args.readme.read_text() if args.readme.is_file() else ""

@@ -17,7 +17,7 @@ from typing import Any
 import xarray as xr
 
 from vitcam_nb.core.kinds import kind_for
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe import Recipe, recipe_arguments
 
 __all__ = ["cam", "gallery"]
 
@@ -38,16 +38,7 @@ def cam(trace: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False, 
         >>> m.dims, m.shape, m.attrs["recipe_id"]
         (('y', 'x'), (224, 224), '36db00aafece')
     """
-    if recipe is None:
-        recipe = Recipe.from_dict(fields)
-    elif not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
-    elif fields:
-        recipe = recipe.replace(**fields)
-    if not isinstance(grid, bool):
-        raise TypeError(f"grid: expected True or False, got {grid!r}")
-    if grid and recipe.upsample != "none":
-        recipe = recipe.replace(upsample="none")
+    recipe = recipe_arguments(recipe, grid, fields)
     return kind_for(trace, recipe).cam(trace, recipe)
 
 

@@ -61,15 +61,6 @@ def test_compatible_refuses_what_breaks_a_call():
     assert "without a default" in _compatible(old, old + [["c", "KEYWORD_ONLY", None]])
 
 
-def _parameters(obj: object) -> list | None:
-    try:
-        sig = inspect.signature(obj)
-    except (TypeError, ValueError):
-        return None
-    return [[p.name, p.kind.name, None if p.default is inspect.Parameter.empty else repr(p.default)]
-            for p in sig.parameters.values()]
-
-
 @pytest.mark.parametrize("qualified", sorted(API["names"]))
 def test_public_name_keeps_its_parameters(qualified):
     path, _, name = qualified.partition(":")
@@ -82,7 +73,7 @@ def test_public_name_keeps_its_parameters(qualified):
     assert kind == want["kind"]
     # Classes are checked method by method (with __init__) below; 0.1's Explorer had a __new__.
     if want["signature"] is not None and not (kind == "class" and name in API["classes"]):
-        assert _compatible(want["signature"], _parameters(obj)) == ""
+        assert _compatible(want["signature"], FIXTURES.parameters(obj)) == ""
 
 
 @pytest.mark.parametrize("cls_name", sorted(API["classes"]))
@@ -95,7 +86,7 @@ def test_public_class_keeps_its_methods(cls_name):
             assert isinstance(value, property), f"{cls_name}.{attr} is no longer a property"
             continue
         func = value.__func__ if isinstance(value, (classmethod, staticmethod)) else value
-        assert _compatible(want, _parameters(func)) == "", f"{cls_name}.{attr}"
+        assert _compatible(want, FIXTURES.parameters(func)) == "", f"{cls_name}.{attr}"
 
 
 def test_recipe_ids_are_those_of_0_1():

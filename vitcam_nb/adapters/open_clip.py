@@ -12,11 +12,10 @@ Text prompts as targets are :func:`vitcam_nb.targets.prompts`.
 open_clip itself is imported only inside functions, so ``import vitcam_nb`` never needs it.
 
 Example:
-    >>> import open_clip, numpy as np, vitcam_nb as vc  # doctest: +SKIP
-    >>> model, _, _ = open_clip.create_model_and_transforms("ViT-B-32", pretrained="openai")  # doctest: +SKIP
-    >>> t = vc.targets.prompts(["a dog", "a cat"], tokenizer=open_clip.get_tokenizer("ViT-B-32"),
-    ...                        text_model=model)  # doctest: +SKIP
-    >>> tr = vc.trace(model, np.zeros((224, 224, 3), np.uint8), targets=t)  # doctest: +SKIP
+    >>> import open_clip, vitcam_nb as vc  # doctest: +SKIP
+    >>> model, _, _ = open_clip.create_model_and_transforms("ViT-B-32")  # doctest: +SKIP
+    >>> OpenClipAdapter().site_table(model)["F2"].hook(OpenClipAdapter.block_template)  # doctest: +SKIP
+    'visual.transformer.resblocks.{layer}.attn.attn_probs:output'
 """
 
 from __future__ import annotations

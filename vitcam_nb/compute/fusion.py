@@ -44,13 +44,13 @@ def rollout(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> np.ndarray
     return to_grid(view, rows[..., view.patch])
 
 
-def fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], recipe: Recipe
-                 ) -> tuple[np.ndarray, list[str], list[str]]:
+def fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], recipe: Recipe,
+                label: str = "layer") -> tuple[np.ndarray, list[str], list[str]]:
     """Fuse per-layer maps; degenerate layers enter as zeros and are named, and a fusion that is all
-    degenerate or constant is returned as zeros with the reasons. Returns (map, why it is degenerate, which
-    fused layers were degenerate and left out)."""
+    degenerate or constant is returned as zeros with the reasons (each named "``label`` <layer>: reason"). Returns
+    (map, why it is degenerate, which fused layers were degenerate and left out)."""
     fused = fuse(maps, recipe.layer_fusion)
-    notes = [f"layer {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]
+    notes = [f"{label} {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]
     if len(notes) < len(layer_ids) and np.ptp(fused) <= 0:
         notes.append("the fused map is constant")
     if notes and (len(notes) >= len(layer_ids) or np.ptp(fused) <= 0):

@@ -27,7 +27,7 @@ from vitcam_nb.compute.report import build_checklist, cached_report, describe
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind, kind_for
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe import Recipe, recipe_arguments
 from vitcam_nb.core.schema import ATTENTION_SITE
 
 __all__ = ["MANY", "ManyKind", "cam_many", "image_blocks", "is_lazy", "subset"]
@@ -109,16 +109,7 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
 
     if not is_store(ds):
         raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
-    if recipe is None:
-        recipe = Recipe.from_dict(fields)
-    elif not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
-    elif fields:
-        recipe = recipe.replace(**fields)
-    if not isinstance(grid, bool):
-        raise TypeError(f"grid: expected True or False, got {grid!r}")
-    if grid and recipe.upsample != "none":
-        recipe = recipe.replace(upsample="none")
+    recipe = recipe_arguments(recipe, grid, fields)
     sub = subset(ds, [recipe])
     n = sub.sizes["image"]
     if n:  # a bad recipe raises its RecipeError now, not at compute time

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.compute.fusion import fuse
+from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.galleries import loop_gallery, normalise_vary, vary_values
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import combine, compact, finish_layers, grid_maps, weight_mask
 from vitcam_nb.compute.report import build_checklist, describe
-from vitcam_nb.compute.spatial import normalise, upsample
+from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
@@ -193,14 +193,7 @@ def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
     per_layer, reasons = finish_layers(view, recipe, maps, scale, zero_grad)
     reasons = np.where(zero_grad, _ZERO_ROWS, reasons)
     per_layer = upsample(per_layer, (view.height, view.width), recipe.upsample)
-    fused = fuse(per_layer, recipe.layer_fusion)
-    # As in the flat kind: a fused map keeps its good layers; it is degenerate only when none (or nothing) is left.
-    notes = [f"cross-attention layer {v}: {r}" if len(layers) > 1 else r for v, r in zip(layers, reasons) if r]
-    if len(notes) < len(layers) and np.ptp(fused) <= 0:
-        notes.append("the fused map is constant")
-    if notes and (len(notes) >= len(layers) or np.ptp(fused) <= 0):
-        return np.zeros_like(fused), notes, []
-    return normalise(fused, recipe.normalize), [], notes
+    return fuse_layers(per_layer, reasons, layers, recipe, label="cross-attention layer")
 
 
 class CrossAttentionKind(TraceKind):

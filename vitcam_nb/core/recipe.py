@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTN_ROWS", "HEAD_RULES", "HEAD_SITES", "LATER_FIELDS", "LAYER_FUSIONS", "NORMALIZES", "RELUS",
            "RESHAPES", "ROLLOUTS", "SITES", "STAGE_BLOCK", "TARGETS", "TOKEN_SITES", "UPSAMPLES", "WEIGHT_TOKENS",
-           "Recipe", "is_int", "pooled_weightings", "weighting_names"]
+           "Recipe", "is_int", "pooled_weightings", "recipe_arguments", "weighting_names"]
 
 TARGETS = ("logit", "prob", "logprob")
 WEIGHT_TOKENS = ("patch", "all", "cls")
@@ -315,6 +315,25 @@ class Recipe:
             True
         """
         return kind_for(_reportable(trace), self).describe(self, trace)
+
+
+def recipe_arguments(recipe: Recipe | None, grid: bool, fields: Mapping[str, Any]) -> Recipe:
+    """The recipe a ``vc.cam``-style call means: ``recipe`` (or one built from ``fields``), changed by
+    ``fields``, on the token grid (``upsample="none"``) when ``grid``.
+
+    Example:
+        >>> recipe_arguments(None, True, {"site": "F4"}).upsample
+        'none'
+    """
+    if recipe is None:
+        recipe = Recipe.from_dict(fields)
+    elif not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+    elif fields:
+        recipe = recipe.replace(**fields)
+    if not isinstance(grid, bool):
+        raise TypeError(f"grid: expected True or False, got {grid!r}")
+    return recipe.replace(upsample="none") if grid and recipe.upsample != "none" else recipe
 
 
 def _reportable(trace: Any) -> xr.Dataset | xr.DataTree | None:

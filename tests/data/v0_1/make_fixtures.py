@@ -52,7 +52,7 @@ CLASSES = ["Recipe", "Checklist", "Explorer", "Gallery", "Compare", "Adapter", "
            "ClassTargets", "Similarity"]
 
 
-def _signature(obj: object) -> list | None:
+def parameters(obj: object) -> list | None:
     """[name, kind, default] of every parameter (annotations left out: they document, they do not bind)."""
     try:
         sig = inspect.signature(obj)
@@ -81,7 +81,7 @@ def api_snapshot() -> dict:
         names = names or list(module.__all__)
         for name in names:
             obj = getattr(module, name)
-            out["names"][f"{path}:{name}"] = {"kind": _kind(obj), "signature": _signature(obj)
+            out["names"][f"{path}:{name}"] = {"kind": _kind(obj), "signature": parameters(obj)
                                               if _kind(obj) in ("class", "function") else None}
     for name in CLASSES:
         cls = getattr(vc, name, None) or getattr(vc.adapters, name, None) or getattr(vc.targets, name)
@@ -92,9 +92,9 @@ def api_snapshot() -> dict:
             if isinstance(value, property):
                 members[attr] = "property"
             elif isinstance(value, (classmethod, staticmethod)):
-                members[attr] = _signature(value.__func__)
+                members[attr] = parameters(value.__func__)
             elif inspect.isfunction(value):
-                members[attr] = _signature(value)
+                members[attr] = parameters(value)
         out["classes"][name] = members
     return out
 
