@@ -435,8 +435,9 @@ def test_explorer_on_a_store_picks_an_image_and_keeps_the_recipe(tmp_path):
     assert ex.recipe == vc.Recipe(site="F4", layer=0) and ex.trace.attrs["image_index"] == 2
     want = vc.cam(vc.image_trace(ds, 2), vc.Recipe(site="F4", layer=0), grid=True).values
     np.testing.assert_array_equal(ex.map, want)
-    # The page's picker sets image_index directly, as the browser does.
-    ex.image_index = 1
+    # The page's picker sends a request, as the browser does; the kernel answers with image_index.
+    ex.image_request = {"id": 1, "index": 1}
+    assert ex.index == 1 and ex.error == ""
     np.testing.assert_array_equal(ex.map, vc.cam(vc.image_trace(ds, 1), ex.recipe, grid=True).values)
     assert ex.image == vc.widgets.encoding.image_rgba(vc.image_trace(ds, 1)["image"].values)
     with pytest.raises(IndexError, match="index"):
@@ -445,3 +446,31 @@ def test_explorer_on_a_store_picks_an_image_and_keeps_the_recipe(tmp_path):
     assert single.images == [] and single.store is None
     with pytest.raises(TypeError, match="single trace"):
         single.index = 1
+
+
+def test_explorer_refuses_an_image_the_recipe_cannot_show_and_keeps_the_one_shown(tmp_path):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=4)
+    for p in model.parameters():
+        if p.ndim >= 2:  # weights O(1), norms and biases as built: the images get different top classes
+            torch.nn.init.normal_(p, std=0.3)
+    images = np.random.default_rng(3).integers(0, 255, (6, 32, 32, 3), dtype=np.uint8)
+    ds = vc.open_traces(vc.trace_many(model.eval(), list(images), tmp_path / "s.zarr", targets="top1",
+                                      progress=False))
+    top = [int(vc.image_trace(ds, i)["target_class"].values[0]) for i in range(6)]
+    other = next(i for i in range(6) if top[i] != top[0])  # an image whose traced class differs
+    ex = vc.Explorer(ds, vc.Recipe(site="F1", layer=0, class_=top[0]))
+    seen = []
+    ex.observe(lambda change: seen.append(change["new"]), names="image_index")
+    shown = ex.map.copy()
+    with pytest.raises(vc.RecipeError, match=f"class_: class {top[0]} was not traced"):
+        ex.index = other
+    assert ex.index == 0 and seen == [] and ex.trace.attrs["image_index"] == 0
+    np.testing.assert_array_equal(ex.map, shown)
+    ex.image_request = {"id": 1, "index": other}  # from the page: a message in the widget, no exception
+    assert ex.index == 0 and seen == [] and f"class {top[0]} was not traced" in ex.error
+    np.testing.assert_array_equal(ex.map, shown)
+    ex.image_request = {"id": 2, "index": 99}
+    assert ex.index == 0 and "index: expected an image position in [0, 5], got 99" in ex.error

@@ -1,6 +1,8 @@
 """Fixtures of the real-browser tests: a JupyterLab server (module scope: started once, killed at the end)
 serving a notebook that traces a tiny ViT and displays the widgets, and one Chromium page on it with the
-widget cells run through the Lab UI. Everything skips cleanly when Chromium or Playwright is missing."""
+widget cells run through the Lab UI; the server also holds a Notebook 7 copy of the Explorer cell and a
+notebook with an Explorer on a many-image store (opened by their tests). Everything skips cleanly when
+Chromium or Playwright is missing."""
 
 from __future__ import annotations
 
@@ -62,6 +64,44 @@ CELLS = [
 ]
 CELL = {"explorer": 0, "gallery": 1, "compare": 2, "set_recipe": 3, "sleep": 4}
 
+# A second notebook (its own kernel): an Explorer on a three-image trace_many store, with an image picker. The
+# matrices are re-drawn at std 0.3 (biases and norms keep timm's init) so that maps are not constant and the
+# three images have different top-1 classes (0, 2, 1): switching image rebuilds the class control. The kernel
+# logs every frame it shows (image, recipe id, sha256 of ex.map) to store-frames.jsonl.
+STORE_SETUP = '''
+import hashlib, json, pathlib
+import torch
+from timm.models.vision_transformer import VisionTransformer
+import vitcam_nb as vc
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=4)
+g = torch.Generator().manual_seed(0)
+with torch.no_grad():
+    for p in model.parameters():
+        if p.ndim >= 2:
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+model.eval()
+images = [torch.randn((3, 32, 32), generator=torch.Generator().manual_seed(s)) for s in (100, 103, 109)]
+path = vc.trace_many(model, images, "store.zarr", targets="top1", progress=False, overwrite=True)
+ds = vc.open_traces(path)
+ex = vc.Explorer(ds, vc.Recipe(site="F1", layer=0))
+frame_log = pathlib.Path("store-frames.jsonl")
+
+def log_frame(change=None):
+    entry = {"frame": ex.frame, "index": ex.index, "recipe_id": ex.recipe_id, "error": ex.error,
+             "map_sha256": hashlib.sha256(ex.map.tobytes()).hexdigest()}
+    with frame_log.open("a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+log_frame()
+ex.observe(log_frame, names="frame")
+ex
+'''
+STORE_CELLS = [STORE_SETUP, "ex.index = 0"]
+STORE_CELL = {"explorer": 0, "set_index": 1}
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
@@ -75,6 +115,7 @@ def lab(tmp_path_factory):
     root.mkdir()
     write_notebook(root / "widgets.ipynb", CELLS)
     write_notebook(root / "notebook7.ipynb", [SETUP.replace("recipes.jsonl", "recipes-nb7.jsonl")])
+    write_notebook(root / "store.ipynb", STORE_CELLS)
     with LabServer(root) as server:
         yield server
 
@@ -105,3 +146,8 @@ def page(lab, browser):
 @pytest.fixture(scope="module")
 def cells():
     return CELL
+
+
+@pytest.fixture(scope="module")
+def store_cells():
+    return STORE_CELL

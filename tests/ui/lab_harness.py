@@ -210,10 +210,17 @@ _KERNEL_READY = """() => {
 }"""
 
 
-def open_notebook(page: Any, lab: LabServer, name: str, timeout_ms: int = 90_000, app: str = "lab") -> None:
+def open_notebook(page: Any, lab: LabServer, name: str, timeout_ms: int = 90_000, app: str = "lab",
+                  workspace: str | None = None) -> None:
     """Open notebook ``name`` in JupyterLab (``app="lab"``) or Notebook 7 (``app="notebook"``, served by
-    the same server when the ``notebook`` package is installed) and wait until its kernel is idle."""
-    path = f"lab/tree/{name}" if app == "lab" else f"notebooks/{name}"
+    the same server when the ``notebook`` package is installed) and wait until its kernel is idle.
+
+    Lab restores the notebooks of its workspace: to open a notebook alone in a second page while another
+    page has one open, give a new ``workspace`` name (Lab only)."""
+    if app == "lab":
+        path = f"lab/workspaces/{workspace}/tree/{name}" if workspace else f"lab/tree/{name}"
+    else:
+        path = f"notebooks/{name}"
     page.goto(lab.url(path), wait_until="domcontentloaded", timeout=timeout_ms)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_ms)
     page.wait_for_function(_KERNEL_READY, timeout=timeout_ms)

@@ -4,15 +4,19 @@ The notebook (tests/ui/conftest.py) traces a tiny ViT and displays an Explorer, 
 cells are run with Shift+Enter in the Lab UI. Checks: the widgets render; a control change in the page
 repaints the canvas and changes the recipe in the kernel; setting the recipe from Python updates the
 page; a refused combination is a message, not a traceback; a stale answer is never painted; labels are
-text, never HTML. The Explorer is also driven once in Notebook 7 (skipped if it is not installed).
+text, never HTML. The Explorer is also driven once in Notebook 7 (skipped if it is not installed). An
+Explorer on a three-image store (a second notebook): the page's image picker switches image in the kernel,
+keeping the recipe, and ``ex.index`` set from Python moves the picker.
 Run: ``python -m pytest tests/ui -q -m browser``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
+import numpy as np
 import pytest
 from lab_harness import new_page, notebook7_missing_reason, open_notebook, output_text, run_cell
 
@@ -208,6 +212,113 @@ def test_notebook7_renders_and_round_trips(lab, browser):
         while time.monotonic() < deadline and not (log.exists() and want.to_json() in log.read_text()):
             time.sleep(0.1)
         assert vc.Recipe.from_json(log.read_text().split()[-1]) == want
+        assert page.dialogs == []
+    finally:
+        page.close()
+
+
+STORE_RECIPE = vc.Recipe(site="F1", layer=0)  # the recipe of the store notebook's Explorer (conftest.py)
+
+
+def store_frames(lab) -> list[dict]:
+    """Every frame the store notebook's Explorer showed, as its kernel logged them (oldest first)."""
+    log = lab.root / "store-frames.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def wait_store_frame(lab, index: int, after: int, timeout_s: float = 30.0) -> dict:
+    """The first frame logged after the first ``after`` ones that shows image ``index``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        frames = store_frames(lab)
+        for frame in frames[after:]:
+            if frame["index"] == index:
+                return frame
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the kernel never showed image {index}; frames logged: {frames}")
+        time.sleep(0.1)
+
+
+def wait_repainted(page, paints: int, settle_ms: int = 500, timeout_s: float = 30.0) -> int:
+    """Wait until the Explorer has painted since it had ``paints`` paints, is ready, and has not painted again
+    for ``settle_ms`` (a switch of image paints the new image, then its map: two messages from the kernel)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = None, 0.0
+    while time.monotonic() < deadline:
+        data = dataset(page)
+        count = int(data["paintCount"])
+        if count > paints and data.get("state") == "ready":
+            if count != last:
+                last, since = count, time.monotonic()
+            elif time.monotonic() - since >= settle_ms / 1000:
+                return count
+        page.wait_for_timeout(50)
+    raise AssertionError(f"the Explorer did not repaint and settle: {dataset(page)}")
+
+
+def store_reference(lab, index: int) -> tuple[str, int]:
+    """Computed here, from the store the kernel wrote: the sha256 of the float32 token-grid map of
+    ``vc.cam(vc.image_trace(ds, index), STORE_RECIPE, grid=True)``, and the image's top-1 class."""
+    ds = vc.open_traces(lab.root / "store.zarr")
+    tr = vc.image_trace(ds, index)
+    grid = vc.cam(tr, STORE_RECIPE, grid=True)
+    sha = hashlib.sha256(np.ascontiguousarray(grid.values, dtype="<f4").tobytes()).hexdigest()
+    return sha, int(tr["logits"].values.argmax())
+
+
+def class_values(page) -> list[str]:
+    return explorer(page).locator("select[data-field='class_'] option").evaluate_all("(o) => o.map((x) => x.value)")
+
+
+def test_store_image_picker_switches_image_keeps_recipe_and_follows_python(lab, browser, store_cells):
+    page = new_page(browser)
+    try:
+        open_notebook(page, lab, "store.ipynb", workspace="store")  # alone: not with the widgets notebook
+        run_cell(page, store_cells["explorer"])
+        page.wait_for_selector(".vc-explorer[data-ready='true']", timeout=90_000)
+        wait_recipe(page, STORE_RECIPE)
+        (sha0, top0), (sha2, top2) = store_reference(lab, 0), store_reference(lab, 2)
+        assert sha0 != sha2 and top0 != top2  # the switch must change the map and rebuild the class control
+
+        picker = explorer(page).locator("select.vc-image-picker")
+        assert picker.get_attribute("aria-label") == "image"
+        assert picker.locator("option").evaluate_all("(o) => o.map((x) => x.value)") == ["0", "1", "2"]
+        assert picker.locator("option").all_inner_texts() == ["image 0", "image 1", "image 2"]
+        assert picker.input_value() == "0"
+        first = store_frames(lab)[-1]
+        assert (first["index"], first["recipe_id"], first["map_sha256"]) == (0, STORE_RECIPE.id, sha0)
+        assert class_values(page) == [json.dumps("top1"), json.dumps(top0)]
+        initial = canvas_png(page)
+
+        # The page picks image 2: the kernel shows image 2's map of the same recipe, and the page repaints.
+        n, paints = len(store_frames(lab)), int(dataset(page)["paintCount"])
+        picker.select_option("2")
+        shown = wait_store_frame(lab, 2, after=n)
+        wait_repainted(page, paints)
+        assert shown["error"] == "" and shown["recipe_id"] == STORE_RECIPE.id
+        assert shown["map_sha256"] == sha2
+        assert store_frames(lab)[-1] == shown  # nothing shown after it
+        data = dataset(page)
+        assert data["recipeId"] == STORE_RECIPE.id and data["error"] == "false" and data["state"] == "ready"
+        assert picker.input_value() == "2"
+        assert explorer(page).locator(".vc-status").inner_text() == ""  # "loading image…" is gone
+        assert canvas_png(page) != initial
+        assert class_values(page) == [json.dumps("top1"), json.dumps(top2)]  # the controls were rebuilt
+        assert explorer(page).locator("select[data-field='site']").input_value() == json.dumps("F1")
+        assert explorer(page).locator("input[data-field='layer']").input_value() == "0"
+
+        # Python sets the image: the picker follows and the page paints image 0 again, as at the start.
+        n, paints = len(store_frames(lab)), int(dataset(page)["paintCount"])
+        run_cell(page, store_cells["set_index"])
+        back = wait_store_frame(lab, 0, after=n)
+        wait_repainted(page, paints)
+        assert (back["error"], back["recipe_id"], back["map_sha256"]) == ("", STORE_RECIPE.id, sha0)
+        assert store_frames(lab)[-1] == back
+        assert picker.input_value() == "0"
+        assert dataset(page)["recipeId"] == STORE_RECIPE.id
+        assert canvas_png(page) == initial
+        assert class_values(page) == [json.dumps("top1"), json.dumps(top0)]
+        assert "Traceback" not in output_text(page)
         assert page.dialogs == []
     finally:
         page.close()

@@ -87,8 +87,10 @@ class Explorer(anywidget.AnyWidget):
 
     #: With a store: [label, position] of every image, for the page's picker; empty for a single trace.
     images = t.List().tag(sync=True)
-    #: With a store: the position of the image shown (the page's picker sets it).
+    #: With a store: the position of the image shown (set by the kernel once the image is shown).
     image_index = t.Int(0).tag(sync=True)
+    #: The page's picker: {"id": int, "index": int}; answered like a recipe request (image_index, or error).
+    image_request = t.Dict().tag(sync=True, echo_update=False)
 
     #: The browser's change: {"id": int, "recipe": {field: value}, "changed": [field, ...]}.
     request = t.Dict().tag(sync=True, echo_update=False)
@@ -118,12 +120,11 @@ class Explorer(anywidget.AnyWidget):
                          size=int(size), images=choices, image_index=int(index) if choices else 0, **kwargs)
         self._trace = trace
         self._facts = facts
-        self._shown = int(self.image_index)
         self._recipe = start
         self._callbacks: list[Callable[[Recipe], Any]] = []
         self._publish(first, response_id=0)
         self.observe(self._on_request, names="request")
-        self.observe(self._on_image_index, names="image_index")
+        self.observe(self._on_image_request, names="image_request")
 
     # -- Python API --------------------------------------------------------------------------------
     @property
@@ -163,7 +164,7 @@ class Explorer(anywidget.AnyWidget):
         n = len(self.images)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
             raise IndexError(f"index: expected an int in [0, {n - 1}], got {value!r}")
-        self.image_index = int(value)
+        self._show_image(int(value))  # a Python caller gets the exception (e.g. a class this image lacks)
 
     @property
     def recipe(self) -> Recipe:
@@ -224,27 +225,33 @@ class Explorer(anywidget.AnyWidget):
         return bundle
 
     # -- the round trip ----------------------------------------------------------------------------
-    def _on_image_index(self, change: dict) -> None:
-        if change["new"] == self._shown:
-            return
-        try:
-            trace = image_trace(self._store, int(change["new"]))
-            facts = TraceFacts.of(trace)
-            result = compute_grid(trace, self._recipe)
-        except Exception as exc:  # e.g. a class the new image did not trace: say so in the page
-            if not isinstance(exc, ValueError):
-                self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
-            with self.hold_sync():
-                self.error = error_text(exc)
-                self.image_index = self._shown  # the picker goes back to the image still shown
-                self.frame += 1
-            return
-        self._trace, self._facts, self._shown = trace, facts, int(change["new"])
-        with self.hold_sync():
+    def _show_image(self, index: int) -> None:
+        """Show image ``index`` of the store with the current recipe; raises (changing nothing) if it cannot."""
+        trace = image_trace(self._store, index)
+        facts = TraceFacts.of(trace)
+        result = compute_grid(trace, self._recipe)
+        self._trace, self._facts = trace, facts
+        with self.hold_sync():  # image and map in one message: the page never paints one with the other's map
             self.options = controls(facts)
             self.image = image_rgba(facts.image)
             self.image_shape = list(facts.image.shape[:2])
-        self._publish(result, response_id=self.response_id)
+            self.image_index = index
+            self._publish(result, response_id=self.response_id)
+
+    def _on_image_request(self, change: dict) -> None:
+        request = change["new"] or {}
+        try:
+            index = request.get("index")
+            n = len(self.images)
+            if self._store is None or isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+                raise IndexError(f"index: expected an image position in [0, {n - 1}], got {index!r}")
+            self._show_image(index)
+        except Exception as exc:  # e.g. a class the new image did not trace: said in the page, image kept
+            if not isinstance(exc, (ValueError, IndexError)):
+                self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            with self.hold_sync():
+                self.error = error_text(exc)
+                self.frame += 1
 
     def _on_request(self, change: dict) -> None:
         request = change["new"] or {}

@@ -2,8 +2,9 @@
 //   page -> kernel: `request` = {id, recipe, changed}   (debounced; ids increase)
 //   kernel -> page: recipe_json, grid (float32 LE bytes), grid_shape, checklist, methods, recipe_id,
 //                   degenerate, notes, error, response_id (the request answered), frame (+1 per answer)
-//   with a many-image store: `images` ([label, position] per image) and `image_index`, which the page's
-//   picker sets; the kernel answers with the new image, options and map (the recipe is kept).
+//   with a many-image store: `images` ([label, position] per image); the picker sends `image_request` =
+//   {id, index}; the kernel answers in one message with the new image, options, map (the recipe is kept)
+//   and `image_index` (the image shown), or with `error` (the image shown stays).
 // An answer whose response_id is older than the newest request sent is stale and never painted.
 // Timing hook for benchmarks: the root element's data-last-paint-latency-ms is the time from the first
 // control event of a request to the end of the canvas draw of its answer (kernel round trip included).
@@ -59,9 +60,13 @@ function render({ model, el }) {
       select.append(h("option", { value: String(position), textContent: label }));
     }
     select.value = String(model.get("image_index"));
+    let requests = 0;
     select.addEventListener("change", () => {
+      const index = Number(select.value);
+      if (index === model.get("image_index")) return;
+      root.dataset.state = "pending";
       status.textContent = "loading image…";
-      model.set("image_index", Number(select.value));
+      model.set("image_request", { id: ++requests, index });
       model.save_changes();
     });
     return select;
@@ -142,6 +147,7 @@ function render({ model, el }) {
       controls.sync(draft);
     }
     showReport();
+    if (picker) picker.value = String(model.get("image_index")); // a refused image: back to the one shown
     if (!error) paint();
     if (started.has(rid)) {
       const ms = performance.now() - started.get(rid);
