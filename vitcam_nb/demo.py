@@ -81,7 +81,6 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     import matplotlib.pyplot as plt
     from tqdm.auto import tqdm
 
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)

@@ -22,7 +22,14 @@ __all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json"
 
 @dataclass
 class PreparedInput:
-    """The model input (1, 3, H, W), its uint8 display copy (H, W, 3) and how it was made."""
+    """The model input (1, 3, H, W), its uint8 display copy (H, W, 3) and how it was made.
+
+    Example:
+        >>> import timm
+        >>> p = prepare_input(timm.create_model("vit_tiny_patch16_224"), torch.zeros(1, 3, 224, 224))
+        >>> p.preprocessing["input_kind"], p.display.dtype
+        ('tensor (used as given)', dtype('uint8'))
+    """
 
     tensor: torch.Tensor
     display: np.ndarray

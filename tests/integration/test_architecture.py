@@ -8,6 +8,8 @@ of import-linter's.
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import shutil
 import subprocess
 import sys
@@ -184,3 +186,18 @@ def test_modules_are_small_and_say_what_they_do(name):
     doc = ast.get_docstring(ast.parse(path.read_text()))
     assert doc and doc.strip(), f"{path.relative_to(ROOT)} has no module docstring"
     assert "DESIGN.md" not in path.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.endswith("__main__")))
+def test_public_functions_and_classes_show_an_example(name):
+    module = importlib.import_module(name)
+    public = getattr(module, "__all__", None)
+    if public is None:
+        public = [n for n in vars(module) if not n.startswith("_")]
+    missing = []
+    for attr in public:
+        obj = getattr(module, attr)
+        if (inspect.isfunction(obj) or inspect.isclass(obj)) and getattr(obj, "__module__", None) == name \
+                and "Example" not in (inspect.getdoc(obj) or ""):
+            missing.append(attr)
+    assert missing == [], f"{name}: no docstring example for {missing}"

@@ -134,6 +134,9 @@ def test_a_swin_tree_written_by_0_1_gives_the_same_maps():
         m = vc.cam(tree, recipe)
         np.testing.assert_array_equal(m.values, maps[f"swin/{name}"], err_msg=name)
         assert m.attrs["checklist"] == EXPECTED["swin"][name]["checklist"], name
+        # Changed on purpose since 0.1: on a tree, Recipe.checklist is the checklist its map carries (0.1
+        # rendered the root's generic one, without the stage's module, grid or the common-grid note).
+        assert recipe.checklist(tree).to_json() == EXPECTED["swin"][name]["checklist"], name
 
 
 def test_a_store_written_by_0_1_opens_and_gives_the_same_maps():

@@ -3,8 +3,9 @@
 Built-in families are listed here by import path with the optional package each needs (``open_clip`` for the
 open_clip adapter, ``transformers`` for BLIP), and are imported the first time the table is used, each only
 when its package is installed. Third-party packages add families through the ``vitcam_nb.adapters`` entry
-point group (``name = "package.module:AdapterClass"``); a user adds one at run time with
-:func:`register_adapter`. The first adapter whose ``matches`` accepts the model reads it.
+point group (``name = "package.module:AdapterClass"``), looked up before the built-ins (a plugin for a subclass
+of a built-in family must win over it); a user adds one at run time with :func:`register_adapter`, by default
+in front of all. The first adapter whose ``matches`` accepts the model reads it.
 
 Example:
     >>> import timm
@@ -60,7 +61,7 @@ def _table() -> list[Adapter]:
                 except Exception as exc:  # a broken plugin must not take the built-in families down
                     warnings.warn(f"adapter entry point {ep.name!r} ({ep.value}) failed to load: {exc}",
                                   RuntimeWarning, stacklevel=3)
-            _ADAPTERS[:] = builtins + plugins
+            _ADAPTERS[:] = plugins + builtins
             _LOADED = True
     return _ADAPTERS
 

@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import numpy as np
-import timm
 import torch
 import xarray as xr
 
@@ -71,7 +70,18 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     """The single-image trace Dataset of ``image`` (by default every layer and site of the plan on the pass's
     grid; a hierarchical trace assembles one stage at a time with its own layers, sites and grid).
 
-    Tensors are popped from ``image`` as they are copied, so the torch and numpy copies never all coexist.
+    Tensors are popped from ``image`` as they are copied into the stored arrays.
+
+    Example:
+        >>> import timm, numpy as np
+        >>> from vitcam_nb.capture.passes import run_pass
+        >>> from vitcam_nb.preprocess import prepare_input
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> plan = TracePlan.for_trace(m, "top1", sites=["F2"])
+        >>> prepared = prepare_input(m, np.zeros((32, 32, 3), np.uint8))
+        >>> run = run_pass(plan, prepared.tensor)
+        >>> assemble(plan, prepared, run.image(0), run)["attn"].shape
+        (2, 3, 17, 17)
     """
     model, adapter, target = plan.model, plan.adapter, plan.target
     layer_ids = plan.layer_ids if layer_ids is None else layer_ids
@@ -152,6 +162,8 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
 
 def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_ids: list[int], site_ids: list[str],
            grid: tuple[int, int], run: PassResult, size: tuple[int, int]) -> dict:
+    import timm  # imported when a trace is assembled, not at ``import vitcam_nb`` (timm is slow to import)
+
     model, adapter, target = plan.model, plan.adapter, plan.target
     name, tag = model_name(model)
     w_hash = weights_sha256(model)

@@ -29,7 +29,12 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 @dataclass
 class Item:
-    """One image to trace, its ground-truth label (-1: unknown), mask (or None) and where it came from."""
+    """One image to trace, its ground-truth label (-1: unknown), mask (or None) and where it came from.
+
+    Example:
+        >>> Item(np.zeros((2, 2, 3), np.uint8), label=-1, mask=None, source="a.png").source
+        'a.png'
+    """
 
     image: Any
     label: int
@@ -123,7 +128,13 @@ def _read_file(path: Path) -> Any:
 
 
 def iter_items(images: Any, image_labels: Any, masks: Any) -> tuple[Iterator[Item], int | None]:
-    """Normalise every accepted kind of ``images`` into items, and the image count when it is known."""
+    """Normalise every accepted kind of ``images`` into items, and the image count when it is known.
+
+    Example:
+        >>> items, n = iter_items(iter([np.zeros((4, 4, 3), np.uint8)]), None, None)
+        >>> n, next(items).label
+        (None, -1)
+    """
     n: int | None
     sources: Iterable[str] | None = None
     if isinstance(images, (str, os.PathLike)):
@@ -172,7 +183,15 @@ def iter_items(images: Any, image_labels: Any, masks: Any) -> tuple[Iterator[Ite
 
 
 def prepare_mask(model: torch.nn.Module, item: Item, prepared: PreparedInput, index: int) -> np.ndarray | None:
-    """The mask in the model input's geometry: it goes through the image's own resize and crop."""
+    """The mask in the model input's geometry: it goes through the image's own resize and crop.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> image, mask = np.zeros((112, 112, 3), np.uint8), np.ones((112, 112), bool)
+        >>> prepare_mask(m, Item(image, 0, mask, ""), prepare_input(m, image), 0).shape
+        (224, 224)
+    """
     if item.mask is None:
         return None
     out_hw = prepared.display.shape[:2]

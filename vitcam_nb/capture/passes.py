@@ -38,7 +38,12 @@ Key = tuple[int, str]
 @dataclass
 class ImagePass:
     """One image's share of a pass: its scores, traced indices, site tensors and gradients (leading batch
-    dimension of one; gradients (targets, 1, ...))."""
+    dimension of one; gradients (targets, 1, ...)).
+
+    Example:
+        >>> ImagePass(torch.zeros(3), [2], {}, {}).classes
+        [2]
+    """
 
     logits: torch.Tensor
     classes: list[int]
@@ -48,7 +53,15 @@ class ImagePass:
 
 @dataclass
 class PassResult:
-    """What a pass over a batch computed, on the device it ran on, in the schema layout."""
+    """What a pass over a batch computed, on the device it ran on, in the schema layout.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+        >>> run = run_pass(TracePlan.for_trace(m, "top1", sites=["F1"]), torch.zeros(1, 3, 32, 32))
+        >>> run.grid, run.deterministic_settings, tuple(run.image(0).grads[(0, "F1")].shape)
+        ((4, 4), 'cpu kernels', (2, 1, 17, 192))
+    """
 
     logits: torch.Tensor
     classes: list[list[int]]
@@ -95,12 +108,12 @@ def check_input(model: torch.nn.Module, adapter: Adapter, x: torch.Tensor) -> No
 
 
 def _check_scores(z: object, n_images: int) -> None:
-    """A target's scores must be a (batch, N) float tensor: one non-empty 1-D vector per image."""
+    """A target's batch scores must be a (batch, N) float tensor: one non-empty score vector per image."""
     if not isinstance(z, torch.Tensor) or z.ndim != 2 or z.shape[0] != n_images or not z.is_floating_point() \
             or z.numel() == 0:
-        shape = (tuple(z.shape[1:]) if z.ndim > 1 else tuple(z.shape)) if isinstance(z, torch.Tensor) \
-            else type(z).__name__
-        raise TraceError(f"targets: the target's scores() must return a non-empty 1-D float tensor, got {shape}")
+        shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+        raise TraceError(f"targets: the target's batch_scores() must return a non-empty ({n_images}, N) float "
+                         f"tensor, got {shape}")
 
 
 def _check_choice(classes: object, n: int) -> list[int]:
@@ -132,6 +145,13 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
 
     The model's device placement is the caller's (``vitcam_nb.capture.runtime.on_device``); everything else
     the pass changes on the model, and the deterministic-kernel flags on CUDA, is restored on return.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+        >>> run = run_pass(TracePlan.for_trace(m, [0, 1], sites=["F1"]), torch.zeros(1, 3, 32, 32))
+        >>> run.classes, m.training  # the model is back in train mode, as it was given
+        ([[0, 1]], True)
     """
     model, adapter = plan.model, plan.adapter
     check_input(model, adapter, x)

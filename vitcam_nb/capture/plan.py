@@ -102,6 +102,13 @@ class TracePlan:
     """Everything resolved once for a trace or a store: what to read, what to differentiate, where, how.
 
     ``class_labels`` is None for targets that name their scores only once they are computed.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> plan = TracePlan.for_trace(m, "top3", dtype="float16")
+        >>> plan.store_dtype.__name__, plan.run_device.type, len(plan.class_labels)
+        ('float16', 'cpu', 1000)
     """
 
     model: torch.nn.Module
@@ -126,9 +133,7 @@ class TracePlan:
 
     @classmethod
     def _make(cls, model: torch.nn.Module, adapter: Adapter, target: Target, class_labels: list[str] | None,
-              sites: object, layers: object, dtype: str, device: object) -> TracePlan:
-        layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
-        site_ids = resolve_sites(sites, adapter, model)
+              layer_ids: list[int], site_ids: list[str], dtype: str, device: object) -> TracePlan:
         params = list(model.parameters())
         model_device = params[0].device if params else torch.device("cpu")
         return cls(model=model, adapter=adapter, target=target, class_labels=class_labels, layer_ids=layer_ids,
@@ -153,7 +158,9 @@ class TracePlan:
         # Class labels are known (and wrong ones refused) before the forward pass; other targets name their
         # scores when they have computed them.
         names = target.class_labels(model, int(model.num_classes)) if isinstance(target, ClassTargets) else None
-        return cls._make(model, adapter, target, names, sites, layers, dtype, device)
+        layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
+        return cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model), dtype,
+                         device)
 
     @classmethod
     def for_store(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
@@ -173,6 +180,10 @@ class TracePlan:
         if getattr(adapter, "hierarchical", False) or adapter.extra_sites(model):
             raise TraceError(f"model: trace_many stores flat token layouts; the {adapter.family} family has "
                              "per-stage grids or extra sites. Trace its images one by one with vitcam_nb.trace()")
+        # Layers and sites are checked before the targets, as trace_many always did.
+        layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
+        site_ids = resolve_sites(sites, adapter, model)
         target = ClassTargets(targets, labels)
         target.check_count(num_classes)
-        return cls._make(model, adapter, target, target.class_labels(model, num_classes), sites, layers, dtype, device)
+        return cls._make(model, adapter, target, target.class_labels(model, num_classes), layer_ids, site_ids, dtype,
+                         device)

@@ -1,5 +1,5 @@
-"""Read a trace_many store: open it lazily with dask (only the images that are done), take one image back
-as a single trace, and name its images for a picker.
+"""Reading a trace_many store: the store opened lazily with dask (only the images that are done), and one of its
+images as a single trace or as a name for a picker.
 
 Example:
     >>> import timm, numpy as np, tempfile

@@ -33,7 +33,21 @@ _STAGE_ATTRS = ("stage", "stage_first_layer", "stage_blocks", "stage_dim", "grid
 
 
 def assemble_tree(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: PassResult) -> xr.DataTree:
-    """The DataTree of one image of a hierarchical model, one flat assembly per traced stage."""
+    """The DataTree of one image of a hierarchical model, one flat assembly per traced stage.
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.capture.passes import run_pass
+        >>> from vitcam_nb.capture.plan import TracePlan
+        >>> from vitcam_nb.preprocess import prepare_input
+        >>> m = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1), num_heads=(2, 4),
+        ...                       embed_dim=16, img_size=56, window_size=7)
+        >>> plan = TracePlan.for_trace(m, "top1", sites=["F2"])
+        >>> prepared = prepare_input(m, np.zeros((56, 56, 3), np.uint8))
+        >>> run = run_pass(plan, prepared.tensor)
+        >>> assemble_tree(plan, prepared, run.image(0), run)["stage_1"]["attn_window"].dims
+        ('layer', 'head', 'query', 'wkey')
+    """
     model, adapter = plan.model, plan.adapter
     nodes: dict[str, xr.Dataset] = {}
     root: xr.Dataset | None = None

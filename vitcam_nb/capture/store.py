@@ -36,7 +36,14 @@ TRACE_VARS = ("act", "grad", "attn", "attn_grad", "logits", STORE_PIXELS, "mask"
 
 
 def dims_of(array: Any) -> tuple[str, ...]:
-    """The dimension names of a zarr array (zarr v3 metadata, or xarray's v2 attribute)."""
+    """The dimension names of a zarr array (zarr v3 metadata, or xarray's v2 attribute).
+
+    Example:
+        >>> import zarr
+        >>> a = zarr.create_array(store={}, shape=(2, 3), dtype="f4", dimension_names=("image", "layer"))
+        >>> dims_of(a)
+        ('image', 'layer')
+    """
     names = getattr(array.metadata, "dimension_names", None)
     if names is None:
         names = array.attrs.get("_ARRAY_DIMENSIONS", ())
@@ -66,12 +73,23 @@ def _settings_diff(stored: dict, wanted: dict) -> list[str]:
 
 
 def runs(indices: list[int]) -> list[np.ndarray]:
-    """Positions of ``indices`` split into runs of consecutive image indices (one zarr write each)."""
+    """Positions of ``indices`` split into runs of consecutive image indices (one zarr write each).
+
+    Example:
+        >>> [r.tolist() for r in runs([4, 5, 9])]
+        [[0, 1], [2]]
+    """
     return np.split(np.arange(len(indices)), np.flatnonzero(np.diff(indices) != 1) + 1)
 
 
 class Store:
-    """A trace_many zarr store opened for writing."""
+    """A trace_many zarr store opened for writing.
+
+    Example:
+        >>> store = Store(Path("traces.zarr"))  # doctest: +SKIP
+        >>> int(store.done.sum()), store.attrs["store_kind"]  # doctest: +SKIP
+        (8, 'vitcam_nb.traces')
+    """
 
     def __init__(self, path: Path) -> None:
         import zarr

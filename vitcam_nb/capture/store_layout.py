@@ -60,7 +60,17 @@ def strings(values: Any) -> np.ndarray:
 
 def stack_images(per: list[xr.Dataset], indices: list[int], items: list[Item], masks: list[np.ndarray | None],
                  target_names: list[str]) -> xr.Dataset:
-    """Stack single-image traces into the store layout (leading ``image`` dimension)."""
+    """Stack single-image traces into the store layout (leading ``image`` dimension).
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+        >>> per = [vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets=[3], sites="F1")] * 2
+        >>> items = [Item(None, -1, None, "")] * 2
+        >>> ds = stack_images(per, [0, 1], items, [None, None], store_target_names(ClassTargets([3])))
+        >>> ds["act"].dims[0], ds["target"].values.tolist()
+        ('image', ['logit_3', 'expected_logit'])
+    """
     first = per[0]
     shared = {k: v for k, v in first.attrs.items() if k not in PER_IMAGE_ATTRS}
     for i, ds in zip(indices, per):
@@ -104,7 +114,13 @@ def _plain(value: Any) -> Any:
 
 
 def single_trace(one: xr.Dataset) -> xr.Dataset:
-    """One image of a store (no ``image`` dimension, in memory) as the Dataset vitcam_nb.trace returns."""
+    """One image of a store (no ``image`` dimension, in memory) as the Dataset vitcam_nb.trace returns.
+
+    Example:
+        >>> ds = vc.open_traces("traces.zarr")  # doctest: +SKIP
+        >>> single_trace(ds.isel(image=0).load())["image"].dims  # doctest: +SKIP
+        ('y', 'x', 'rgb')
+    """
     one = one.drop_vars(["image", "done"], errors="ignore")
     attrs = {k: v for k, v in one.attrs.items() if k not in STORE_ATTRS}
     for key in PER_IMAGE_ATTRS:

@@ -53,7 +53,15 @@ def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Data
 
 def store_settings(plan: TracePlan) -> dict:
     """What a store holds traces of: model, weights, layers, sites, targets, dtype, labels, preprocessing. A
-    store written with other settings is refused, and traces are never mixed."""
+    store written with other settings is refused, and traces are never mixed.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> s = store_settings(TracePlan.for_store(m, "top2", sites=["F1"], layers=[-1]))
+        >>> s["targets"], s["sites"], s["layers"]
+        ('top2', ['F1'], [11])
+    """
     name, tag = model_name(plan.model)
     cfg = data_config(plan.model)
     target = plan.target
@@ -209,10 +217,8 @@ def trace_many(
             flush()
     finally:
         bar.close()
-    if store is None:
-        if seen == 0:
-            raise TraceError("images: no images were given")
-        raise TraceError("images: nothing was traced")  # unreachable: the first batch creates the store
+    if store is None:  # the first image given creates the store
+        raise TraceError("images: no images were given")
     if store.done[seen:].any():
         warnings.warn(f"trace_many: {path} holds {int(store.done[seen:].sum())} image(s) beyond the {seen} given "
                       "now; they were kept", UserWarning, stacklevel=2)

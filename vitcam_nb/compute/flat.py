@@ -23,13 +23,13 @@ import xarray as xr
 
 from vitcam_nb.compute.fusion import fuse_layers, rollout
 from vitcam_nb.compute.galleries import gallery_array, loop_gallery, normalise_vary, vary_values, with_site
-from vitcam_nb.compute.maps import map_array, user_stacklevel, warn_degenerate
+from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import finish_layers, layer_maps, raw_maps
 from vitcam_nb.compute.report import build_checklist, cached_report, describe
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, user_stacklevel
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import ROLLOUTS, Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES
@@ -99,7 +99,15 @@ def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, s
 
 
 class FlatKind(TraceKind):
-    """Single-image traces with one token grid (and reports without a trace)."""
+    """Single-image traces with one token grid (and reports without a trace).
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+        >>> FLAT.accepts(tr, vc.Recipe()), FLAT.accepts(tr, vc.Recipe(site="xattn")), FLAT.accepts(None, None)
+        (True, False, True)
+    """
 
     name = "flat"
 

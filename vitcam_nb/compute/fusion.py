@@ -26,7 +26,16 @@ __all__ = ["fuse", "fuse_layers", "rollout"]
 def rollout(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
     """The rollout map on the grid (``rollout``: attention only; ``grad_rollout``: gradient-weighted), read at
     the recipe's query rows. A rollout is a product over blocks in forward order, whatever order the recipe's
-    tuple lists them in."""
+    tuple lists them in.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+        >>> from vitcam_nb.compute.view import TraceView
+        >>> rollout(TraceView.of(tr), vc.presets.attention_rollout(), [0, 1]).shape
+        (4, 4)
+    """
     layer_pos = sorted(set(layer_pos), key=lambda p: int(view.layers[p]))
     attn = view.arrays["attn"][layer_pos].astype(np.float64)
     n = attn.shape[-1]
@@ -48,7 +57,15 @@ def fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], rec
                 label: str = "layer") -> tuple[np.ndarray, list[str], list[str]]:
     """Fuse per-layer maps; degenerate layers enter as zeros and are named, and a fusion that is all
     degenerate or constant is returned as zeros with the reasons (each named "``label`` <layer>: reason"). Returns
-    (map, why it is degenerate, which fused layers were degenerate and left out)."""
+    (map, why it is degenerate, which fused layers were degenerate and left out).
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> dead = np.zeros((2, 2, 2), np.float32)
+        >>> fuse_layers(dead, np.array(["no gradient", "no gradient"]), [3, 4], vc.Recipe(layer=(3, 4),
+        ...             layer_fusion="mean"))[1]
+        ['layer 3: no gradient', 'layer 4: no gradient']
+    """
     fused = fuse(maps, recipe.layer_fusion)
     notes = [f"{label} {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]
     if len(notes) < len(layer_ids) and np.ptp(fused) <= 0:

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.compute.maps import map_dims, user_stacklevel
+from vitcam_nb.compute.maps import map_dims
 from vitcam_nb.compute.spatial import upsample
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, user_stacklevel
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE

@@ -22,10 +22,10 @@ import xarray as xr
 
 from vitcam_nb.capture.reader import is_store
 from vitcam_nb.capture.store_layout import single_trace
-from vitcam_nb.compute.maps import map_dims, user_stacklevel
+from vitcam_nb.compute.maps import map_dims
 from vitcam_nb.compute.report import build_checklist, cached_report, describe
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, user_stacklevel
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind, kind_for
 from vitcam_nb.core.recipe import Recipe, recipe_arguments
 from vitcam_nb.core.schema import ATTENTION_SITE
@@ -34,7 +34,17 @@ __all__ = ["MANY", "ManyKind", "cam_many", "image_blocks", "is_lazy", "subset"]
 
 
 def subset(ds: xr.Dataset, recipes: Sequence[Recipe]) -> xr.Dataset:
-    """Only the variables, sites and layers the recipes read, so that only their chunks are loaded."""
+    """Only the variables, sites and layers the recipes read, so that only their chunks are loaded.
+
+    Example:
+        >>> import timm, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> ds = vc.open_traces(vc.trace_many(m, [np.zeros((32, 32, 3), np.uint8)] * 2,
+        ...                                   tempfile.mkdtemp() + "/t.zarr", targets="top1", progress=False))
+        >>> sub = subset(ds, [vc.Recipe(site="F4", layer=0)])
+        >>> sorted(sub.data_vars), sub["site"].values.tolist(), sub["layer"].values.tolist()
+        (['act', 'grad', 'logits'], ['F4'], [0])
+    """
     names = ["logits"]
     token_sites = sorted({r.site for r in recipes if r.site != ATTENTION_SITE})
     if token_sites:
@@ -63,12 +73,27 @@ def subset(ds: xr.Dataset, recipes: Sequence[Recipe]) -> xr.Dataset:
 
 
 def image_blocks(sub: xr.Dataset) -> xr.Dataset:
-    """One image per dask block, every other dimension whole (layers merged inside the task)."""
+    """One image per dask block, every other dimension whole (layers merged inside the task).
+
+    Example:
+        >>> import timm, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> ds = vc.open_traces(vc.trace_many(m, [np.zeros((32, 32, 3), np.uint8)] * 2,
+        ...                                   tempfile.mkdtemp() + "/t.zarr", targets="top1", progress=False))
+        >>> image_blocks(ds)["act"].chunks[:2]
+        ((1, 1), (2,))
+    """
     return sub.chunk({d: (1 if d == "image" else -1) for d in sub.dims})
 
 
 def is_lazy(ds: xr.Dataset) -> bool:
-    """Whether any variable of ``ds`` is a dask array."""
+    """Whether any variable of ``ds`` is a dask array.
+
+    Example:
+        >>> import xarray as xr
+        >>> is_lazy(xr.Dataset({"a": ("x", np.zeros(2))})), is_lazy(xr.Dataset({"a": ("x", np.zeros(2))}).chunk())
+        (False, True)
+    """
     return any(v.chunks is not None for v in ds.variables.values())
 
 
@@ -140,7 +165,13 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
 
 
 class ManyKind(TraceKind):
-    """Many-image Datasets from :func:`vitcam_nb.open_traces` (a leading ``image`` dimension)."""
+    """Many-image Datasets from :func:`vitcam_nb.open_traces` (a leading ``image`` dimension).
+
+    Example:
+        >>> import xarray as xr, vitcam_nb as vc
+        >>> MANY.accepts(xr.Dataset(coords={"image": [0]}), vc.Recipe()), MANY.accepts(xr.Dataset(), vc.Recipe())
+        (True, False)
+    """
 
     name = "many"
 

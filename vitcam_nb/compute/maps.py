@@ -1,5 +1,5 @@
-"""What a computed map looks like to the user: the DataArray every trace kind returns (values, recipe, ids,
-checklist, methods, degeneracy) and the warning that a degenerate map was returned as zeros.
+"""The map as the user receives it: the DataArray every trace kind returns (values, recipe, ids, checklist,
+methods, degeneracy), with the warning that says when it was returned as zeros.
 
 Example:
     >>> import numpy as np, vitcam_nb as vc
@@ -10,19 +10,15 @@ Example:
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import DegenerateMapWarning, user_stacklevel
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["map_array", "map_dims", "user_stacklevel", "warn_degenerate"]
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+__all__ = ["map_array", "map_dims", "warn_degenerate"]
 
 
 def map_dims(recipe: Recipe) -> tuple[str, str]:
@@ -40,25 +36,19 @@ def map_dims(recipe: Recipe) -> tuple[str, str]:
 def map_array(values: np.ndarray, recipe: Recipe, trace_id: str, checklist: str, methods: str, reason: str,
               partial: list[str], **attrs: str) -> xr.DataArray:
     """The map DataArray with its report: recipe JSON and id, trace id, checklist JSON, methods paragraph, why
-    it is degenerate ("" if it is not) and which fused layers were left out; ``attrs`` adds kind facts."""
+    it is degenerate ("" if it is not) and which fused layers were left out; ``attrs`` adds kind facts.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> m = map_array(np.ones((2, 2)), vc.Recipe(), "t1", "{}", "", "", ["layer 3: dead"], stage="stage_1")
+        >>> m.dims, m.dtype, m.attrs["degenerate_layers"], m.attrs["stage"]
+        (('y', 'x'), dtype('float32'), 'layer 3: dead', 'stage_1')
+    """
     return xr.DataArray(
         values.astype(np.float32, copy=False), dims=map_dims(recipe), name="cam",
         attrs={"recipe": recipe.to_json(), "recipe_id": recipe.id, "trace_id": trace_id, "checklist": checklist,
                "methods": methods, "degenerate": reason, "degenerate_layers": "; ".join(partial), **attrs},
     )
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised here point at the first caller outside vitcam_nb.
-
-    Example:
-        >>> user_stacklevel()  # called from outside the package: the caller itself
-        1
-    """
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def warn_degenerate(recipe: Recipe, notes: list[str]) -> str:

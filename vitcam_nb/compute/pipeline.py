@@ -29,7 +29,12 @@ __all__ = ["combine", "compact", "finish_layers", "grid_maps", "layer_maps", "qu
 
 
 def compact(index: np.ndarray) -> slice | np.ndarray:
-    """A contiguous index (positions or a boolean mask) as a slice, so numpy returns a view, not a copy."""
+    """A contiguous index (positions or a boolean mask) as a slice, so numpy returns a view, not a copy.
+
+    Example:
+        >>> compact(np.array([False, True, True])), compact(np.array([0, 2]))
+        (slice(1, 3, None), array([0, 2]))
+    """
     positions = np.flatnonzero(index) if index.dtype == bool else np.asarray(index)
     if positions.size and np.array_equal(positions, np.arange(positions[0], positions[0] + positions.size)):
         return slice(int(positions[0]), int(positions[0]) + positions.size)
@@ -37,7 +42,12 @@ def compact(index: np.ndarray) -> slice | np.ndarray:
 
 
 def combine(grad: np.ndarray, weights: dict[int, float], index: tuple) -> np.ndarray:
-    """Weighted sum over targets of ``grad[(target, *index)]`` in float32 (prob/logprob are derived this way)."""
+    """Weighted sum over targets of ``grad[(target, *index)]`` in float32 (prob/logprob are derived this way).
+
+    Example:
+        >>> combine(np.array([[1.0, 2.0], [10.0, 20.0]]), {0: 1.0, 1: -0.5}, (slice(None),))
+        array([-4., -8.], dtype=float32)
+    """
     out = None
     for pos, w in weights.items():
         # Select the target first: numpy would move mixed integer/array indices to the front.
@@ -48,7 +58,15 @@ def combine(grad: np.ndarray, weights: dict[int, float], index: tuple) -> np.nda
 
 
 def query_rows(view: TraceView, x: np.ndarray, rows: str) -> np.ndarray:
-    """Select F2 query rows of (..., H, Tq, Tk) and return (..., Tk, H)."""
+    """Select F2 query rows of (..., H, Tq, Tk) and return (..., Tk, H).
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+        >>> query_rows(view, view.arrays["attn"], "mean").shape
+        (2, 17, 3)
+    """
     if rows == "cls":
         sel = x[..., view.token_index("cls", "attn_rows"), :]
     elif rows == "mean":
@@ -60,7 +78,17 @@ def query_rows(view: TraceView, x: np.ndarray, rows: str) -> np.ndarray:
 
 def window_rows(view: TraceView, x: np.ndarray, rows: str, layer_pos: list[int]) -> np.ndarray:
     """:func:`query_rows` for window attention (layer, H, Tq, window position) -> (layer, Tk, H): the mean over
-    query rows of the dense matrix, each key token summing its entries from every window (padding dropped)."""
+    query rows of the dense matrix, each key token summing its entries from every window (padding dropped).
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1),
+        ...                       num_heads=(2, 4), embed_dim=16, img_size=56, window_size=7)
+        >>> stage = vc.stages.stage_dataset(vc.trace(m, np.zeros((56, 56, 3), np.uint8), sites="F2"), 0)
+        >>> view = TraceView.of(stage)
+        >>> window_rows(view, view.arrays["attn_window"], "mean", [0]).sum(axis=1).round(3)  # rows sum to 1
+        array([[1., 1.]], dtype=float32)
+    """
     if rows == "cls":
         view.token_index("cls", "attn_rows")
     query = slice(None) if rows == "mean" else view.patch
@@ -77,7 +105,15 @@ def window_rows(view: TraceView, x: np.ndarray, rows: str, layer_pos: list[int])
 
 
 def weight_mask(view: TraceView, recipe: Recipe) -> np.ndarray:
-    """Tokens whose gradients form channel weights (``weight_tokens``) as a boolean mask over tokens."""
+    """Tokens whose gradients form channel weights (``weight_tokens``) as a boolean mask over tokens.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+        >>> int(weight_mask(view, vc.Recipe()).sum()), int(weight_mask(view, vc.Recipe(weight_tokens="all")).sum())
+        (16, 17)
+    """
     mask = np.zeros(view.kinds.shape, bool)
     if recipe.weight_tokens == "patch":
         mask[view.patch] = True
@@ -93,6 +129,14 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
     """Raw per-layer maps on the grid, their scale and whether their gradients were all zero.
 
     For token sites the leading dims are (layer, site); for F2 (site_pos None) just (layer,).
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+        >>> raw, scale, zero = raw_maps(view, vc.Recipe(), [0, 1], [0, 1])  # F1 and F3 of both blocks
+        >>> raw.shape, zero.tolist()  # the last block's F3 patch tokens never reach the CLS-pooled output
+        ((2, 2, 4, 4), [[False, False], [False, True]])
     """
     weights, _ = view.target_weights(recipe)
     wmask = compact(weight_mask(view, recipe))
@@ -122,7 +166,17 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
 def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any,
                groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weighting and head rule over (..., token, channel) A and G: maps and scales on the grid, and whether
-    the gradients the formula reads were all zero."""
+    the gradients the formula reads were all zero.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+        >>> A = view.arrays["act"][0, 0]; G = np.zeros_like(A)
+        >>> maps, scale, zero = grid_maps(view, vc.Recipe(), A, G, compact(view.patch), compact(view.patch), 1)
+        >>> maps.shape, bool(zero)
+        ((4, 4), True)
+    """
     maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups)
     rule = recipe.heads if groups > 1 or isinstance(recipe.heads, int) else "channels"
     maps, scale = apply_head_rule(maps, scale, rule)
@@ -138,7 +192,17 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
 
 def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.ndarray,
                    zero_grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ReLU, degeneracy check, per-layer normalisation. Returns (maps, reasons) with reasons '' if fine."""
+    """ReLU, degeneracy check, per-layer normalisation. Returns (maps, reasons) with reasons '' if fine.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+        >>> raw = np.stack([np.eye(4, dtype=np.float32), np.full((4, 4), -1, np.float32)])
+        >>> maps, why = finish_layers(view, vc.Recipe(), raw, np.abs(raw), np.zeros(2, bool))
+        >>> maps[0].max(), why[1][:15]
+        (np.float32(1.0), 'the map is cons')
+    """
     maps = relu(raw) if recipe.relu == "after" else raw
     span = maps.max(axis=(-2, -1)) - maps.min(axis=(-2, -1))
     ref = scale.max(axis=(-2, -1))
@@ -154,7 +218,16 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
 
 
 def layer_maps(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-layer maps (ReLU, degeneracy, normalised, upsampled) before fusion, and why each is degenerate."""
+    """Per-layer maps (ReLU, degeneracy, normalised, upsampled) before fusion, and why each is degenerate.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+        >>> maps, why = layer_maps(view, vc.Recipe(site="F4"), [0, 1])
+        >>> maps.shape
+        (2, 32, 32)
+    """
     site_pos = None if recipe.site == ATTENTION_SITE else [view.sites.index(recipe.site)]
     raw, scale, zero_grad = raw_maps(view, recipe, layer_pos, site_pos)
     if site_pos is not None:

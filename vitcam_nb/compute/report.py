@@ -221,8 +221,9 @@ _REPORTS: dict[tuple, tuple[str, str]] = {}
 
 
 def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
-    """(checklist JSON, methods paragraph) of ``recipe`` on ``trace``, cached per recipe and trace id: a gallery
-    or widget repaint asks for the same report many times.
+    """(checklist JSON, methods paragraph) of ``recipe`` on ``trace``, cached by the recipe and every attribute
+    of the trace the report reads (a store has no trace id, and a trace reloaded under a newer version keeps its
+    id but not its versions): a gallery or widget repaint asks for the same report many times.
 
     Example:
         >>> import vitcam_nb as vc
@@ -231,7 +232,11 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
         True
     """
     attrs = getattr(trace, "attrs", {}) or {}
-    key = (recipe, attrs.get("trace_id"), attrs.get("num_prefix_tokens"))
+    key = (recipe, tuple(attrs.items()))
+    try:
+        hash(key)
+    except TypeError:  # an attribute a user set to a list or dict: report without the cache
+        return build_checklist(recipe, trace).to_json(), describe(recipe, trace)
     if key not in _REPORTS:
         if len(_REPORTS) > 4096:
             _REPORTS.clear()

@@ -66,7 +66,15 @@ def upsample(grid: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
 
 
 def to_grid(view: TraceView, raw: np.ndarray) -> np.ndarray:
-    """(..., patch token) values placed on the (..., grid_h, grid_w) raster grid by each token's row and column."""
+    """(..., patch token) values placed on the (..., grid_h, grid_w) raster grid by each token's row and column.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+        >>> to_grid(TraceView.of(tr), np.arange(16.0))[1].tolist()
+        [4.0, 5.0, 6.0, 7.0]
+    """
     out = np.zeros((*raw.shape[:-1], view.gh * view.gw), np.float32)
     out[..., view.flat] = raw
     return out.reshape(*raw.shape[:-1], view.gh, view.gw)

@@ -111,7 +111,16 @@ def _stage_of(tree: xr.DataTree, layer: int) -> str:
 
 
 def resolve(tree: xr.DataTree, recipe: Recipe) -> Recipe:
-    """The recipe with every layer as a global block index (``"all"``: every traced block)."""
+    """The recipe with every layer as a global block index (``"all"``: every traced block).
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 2), num_heads=(2, 4),
+        ...                       embed_dim=16, img_size=56, window_size=7)
+        >>> tr = vc.trace(m, np.zeros((56, 56, 3), np.uint8), sites=["F1"])
+        >>> resolve(tr, vc.Recipe(layer="1.-1")).layer, resolve(tr, vc.Recipe(layer="all", layer_fusion="mean")).layer
+        (2, (0, 1, 2))
+    """
     if recipe.layer == "all":
         layers = tuple(_traced_layers(tree))
     elif isinstance(recipe.layer, tuple):
@@ -178,7 +187,13 @@ def _report(tree: xr.DataTree, recipe: Recipe, stages: dict[str, list[int]]) -> 
 
 
 class StagesKind(TraceKind):
-    """Hierarchical (Swin) traces: DataTrees with one child per stage."""
+    """Hierarchical (Swin) traces: DataTrees with one child per stage.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> STAGES.accepts(xr.DataTree(), vc.Recipe()), STAGES.accepts(xr.Dataset(), vc.Recipe())
+        (True, False)
+    """
 
     name = "stages"
 

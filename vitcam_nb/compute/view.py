@@ -39,7 +39,15 @@ def clear_views() -> None:
 
 @dataclass
 class TraceView:
-    """Plain numpy views of a trace plus the bookkeeping every computation needs (cached per trace)."""
+    """Plain numpy views of a trace plus the bookkeeping every computation needs (cached per trace).
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> view = TraceView.of(vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top2"))
+        >>> view.sites, view.patch[:3].tolist(), view.target_weights(vc.Recipe(target="logprob"))[0]
+        (['F1', 'F3', 'F4', 'F5', 'F6', 'F2'], [1, 2, 3], {0: 1.0, 2: -1.0})
+    """
 
     attrs: dict
     arrays: dict[str, np.ndarray]

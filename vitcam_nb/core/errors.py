@@ -1,10 +1,16 @@
 """Exceptions and warnings raised by vitcam_nb.
 
 Every refusal names the argument, the value it got and what is allowed, and subclasses ``ValueError``
-or ``TypeError`` so that ordinary ``except ValueError`` code catches it.
+or ``TypeError`` so that ordinary ``except ValueError`` code catches it. A warning points at the user's
+line (:func:`user_stacklevel`), not at the package.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TraceError(ValueError):
@@ -35,6 +41,19 @@ class TraceFileError(ValueError):
         >>> isinstance(TraceFileError("x.nc: not a vitcam_nb trace"), ValueError)
         True
     """
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller point at the first frame outside vitcam_nb.
+
+    Example:
+        >>> user_stacklevel()  # called from outside the package: the caller itself
+        1
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class DegenerateMapWarning(UserWarning):

@@ -1,9 +1,9 @@
 """The trace schema, written down once: site names, variables with their dimensions, coordinates,
 attributes, and the names a hierarchical trace and a many-image store use.
 
-Every module that writes or reads a trace takes its names from here, and ``docs/architecture.md`` shows
-the table :func:`markdown_table` renders (a test keeps the two equal). Names are added, never renamed:
-files written by 0.1 (schema version 1) must keep loading.
+This is the reference the code is held to: site lists, versions and the store's names are used from here, and
+``docs/architecture.md`` shows the table :func:`markdown_table` renders (a test keeps the two equal). Names are
+added, never renamed: files written by 0.1 (schema version 1) must keep loading.
 
 Example:
     >>> VARIABLES["grad"].dims
@@ -63,7 +63,12 @@ def target_name(class_index: int) -> str:
 # -- variables, coordinates, attributes -----------------------------------------------------------------
 @dataclass(frozen=True)
 class Entry:
-    """One named item of the schema: its dimensions (empty for attributes) and what it holds."""
+    """One named item of the schema: its dimensions (empty for attributes) and what it holds.
+
+    Example:
+        >>> VARIABLES["attn"].meaning
+        'softmax attention (F2)'
+    """
 
     dims: tuple[str, ...]
     meaning: str

@@ -1,17 +1,15 @@
-"""Input checks shared by every metric: maps, masks, warnings. Metrics refuse bad input with a
-``ValueError`` that names the argument, and answer NaN only with a :class:`MetricWarning` saying why."""
+"""What every metric shares to receive its inputs: maps and masks checked (a ``ValueError`` naming the argument),
+the token-grid map of a recipe, and the :class:`MetricWarning` a metric answers NaN with."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import warnings
 
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import DegenerateMapWarning, user_stacklevel
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 
@@ -28,25 +26,29 @@ class MetricWarning(UserWarning):
     """
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel of the first frame outside vitcam_nb.evaluate, seen from ``warnings.warn``'s caller."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR:
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def warn(message: str) -> None:
-    """Emit a :class:`MetricWarning` pointing at the user's call, not at this package."""
-    warnings.warn(message, MetricWarning, stacklevel=_user_stacklevel())
+    """Emit a :class:`MetricWarning` pointing at the user's call, not at this package.
+
+    Example:
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn("ssim: maps are tiny")
+        >>> caught[0].category.__name__
+        'MetricWarning'
+    """
+    warnings.warn(message, MetricWarning, stacklevel=user_stacklevel())
 
 
 def nan_because(metric: str, reason: str) -> float:
-    """Warn that ``metric`` is undefined for this input and return NaN."""
-    warnings.warn(f"{metric}: returning NaN because {reason}", MetricWarning, stacklevel=_user_stacklevel())
+    """Warn that ``metric`` is undefined for this input and return NaN.
+
+    Example:
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     nan_because("spearman", "a map is constant")
+        nan
+    """
+    warnings.warn(f"{metric}: returning NaN because {reason}", MetricWarning, stacklevel=user_stacklevel())
     return float("nan")
 
 
@@ -75,7 +77,12 @@ def as_map(value: object, name: str) -> np.ndarray:
 
 
 def as_pair(a: object, b: object) -> tuple[np.ndarray, np.ndarray]:
-    """Two maps of the same shape (agreement metrics compare them cell by cell)."""
+    """Two maps of the same shape (agreement metrics compare them cell by cell).
+
+    Example:
+        >>> [m.shape for m in as_pair([[1, 2]], [[3, 4]])]
+        [(1, 2), (1, 2)]
+    """
     x, y = as_map(a, "a"), as_map(b, "b")
     if x.shape != y.shape:
         raise ValueError(
@@ -86,7 +93,12 @@ def as_pair(a: object, b: object) -> tuple[np.ndarray, np.ndarray]:
 
 
 def as_mask(value: object, shape: tuple[int, int], name: str = "mask") -> np.ndarray:
-    """A non-empty boolean mask of exactly ``shape``."""
+    """A non-empty boolean mask of exactly ``shape``.
+
+    Example:
+        >>> as_mask([[0, 1]], (1, 2)).tolist()
+        [[False, True]]
+    """
     if isinstance(value, xr.DataArray):
         value = value.values
     elif hasattr(value, "detach") and hasattr(value, "cpu"):
@@ -129,12 +141,22 @@ def resolve_k(k: int | float, n: int, name: str = "k") -> int:
 
 
 def order_desc(values: np.ndarray) -> np.ndarray:
-    """Flat indices from the largest value to the smallest; ties keep row-major cell order."""
+    """Flat indices from the largest value to the smallest; ties keep row-major cell order.
+
+    Example:
+        >>> order_desc(np.array([[1, 3], [3, 0]])).tolist()
+        [1, 2, 0, 3]
+    """
     return np.argsort(-values.ravel(), kind="stable")
 
 
 def recipe_fields(m: object) -> dict:
-    """The recipe a map from ``vc.cam`` carries in its attrs ({} for plain arrays)."""
+    """The recipe a map from ``vc.cam`` carries in its attrs ({} for plain arrays).
+
+    Example:
+        >>> recipe_fields(xr.DataArray([0], attrs={"recipe": '{"site": "F4"}'})), recipe_fields(np.zeros(2))
+        ({'site': 'F4'}, {})
+    """
     if isinstance(m, xr.DataArray) and isinstance(m.attrs.get("recipe"), str):
         try:
             out = json.loads(m.attrs["recipe"])

@@ -53,7 +53,16 @@ __all__ = ["PerturbationSetup", "deletion", "insertion", "lerf_morf_area", "road
 
 class PerturbationSetup:
     """Validated settings shared by deletion, insertion, lerf_morf_area and road: the model input, the cells
-    and their saliency, the class scored, and the attrs every result records."""
+    and their saliency, the class scored, and the attrs every result records.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 3))
+        >>> s = PerturbationSetup(net, torch.ones(1, 3, 4, 4), np.eye(4), mode="token", substrate="mean", step=None,
+        ...                       score="prob", order="morf", target=None, batch_size=8, seed=0, patch_size=2,
+        ...                       blur_sigma=None, nli_noise=0.01, metric="deletion")
+        >>> s.n_cells, s.attrs["cell"], s.counts(None)[0].tolist()
+        (4, 'patch', [0, 1, 2, 3, 4])
+    """
 
     def __init__(self, model, image, saliency, *, mode, substrate, step, score, order, target, batch_size,
                  seed, patch_size, blur_sigma, nli_noise, metric):

@@ -1,6 +1,5 @@
-"""The perturbation engine behind the faithfulness metrics: the model input an image or trace stands for, the
-order in which cells are removed, a scorer that calls the model in batches (eval mode, no gradients, modes
-restored), and the scores of every perturbed input.
+"""The perturbation engine behind the faithfulness metrics: the model's scores of an input with cells removed in
+the order a map ranks them — what the input is, in which order cells go, and the batched, mode-restoring calls.
 
 Example:
     >>> rank = pixel_rank(np.array([[0.0, 1.0]]), (1, 4), "morf")
@@ -101,7 +100,12 @@ def _input_size(model: torch.nn.Module) -> tuple[int, int] | None:
 
 
 def model_name(model: torch.nn.Module) -> str:
-    """The model's architecture name (timm config) or class name, for the results' attrs."""
+    """The model's architecture name (timm config) or class name, for the results' attrs.
+
+    Example:
+        >>> model_name(torch.nn.Linear(1, 1))
+        'Linear'
+    """
     cfg = getattr(model, "pretrained_cfg", None)
     arch = cfg.get("architecture") if isinstance(cfg, dict) else None
     return str(arch or type(model).__name__)
@@ -117,7 +121,12 @@ def _normalise(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float]) 
 def patch_size_of(
     model: torch.nn.Module, image: object, patch_size: int | Sequence[int] | None
 ) -> tuple[int, int]:
-    """The patch size of token mode: given, else the trace's ``patch_size`` attr, else the model's."""
+    """The patch size of token mode: given, else the trace's ``patch_size`` attr, else the model's.
+
+    Example:
+        >>> patch_size_of(torch.nn.Identity(), None, 8), patch_size_of(torch.nn.Identity(), None, (4, 2))
+        ((8, 8), (4, 2))
+    """
     value: object = patch_size
     if value is None and isinstance(image, xr.Dataset) and "patch_size" in image.attrs:
         value = image.attrs["patch_size"]
@@ -141,7 +150,12 @@ def cell_scores(
     sal: np.ndarray, shape: tuple[int, int], mode: str, patch: tuple[int, int] | None
 ) -> np.ndarray:
     """The saliency of each removable cell: pixels in pixel mode, patches (the map averaged per patch, or the
-    token-grid map itself) in token mode."""
+    token-grid map itself) in token mode.
+
+    Example:
+        >>> cell_scores(np.arange(16.0).reshape(4, 4), (4, 4), "token", (2, 2)).tolist()
+        [[2.5, 4.5], [10.5, 12.5]]
+    """
     h, w = shape
     if mode == "pixel":
         if sal.shape != (h, w):
@@ -161,7 +175,12 @@ def cell_scores(
 
 
 def pixel_rank(cells: np.ndarray, shape: tuple[int, int], order: str) -> np.ndarray:
-    """Position of each pixel's cell in the removal order (0 = removed first), at pixel resolution."""
+    """Position of each pixel's cell in the removal order (0 = removed first), at pixel resolution.
+
+    Example:
+        >>> pixel_rank(np.array([[0.0, 1.0]]), (2, 4), "lerf").tolist()
+        [[0, 0, 1, 1], [0, 0, 1, 1]]
+    """
     flat = cells.ravel()
     idx = np.argsort(-flat if order == "morf" else flat, kind="stable")
     rank = np.empty(flat.size, dtype=np.int64)
@@ -172,18 +191,34 @@ def pixel_rank(cells: np.ndarray, shape: tuple[int, int], order: str) -> np.ndar
 
 
 def check_choice(name: str, value: object, allowed: Sequence[str]) -> None:
-    """Refuse ``value`` unless it is one of ``allowed``, naming the argument."""
+    """Refuse ``value`` unless it is one of ``allowed``, naming the argument.
+
+    Example:
+        >>> check_choice("mode", "pixel", MODES)
+    """
     if value not in allowed:
         raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
 
 
 def show_progress(show: bool | None, n_inputs: int) -> bool:
-    """Whether to show a progress bar: as asked, or by default when the run scores many inputs."""
+    """Whether to show a progress bar: as asked, or by default when the run scores many inputs.
+
+    Example:
+        >>> show_progress(None, 10), show_progress(None, 10_000), show_progress(False, 10_000)
+        (False, True, False)
+    """
     return n_inputs >= _AUTO_PROGRESS_INPUTS if show is None else bool(show)
 
 
 class Scorer:
-    """Calls the model on batches in eval mode without gradients, restoring every module's mode."""
+    """Calls the model on batches in eval mode without gradients, restoring every module's mode.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2)).train()
+        >>> scores = Scorer(net, "prob")(torch.zeros(4, 3, 1, 1), target=1)
+        >>> scores.shape, net.training
+        ((4,), True)
+    """
 
     def __init__(self, model: torch.nn.Module, score: str):
         if not isinstance(model, torch.nn.Module):
@@ -215,7 +250,13 @@ class Scorer:
 
 
 def resolve_target(scorer: Scorer, x: torch.Tensor, target: int | None, saliency: object) -> int:
-    """The class to score: ``target``, else the class the saliency's recipe names, else the prediction."""
+    """The class to score: ``target``, else the class the saliency's recipe names, else the prediction.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2))
+        >>> resolve_target(Scorer(net, "logit"), torch.zeros(1, 3, 1, 1), 1, None)
+        1
+    """
     logits = scorer.logits(x)
     n_classes = logits.shape[1]
     if target is None:
@@ -236,7 +277,16 @@ def perturbation_scores(
     progress: bool | None, desc: str,
 ) -> np.ndarray:
     """Scores (n_maps, n_counts): for each removal rank map, the input with the first ``count`` cells
-    removed (deletion) or only the first ``count`` cells kept on the substrate (insertion)."""
+    removed (deletion) or only the first ``count`` cells kept on the substrate (insertion).
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 2))
+        >>> rank = pixel_rank(np.array([[0.0, 1.0]]), (2, 2), "morf")
+        >>> perturbation_scores(Scorer(net, "logit"), torch.ones(1, 3, 2, 2), [rank], np.array([0, 1, 2]),
+        ...                     kind="deletion", substrate="mean", target=0, batch_size=4, seed=0, nli_noise=0.0,
+        ...                     blur_sigma=1.0, progress=False, desc="").shape
+        (1, 3)
+    """
     from tqdm.auto import tqdm
 
     fixed = fixed_substrate(x, substrate, blur_sigma)

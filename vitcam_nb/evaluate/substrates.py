@@ -100,7 +100,12 @@ def noisy_linear_imputation(
 
 
 def fixed_substrate(x: torch.Tensor, substrate: str, blur_sigma: float) -> torch.Tensor | None:
-    """The substrate when it does not depend on what is removed ("mean", "image_mean", "blur"); None for "nli"."""
+    """The substrate when it does not depend on what is removed ("mean", "image_mean", "blur"); None for "nli".
+
+    Example:
+        >>> fixed_substrate(torch.arange(4.0).view(1, 1, 2, 2), "image_mean", 1.0).flatten().tolist()
+        [1.5, 1.5, 1.5, 1.5]
+    """
     if substrate == "mean":
         return torch.zeros_like(x)
     if substrate == "image_mean":

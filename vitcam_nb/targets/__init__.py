@@ -18,10 +18,10 @@ Example:
 from __future__ import annotations
 
 from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.blip_matching import ItmTarget, itm
 from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
-from vitcam_nb.targets.itm import ItmTarget, itm
-from vitcam_nb.targets.prompts import ClipPrompts, prompts
-from vitcam_nb.targets.similarity import Similarity, similarity, similarity_scores
+from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
+from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 
 __all__ = ["ClassTargets", "ClipPrompts", "ItmTarget", "Similarity", "Target", "as_target", "class_labels", "itm",
            "prompts", "similarity", "similarity_scores"]

@@ -50,7 +50,10 @@ class Target:
             raise TraceError(f"targets: a {self.kind} target scores one image at a time; trace images one by one "
                              "with vitcam_nb.trace()")
         z = self.scores(model, x)
-        return z[None] if isinstance(z, torch.Tensor) else z
+        if not isinstance(z, torch.Tensor) or z.ndim != 1 or not z.is_floating_point() or z.numel() == 0:
+            shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+            raise TraceError(f"targets: the target's scores() must return a non-empty 1-D float tensor, got {shape}")
+        return z[None]
 
     def choose(self, scores: torch.Tensor) -> list[int]:
         """The indices of one image's scores to differentiate (default: all)."""

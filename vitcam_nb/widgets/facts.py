@@ -27,7 +27,15 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
 
 @dataclass(frozen=True)
 class TraceFacts:
-    """What the controls need to know about a trace: sites, layers, heads, traced classes and labels."""
+    """What the controls need to know about a trace: sites, layers, heads, traced classes and labels.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> facts = TraceFacts.of(vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets=[4, 7], sites=["F4"]))
+        >>> facts.sites, facts.layers, facts.classes, facts.num_heads
+        (('F4',), (0, 1), (4, 7), 3)
+    """
 
     sites: tuple[str, ...]
     layers: tuple[int, ...]

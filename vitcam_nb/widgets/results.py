@@ -25,7 +25,15 @@ __all__ = ["GridResult", "compute_grid", "error_text"]
 
 @dataclass
 class GridResult:
-    """One recipe computed on the token grid, with everything the widgets display about it."""
+    """One recipe computed on the token grid, with everything the widgets display about it.
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> r = compute_grid(vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1"), vc.Recipe(site="F6"))
+        >>> r.grid.shape, r.degenerate[:29]
+        ((4, 4), 'gradients are exactly zero at')
+    """
 
     recipe: Recipe
     grid: np.ndarray

@@ -4,6 +4,8 @@ same error translation; a batch of B images gives each image exactly its own sin
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -54,23 +56,22 @@ def test_run_pass_gives_each_image_its_own_targets():
         logits = model(x)
     assert run.classes == torch.topk(logits, 2).indices.tolist()
     np.testing.assert_allclose(run.logits.numpy(), logits.numpy(), rtol=1e-5, atol=1e-6)
-    one = run.image(2)
-    assert tuple(one.acts[(1, "F1")].shape) == (1, 17, 32)
-    assert tuple(one.grads[(1, "F1")].shape) == (3, 1, 17, 32)
-
-
-def _cuda_settings_on_cpu(monkeypatch) -> list[bool]:
-    """Run the pass's CUDA determinism branch on CPU (only global flags change) and record, from inside the
-    forward pass, whether deterministic algorithms were on."""
-    seen: list[bool] = []
-    real = runtime.deterministic
-    monkeypatch.setattr(passes, "deterministic", lambda device: real(torch.device("cuda")))
-    return seen
+    one, alone = run.image(2), run_pass(plan, x[2:3]).image(0)
+    assert one.classes == alone.classes
+    for key in alone.acts:  # image 2 of the batch is what a batch of image 2 alone gives
+        assert one.acts[key].shape == alone.acts[key].shape == (1, 17, 32)
+        assert one.grads[key].shape == alone.grads[key].shape == (3, 1, 17, 32)
+        torch.testing.assert_close(one.acts[key], alone.acts[key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(one.grads[key], alone.grads[key], rtol=1e-4, atol=1e-6)
 
 
 def test_trace_and_trace_many_record_the_same_deterministic_settings(monkeypatch, tmp_path):
     model, images = _model(), _images(2)
-    seen = _cuda_settings_on_cpu(monkeypatch)
+    # The pass's CUDA determinism branch runs on CPU (only global flags change); a hook in the forward pass
+    # records whether deterministic algorithms were on.
+    seen: list[bool] = []
+    real = runtime.deterministic
+    monkeypatch.setattr(passes, "deterministic", lambda device: real(torch.device("cuda")))
     handle = model.blocks[0].register_forward_hook(
         lambda *_: seen.append(torch.are_deterministic_algorithms_enabled()))
     before = torch.are_deterministic_algorithms_enabled()
@@ -149,3 +150,27 @@ def test_a_custom_target_scores_one_image_at_a_time():
         run_pass(plan, torch.zeros(2, 3, IMG, IMG))
     tr = vc.trace(model, _images(1)[0], targets=FirstTwo(), sites=["F1"], layers=[0])
     assert tr["target_class"].values.tolist() == [0, 1, -1]
+
+
+@pytest.mark.parametrize("returned, shape", [(lambda z: z[0, 0], "()"), (lambda z: z, "(1, 5)"),
+                                             (lambda z: [1.0], "list"), (lambda z: z[0, :0], "(0,)")])
+def test_a_custom_target_returns_one_score_vector(returned, shape):
+    class Odd(vc.targets.Target):
+        def scores(self, model, x):
+            return returned(model(x))
+
+    with pytest.raises(vc.TraceError, match=f"targets: the target's scores\\(\\) must return a non-empty 1-D float "
+                                            f"tensor, got {re.escape(shape)}"):
+        vc.trace(_model(), _images(1)[0], targets=Odd())
+
+
+def test_a_target_batch_scores_are_checked_against_the_batch():
+    class OneRowShort(vc.targets.ClassTargets):
+        def batch_scores(self, model, x):
+            return model(x)[1:]
+
+    plan = TracePlan.for_store(_model(), "top1", sites=["F1"], layers=[0])
+    plan.target = OneRowShort("top1")
+    with pytest.raises(vc.TraceError, match=r"batch_scores\(\) must return a non-empty \(3, N\) float tensor, "
+                                            r"got \(2, 5\)"):
+        run_pass(plan, torch.zeros(3, 3, IMG, IMG))

@@ -21,7 +21,7 @@ import torch
 
 from vitcam_nb.adapters.open_clip import image_embedding_dim, is_whole_clip
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.targets.similarity import Similarity, similarity, similarity_scores
+from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 
 __all__ = ["ClipPrompts", "prompts"]
 
