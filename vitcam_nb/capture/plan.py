@@ -19,6 +19,7 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.registry import find_adapter
+from vitcam_nb.capture.runtime import check_autocast, check_device
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, STORAGE_DTYPES
 from vitcam_nb.targets.base import Target
@@ -136,9 +137,10 @@ class TracePlan:
               layer_ids: list[int], site_ids: list[str], dtype: str, device: object) -> TracePlan:
         params = list(model.parameters())
         model_device = params[0].device if params else torch.device("cpu")
+        run_device = check_device(device, model_device)
+        check_autocast()
         return cls(model=model, adapter=adapter, target=target, class_labels=class_labels, layer_ids=layer_ids,
-                   site_ids=site_ids, dtype=dtype,
-                   run_device=torch.device(device) if device is not None else model_device,
+                   site_ids=site_ids, dtype=dtype, run_device=run_device,
                    compute_dtype=params[0].dtype if params else torch.float32)
 
     @classmethod

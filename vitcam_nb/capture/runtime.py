@@ -1,5 +1,6 @@
-"""Where and how a pass runs: the model moved to the trace's device and back, and deterministic kernels on
-CUDA, each a context manager that restores what it found.
+"""Where and how a pass runs: the device checked before the model is touched, the model moved there and back,
+one trace at a time per model, autocast refused, and deterministic kernels on CUDA; each context manager
+restores what it found.
 
 Example:
     >>> import torch
@@ -11,16 +12,109 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
 
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["CUDA_DETERMINISTIC", "deterministic", "on_device"]
+__all__ = ["CUDA_DETERMINISTIC", "check_autocast", "check_device", "deterministic", "exclusive", "on_device"]
 
 CUDA_DETERMINISTIC = ("torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic=True, "
                       "cudnn.benchmark=False")
+
+
+_DEVICES = "None (the model's own device), \"cpu\", \"cuda\", \"cuda:N\" or \"mps\""
+# Models being traced, by id: an entry lives only while its trace runs, and the caller holds the model meanwhile.
+_BUSY: set[int] = set()
+_BUSY_LOCK = threading.Lock()
+
+
+def check_device(device: object, model_device: torch.device) -> torch.device:
+    """The device a trace runs on, refused before the model is touched when it cannot hold the model's weights:
+    not a device name, ``meta`` (no values), CUDA or MPS absent, or a CUDA index that does not exist.
+
+    Example:
+        >>> check_device("cpu", torch.device("cpu"))
+        device(type='cpu')
+        >>> check_device("meta", torch.device("cpu"))  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceError: device: 'meta' holds no values ...
+    """
+    if device is None:
+        if model_device.type == "meta":
+            raise TraceError("model: its parameters are on the meta device and hold no values; load weights "
+                             "first (model.to_empty(device='cpu') then load_state_dict)")
+        return model_device
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise TraceError(f"device: expected {_DEVICES}, got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise TraceError(f"device: {device!r} is not a device name; expected {_DEVICES}") from exc
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TraceError(f"device: {device!r} asks for CUDA, which this machine does not have (torch "
+                             f"{torch.__version__}); use device='cpu' or None")
+        count = torch.cuda.device_count()
+        if dev.index is not None and not 0 <= dev.index < count:
+            raise TraceError(f"device: {device!r} does not exist; this machine has CUDA devices 0..{count - 1}")
+        return dev
+    if dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise TraceError(f"device: {device!r} asks for MPS, which this machine does not have; use 'cpu'")
+        return dev
+    if dev.type == "meta":
+        raise TraceError(f"device: {device!r} holds no values (moving the model there would drop its weights); "
+                         f"expected {_DEVICES}")
+    raise TraceError(f"device: {device!r} is not supported for tracing; expected {_DEVICES}")
+
+
+def check_autocast() -> None:
+    """Refuse a trace inside ``torch.autocast``: it would compute in another dtype than the trace records.
+
+    Example:
+        >>> check_autocast()  # outside autocast: nothing to say
+    """
+    try:
+        active = [kind for kind in ("cpu", "cuda") if torch.is_autocast_enabled(kind)]
+    except TypeError:  # torch < 2.4 has one query per device type
+        active = [kind for kind, on in (("cpu", torch.is_autocast_cpu_enabled()),
+                                        ("cuda", torch.is_autocast_enabled())) if on]
+    if active:
+        raise TraceError(f"model: torch.autocast is active ({', '.join(active)}); the trace would compute in a "
+                         "lower precision than its compute_dtype records. Call vitcam_nb.trace outside the "
+                         "autocast block, or cast the model itself (model.half()) so the trace records it")
+
+
+@contextlib.contextmanager
+def exclusive(model: torch.nn.Module) -> Iterator[None]:
+    """One trace at a time per model: a second trace of the same model, from another thread or from inside the
+    first, is refused rather than sharing its hooks, ``fused_attn`` flags and device moves.
+
+    Example:
+        >>> m = torch.nn.Linear(1, 1)
+        >>> with exclusive(m):
+        ...     with exclusive(m):  # doctest: +IGNORE_EXCEPTION_DETAIL
+        ...         pass
+        Traceback (most recent call last):
+        TraceError: model: this model is already being traced ...
+    """
+    key = id(model)
+    with _BUSY_LOCK:
+        if key in _BUSY:
+            raise TraceError("model: this model is already being traced (by another thread, or from inside a "
+                             "trace); trace it from one thread at a time, or give each thread its own copy "
+                             "(copy.deepcopy(model))")
+        _BUSY.add(key)
+    try:
+        yield
+    finally:
+        with _BUSY_LOCK:
+            _BUSY.discard(key)
 
 
 @contextlib.contextmanager
@@ -41,8 +135,9 @@ def on_device(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
         raise TraceError(f"device: the model spans several devices {sorted(map(str, devices))}; "
                          "pass device=None to trace it where it is")
     original = devices.pop()
-    model.to(device)
     try:
+        # Inside the try: a move that fails half-way (out of memory) is undone too.
+        model.to(device)
         yield
     finally:
         model.to(original)

@@ -18,7 +18,7 @@ import xarray as xr
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
-from vitcam_nb.capture.runtime import on_device
+from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.staged import assemble_tree
 from vitcam_nb.preprocess import prepare_input
 from vitcam_nb.targets.base import Target
@@ -67,7 +67,7 @@ def trace(
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
     prepared = prepare_input(model, image)
-    with on_device(model, plan.run_device):
+    with exclusive(model), on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)
     if getattr(plan.adapter, "hierarchical", False):
         return assemble_tree(plan, prepared, run.image(0), run)

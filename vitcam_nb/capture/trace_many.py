@@ -31,7 +31,7 @@ from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan, model_name
-from vitcam_nb.capture.runtime import on_device
+from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_layout import stack_images, store_target_names
 from vitcam_nb.core.errors import TraceError, TraceFileError
@@ -199,7 +199,7 @@ def trace_many(
         pending.clear()
 
     try:
-        with on_device(model, plan.run_device):
+        with exclusive(model), on_device(model, plan.run_device):
             for i, item in enumerate(items):
                 if i % batch_size == 0:
                     flush()
