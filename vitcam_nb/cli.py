@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         from vitcam_nb.models import list_models
 
         for card in list_models():
-            print(f"{card['name']:24s} acc {card['test_accuracy']:.3f}  sha256 {card['weights_sha256'][:12]}  "
-                  f"{card['description']}")
+            print(f"{card['name']:24s} acc {card['test_accuracy']:.3f}  "
+                  f"file sha256 {card['weights_file_sha256'][:12]}  {card['description']}")
         return 0
     from vitcam_nb.demo import run_demo
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitcam_nb.core.provenance import BUNDLED_KEY
 from vitcam_nb.data.shapes import shortcut_marks
 
 __all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "sample_image"]
@@ -59,7 +60,8 @@ def model_card(name: str) -> dict:
 
 
 def list_models() -> list[dict]:
-    """One summary dict per bundled model: name, task, test_accuracy, weights_sha256, classes, description.
+    """One summary dict per bundled model: name, task, test_accuracy, weights_sha256 (the safetensors file's
+    hash, also under ``weights_file_sha256``; a trace's ``weights_sha256`` hashes tensors), classes, description.
 
     Example:
         >>> [m["name"] for m in list_models()]
@@ -70,6 +72,8 @@ def list_models() -> list[dict]:
         card = model_card(name)
         keys = ("name", "task", "test_accuracy", "weights_sha256", "classes", "description")
         row = {k: card[k] for k in keys}
+        # The card's weights_sha256 is the safetensors file's hash, not a trace's tensor hash: named as such.
+        row["weights_file_sha256"] = card["weights_sha256"]
         if "test_accuracy_random_mark" in card:
             row["test_accuracy_random_mark"] = card["test_accuracy_random_mark"]
         rows.append(row)
@@ -107,6 +111,7 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
     model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
     cfg = _pretrained_cfg(card)
+    cfg[BUNDLED_KEY] = f"{card.get('name', weights_path.stem)} (file sha256 {actual})"
     model.pretrained_cfg = cfg
     model.default_cfg = cfg
     return model.eval()

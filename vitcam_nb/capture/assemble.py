@@ -24,7 +24,7 @@ import xarray as xr
 from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
+from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
 from vitcam_nb.core.schema import ATTENTION_SITE, EXPECTED_LABEL, EXPECTED_TARGET, SCHEMA_VERSION, target_name
 from vitcam_nb.core.version import __version__
 from vitcam_nb.preprocess import PreparedInput, preprocessing_json
@@ -166,6 +166,7 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
 
     model, adapter, target = plan.model, plan.adapter, plan.target
     name, tag = model_name(model)
+    origin = weights_origin(model)
     w_hash = weights_sha256(model)
     in_hash = array_sha256(prepared.tensor)
     settings = {"weights": w_hash, "input": in_hash, "classes": classes, "layers": layer_ids,
@@ -178,7 +179,9 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         "trace_id": settings_id(settings),
         "model_name": name,
         "model_family": adapter.family,
-        "pretrained_tag": tag,
+        # A config's tag names the weights the architecture was published with; untrained weights are not those.
+        "pretrained_tag": "" if origin == "random-init" else tag,
+        "weights_origin": origin,
         "weights_sha256": w_hash,
         "input_sha256": in_hash,
         "img_size": f"{h}x{w}",
@@ -196,6 +199,7 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         "numpy_version": np.__version__,
         "xarray_version": xr.__version__,
         "device": str(plan.run_device),
+        "torch_threads": int(torch.get_num_threads()),
         "dtype": plan.dtype,
         "compute_dtype": str(plan.compute_dtype).replace("torch.", ""),
         "deterministic": run.deterministic,

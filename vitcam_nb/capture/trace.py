@@ -49,8 +49,8 @@ def trace(
         model: a timm VisionTransformer (or a family with a registered adapter).
         image: PIL image, HxWx3 uint8 array (preprocessed with the model's timm data config), or a
             (1,3,H,W) float tensor used as given.
-        targets: "top5" (default), "topK", an int class, a list of ints, or a target from
-            :mod:`vitcam_nb.targets` (similarity to vectors, text prompts, image-text matching).
+        targets: "top5" (default: the min(5, num_classes) highest), "topK", an int class, a list of ints, or a
+            target from :mod:`vitcam_nb.targets` (similarity to vectors, text prompts, image-text matching).
         sites: subset of F1..F6 and the extended sites resid_pre, attn_out, resid_mid (default F1..F6).
         layers: block indices to keep (default all; negative counts from the end).
         dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).

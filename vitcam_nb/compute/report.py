@@ -177,7 +177,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
     })
     if attrs:
         checklist["model and input"] = {
-            "model": f"{attrs.get('model_name', '?')} ({attrs.get('pretrained_tag', '') or 'no tag'})",
+            "model": _model_text(attrs),
             "weights sha256": str(attrs.get("weights_sha256", "?")),
             "input size": str(size),
             "preprocessing": str(attrs.get("preprocessing", "?")),
@@ -187,6 +187,19 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
                         f"{attrs.get('torch_version', '?')}, timm {attrs.get('timm_version', '?')}",
         }
     return checklist
+
+
+def _model_text(attrs: Any) -> str:
+    """The model line; traces since 0.2 say where the weights came from (0.1 files keep their 0.1 text)."""
+    text = f"{attrs.get('model_name', '?')} ({attrs.get('pretrained_tag', '') or 'no tag'})"
+    origin = attrs.get("weights_origin")
+    if origin is None:
+        return text
+    if origin == "random-init":
+        return f"{attrs.get('model_name', '?')} (random-init weights, untrained)"
+    if str(origin).startswith("bundled "):
+        return f"{text}; weights {origin}"
+    return f"{text}; weights of unknown origin (a tag is the config's, not a check of the loaded weights)"
 
 
 def describe(recipe: Recipe, trace: Any = None) -> str:

@@ -1,4 +1,14 @@
-"""Content hashes that identify a model's weights, an input and a whole trace."""
+"""Content hashes that identify a model's weights, an input and a whole trace, and what is known of where the
+weights came from.
+
+Two weight hashes exist and must not be compared with each other: :func:`weights_sha256` hashes the state
+dict's tensors (what a trace's ``weights_sha256`` attribute holds), while a bundled model's card and
+``vitcam-nb models`` give the SHA-256 of its safetensors *file* (``weights_file_sha256``).
+
+Example:
+    >>> weights_origin(torch.nn.LayerNorm(3))
+    'random-init'
+"""
 
 from __future__ import annotations
 
@@ -41,6 +51,42 @@ def weights_sha256(model: torch.nn.Module) -> str:
     digest = h.hexdigest()
     _WEIGHTS_CACHE[model] = (signature, digest)
     return digest
+
+
+_NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)
+# A model loaded by vitcam_nb.load_model from a bundled file states it in its pretrained_cfg under this key.
+BUNDLED_KEY = "vitcam_nb_bundled"
+
+
+def untrained(model: torch.nn.Module) -> bool:
+    """True when every affine normalisation layer still holds its initial value (weight 1, bias 0): the
+    model was never trained, whatever its config's pretrained tag says. Trained weights never keep them all.
+
+    Example:
+        >>> untrained(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)))
+        True
+    """
+    norms = [m for m in model.modules() if isinstance(m, _NORMS) and getattr(m, "weight", None) is not None]
+    if not norms:
+        return False
+    with torch.no_grad():
+        return all(bool((m.weight == 1).all()) and (m.bias is None or bool((m.bias == 0).all())) for m in norms)
+
+
+def weights_origin(model: torch.nn.Module) -> str:
+    """What is known of the weights: ``"random-init"`` (:func:`untrained`), ``"bundled <name> (file sha256
+    <hash>)"`` for a model :func:`vitcam_nb.load_model` loaded from the package, else ``"unknown"`` (a timm
+    config tag says which weights the architecture was published with, not which ones are loaded).
+
+    Example:
+        >>> weights_origin(torch.nn.Linear(2, 2))
+        'unknown'
+    """
+    if untrained(model):
+        return "random-init"
+    cfg = getattr(model, "pretrained_cfg", None)
+    bundled = cfg.get(BUNDLED_KEY) if isinstance(cfg, dict) else None
+    return f"bundled {bundled}" if bundled else "unknown"
 
 
 def array_sha256(array: np.ndarray | torch.Tensor) -> str:

@@ -108,11 +108,14 @@ COORDINATES: dict[str, Entry] = {
 }
 ATTRIBUTES: dict[str, Entry] = {
     "schema_version": Entry((), "1"),
-    "trace_id": Entry((), "hash of weights, input, classes, layers, sites, dtype (and non-class targets)"),
+    "trace_id": Entry((), "hash of what was asked: weights, input, classes, layers, sites, storage dtype (and "
+                          "non-class targets); not of the numbers, which may differ in the last bits with "
+                          "threads, device and versions (recorded in attrs)"),
     "model_name": Entry((), "architecture name"),
     "model_family": Entry((), "adapter family"),
-    "pretrained_tag": Entry((), "pretrained tag from the model's config, or empty"),
-    "weights_sha256": Entry((), "hash of the state dict's tensors"),
+    "pretrained_tag": Entry((), "pretrained tag from the model's config; empty for random-init weights"),
+    "weights_origin": Entry((), "random-init, bundled <name> (file sha256 <hash>) or unknown"),
+    "weights_sha256": Entry((), "hash of the state dict's tensors (not of a weights file)"),
     "input_sha256": Entry((), "hash of the model input tensor"),
     "img_height": Entry((), "input height"),
     "img_width": Entry((), "input width"),
@@ -125,6 +128,7 @@ ATTRIBUTES: dict[str, Entry] = {
     "dtype": Entry((), "storage dtype"),
     "compute_dtype": Entry((), "dtype the model ran in"),
     "device": Entry((), "device the pass ran on"),
+    "torch_threads": Entry((), "torch.get_num_threads() during the pass (CPU sums may round differently)"),
     "deterministic": Entry((), "1: the pass ran with deterministic kernels"),
     "deterministic_settings": Entry((), "which settings made it deterministic"),
     "model_sites": Entry((), "sites this model has"),

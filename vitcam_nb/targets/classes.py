@@ -15,13 +15,15 @@ import numpy as np
 import torch
 
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.provenance import untrained
 from vitcam_nb.targets.base import Target
 
 __all__ = ["ClassTargets", "as_target", "class_labels"]
 
 
 class ClassTargets(Target):
-    """The classifier's logits: ``"topK"`` (the K highest), an int class or a list of ints.
+    """The classifier's logits: ``"topK"`` (the K highest), an int class or a list of ints. The default
+    ``"top5"`` traces ``min(5, num_classes)`` classes; any other K above the class count is refused.
 
     Example:
         >>> ClassTargets("top3").k
@@ -62,6 +64,8 @@ class ClassTargets(Target):
         if n <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits. For an "
                              "embedding model use targets=vitcam_nb.targets.similarity(vectors, labels)")
+        if self.spec == "top5" and self.k is not None and self.k > n:
+            self.k = n  # the default means "up to five": a 3-class head traces its 3 classes
         if self.k is not None and self.k > n:
             raise TraceError(f"targets: expected 'topK' with 1 <= K <= {n}, got {self.spec!r}")
         for c in self.classes or []:
@@ -90,7 +94,8 @@ class ClassTargets(Target):
 
 def class_labels(model: torch.nn.Module, num_classes: int, labels: Sequence[str] | None = None) -> list[str]:
     """Names of a classifier's classes: ``labels`` when given (checked), else the model's
-    ``pretrained_cfg["label_names"]``, else ImageNet's for a 1000-class head, else "class i".
+    ``pretrained_cfg["label_names"]``, else ImageNet's for a 1000-class head, else "class i". An untrained
+    model (:func:`vitcam_nb.core.provenance.untrained`) gets "class i": its classes mean nothing yet.
 
     Example:
         >>> import torch
@@ -101,6 +106,8 @@ def class_labels(model: torch.nn.Module, num_classes: int, labels: Sequence[str]
         if isinstance(labels, str) or len(labels) != num_classes:
             raise TraceError(f"labels: expected a sequence of {num_classes} class names, got {labels!r:.80}")
         return [str(v) for v in labels]
+    if untrained(model):
+        return [f"class {i}" for i in range(num_classes)]
     cfg = getattr(model, "pretrained_cfg", None) or {}
     names = cfg.get("label_names") if isinstance(cfg, dict) else None
     if names is not None and len(names) == num_classes:

@@ -44,6 +44,14 @@ class Similarity(Target):
         if n > 0:
             raise TraceError(f"targets: a similarity target needs an embedding model (num_classes=0, e.g. "
                              f"timm.create_model(..., num_classes=0)); this model has a {n}-class head")
+        width = getattr(model, "num_features", None)
+        if not callable(getattr(model, "encode_image", None)) and isinstance(width, int):
+            self._check_width(width)
+
+    def _check_width(self, width: int) -> None:
+        if int(self.vectors.shape[1]) != width:
+            raise TraceError(f"vectors: {int(self.vectors.shape[1])}-wide vectors cannot be compared with the "
+                             f"model's {width}-wide pooled embedding; give vectors of shape (N, {width})")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         encode = getattr(model, "encode_image", None)  # whole CLIP-style models: the image embedding
@@ -51,6 +59,7 @@ class Similarity(Target):
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != 1:
             shape = tuple(emb.shape) if isinstance(emb, torch.Tensor) else type(emb).__name__
             raise TraceError(f"model: expected a pooled embedding of shape (1, D), got {shape}")
+        self._check_width(int(emb.shape[1]))
         return similarity_scores(emb[0], self.vectors.to(emb.device, emb.dtype), self.metric, self.scale)
 
     def settings(self) -> dict:
