@@ -9,15 +9,16 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vitcam_nb.adapters.registry import find_adapter
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import TraceError, user_stacklevel
 
-__all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json"]
+__all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json", "to_pixels"]
 
 
 @dataclass
@@ -70,8 +71,8 @@ def _check_finite(t: torch.Tensor) -> None:
 def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
     """Preprocess ``image`` the way the model expects.
 
-    PIL images and HxWx3 uint8 arrays go through timm's own eval transform (resize, crop, mean/std);
-    a float tensor (1,3,H,W) or (3,H,W) is used as given and only un-normalised for display.
+    Pixels (:func:`to_pixels`, the one input rule) go through timm's own eval transform (resize, crop,
+    mean/std); a float tensor (1,3,H,W) or (3,H,W) is used as given and only un-normalised for display.
 
     Example:
         >>> import numpy as np, timm
@@ -95,40 +96,98 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
         "config_input_size": list(cfg["input_size"]),
     }
 
+    pixels, how = to_pixels(image)
+    facts.update(how)
+    if isinstance(pixels, torch.Tensor):
+        return PreparedInput(pixels, _display(pixels, mean, std), facts)
+    transform = create_transform(**cfg)
+    t = transform(Image.fromarray(pixels)).unsqueeze(0).to(torch.float32)
+    _check_finite(t)
+    return PreparedInput(t, _display(t, mean, std), facts)
+
+
+def _rescale_rule(values: np.ndarray, what: str) -> tuple[np.ndarray, str | None]:
+    """8-bit values from any numeric array, and the rule used when it is not the documented one."""
+    if values.dtype == np.uint8:
+        return values, None
+    if values.dtype == np.bool_ or not (np.issubdtype(values.dtype, np.integer)
+                                        or np.issubdtype(values.dtype, np.floating)):
+        raise TraceError(f"image: {what} of dtype {values.dtype} has no pixel meaning; pass uint8 (0..255), "
+                         "floats in 0..1 or integers in 0..255")
+    if values.size == 0:
+        raise TraceError(f"image: empty {what} of shape {values.shape}")
+    if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+        raise TraceError("image: contains NaN or inf values; expected finite pixel values")
+    lo, hi = float(values.min()), float(values.max())
+    if np.issubdtype(values.dtype, np.floating) and 0.0 <= lo and hi <= 1.0:
+        return np.round(values.astype(np.float64) * 255.0).astype(np.uint8), None
+    if np.issubdtype(values.dtype, np.integer) and 0 <= lo and hi <= 255:
+        return values.astype(np.uint8), None
+    expected = "0..1 of floats" if values.dtype.kind == "f" else "0..255 of 8-bit integers"
+    rule = f"{what} values {lo:g}..{hi:g} are outside the {expected}; rescaled linearly from their min..max to 0..255"
+    warnings.warn(f"image: {rule}. Pass uint8 pixels to choose the mapping yourself", UserWarning,
+                  stacklevel=user_stacklevel())
+    scaled = (values.astype(np.float64) - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros(values.shape)
+    return np.round(scaled).astype(np.uint8), rule
+
+
+def _rgb(values: np.ndarray, what: str) -> tuple[np.ndarray, dict]:
+    """An HxW, HxWx1, HxWx3 or HxWx4 array as HxWx3 uint8 (grey repeated, alpha dropped)."""
+    if values.ndim == 3 and values.shape[-1] in (1, 3, 4):
+        values = values[..., 0] if values.shape[-1] == 1 else values[..., :3]
+    if not (values.ndim == 2 or (values.ndim == 3 and values.shape[-1] == 3)) or min(values.shape[:2]) < 1:
+        raise TraceError(f"image: expected an HxW, HxWx1, HxWx3 or HxWx4 {what}, got shape {values.shape}")
+    values, rule = _rescale_rule(values, what)
+    if values.ndim == 2:
+        values = np.repeat(values[..., None], 3, axis=-1)
+    return np.ascontiguousarray(values), {"pixel_rule": rule} if rule else {}
+
+
+def to_pixels(image: object) -> tuple[np.ndarray | torch.Tensor, dict]:
+    """The one input rule of every entry point (``trace``, ``trace_many``, the evaluation metrics): any
+    accepted image as HxWx3 uint8 pixels, or a float tensor (1,3,H,W) used as given, and how it was read.
+
+    * PIL images: modes 1, L, LA, P, RGB, RGBA, CMYK, YCbCr, ... converted to RGB (alpha dropped); the
+      numeric modes I, I;16 and F read as numbers, like arrays;
+    * numpy arrays and integer torch tensors: HxW (grey), HxWx1, HxWx3 or HxWx4 (alpha dropped), or CHW
+      tensors; uint8 as given, integers in 0..255 as 8-bit values, floats in 0..1 times 255; anything else
+      (16-bit scans, floats beyond 0..1) rescaled from its min..max to 0..255 with a warning naming the rule;
+      booleans refused;
+    * float torch tensors (1,3,H,W) or (3,H,W): already normalised, used as given.
+
+    Example:
+        >>> pix, how = to_pixels(np.full((2, 2), 0.5))
+        >>> pix.shape, int(pix[0, 0, 0]), how
+        ((2, 2, 3), 128, {'input_kind': 'float64 array'})
+    """
+    from PIL import Image
+
     if isinstance(image, np.ndarray):
-        if image.ndim != 3 or image.shape[-1] != 3:
-            raise TraceError(f"image: expected an HxWx3 array, got shape {image.shape}")
-        if image.dtype != np.uint8:
-            raise TraceError(f"image: expected a uint8 array (0..255), got dtype {image.dtype}; "
-                             "pass a normalised float tensor (1,3,H,W) to skip preprocessing")
-        if min(image.shape[:2]) < 1:
-            raise TraceError(f"image: empty array of shape {image.shape}")
-        image = Image.fromarray(image)
-        facts["input_kind"] = "uint8 array"
-    elif isinstance(image, Image.Image):
-        facts["input_kind"] = "PIL image"
-        image = image.convert("RGB")
-    elif isinstance(image, torch.Tensor):
+        pixels, how = _rgb(image, "array")
+        return pixels, {"input_kind": "uint8 array" if image.dtype == np.uint8 else f"{image.dtype} array", **how}
+    if isinstance(image, Image.Image):
+        if image.mode in ("F", "I") or image.mode.startswith("I;"):
+            pixels, how = _rgb(np.asarray(image), f"PIL {image.mode} image")
+            return pixels, {"input_kind": f"PIL {image.mode} image", **how}
+        return np.asarray(image.convert("RGB")), {"input_kind": "PIL image"}
+    if isinstance(image, torch.Tensor):
         t = image.detach()
+        if not t.is_floating_point():
+            arr = t.cpu().numpy()
+            arr = arr[0] if arr.ndim == 4 and arr.shape[0] == 1 else arr
+            if arr.ndim == 3 and arr.shape[0] in (1, 3) and arr.shape[-1] not in (1, 3, 4):
+                arr = np.moveaxis(arr, 0, -1)
+            pixels, how = _rgb(arr, f"{t.dtype} tensor".replace("torch.", ""))
+            return pixels, {"input_kind": f"{t.dtype} tensor".replace("torch.", ""), **how}
         if t.ndim == 3:
             t = t.unsqueeze(0)
         if t.ndim != 4 or t.shape[0] != 1 or t.shape[1] != 3:
-            raise TraceError(f"image: expected a tensor of shape (1,3,H,W) or (3,H,W), got {tuple(image.shape)}")
-        if not t.is_floating_point():
-            raise TraceError(f"image: expected a float tensor, got dtype {t.dtype}")
+            raise TraceError(f"image: expected a float tensor of shape (1,3,H,W) or (3,H,W) (normalised, used as "
+                             f"given), got {tuple(image.shape)}")
         _check_finite(t)
-        t = t.to("cpu", torch.float32).clone()
-        facts["input_kind"] = "tensor (used as given)"
-        return PreparedInput(t, _display(t, mean, std), facts)
-    else:
-        raise TypeError(
-            f"image: expected a PIL image, an HxWx3 uint8 numpy array or a (1,3,H,W) float tensor, "
-            f"got {type(image).__name__}"
-        )
-    transform = create_transform(**cfg)
-    t = transform(image).unsqueeze(0).to(torch.float32)
-    _check_finite(t)
-    return PreparedInput(t, _display(t, mean, std), facts)
+        return t.to("cpu", torch.float32).clone(), {"input_kind": "tensor (used as given)"}
+    raise TypeError(f"image: expected a PIL image, a numpy array (HxW or HxWxC), an integer tensor or a normalised "
+                    f"(1,3,H,W) float tensor, got {type(image).__name__}")
 
 
 def _display(t: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> np.ndarray:

@@ -81,5 +81,7 @@ class VitAdapter(Adapter):
             "global_pool": str(model.global_pool or "none"),
             "patch_size": int(patch[0]) if patch[0] == patch[1] else f"{patch[0]}x{patch[1]}",
             "dynamic_img_size": int(bool(getattr(model, "dynamic_img_size", False))),
+            # Only when set: traces of other models keep the attributes they had.
+            **({"dynamic_img_pad": 1} if getattr(model.patch_embed, "dynamic_img_pad", False) else {}),
             "position_encoding": "absolute" if getattr(model, "pos_embed", None) is not None else "none",
         }

@@ -52,7 +52,7 @@ def _values(view: TraceView, recipe: Recipe) -> MapValues:
             view.target_weights(recipe)
         raw = rollout(view, recipe, layer_pos)
         maps, reasons = finish_layers(view, recipe, raw[None], np.abs(raw)[None], np.zeros(1, bool))
-        out = upsample(maps[0], size, recipe.upsample)
+        out = upsample(maps[0], size, recipe.upsample, view.pad)
         return normalise(out, recipe.normalize), [r for r in reasons if r], []
     maps, reasons = layer_maps(view, recipe, layer_pos)
     return fuse_layers(maps, reasons, [int(view.layers[p]) for p in layer_pos], recipe)
@@ -86,13 +86,13 @@ def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, s
             cols = [i for i, _ in members]
             raw, scale, zero = raw_maps(view, rec, layer_pos, [sp for _, sp in members])
             maps, why = finish_layers(view, rec, raw, scale, zero)
-            block[:, cols] = normalise(upsample(maps, size, rec.upsample), rec.normalize)
+            block[:, cols] = normalise(upsample(maps, size, rec.upsample, view.pad), rec.normalize)
             reasons[:, cols] = why
     if ATTENTION_SITE in sites:
         si = sites.index(ATTENTION_SITE)
         raw, scale, zero = raw_maps(view, recipes[0][si], layer_pos, None)
         maps, why = finish_layers(view, rec, raw, scale, zero)
-        block[:, si] = normalise(upsample(maps, size, rec.upsample), rec.normalize)
+        block[:, si] = normalise(upsample(maps, size, rec.upsample, view.pad), rec.normalize)
         reasons[:, si] = why
     block[reasons != ""] = 0
     return block, reasons

@@ -20,6 +20,7 @@ import numpy as np
 from vitcam_nb.compute.kernels import apply_head_rule, relu, token_maps
 from vitcam_nb.compute.spatial import normalise, to_grid, upsample
 from vitcam_nb.compute.view import TraceView
+from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -138,18 +139,22 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
         >>> raw.shape, zero.tolist()  # the last block's F3 patch tokens never reach the CLS-pooled output
         ((2, 2, 4, 4), [[False, False], [False, True]])
     """
+    grad = "grad" if site_pos is not None else "attn_window_grad" if "attn_window" in view.arrays else "attn_grad"
+    if grad not in view.arrays and WEIGHTINGS.get(recipe.weighting).uses_gradient:
+        raise RecipeError(f"weighting: {recipe.weighting!r} reads gradients and this trace has no {grad!r} "
+                          "variable; use a gradient-free weighting (e.g. 'eigencam') or trace again")
     weights, _ = view.target_weights(recipe)
     wmask = compact(weight_mask(view, recipe))
     patch = compact(view.patch)
     if site_pos is None and "attn_window" in view.arrays:
         A = view.arrays["attn_window"][layer_pos].astype(np.float32, copy=False)
-        G = combine(view.arrays["attn_window_grad"], weights, (layer_pos,))
+        G = combine(view.arrays[grad], weights, (layer_pos,)) if grad in view.arrays else np.zeros_like(A)
         A, G = (window_rows(view, A, recipe.attn_rows, layer_pos),
                 window_rows(view, G, recipe.attn_rows, layer_pos))
         groups = A.shape[-1]
     elif site_pos is None:
         A = view.arrays["attn"][layer_pos].astype(np.float32, copy=False)
-        G = combine(view.arrays["attn_grad"], weights, (layer_pos,))
+        G = combine(view.arrays[grad], weights, (layer_pos,)) if grad in view.arrays else np.zeros_like(A)
         A, G = query_rows(view, A, recipe.attn_rows), query_rows(view, G, recipe.attn_rows)
         groups = A.shape[-1]
     else:
@@ -157,7 +162,7 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
         if not any(isinstance(i, slice) for i in idx):
             idx = np.ix_(*idx)
         A = view.arrays["act"][idx].astype(np.float32, copy=False)
-        G = combine(view.arrays["grad"], weights, idx)
+        G = combine(view.arrays["grad"], weights, idx) if "grad" in view.arrays else np.zeros_like(A)
         heads = int(view.attrs.get("num_heads", 1))
         groups = heads if (view.sites[site_pos[0]] == "F3" and recipe.heads != "channels") else 1
     return grid_maps(view, recipe, A, G, wmask, patch, groups)
@@ -233,4 +238,4 @@ def layer_maps(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> tuple[n
     if site_pos is not None:
         raw, scale, zero_grad = raw[:, 0], scale[:, 0], zero_grad[:, 0]
     maps, reasons = finish_layers(view, recipe, raw, scale, zero_grad)
-    return upsample(maps, (view.height, view.width), recipe.upsample), reasons
+    return upsample(maps, (view.height, view.width), recipe.upsample, view.pad), reasons

@@ -51,8 +51,10 @@ def interp_matrix(n_in: int, n_out: int, mode: str, transpose: bool = False) -> 
     return np.ascontiguousarray(weights.numpy(), dtype=np.float32)
 
 
-def upsample(grid: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
+def upsample(grid: np.ndarray, size: tuple[int, int], mode: str, pad: tuple[int, int] = (0, 0)) -> np.ndarray:
     """Upsample (..., h, w) maps to ``size`` with torch's bilinear/bicubic/nearest rules (half-pixel centres).
+    ``pad``: pixels the grid also covers below and right of the image (a model that pads its input); the map is
+    upsampled over image and margin and the margin cropped.
 
     Example:
         >>> upsample(np.eye(2, dtype=np.float32), (4, 4), "nearest")[0]
@@ -60,8 +62,8 @@ def upsample(grid: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
     """
     if mode == "none":
         return grid
-    wy = interp_matrix(grid.shape[-2], size[0], mode)
-    wx_t = interp_matrix(grid.shape[-1], size[1], mode, transpose=True)
+    wy = interp_matrix(grid.shape[-2], size[0] + pad[0], mode)[:size[0]]
+    wx_t = np.ascontiguousarray(interp_matrix(grid.shape[-1], size[1] + pad[1], mode, transpose=True)[:, :size[1]])
     return wy @ grid.astype(np.float32, copy=False) @ wx_t
 
 

@@ -106,11 +106,15 @@ class TraceView:
         sites = [str(s) for s in arrays["site"]] if "site" in arrays else []
         if "attn" in arrays or "attn_window" in arrays:
             sites.append(ATTENTION_SITE)
-        stored = [arrays[k] for k in ("grad", "attn_grad", "attn_window_grad") if k in arrays]
+        stored = [arrays[k] for k in ("grad", "attn_grad", "attn_window_grad", "act", "attn", "attn_window")
+                  if k in arrays]
         if not stored:
             raise RecipeError("site: this trace holds no block sites (e.g. only 'xattn'); use site='xattn' or "
                               "trace again with sites=[..., 'F1']")
         dtype = stored[0].dtype
+        if patch.size != gh * gw:
+            raise TraceError(f"trace: it holds {patch.size} of the {gh}x{gw} = {gh * gw} patch tokens (sliced "
+                             "along token?); maps need every patch token. Select layers, sites or targets instead")
         height = int(trace.sizes.get("y", trace.attrs.get("img_height", gh)))
         width = int(trace.sizes.get("x", trace.attrs.get("img_width", gw)))
         return cls(
@@ -119,6 +123,16 @@ class TraceView:
             num_layers=int(trace.attrs.get("num_layers", int(trace.variables["layer"].values.max()) + 1)),
             rtol=1e-2 if dtype == np.float16 else 1e-5, signature=signature,
         )
+
+    @property
+    def pad(self) -> tuple[int, int]:
+        """Pixels the model padded at the bottom and right (timm ``dynamic_img_pad``): the patch grid covers the
+        image and this margin, so maps are upsampled over both and the margin cropped, never stretched."""
+        if not int(self.attrs.get("dynamic_img_pad", 0)):
+            return 0, 0
+        size = str(self.attrs.get("patch_size", "1"))
+        ph, pw = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
+        return max(0, self.gh * ph - self.height), max(0, self.gw * pw - self.width)
 
     def token_index(self, kind: str, field: str) -> int:
         where = np.flatnonzero(self.kinds == kind)

@@ -192,7 +192,7 @@ def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
     maps, scale, zero_grad = grid_maps(view, recipe, A, G, wmask, patch, n_heads)
     per_layer, reasons = finish_layers(view, recipe, maps, scale, zero_grad)
     reasons = np.where(zero_grad, _ZERO_ROWS, reasons)
-    per_layer = upsample(per_layer, (view.height, view.width), recipe.upsample)
+    per_layer = upsample(per_layer, (view.height, view.width), recipe.upsample, view.pad)
     return fuse_layers(per_layer, reasons, layers, recipe, label="cross-attention layer")
 
 

@@ -19,7 +19,7 @@ import xarray as xr
 
 from vitcam_nb.evaluate._common import recipe_fields
 from vitcam_nb.evaluate.substrates import fixed_substrate, noisy_linear_imputation
-from vitcam_nb.preprocess import data_config, prepare_input
+from vitcam_nb.preprocess import data_config, prepare_input, to_pixels
 
 __all__ = ["MODES", "ORDERS", "SCORES", "Scorer", "area_under_curve", "cell_scores", "check_choice", "model_input",
            "model_name", "patch_size_of", "perturbation_scores", "pixel_rank", "resolve_target", "show_progress"]
@@ -35,9 +35,10 @@ def model_input(model: torch.nn.Module, image: object) -> tuple[torch.Tensor, st
 
     * a trace (``xarray.Dataset``): its ``image`` (the display copy the maps are aligned to),
       normalised with the mean and std recorded in the trace; no resize or crop.
-    * an HxWx3 uint8 array at the model's input size: normalised with the model's timm data config,
-      no resize or crop (re-running the eval transform would crop it again and misalign the map);
-      any other size goes through the model's timm eval transform, as in ``vc.trace``.
+    * any image :func:`vitcam_nb.preprocess.to_pixels` accepts (PIL, arrays, integer tensors), read by that
+      one rule; at the model's input size normalised with the model's timm data config, no resize or crop
+      (re-running the eval transform would crop it again and misalign the map); any other size goes
+      through the model's timm eval transform, as in ``vc.trace``.
     * a float tensor ``(1, 3, H, W)`` or ``(3, H, W)``: used as given (already normalised).
 
     Example:
@@ -55,26 +56,14 @@ def model_input(model: torch.nn.Module, image: object) -> tuple[torch.Tensor, st
         else:
             mean, std = _mean_std(model)
         return _normalise(pixels, mean, std), "trace image, normalised as recorded"
-    if isinstance(image, np.ndarray):
-        if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
-            raise ValueError(f"image: expected an HxWx3 uint8 array, got shape {image.shape} "
-                             f"dtype {image.dtype}")
-        size = _input_size(model)
-        if size is None or tuple(image.shape[:2]) == size:
-            return _normalise(image, *_mean_std(model)), "uint8 array, normalised at its size"
-        return prepare_input(model, image).tensor, "uint8 array, timm eval transform"
-    if isinstance(image, torch.Tensor):
-        t = image.detach()
-        if t.ndim == 3:
-            t = t.unsqueeze(0)
-        if t.ndim != 4 or t.shape[:2] != (1, 3) or not t.is_floating_point():
-            raise ValueError(f"image: expected a float tensor (1,3,H,W) or (3,H,W), got {tuple(image.shape)} "
-                             f"{image.dtype}")
-        if not torch.isfinite(t).all():
-            raise ValueError("image: contains NaN or inf")
-        return t.to(torch.float32).clone(), "tensor (used as given)"
-    raise ValueError("image: expected a trace, an HxWx3 uint8 array or a float tensor, "
-                     f"got {type(image).__name__}")
+    # The one input rule of every entry point (vitcam_nb.preprocess.to_pixels): PIL, arrays, tensors.
+    pixels, how = to_pixels(image)
+    if isinstance(pixels, torch.Tensor):
+        return pixels, how["input_kind"]
+    size = _input_size(model)
+    if size is None or tuple(pixels.shape[:2]) == size:
+        return _normalise(pixels, *_mean_std(model)), f"{how['input_kind']}, normalised at its size"
+    return prepare_input(model, pixels).tensor, f"{how['input_kind']}, timm eval transform"
 
 
 def _data_config(model: torch.nn.Module) -> dict | None:

@@ -353,8 +353,8 @@ def test_faithfulness_bad_input():
         ev.deletion(model, x, GOOD, patch_size=2, target=5)
     with pytest.raises(ValueError, match=r"^patch_size: token mode needs"):
         ev.deletion(model, x, GOOD)
-    with pytest.raises(ValueError, match=r"^image: expected an HxWx3 uint8"):
-        ev.deletion(model, np.zeros((8, 8, 3)), GOOD, patch_size=2)
+    with pytest.raises(ValueError, match=r"^image: array of dtype bool has no pixel meaning"):
+        ev.deletion(model, np.zeros((8, 8, 3), bool), GOOD, patch_size=2)
     with pytest.raises(ValueError, match=r"^image: cannot normalise a uint8 array"):
         ev.deletion(model, np.zeros((8, 8, 3), np.uint8), GOOD, patch_size=2)
     with pytest.warns(MetricWarning, match="constant"):
