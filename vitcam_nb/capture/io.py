@@ -91,8 +91,59 @@ def _format(path: Path) -> str:
     raise TraceFileError(f"path: {path} must end in .nc (netCDF) or .zarr (zarr)")
 
 
-def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike) -> Path:
+def _top_attrs(path: Path) -> dict | None:
+    """The root attributes of what is at ``path`` when it is a netCDF or zarr file/store, else None."""
+    try:
+        if path.is_dir():
+            for name, key in ((".zattrs", None), ("zarr.json", "attributes")):
+                meta = path / name
+                if meta.is_file():
+                    data = json.loads(meta.read_text())
+                    return dict(data.get(key, {}) if key else data)
+            return None
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            return {k: f.attrs[k] for k in f.attrs}
+    except (OSError, ValueError):
+        return None
+
+
+def _foreign_files(path: Path) -> list[str]:
+    """Entries of a zarr store that no zarr writer made (another program's files kept in the folder)."""
+    out = []
+    for entry in path.iterdir():
+        if entry.name in (".zattrs", ".zgroup", ".zmetadata", "zarr.json"):
+            continue
+        if not entry.is_dir() or not any((entry / m).exists() for m in (".zarray", ".zgroup", "zarr.json")):
+            out.append(entry.name)
+    return sorted(out)
+
+
+def _check_overwrite(path: Path, kind: str) -> None:
+    """Refuse to replace anything but a single trace vitcam_nb.save wrote (files it did not write are kept)."""
+    if kind == "netcdf" and path.is_dir():
+        raise TraceFileError(f"path: {path} is a folder; a .nc trace is one file. Use another path")
+    if kind == "zarr" and path.is_file():
+        raise TraceFileError(f"path: {path} is a file; a .zarr trace is a folder. Use another path")
+    attrs = _top_attrs(path)
+    if attrs is not None and "store_kind" in attrs:
+        raise TraceFileError(f"path: {path} is a trace_many store; save will not replace it. Use another path, "
+                             "or overwrite=True to replace it")
+    if attrs is None or CHECKSUM_ATTR not in attrs or "schema_version" not in attrs:
+        raise TraceFileError(f"path: {path} exists and is not a trace vitcam_nb.save wrote; it is left alone. Use "
+                             "another path, or overwrite=True to replace it")
+    foreign = _foreign_files(path) if path.is_dir() else []
+    if foreign:
+        raise TraceFileError(f"path: {path} holds files vitcam_nb did not write ({', '.join(foreign[:5])}); it is "
+                             "left alone. Use another path, or overwrite=True to replace it")
+
+
+def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
+
+    An existing path is replaced only when it holds a single trace written by :func:`save`; anything else
+    (another program's file or folder, a ``trace_many`` store) is refused unless ``overwrite=True``.
 
     Example:
         >>> import tempfile, numpy as np, xarray as xr
@@ -108,13 +159,18 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike) -> Path:
     kind = _format(path)
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
+    if path.exists() and not overwrite:
+        _check_overwrite(path, kind)
+    if overwrite and kind == "netcdf" and path.is_dir():
+        raise TraceFileError(f"path: {path} is a folder; a .nc trace is one file. Use another path")
     out = trace.copy(deep=False)
     out.attrs = {**trace.attrs, CHECKSUM_ATTR: _checksum(trace)}
     nodes = [n.to_dataset(inherit=False) for n in out.subtree] if isinstance(out, xr.DataTree) else [out]
     for attrs in (node.attrs for node in nodes):
-        for bad in [k for k, v in attrs.items() if not isinstance(v, (str, int, float, np.integer, np.floating))]:
+        for bad in [k for k, v in attrs.items() if isinstance(v, (bool, np.bool_))
+                    or not isinstance(v, (str, int, float, np.integer, np.floating))]:
             raise TraceFileError(f"trace: attribute {bad!r} is {type(attrs[bad]).__name__}; only str, int and "
-                                 "float attributes can be stored")
+                                 "float attributes can be stored (store a flag as int(...))")
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if kind == "netcdf":
@@ -125,7 +181,9 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike) -> Path:
                 warnings.simplefilter("ignore")
                 out.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
             old = None
-            if path.exists():
+            if path.is_file():
+                path.unlink()  # overwrite=True over a file: the folder takes its place
+            elif path.exists():
                 old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
                 os.replace(path, old)
             os.replace(tmp, path)
@@ -152,6 +210,9 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset | xr.Dat
     kind = _format(path)
     if not path.exists():
         raise TraceFileError(f"path: {path} does not exist")
+    if "store_kind" in (_top_attrs(path) or {}):
+        raise TraceFileError(f"path: {path} is a trace_many store of many images; open it with "
+                             "vitcam_nb.open_traces(path) (vitcam_nb.image_trace(store, i) gives one image's trace)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -131,7 +131,14 @@ class Store:
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             batch.to_zarr(str(tmp), mode="w-", encoding=_encoding(batch), consolidated=False, zarr_format=3)
+            if path.exists():  # another call created it meanwhile: rename would replace an empty folder
+                raise FileExistsError(path)
             os.rename(tmp, path)
+        except OSError as exc:
+            if not path.exists():
+                raise
+            raise TraceFileError(f"path: {path} was created by another call while this one traced its first "
+                                 "batch; one store has one writer. Rerun this call to resume that store") from exc
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

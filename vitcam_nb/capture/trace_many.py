@@ -149,6 +149,8 @@ def trace_many(
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     settings = store_settings(plan)
     path = Path(path)
+    if path.suffix.lower() != ".zarr":
+        raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
     items, n = iter_items(images, image_labels, masks)

@@ -372,21 +372,34 @@ def test_non_module_refused():
 
 
 BAD_IMAGES = {
-    "rank2_array": np.zeros((32, 32), np.uint8),
     "rank4_array": np.zeros((1, 32, 32, 3), np.uint8),
-    "4_channel_array": np.zeros((32, 32, 4), np.uint8),
-    "float_array": np.zeros((32, 32, 3), np.float32),
-    "int64_array": np.zeros((32, 32, 3), np.int64),
     "4_channel_tensor": torch.zeros(1, 4, 32, 32),
     "batch2_tensor": torch.zeros(2, 3, 32, 32),
     "rank2_tensor": torch.zeros(3, 32),
     "nan_tensor": torch.full((1, 3, 32, 32), float("nan")),
     "inf_tensor": torch.zeros(1, 3, 32, 32).index_fill_(2, torch.tensor([5]), float("inf")),
-    "uint8_tensor": torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
     "wrong_size_tensor": torch.zeros(1, 3, 40, 40),
     "list": [[0, 1], [2, 3]],
     "string": "cat.jpg",
+    "bool_array": np.zeros((32, 32, 3), bool),
+    "2_channel_array": np.zeros((32, 32, 2), np.uint8),
 }
+
+# Refused by 0.1, read by the one input rule since (vitcam_nb.preprocess.to_pixels): the same black image.
+SAME_AS_BLACK = {
+    "rank2_array": np.zeros((32, 32), np.uint8),
+    "4_channel_array": np.zeros((32, 32, 4), np.uint8),
+    "float_array": np.zeros((32, 32, 3), np.float32),
+    "int64_array": np.zeros((32, 32, 3), np.int64),
+    "uint8_tensor": torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
+}
+
+
+@pytest.mark.parametrize("name", list(SAME_AS_BLACK))
+def test_other_pixel_layouts_give_the_uint8_rgb_input(name, tiny_vit):
+    black = vc.trace(tiny_vit, np.zeros((32, 32, 3), np.uint8), targets="top1", sites=["F1"])
+    tr = vc.trace(tiny_vit, SAME_AS_BLACK[name], targets="top1", sites=["F1"])
+    assert tr.attrs["input_sha256"] == black.attrs["input_sha256"]
 
 
 @pytest.mark.parametrize("name", list(BAD_IMAGES))
