@@ -18,6 +18,7 @@ from __future__ import annotations
 # compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
 from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, presets, stages, targets, widgets  # noqa: F401
 from vitcam_nb.api import cam, gallery
+from vitcam_nb.capture.budget import estimate
 from vitcam_nb.capture.io import load, save
 from vitcam_nb.capture.reader import image_choices, image_trace, open_traces
 from vitcam_nb.capture.trace import trace
@@ -36,6 +37,7 @@ __all__ = [
     "RecipeError",
     "TraceError",
     "TraceFileError",
+    "estimate",
     "Checklist",
     "Compare",
     "Explorer",

@@ -16,6 +16,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.budget import check_budget
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
@@ -36,6 +37,7 @@ def trace(
     dtype: str = "float32",
     device: str | torch.device | None = None,
     labels: Sequence[str] | None = None,
+    max_bytes: float | None = None,
 ) -> xr.Dataset:
     """Trace ``model`` on ``image``: one forward pass, one batched backward pass, everything stored.
 
@@ -56,6 +58,8 @@ def trace(
         dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).
         device: where to run (default: the model's device); results always come back to CPU.
         labels: class names (default: the model's ``pretrained_cfg["label_names"]`` or ImageNet's).
+        max_bytes: refuse (``TraceError``) when the estimated peak memory (:func:`vitcam_nb.estimate`) is
+            above this; default half the memory available when the trace starts.
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -67,6 +71,7 @@ def trace(
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
     prepared = prepare_input(model, image)
+    check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)
     if getattr(plan.adapter, "hierarchical", False):

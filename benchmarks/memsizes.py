@@ -1,0 +1,108 @@
+"""Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
+memory of the pass, for ViT-B/16 at 224 and 384 px and DINOv2-S at 518 px (random-init timm models, no
+download), each in a fresh process, one at a time. Writes ``benchmarks/MEMORY.json`` and, with ``--readme``,
+the README table between ``<!-- memory:start -->`` and ``<!-- memory:end -->``.
+
+Usage::
+
+    python -m benchmarks.memsizes                 # measure every case (several GB each), write MEMORY.json
+    python -m benchmarks.memsizes --case vitb224  # one case, printed as JSON
+    python -m benchmarks.memsizes --readme        # README table from MEMORY.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "MEMORY.json"
+CASES = {
+    "vitb224": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5"),
+    "vitb384": ("vit_base_patch16_384", {}, 384, "ViT-B/16", "top5"),
+    "dinov2s518": ("vit_small_patch14_dinov2", {}, 518, "DINOv2-S/14", "top5"),
+}
+START, END = "<!-- memory:start -->", "<!-- memory:end -->"
+
+
+def _kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def measure(case: str) -> dict:
+    """One case in this process: the estimate, then the trace with its peak resident memory rise."""
+    import numpy as np
+    import timm
+    import torch
+
+    import vitcam_nb as vc
+
+    name, kwargs, size, label, targets = CASES[case]
+    torch.set_num_threads(1)
+    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")  # lazy imports, not the trace's memory
+    model = timm.create_model(name, pretrained=False, **kwargs).eval()
+    image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    est = vc.estimate(model, image, targets)
+    gc.collect()
+    before = _kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    tr = vc.trace(model, image, targets, max_bytes=float("inf"))
+    peak = (_kib("VmHWM") - before) * 1024
+    return {"case": case, "model": label, "timm_name": name, "input": size, "targets": targets,
+            "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
+            "estimate_dataset_bytes": est["dataset_bytes"], "estimate_peak_bytes": est["peak_bytes"],
+            "peak_over_dataset": round(peak / tr.nbytes, 2), "torch_threads": 1}
+
+
+def table(rows: list[dict]) -> str:
+    """The README table of measured sizes."""
+    lines = ["| model | input | targets | Dataset (measured / estimated) | peak RSS rise (measured / estimated) "
+             "| peak / Dataset |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['input']} px | {r['targets']} | {r['dataset_bytes'] / 1e9:.2f} / "
+                     f"{r['estimate_dataset_bytes'] / 1e9:.2f} GB | {r['peak_rise_bytes'] / 1e9:.2f} / "
+                     f"{r['estimate_peak_bytes'] / 1e9:.2f} GB | {r['peak_over_dataset']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memsizes")
+    p.add_argument("--case", choices=sorted(CASES))
+    p.add_argument("--readme", action="store_true")
+    args = p.parse_args(argv)
+    if args.case:
+        print(json.dumps(measure(args.case)))
+        return 0
+    if args.readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        body = table(json.loads(OUT.read_text()))
+        if START not in text:
+            print(body)
+            return 1
+        head, rest = text.split(START, 1)
+        readme.write_text(f"{head}{START}\n{body}\n{END}{rest.split(END, 1)[1]}")
+        return 0
+    rows = []
+    for case in CASES:  # one fresh process each, one after the other: each needs several GB
+        out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    OUT.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
