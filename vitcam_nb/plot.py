@@ -28,6 +28,10 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
 
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha: expected a float in [0, 1], got {alpha!r}")
+    mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
+    if mine and theirs and mine != theirs:
+        raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
+                         "overlay a map on the image it explains")
     if ax is None:
         fig, ax = plt.subplots(figsize=(4, 4))
     else:

@@ -74,6 +74,11 @@ def trace(
     check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)
+    image = run.image(0)
+    # The image's views become the only references to the pass's tensors, so assembly frees each one as it
+    # copies it into the Dataset: the peak holds one copy of the gradients, not two.
+    run.acts.clear()
+    run.grads.clear()
     if getattr(plan.adapter, "hierarchical", False):
-        return assemble_tree(plan, prepared, run.image(0), run)
-    return assemble(plan, prepared, run.image(0), run)
+        return assemble_tree(plan, prepared, image, run)
+    return assemble(plan, prepared, image, run)

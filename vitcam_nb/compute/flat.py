@@ -125,7 +125,10 @@ class FlatKind(TraceKind):
         values, notes, partial = _values(view, recipe)
         reason = warn_degenerate(recipe, notes) if notes else ""
         checklist, methods = cached_report(recipe, trace)
-        return map_array(values, recipe, str(view.attrs.get("trace_id", "")), checklist, methods, reason, partial)
+        # The recipe id hashes the recipe as written (layer=-1 and layer=5 differ); the blocks say what was used.
+        blocks = ",".join(str(int(view.layers[p])) for p in view.layer_positions(recipe.layer))
+        return map_array(values, recipe, str(view.attrs.get("trace_id", "")), checklist, methods, reason, partial,
+                         blocks=blocks, blocks_of=str(view.num_layers))
 
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         vary = normalise_vary(vary)

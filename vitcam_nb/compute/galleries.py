@@ -43,6 +43,8 @@ def normalise_vary(vary: Mapping[str, Any] | Sequence[str] | str) -> dict[str, A
     """
     if isinstance(vary, str):
         vary = (vary,)
+    if not isinstance(vary, (Mapping, Sequence)) or not vary:
+        raise RecipeError(f"vary: expected a recipe field, a list of fields or a dict field -> values, got {vary!r}")
     if not isinstance(vary, Mapping):
         vary = {field: "all" for field in vary}
     ups = vary.get("upsample", ())
@@ -65,9 +67,16 @@ def vary_values(field: str, values: Any, everything: Mapping[str, list]) -> list
         if field in ("layer", "site") and field in everything:
             return list(everything[field])
         raise RecipeError(f"vary: 'all' is supported for layer and site only, not {field!r}")
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+        values = values.tolist()  # numpy scalars become the ints/strs a recipe takes
     if isinstance(values, (str, int)) or not isinstance(values, Sequence) or len(values) == 0:
         raise RecipeError(f"vary: {field} needs a non-empty list of values or 'all', got {values!r}")
-    return list(values)
+    values = list(values)
+    repeated = sorted({repr(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise RecipeError(f"vary: {field} repeats {', '.join(repeated)}; each value gives one gallery cell, so "
+                          "give each once")
+    return values
 
 
 def with_site(recipe: Recipe, site: str, has_cls: bool = True, **changes: Any) -> Recipe:

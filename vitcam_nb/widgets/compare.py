@@ -23,6 +23,7 @@ from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
 from vitcam_nb.widgets.facts import TraceFacts
 from vitcam_nb.widgets.fallback import png_bundle
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
+from vitcam_nb.widgets.traits import Opacity, Pixels
 
 __all__ = ["Compare"]
 
@@ -56,8 +57,8 @@ class Compare(anywidget.AnyWidget):
 
     image = t.Bytes().tag(sync=True)
     image_shape = t.List(t.Int()).tag(sync=True)
-    size = t.Int(260).tag(sync=True)
-    opacity = t.Float(0.5).tag(sync=True)
+    size = Pixels(260).tag(sync=True)
+    opacity = Opacity(0.5).tag(sync=True)
     colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
 
     grid_a = t.Bytes().tag(sync=True)

@@ -32,6 +32,7 @@ from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 from vitcam_nb.widgets.fallback import png_bundle
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
+from vitcam_nb.widgets.traits import Opacity, Pixels
 
 __all__ = ["Explorer"]
 
@@ -70,8 +71,8 @@ class Explorer(anywidget.AnyWidget):
     options = t.Dict().tag(sync=True)
     image = t.Bytes().tag(sync=True)
     image_shape = t.List(t.Int()).tag(sync=True)
-    size = t.Int(360).tag(sync=True)
-    opacity = t.Float(0.5).tag(sync=True)
+    size = Pixels(360).tag(sync=True)
+    opacity = Opacity(0.5).tag(sync=True)
     colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
 
     recipe_json = t.Unicode().tag(sync=True)

@@ -25,6 +25,7 @@ from vitcam_nb.widgets.explorer import Explorer
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 from vitcam_nb.widgets.fallback import png_bundle
 from vitcam_nb.widgets.results import error_text
+from vitcam_nb.widgets.traits import Opacity, Pixels
 
 __all__ = ["Gallery", "GalleryGrid"]
 
@@ -58,8 +59,8 @@ class GalleryGrid(anywidget.AnyWidget):
     upsample = t.Unicode("bilinear").tag(sync=True)
     normalize = t.Unicode("minmax").tag(sync=True)
     base_id = t.Unicode().tag(sync=True)
-    thumb = t.Int(96).tag(sync=True)
-    opacity = t.Float(0.5).tag(sync=True)
+    thumb = Pixels(96).tag(sync=True)
+    opacity = Opacity(0.5).tag(sync=True)
     colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
     #: The page's click: {"cell": [row, col], "n": click count}.
     selected = t.Dict().tag(sync=True, echo_update=False)

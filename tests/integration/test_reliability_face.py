@@ -1,0 +1,63 @@
+"""Issue #17, silent nonsense refused: maps name the absolute blocks they used (the recipe id stays the hash
+of the recipe as written), overlays check the map's trace id, gallery ``vary`` values are checked, and widget
+display traits refuse values no display can show."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import traitlets
+from vitcam_testing import make_model
+
+import vitcam_nb as vc
+
+MODEL = make_model("vit")  # 3 blocks
+TR = vc.trace(MODEL, np.random.default_rng(8).integers(0, 255, (32, 32, 3), dtype=np.uint8), targets="top2")
+
+
+def test_maps_name_the_absolute_blocks_while_ids_hash_the_recipe_as_written():
+    last, two = vc.cam(TR, vc.Recipe(layer=-1)), vc.cam(TR, vc.Recipe(layer=2))
+    np.testing.assert_array_equal(last.values, two.values)
+    assert last.attrs["blocks"] == two.attrs["blocks"] == "2" and last.attrs["blocks_of"] == "3"
+    assert last.attrs["recipe_id"] == vc.Recipe(layer=-1).id != two.attrs["recipe_id"]
+    sub = vc.trace(MODEL, TR["image"].values, targets="top2", layers=[0, 2])
+    rollout = vc.Recipe(site="F2", layer="all", layer_fusion="rollout")
+    assert vc.cam(sub, rollout).attrs["blocks"] == "0,2"
+    assert vc.cam(vc.trace(MODEL, TR["image"].values, targets="top2"), rollout).attrs["blocks"] == "0,1,2"
+
+
+def test_an_overlay_of_another_traces_map_is_refused():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    other = vc.trace(MODEL, 255 - TR["image"].values, targets="top2")
+    with pytest.raises(ValueError, match=r"^cam_map: computed from trace .* not from this trace"):
+        vc.plot.overlay(TR, vc.cam(other, vc.Recipe()))
+    vc.plot.overlay(TR, vc.cam(TR, vc.Recipe()))
+
+
+@pytest.mark.parametrize("vary,match", [({"layer": [0, 0]}, r"^vary: layer repeats 0"), (None, r"^vary: expected"),
+                                        ({}, r"^vary: expected"), (3, r"^vary: expected")])
+def test_bad_gallery_vary_is_refused_naming_vary(vary, match):
+    with pytest.raises(vc.RecipeError, match=match):
+        vc.gallery(TR, vc.Recipe(), vary=vary)
+
+
+def test_a_numpy_range_varies_like_a_list():
+    a = vc.gallery(TR, vc.Recipe(), vary={"layer": np.arange(3)})
+    b = vc.gallery(TR, vc.Recipe(), vary={"layer": [0, 1, 2]})
+    np.testing.assert_array_equal(a.values, b.values)
+
+
+@pytest.mark.parametrize("name,value", [("opacity", 7.5), ("opacity", float("nan")), ("opacity", -0.1),
+                                        ("size", -100), ("size", 0)])
+def test_explorer_display_traits_refuse_impossible_values(name, value):
+    ex = vc.Explorer(TR)
+    with pytest.raises(traitlets.TraitError, match=f"^{name}: expected"):
+        setattr(ex, name, value)
+    ex.opacity, ex.size = 1.0, 1
+
+
+def test_gallery_thumbnails_refuse_a_negative_size():
+    with pytest.raises(traitlets.TraitError, match=r"^thumb: expected a size of at least 1 pixel, got -5"):
+        vc.Gallery(TR, vc.Recipe(), vary="layer", thumb=-5)
