@@ -24,7 +24,7 @@ OUT = ROOT / "benchmarks" / "MEMORY.json"
 CASES = {
     "vitb224": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5"),
     "vitb384": ("vit_base_patch16_384", {}, 384, "ViT-B/16", "top5"),
-    "dinov2s518": ("vit_small_patch14_dinov2", {}, 518, "DINOv2-S/14", "top5"),
+    "dinov2s518": ("vit_small_patch14_dinov2", {"num_classes": 1000}, 518, "DINOv2-S/14", "top5"),
 }
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 

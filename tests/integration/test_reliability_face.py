@@ -61,3 +61,12 @@ def test_explorer_display_traits_refuse_impossible_values(name, value):
 def test_gallery_thumbnails_refuse_a_negative_size():
     with pytest.raises(traitlets.TraitError, match=r"^thumb: expected a size of at least 1 pixel, got -5"):
         vc.Gallery(TR, vc.Recipe(), vary="layer", thumb=-5)
+
+
+def test_a_prob_map_of_a_one_logit_model_says_the_softmax_is_constant():
+    one = make_model("vit", num_classes=1)
+    tr = vc.trace(one, TR["image"].values, targets="top1")
+    with pytest.warns(vc.DegenerateMapWarning):
+        m = vc.cam(tr, vc.Recipe(target="prob"))
+    assert m.attrs["degenerate"].startswith("target 'prob': a softmax over one score is constant")
+    assert not m.values.any()

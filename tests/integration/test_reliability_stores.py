@@ -104,3 +104,16 @@ def test_two_concurrent_creations_of_one_store_give_one_store_and_one_trace_file
         import shutil
 
         shutil.rmtree(path)
+
+
+def test_trace_many_names_a_broken_image_file_and_an_out_of_range_label(tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(vc.TraceError, match=r"^images: .*broken.png could not be read as an image"):
+        vc.trace_many(MODEL, folder, tmp_path / "a.zarr", targets="top1", progress=False)
+    model = make_model("vit", num_classes=5)
+    with pytest.raises(vc.TraceError, match=r"^image_labels: image 1 has label 77; the model has 5 classes"):
+        vc.trace_many(model, [IMAGE, IMAGE], tmp_path / "b.zarr", targets="top1", image_labels=[1, 77],
+                      progress=False)
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()

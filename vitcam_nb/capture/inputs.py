@@ -123,8 +123,11 @@ def _folder(path: Path) -> list[Path]:
 def _read_file(path: Path) -> Any:
     from PIL import Image
 
-    with Image.open(path) as im:
-        return im.convert("RGB")
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB") if im.mode not in ("I", "F") and not im.mode.startswith("I;") else im.copy()
+    except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a damaged or foreign file
+        raise TraceError(f"images: {path} could not be read as an image ({exc}); remove or repair it") from exc
 
 
 def iter_items(images: Any, image_labels: Any, masks: Any) -> tuple[Iterator[Item], int | None]:

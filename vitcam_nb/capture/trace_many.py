@@ -214,6 +214,9 @@ def trace_many(
                                                  f"{store.hashes[i][:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
+                if item.label >= int(model.num_classes):
+                    raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
+                                     f"{int(model.num_classes)} classes (0..{int(model.num_classes) - 1}, or -1/None)")
                 prepared = prepare_input(model, item.image)
                 pending.append((i, item, prepared))
             flush()

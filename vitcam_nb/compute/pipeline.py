@@ -212,8 +212,12 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
     span = maps.max(axis=(-2, -1)) - maps.min(axis=(-2, -1))
     ref = scale.max(axis=(-2, -1))
     constant = span <= view.rtol * ref
-    reasons = np.where(zero_grad, "gradients are exactly zero at these tokens (the target does not depend on "
-                                  "them: with CLS pooling, the last block's patch tokens never reach the output)",
+    why_zero = ("gradients are exactly zero at these tokens (the target does not depend on them: with CLS "
+                "pooling, the last block's patch tokens never reach the output)")
+    if recipe.target in ("prob", "logprob") and int(view.arrays["logits"].shape[-1]) == 1:
+        why_zero = (f"target {recipe.target!r}: a softmax over one score is constant, so its gradient is zero; use "
+                    "target='logit' on a one-logit model")
+    reasons = np.where(zero_grad, why_zero,
                        np.where(constant, "the map is constant (after the ReLU nothing is left, or only "
                                           "rounding noise remains)", ""))
     bad = reasons != ""
