@@ -3,9 +3,11 @@ config, sites, layers, targets and dtype, and the budget a trace refuses to exce
 down).
 
 The Dataset size is exact arithmetic over the schema (``act``, ``grad``, ``attn``, ``attn_grad``, logits,
-image and coordinates). The peak adds what the pass holds while it runs, in the model's compute dtype: the
-forward graph autograd keeps (per block about 16 token-by-channel tensors and 2 head-by-token-by-token ones)
-and the batched gradients of the captured tensors (targets + 1 of them) with the captured tensors themselves.
+image and coordinates). The peak is the Dataset plus what the pass holds beyond it, an empirical fit to the
+resident-memory rise measured by ``python -m benchmarks.memsizes`` (ViT-B/16 at 224 and 384 px, DINOv2-S at
+518 px, top5; ``benchmarks/MEMORY.json``): about 120 MB plus, per traced target and block, 10.7 token-by-
+channel tensors in the compute dtype (the forward graph autograd keeps and the batched backward's
+transients; a head-by-token-by-token term did not fit the measurements).
 The estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); hierarchical (Swin) and
 cross-attention (BLIP) models are not estimated and not budget-checked.
 
@@ -33,7 +35,9 @@ __all__ = ["BUDGET_FRACTION", "available_bytes", "check_budget", "estimate", "es
 
 #: The default budget: this fraction of the memory available when the trace starts.
 BUDGET_FRACTION = 0.5
-_GRAPH_TC, _GRAPH_HTT = 16, 2  # tensors autograd keeps per timm block: token x channel, head x token x token
+# Fitted to benchmarks/MEMORY.json (see the module docstring): fixed bytes, token x channel tensors per target
+# and block beyond the Dataset.
+_PEAK_FIXED, _PEAK_TC_PER_TARGET = 120e6, 10.7
 
 
 def available_bytes() -> int | None:
@@ -108,10 +112,8 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
              + len(labels) * 4 * max((len(s) for s in labels), default=0) + n_classes * 8)
     parts = {"act": act, "grad": k * act, "attn": attn, "attn_grad": k * attn, "other": other}
     dataset = sum(parts.values())
-    captured = (act + attn) * compute // store
-    graph = batch * len(adapter.blocks(model)) * (_GRAPH_TC * tokens * width + _GRAPH_HTT * heads * tokens ** 2) \
-        * compute
-    return {"dataset_bytes": int(dataset), "peak_bytes": int(dataset + graph + (k + 1) * captured),
+    beyond = _PEAK_FIXED + _PEAK_TC_PER_TARGET * k * batch * len(adapter.blocks(model)) * tokens * width * compute
+    return {"dataset_bytes": int(dataset), "peak_bytes": int(dataset + beyond),
             "parts": {n: int(v) for n, v in parts.items()}, "tokens": tokens, "targets": k - 1,
             "input_size": [int(hw[0]), int(hw[1])]}
 
