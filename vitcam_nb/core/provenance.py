@@ -67,7 +67,7 @@ def untrained(model: torch.nn.Module) -> bool:
         True
     """
     norms = [m for m in model.modules() if isinstance(m, _NORMS) and getattr(m, "weight", None) is not None]
-    if not norms:
+    if not norms or any(m.weight.is_meta for m in norms):  # meta tensors hold no values to compare
         return False
     with torch.no_grad():
         return all(bool((m.weight == 1).all()) and (m.bias is None or bool((m.bias == 0).all())) for m in norms)
