@@ -53,8 +53,11 @@ def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray 
         path = Path(image)
         if not path.is_file():
             raise ValueError(f"image: {path} is not a file")
-        with Image.open(path) as im:
-            return im.convert("RGB"), None, path.name
+        try:
+            with Image.open(path) as im:
+                return im.convert("RGB"), None, path.name
+        except (OSError, SyntaxError) as exc:  # PIL's errors for a file that is not an image it reads
+            raise ValueError(f"image: {path} could not be read as an image ({exc})") from exc
     if model_name not in bundled_names():
         raise ValueError(f"image: a timm model ({model_name}) needs --image PATH; the bundled sample images "
                          f"are for the bundled models {bundled_names()}")
@@ -82,6 +85,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     from tqdm.auto import tqdm
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
     net = load_model(model)

@@ -70,3 +70,17 @@ def test_a_prob_map_of_a_one_logit_model_says_the_softmax_is_constant():
         m = vc.cam(tr, vc.Recipe(target="prob"))
     assert m.attrs["degenerate"].startswith("target 'prob': a softmax over one score is constant")
     assert not m.values.any()
+
+
+def test_the_demo_command_names_a_non_image_and_an_out_path_that_is_a_file(tmp_path, capsys):
+    from vitcam_nb.cli import main
+
+    bad = tmp_path / "notimg.png"
+    bad.write_text("hello")
+    assert main(["demo", "--image", str(bad), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitcam-nb demo: image: ") and "could not be read as an image" in err
+    out_file = tmp_path / "out.txt"
+    out_file.write_text("mine")
+    assert main(["demo", "--out", str(out_file), "--quiet"]) == 2
+    assert "out: " in capsys.readouterr().err and out_file.read_text() == "mine"
