@@ -84,3 +84,13 @@ def test_the_demo_command_names_a_non_image_and_an_out_path_that_is_a_file(tmp_p
     out_file.write_text("mine")
     assert main(["demo", "--out", str(out_file), "--quiet"]) == 2
     assert "out: " in capsys.readouterr().err and out_file.read_text() == "mine"
+
+
+def test_gallery_and_compare_on_a_store_point_to_image_trace_and_the_explorer(tmp_path):
+    store = vc.open_traces(vc.trace_many(MODEL, [TR["image"].values], tmp_path / "s.zarr", targets="top1",
+                                         progress=False))
+    for make in (lambda: vc.Gallery(store, vc.Recipe(), vary="layer"),
+                 lambda: vc.Compare(store, vc.Recipe(), vc.Recipe(layer=0))):
+        with pytest.raises(TypeError, match=r"^trace: .* got a trace_many store; pass vitcam_nb.image_trace"):
+            make()
+    vc.Explorer(store)

@@ -13,6 +13,7 @@ import traitlets as t
 import xarray as xr
 
 from vitcam_nb.api import cam
+from vitcam_nb.capture.reader import is_store
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate import resolve_k, spearman, topk_iou
@@ -82,6 +83,9 @@ class Compare(anywidget.AnyWidget):
     def __init__(self, trace: xr.Dataset, recipe_a: Recipe | dict | str, recipe_b: Recipe | dict | str, *,
                  k: float = 0.1, opacity: float = 0.5, colormap: str = "jet", size: int = 260,
                  **kwargs: Any) -> None:
+        if is_store(trace):
+            raise TypeError("trace: Compare shows one image's trace, got a trace_many store; pass "
+                            "vitcam_nb.image_trace(store, i), or browse the store with vitcam_nb.Explorer(store)")
         if colormap not in COLORMAPS:
             raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
         if not 0.0 <= float(opacity) <= 1.0:

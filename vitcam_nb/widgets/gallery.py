@@ -15,6 +15,7 @@ import traitlets as t
 import xarray as xr
 
 from vitcam_nb.api import gallery as compute_gallery
+from vitcam_nb.capture.reader import is_store
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.plot import grid as plot_grid
@@ -92,6 +93,9 @@ class Gallery(ipywidgets.VBox):
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None,
                  vary: Mapping[str, Any] | Sequence[str] = ("layer", "site"), *, opacity: float = 0.5,
                  colormap: str = "jet", thumb: int = 96, **kwargs: Any) -> None:
+        if is_store(trace):
+            raise TypeError("trace: Gallery shows one image's trace, got a trace_many store; pass "
+                            "vitcam_nb.image_trace(store, i), or browse the store with vitcam_nb.Explorer(store)")
         if colormap not in COLORMAPS:
             raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
         if not 0.0 <= float(opacity) <= 1.0:
