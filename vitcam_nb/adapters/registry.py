@@ -1,8 +1,8 @@
 """The table of adapters: which one reads a model, and how families are added.
 
 Built-in families are listed here by import path with the optional package each needs (``open_clip`` for the
-open_clip adapter, ``transformers`` for BLIP), and are imported the first time the table is used, each only
-when its package is installed. Third-party packages add families through the ``vitcam_nb.adapters`` entry
+open_clip adapter, ``transformers`` for BLIP and the Hugging Face families), and are imported the first time the
+table is used, each only when its package is installed. Third-party packages add families through the ``vitcam_nb.adapters`` entry
 point group (``name = "package.module:AdapterClass"``), looked up before the built-ins (a plugin for a subclass
 of a built-in family must win over it); a user adds one at run time with :func:`register_adapter`, by default
 in front of all. The first adapter whose ``matches`` accepts the model reads it.
@@ -35,6 +35,11 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("eva", "vitcam_nb.adapters.eva:EvaAdapter", None),
     ("open_clip", "vitcam_nb.adapters.open_clip:OpenClipAdapter", "open_clip"),
     ("blip", "vitcam_nb.adapters.blip:BlipAdapter", "transformers"),
+    ("hf_vit", "vitcam_nb.adapters.hf:HfVitAdapter", "transformers"),
+    ("hf_deit_distilled", "vitcam_nb.adapters.hf:HfDeitAdapter", "transformers"),
+    ("hf_dinov2", "vitcam_nb.adapters.hf:HfDinov2Adapter", "transformers"),
+    ("hf_dinov2_registers", "vitcam_nb.adapters.hf:HfDinov2RegistersAdapter", "transformers"),
+    ("hf_beit", "vitcam_nb.adapters.hf:HfBeitAdapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

@@ -22,7 +22,7 @@ from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, STORAGE_DTYPES
 from vitcam_nb.targets.base import Target
-from vitcam_nb.targets.classes import ClassTargets, as_target
+from vitcam_nb.targets.classes import ClassTargets, as_target, head_size
 
 __all__ = ["TracePlan", "model_name", "resolve_layers", "resolve_sites"]
 
@@ -157,7 +157,7 @@ class TracePlan:
         target.check(model)
         # Class labels are known (and wrong ones refused) before the forward pass; other targets name their
         # scores when they have computed them.
-        names = target.class_labels(model, int(model.num_classes)) if isinstance(target, ClassTargets) else None
+        names = target.class_labels(model, head_size(model)) if isinstance(target, ClassTargets) else None
         layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
         return cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model), dtype,
                          device)
@@ -174,7 +174,7 @@ class TracePlan:
             1
         """
         adapter = _check_family(model, dtype)
-        num_classes = int(getattr(model, "num_classes", 0) or 0)
+        num_classes = head_size(model)
         if num_classes <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
         if getattr(adapter, "hierarchical", False) or adapter.extra_sites(model):
