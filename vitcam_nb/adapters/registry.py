@@ -2,10 +2,11 @@
 
 Built-in families are listed here by import path with the optional package each needs (``open_clip`` for the
 open_clip adapter, ``transformers`` for BLIP and the Hugging Face families), and are imported the first time the
-table is used, each only when its package is installed. Third-party packages add families through the ``vitcam_nb.adapters`` entry
-point group (``name = "package.module:AdapterClass"``), looked up before the built-ins (a plugin for a subclass
-of a built-in family must win over it); a user adds one at run time with :func:`register_adapter`, by default
-in front of all. The first adapter whose ``matches`` accepts the model reads it.
+table is used, each only when its package is installed. Third-party packages add families through the
+``vitcam_nb.adapters`` entry point group (``name = "package.module:AdapterClass"``), looked up before the built-ins
+(a plugin for a subclass of a built-in family must win over it); a user adds one at run time with
+:func:`register_adapter`, by default in front of all. The first adapter whose ``matches`` accepts the model reads
+it.
 
 Example:
     >>> import timm
