@@ -280,6 +280,8 @@ class HfVitAdapter(Adapter):
             "hf_class": type(model).__name__,
             "hf_name_or_path": str(getattr(cfg, "_name_or_path", "") or ""),
             "hf_attn_implementation": str(cfg._attn_implementation_internal or "default"),
+            "attention_backend": f"eager attention (the model's {cfg._attn_implementation_internal or 'default'} "
+                                 "implementation switched to eager for the trace and restored after) so F2 exists",
         }
 
     def pooling(self, model: torch.nn.Module) -> str:

@@ -222,6 +222,7 @@ def test_checklist_names_the_exact_module_and_attention_is_restored(label):
     assert f'"module": "{fam.layers}.1.{f1}"' in checklist
     checklist = vc.cam(tr, vc.Recipe(site="F2", layer=0, class_=1, relu="none")).attrs["checklist"]
     assert f'"module": "{fam.layers}.0.attention"' in checklist and '"input or output": "output[1]"' in checklist
+    assert "sdpa implementation switched to eager for the trace" in checklist
 
 
 def test_class_names_from_id2label_never_imagenet():
