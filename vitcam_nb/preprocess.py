@@ -9,13 +9,15 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from vitcam_nb.adapters.hf_processor import processor_facts, processor_normalisation, run_processor
 from vitcam_nb.adapters.registry import find_adapter
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import TraceError, user_stacklevel
 
 __all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json"]
 
@@ -67,11 +69,12 @@ def _check_finite(t: torch.Tensor) -> None:
         raise TraceError("image: contains NaN or inf values; expected finite pixel values")
 
 
-def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
+def prepare_input(model: torch.nn.Module, image: object, processor: object = None) -> PreparedInput:
     """Preprocess ``image`` the way the model expects.
 
-    PIL images and HxWx3 uint8 arrays go through timm's own eval transform (resize, crop, mean/std);
-    a float tensor (1,3,H,W) or (3,H,W) is used as given and only un-normalised for display.
+    PIL images and HxWx3 uint8 arrays go through timm's own eval transform (resize, crop, mean/std), or through
+    ``processor`` (a Hugging Face image processor) when one is given; a float tensor (1,3,H,W) or (3,H,W) is
+    used as given and only un-normalised for display.
 
     Example:
         >>> import numpy as np, timm
@@ -84,6 +87,8 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
     from timm.data import create_transform
 
     cfg = data_config(model)
+    if processor is not None:
+        return _with_processor(image, processor, cfg)
     mean = torch.tensor(cfg["mean"], dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(cfg["std"], dtype=torch.float32).view(1, 3, 1, 1)
     facts = {
@@ -94,6 +99,8 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
         "crop_mode": str(cfg.get("crop_mode", "center")),
         "config_input_size": list(cfg["input_size"]),
     }
+    if "source" in cfg:
+        facts["source"] = str(cfg["source"])
 
     if isinstance(image, np.ndarray):
         if image.ndim != 3 or image.shape[-1] != 3:
@@ -125,10 +132,41 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
             f"image: expected a PIL image, an HxWx3 uint8 numpy array or a (1,3,H,W) float tensor, "
             f"got {type(image).__name__}"
         )
-    transform = create_transform(**cfg)
+    transform = create_transform(**{k: v for k, v in cfg.items() if k != "source"})
     t = transform(image).unsqueeze(0).to(torch.float32)
     _check_finite(t)
     return PreparedInput(t, _display(t, mean, std), facts)
+
+
+def _with_processor(image: object, processor: object, cfg: dict) -> PreparedInput:
+    """Preprocess a PIL image or uint8 array with a Hugging Face image processor; warn when its normalisation
+    differs from the model's data config (the processor's is used, and both are recorded)."""
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
+            raise TraceError(f"image: expected an HxWx3 uint8 array, got shape {image.shape} dtype {image.dtype}")
+        image, kind = Image.fromarray(image), "uint8 array"
+    elif isinstance(image, Image.Image):
+        image, kind = image.convert("RGB"), "PIL image"
+    else:
+        raise TraceError(f"processor: given with a {type(image).__name__} image; a processor preprocesses a PIL "
+                         "image or an HxWx3 uint8 array (a float tensor is used as given: drop the processor)")
+    mean, std = processor_normalisation(processor)
+    facts = {"input_kind": kind, "source": "the image processor handed to the trace", **processor_facts(processor),
+             "config_input_size": list(cfg["input_size"])}
+    own_mean, own_std = tuple(float(v) for v in cfg["mean"]), tuple(float(v) for v in cfg["std"])
+    if not (np.allclose(mean, own_mean, atol=1e-6) and np.allclose(std, own_std, atol=1e-6)):
+        facts["model_config_mean"], facts["model_config_std"] = list(own_mean), list(own_std)
+        warnings.warn(f"processor: {type(processor).__name__} normalises with mean={list(mean)} std={list(std)}, "
+                      f"the model's configuration with mean={list(own_mean)} std={list(own_std)}; the processor's "
+                      "is used (both are recorded in the trace's preprocessing attrs)", UserWarning,
+                      stacklevel=user_stacklevel())
+    t = run_processor(processor, image)
+    _check_finite(t)
+    m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+    return PreparedInput(t, _display(t, m, s), facts)
 
 
 def _display(t: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> np.ndarray:

@@ -36,6 +36,7 @@ def trace(
     dtype: str = "float32",
     device: str | torch.device | None = None,
     labels: Sequence[str] | None = None,
+    processor: object = None,
 ) -> xr.Dataset:
     """Trace ``model`` on ``image``: one forward pass, one batched backward pass, everything stored.
 
@@ -55,7 +56,10 @@ def trace(
         layers: block indices to keep (default all; negative counts from the end).
         dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).
         device: where to run (default: the model's device); results always come back to CPU.
-        labels: class names (default: the model's ``pretrained_cfg["label_names"]`` or ImageNet's).
+        labels: class names (default: the model's ``pretrained_cfg["label_names"]``, a Hugging Face model's
+            ``config.id2label``, or ImageNet's for a 1000-class timm model).
+        processor: a Hugging Face image processor to preprocess a PIL image or uint8 array with (default: the
+            model's data config); a normalisation that differs from the model's is warned about and recorded.
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -66,7 +70,7 @@ def trace(
     """
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
-    prepared = prepare_input(model, image)
+    prepared = prepare_input(model, image, processor)
     with on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)
     if getattr(plan.adapter, "hierarchical", False):

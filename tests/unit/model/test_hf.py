@@ -266,3 +266,44 @@ def test_import_vitcam_nb_does_not_import_transformers():
             "fams = supported_families()\nassert 'hf_vit' in fams and 'hf_beit' in fams, fams\n"
             "assert 'transformers' not in sys.modules, 'importing vitcam_nb imported transformers'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_processor_preprocesses_and_a_differing_normalisation_is_warned_and_recorded():
+    import json
+    import warnings
+
+    model = FAMILIES["hf_vit"].build()
+    image = np.random.default_rng(0).integers(0, 256, size=(40, 50, 3), dtype=np.uint8)
+    same = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the processor's normalisation is the model's: no warning
+        tr = vc.trace(model, image, targets=[1], sites=["F1"], processor=same)
+    given = same(images=image, return_tensors="pt")["pixel_values"]
+    direct = vc.trace(model, given, targets=[1], sites=["F1"])
+    assert tr.attrs["input_sha256"] == direct.attrs["input_sha256"]
+    np.testing.assert_array_equal(tr["act"].values, direct["act"].values)
+    facts = json.loads(tr.attrs["preprocessing"])
+    assert facts["processor"] == "ViTImageProcessor" and facts["mean"] == [0.5, 0.5, 0.5]
+
+    other = transformers.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.485, 0.456, 0.406],
+                                           image_std=[0.229, 0.224, 0.225])
+    with pytest.warns(UserWarning, match=r"processor: ViTImageProcessor normalises with mean=\[0.485.*"
+                                         r"model's configuration with mean=\[0.5"):
+        tr = vc.trace(model, image, targets=[1], sites=["F1"], processor=other)
+    facts = json.loads(tr.attrs["preprocessing"])
+    assert facts["mean"] == [0.485, 0.456, 0.406] and facts["model_config_mean"] == [0.5, 0.5, 0.5]
+    expected = other(images=image, return_tensors="pt")["pixel_values"]
+    assert tr.attrs["input_sha256"] == vc.trace(model, expected, targets=[1], sites=["F1"]).attrs["input_sha256"]
+    with pytest.raises(vc.TraceError, match="processor: given with a Tensor image"):
+        vc.trace(model, expected, processor=other)
+
+
+def test_without_a_processor_the_family_defaults_are_used_and_stated():
+    import json
+
+    model = FAMILIES["hf_deit_distilled"].build()
+    image = np.random.default_rng(1).integers(0, 256, size=(60, 90, 3), dtype=np.uint8)
+    tr = vc.trace(model, image, targets=[1], sites=["F1"], layers=[0])
+    facts = json.loads(tr.attrs["preprocessing"])
+    assert facts["mean"] == [0.485, 0.456, 0.406] and "no processor given" in facts["source"]
+    assert (tr.attrs["img_height"], tr.attrs["img_width"]) == (24, 40)
