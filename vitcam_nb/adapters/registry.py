@@ -23,6 +23,7 @@ import warnings
 from importlib.metadata import entry_points
 
 from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.adapters.wrappers import unsupported_message
 
 __all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "find_adapter", "register_adapter", "supported_families",
            "unregister_adapter"]
@@ -134,7 +135,8 @@ def supported_families() -> list[str]:
 
 
 def find_adapter(model: object) -> Adapter:
-    """Return the adapter for ``model`` or raise a TypeError naming the supported families.
+    """Return the adapter for ``model`` or raise a TypeError naming its class, the supported families and the
+    three ways forward (an adapter, a wrapper to unwrap, a family to request).
 
     Example:
         >>> find_adapter(object())  # doctest: +IGNORE_EXCEPTION_DETAIL
@@ -144,8 +146,4 @@ def find_adapter(model: object) -> Adapter:
     for adapter in _table():
         if adapter.matches(model):
             return adapter
-    raise TypeError(
-        f"model: {type(model).__module__}.{type(model).__name__} is not a supported transformer; "
-        f"supported families: {', '.join(supported_families())}. Register your own family with "
-        "vitcam_nb.adapters.register_adapter()."
-    )
+    raise TypeError(unsupported_message(model, supported_families()))

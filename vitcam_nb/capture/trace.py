@@ -70,6 +70,7 @@ def trace(
     """
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
+    model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     prepared = prepare_input(model, image, processor)
     with on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)
