@@ -122,6 +122,8 @@ class HfVitAdapter(Adapter):
     classes: tuple[str, ...] = ("ViTModel", "ViTForImageClassification", "ViTForMaskedImageModeling")
     base_prefix = "vit"
     norm_before, norm_after = "layernorm_before", "layernorm_after"
+    attention, out_proj = "attention", "o_proj"
+    patch_conv = "embeddings.patch_embeddings.projection"
     layer_scale = ""
     #: The image processor's defaults (transformers' ViTImageProcessor): resize to the size, no crop.
     processor_defaults: dict[str, Any] = {"mean": HALF_MEAN, "std": HALF_STD, "interpolation": "bilinear",
@@ -169,11 +171,12 @@ class HfVitAdapter(Adapter):
 
     def _check_layout(self, model: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
         first = layers[0]
-        attn = getattr(first, "attention", None)
-        if attn is None or not hasattr(attn, "o_proj") or not hasattr(first, self.norm_before):
-            raise TypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 layout (attention "
-                            f"with q_proj/k_proj/v_proj/o_proj, {self.norm_before}); the {self.family} adapter "
-                            "reads that layout: pip install 'transformers>=5'")
+        attn = getattr(first, self.attention, None)
+        if attn is None or not hasattr(attn, self.out_proj) or not hasattr(first, self.norm_before):
+            raise TypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 layout "
+                            f"({self.attention} with q_proj/k_proj/v_proj/{self.out_proj}, {self.norm_before}); the "
+                            f"{self.family} "
+                            "adapter reads that layout: pip install 'transformers>=5'")
 
     def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         return list(model.get_submodule(self.blocks_path(model)))
@@ -191,15 +194,15 @@ class HfVitAdapter(Adapter):
         scaled = f" (before the layer scale {self.layer_scale})" if self.layer_scale else ""
         return {
             "F1": HfSiteSpec(self.norm_before, "output", "LayerNorm output before multi-head attention", path),
-            "F2": HfSiteSpec("attention", "output[1]", "softmax attention matrix per head (the weights the eager "
-                             "attention returns)", path),
-            "F3": HfSiteSpec("attention.o_proj", "input",
+            "F2": HfSiteSpec(self.attention, "output[1]", "softmax attention matrix per head (the weights the "
+                             "eager attention returns)", path),
+            "F3": HfSiteSpec(f"{self.attention}.{self.out_proj}", "input",
                              "attention output, heads concatenated, before the output projection", path),
             "F4": HfSiteSpec(self.norm_after, "output", "LayerNorm output before the MLP", path),
             "F5": HfSiteSpec("mlp", "output", f"MLP output{scaled}", path),
             "F6": HfSiteSpec("", "output", "residual stream after the MLP (layer output)", path),
             "resid_pre": HfSiteSpec("", "input", "residual stream entering the layer", path),
-            "attn_out": HfSiteSpec("attention", "output", f"attention output after o_proj{scaled}", path),
+            "attn_out": HfSiteSpec(self.attention, "output", f"attention output after {self.out_proj}{scaled}", path),
             "resid_mid": HfSiteSpec(self.norm_after, "input", "residual stream after the attention residual", path),
         }
 
@@ -213,13 +216,13 @@ class HfVitAdapter(Adapter):
 
     def grid_module(self, model: torch.nn.Module) -> torch.nn.Module:
         # The convolution's output keeps the (rows, columns) grid that the patch embedding flattens.
-        return self.backbone(model).embeddings.patch_embeddings.projection
+        return self.backbone(model).get_submodule(self.patch_conv)
 
     def grid_from_output(self, model: torch.nn.Module, output: torch.Tensor) -> tuple[int, int]:
         return int(output.shape[-2]), int(output.shape[-1])
 
     def attention_modules(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        return [blk.attention for blk in self.blocks(model)]
+        return [getattr(blk, self.attention) for blk in self.blocks(model)]
 
     # ----------------------------------------------------------------------------- the trace
 
@@ -237,12 +240,12 @@ class HfVitAdapter(Adapter):
             >>> HfVitAdapter().configured_size(M())
             (32, 32)
         """
-        size = model.config.image_size
+        size = self.vision_config(model).image_size
         return (int(size[0]), int(size[1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
 
     def check_input(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         got = (int(x.shape[-2]), int(x.shape[-1]))
-        patch = int(model.config.patch_size)
+        patch = int(self.vision_config(model).patch_size)
         if got[0] % patch or got[1] % patch:
             raise TraceError(f"image: {got[0]}x{got[1]} is not a multiple of the patch size {patch}; crop or resize "
                              "it")
@@ -266,8 +269,18 @@ class HfVitAdapter(Adapter):
         return {"input_size": (3, h, w), **self.processor_defaults,
                 "source": f"defaults of the {self.family} image processor (no processor given)"}
 
+    def vision_config(self, model: torch.nn.Module) -> Any:
+        """The config of the vision tower (the model's own, or ``config.vision_config`` of a two-tower model).
+
+        Example:
+            >>> class M(torch.nn.Module): config = type("C", (), {"image_size": 32})()
+            >>> HfVitAdapter().vision_config(M()).image_size
+            32
+        """
+        return getattr(model.config, "vision_config", None) or model.config
+
     def describe(self, model: torch.nn.Module) -> dict[str, object]:
-        cfg = model.config
+        cfg = self.vision_config(model)
         heads = int(cfg.num_attention_heads)
         return {
             "num_heads": heads,
@@ -278,18 +291,28 @@ class HfVitAdapter(Adapter):
             "dynamic_img_size": int(self.interpolates),
             "position_encoding": self.position_encoding(model),
             "hf_class": type(model).__name__,
-            "hf_name_or_path": str(getattr(cfg, "_name_or_path", "") or ""),
+            "hf_name_or_path": str(getattr(model.config, "_name_or_path", "") or ""),
             "hf_attn_implementation": str(cfg._attn_implementation_internal or "default"),
             "attention_backend": f"eager attention (the model's {cfg._attn_implementation_internal or 'default'} "
                                  "implementation switched to eager for the trace and restored after) so F2 exists",
         }
 
     def pooling(self, model: torch.nn.Module) -> str:
-        """How the head reads the tokens (the trace's ``global_pool``)."""
+        """How the head reads the tokens (the trace's ``global_pool``).
+
+        Example:
+            >>> HfVitAdapter().pooling(torch.nn.Linear(1, 1))
+            'none'
+        """
         return "token (class token after the final LayerNorm)" if hasattr(model, "classifier") else "none"
 
     def position_encoding(self, model: torch.nn.Module) -> str:
-        """The position encoding, for the trace attrs."""
+        """The position encoding, for the trace attrs.
+
+        Example:
+            >>> HfVitAdapter().position_encoding(torch.nn.Linear(1, 1))
+            'absolute'
+        """
         return "absolute"
 
 

@@ -42,6 +42,8 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_dinov2", "vitcam_nb.adapters.hf:HfDinov2Adapter", "transformers"),
     ("hf_dinov2_registers", "vitcam_nb.adapters.hf:HfDinov2RegistersAdapter", "transformers"),
     ("hf_beit", "vitcam_nb.adapters.hf:HfBeitAdapter", "transformers"),
+    ("hf_clip", "vitcam_nb.adapters.hf_clip:HfClipAdapter", "transformers"),
+    ("hf_siglip", "vitcam_nb.adapters.hf_clip:HfSiglipAdapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

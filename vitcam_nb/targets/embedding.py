@@ -47,8 +47,9 @@ class Similarity(Target):
                              f"timm.create_model(..., num_classes=0)); this model has a {n}-class head")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        encode = getattr(model, "encode_image", None)  # whole CLIP-style models: the image embedding
-        emb = encode(x) if callable(encode) else pooled_embedding(model(x))
+        # Whole CLIP-style models: the image embedding (open_clip's encode_image, transformers' get_image_features).
+        encode = getattr(model, "encode_image", None) or getattr(model, "get_image_features", None)
+        emb = pooled_embedding(encode(x) if callable(encode) else model(x))
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != 1:
             shape = tuple(emb.shape) if isinstance(emb, torch.Tensor) else type(emb).__name__
             raise TraceError(f"model: expected a pooled embedding of shape (1, D), got {shape}")

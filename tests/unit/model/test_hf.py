@@ -42,7 +42,7 @@ def redraw(model: nn.Module, seed: int = 0) -> nn.Module:
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
             leaf = name.rsplit(".", 1)[-1]
-            if leaf in ("cls_token", "distillation_token", "register_tokens", "position_embeddings",
+            if leaf in ("cls_token", "distillation_token", "register_tokens", "position_embeddings", "class_embedding",
                         "relative_position_bias_table", "mask_token"):
                 p.copy_(0.5 * noise)
             elif leaf in ("lambda1", "lambda_1", "lambda_2") or (leaf == "weight" and p.ndim == 1):
@@ -67,6 +67,37 @@ VIT_LAYER = {"F1": ("layernorm_before", "output"), "F2": ("attention", "weights"
              "F4": ("layernorm_after", "output"), "F5": ("mlp", "output"), "F6": ("", "output"),
              "resid_pre": ("", "input"), "attn_out": ("attention", "output"), "resid_mid": ("layernorm_after", "input")}
 DINO_LAYER = {**VIT_LAYER, "F1": ("norm1", "output"), "F4": ("norm2", "output"), "resid_mid": ("norm2", "input")}
+CLIP_LAYER = {"F1": ("layer_norm1", "output"), "F2": ("self_attn", "weights"), "F3": ("self_attn.out_proj", "input"),
+              "F4": ("layer_norm2", "output"), "F5": ("mlp", "output"), "F6": ("", "output"),
+              "resid_pre": ("", "input"), "attn_out": ("self_attn", "output"), "resid_mid": ("layer_norm2", "input")}
+VECTORS = torch.from_numpy(np.random.default_rng(7).normal(size=(3, 16)).astype(np.float32))  # CLIP: projection 16
+SIGLIP_VECTORS = torch.from_numpy(np.random.default_rng(8).normal(size=(3, 32)).astype(np.float32))  # SigLIP: 32
+TOWER = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=64)
+TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=64,
+            max_position_embeddings=16, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def logits_of(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(pixel_values=x).logits[0]
+
+
+def clip_similarity(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """10 * cos(projected class-token embedding, v_i), from the model's own modules."""
+    emb = m.visual_projection(m.vision_model(pixel_values=x).pooler_output)[0]
+    return 10.0 * torch.nn.functional.cosine_similarity(emb[None], VECTORS, dim=1)
+
+
+def siglip_similarity(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """10 * cos(attention-pooled embedding, v_i)."""
+    emb = m.vision_model(pixel_values=x).pooler_output[0]
+    return 10.0 * torch.nn.functional.cosine_similarity(emb[None], SIGLIP_VECTORS, dim=1)
+
+
+def two_tower(config_cls: str, model_cls: str, seed: int = 0, **kwargs) -> nn.Module:
+    cfg = getattr(transformers, config_cls)(vision_config=TOWER, text_config=TEXT, **kwargs)
+    torch.manual_seed(seed)
+    return redraw(getattr(transformers, model_cls)(cfg), seed)
 
 
 @dataclass(frozen=True)
@@ -79,6 +110,8 @@ class Family:
     layers: str  # path of the layer list
     sites: dict
     prefix_params: tuple[tuple[str, str], ...] = ()  # (parameter path, kind) in sequence order
+    scores: Callable[[nn.Module, torch.Tensor], torch.Tensor] = logits_of
+    targets: Callable[[], object] = lambda: [1, 3]
 
 
 FAMILIES: dict[str, Family] = {f.label: f for f in [
@@ -101,6 +134,12 @@ FAMILIES: dict[str, Family] = {f.label: f for f in [
                                     use_relative_position_bias=True, layer_scale_init_value=0.1,
                                     use_mean_pooling=True), (32, 32), (4, 4), ("cls",), "beit.layers", VIT_LAYER,
            (("beit.embeddings.cls_token", "cls"),)),
+    Family("hf_clip", lambda: two_tower("CLIPConfig", "CLIPModel", projection_dim=16), (32, 32), (4, 4), ("cls",),
+           "vision_model.encoder.layers", CLIP_LAYER, (("vision_model.embeddings.class_embedding", "cls"),),
+           scores=clip_similarity, targets=lambda: vc.targets.similarity(VECTORS, scale=10.0)),
+    Family("hf_siglip", lambda: two_tower("SiglipConfig", "SiglipModel"), (32, 32), (4, 4), (),
+           "vision_model.encoder.layers", CLIP_LAYER, scores=siglip_similarity,
+           targets=lambda: vc.targets.similarity(SIGLIP_VECTORS, scale=10.0)),
 ]}
 
 
@@ -129,7 +168,7 @@ def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[
                 mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
                                           keep(key, out[index] if isinstance(out, tuple) else out))
     with torch.enable_grad():
-        scores = m(pixel_values=x.detach().clone().requires_grad_(True)).logits[0]
+        scores = fam.scores(m, x.detach().clone().requires_grad_(True))
         scalar(scores).backward()
     out = {k: (t.detach()[0].double().numpy(), t.grad[0].double().numpy()) for k, t in store.items()}
     return out, scores.detach().double().numpy()
@@ -146,7 +185,7 @@ def family_run(label: str):
     fam = FAMILIES[label]
     model, x = fam.build(), make_input(fam)
     before = snapshot(model)
-    tr = vc.trace(model, x, targets=[1, 3], sites=list(fam.sites))
+    tr = vc.trace(model, x, targets=fam.targets(), sites=list(fam.sites))
     assert_unchanged(before, model)
     refs, ref_scores = {}, None
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
@@ -184,17 +223,21 @@ def test_tokens_grid_and_prefix_order(label):
 
     def layer0_input(m):
         seen = {}
-        m.get_submodule(fam.layers)[0].register_forward_pre_hook(lambda _m, a: seen.setdefault("x", a[0]))
+        m.get_submodule(fam.layers)[0].register_forward_pre_hook(lambda _m, a: seen.update(x=a[0]))
         with torch.no_grad():
-            m(pixel_values=x)
+            fam.scores(m, x)
         return seen["x"][0]
 
     base, found = layer0_input(copy.deepcopy(model)), []
     for path, kind in fam.prefix_params:
-        for j in range(model.get_parameter(path).shape[1]):
+        param = model.get_parameter(path)
+        for j in range(param.shape[1] if param.ndim == 3 else 1):
             m = copy.deepcopy(model)
             with torch.no_grad():
-                m.get_parameter(path)[0, j] += 1.0
+                if param.ndim == 3:
+                    m.get_parameter(path)[0, j] += 1.0
+                else:  # CLIP's class_embedding is one (D,) vector
+                    m.get_parameter(path).add_(1.0)
             changed = np.flatnonzero((layer0_input(m) - base).abs().sum(-1).numpy() > 0)
             assert len(changed) == 1 and tr["token_kind"].values[changed[0]] == kind, (path, j, changed)
             found.append(int(changed[0]))
@@ -203,12 +246,12 @@ def test_tokens_grid_and_prefix_order(label):
     xx = x.clone().requires_grad_(True)
     seen = {}
     m = copy.deepcopy(model)
-    m.get_submodule(fam.layers)[0].register_forward_pre_hook(lambda _m, a: seen.setdefault("x", a[0]))
+    m.get_submodule(fam.layers)[0].register_forward_pre_hook(lambda _m, a: seen.update(x=a[0]))
     with torch.enable_grad():
-        m(pixel_values=xx)
+        fam.scores(m, xx)
         (g,) = torch.autograd.grad(seen["x"][0, n_prefix].sum(), xx)
     support = g[0].abs().sum(0).numpy() > 0
-    p = int(model.config.patch_size)
+    p = int(getattr(model.config, "vision_config", model.config).patch_size)
     assert support[:p, :p].all() and not support[p:, :].any() and not support[:, p:].any()
 
 
@@ -220,8 +263,10 @@ def test_checklist_names_the_exact_module_and_attention_is_restored(label):
     f1 = fam.sites["F1"][0]
     checklist = vc.cam(tr, vc.Recipe(site="F1", layer=-1, class_=1)).attrs["checklist"]
     assert f'"module": "{fam.layers}.1.{f1}"' in checklist
-    checklist = vc.cam(tr, vc.Recipe(site="F2", layer=0, class_=1, relu="none")).attrs["checklist"]
-    assert f'"module": "{fam.layers}.0.attention"' in checklist and '"input or output": "output[1]"' in checklist
+    rows = "cls" if fam.prefix else "mean"
+    checklist = vc.cam(tr, vc.Recipe(site="F2", layer=0, class_=1, relu="none", attn_rows=rows)).attrs["checklist"]
+    assert f'"module": "{fam.layers}.0.{fam.sites["F2"][0]}"' in checklist
+    assert '"input or output": "output[1]"' in checklist
     assert "sdpa implementation switched to eager for the trace" in checklist
 
 
@@ -307,3 +352,13 @@ def test_without_a_processor_the_family_defaults_are_used_and_stated():
     facts = json.loads(tr.attrs["preprocessing"])
     assert facts["mean"] == [0.485, 0.456, 0.406] and "no processor given" in facts["source"]
     assert (tr.attrs["img_height"], tr.attrs["img_width"]) == (24, 40)
+
+
+def test_siglip_states_its_sites_and_refuses_what_needs_a_class_token():
+    _, _, tr, _, _ = family_run("hf_siglip")
+    assert tr.attrs["model_sites"].split(",") == [*CORE, *EXTENDED]
+    assert tr.attrs["num_prefix_tokens"] == 0 and "attention pooling head" in tr.attrs["global_pool"]
+    with pytest.raises(vc.RecipeError, match="attn_rows='cls': needs a cls token.*use attn_rows='mean'"):
+        vc.cam(tr, vc.Recipe(site="F2", attn_rows="cls"))
+    with pytest.raises(vc.RecipeError, match="weight_tokens='cls': needs a cls token"):
+        vc.cam(tr, vc.Recipe(site="F1", weight_tokens="cls"))
