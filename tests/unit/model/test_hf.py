@@ -362,3 +362,38 @@ def test_siglip_states_its_sites_and_refuses_what_needs_a_class_token():
         vc.cam(tr, vc.Recipe(site="F2", attn_rows="cls"))
     with pytest.raises(vc.RecipeError, match="weight_tokens='cls': needs a cls token"):
         vc.cam(tr, vc.Recipe(site="F1", weight_tokens="cls"))
+
+
+class FakeTokenizer:
+    """Just what vitcam_nb calls on a Hugging Face tokenizer: ids and attention mask, padded to the longest."""
+
+    def __call__(self, texts, padding=True, return_tensors="pt"):
+        rows = [[1] + [3 + (ord(c) % 50) for c in t.replace(" ", "")][:10] + [2] for t in texts]
+        n = max(len(r) for r in rows)
+        ids = torch.tensor([r + [0] * (n - len(r)) for r in rows])
+        return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+def test_prompts_take_a_hugging_face_tokenizer_and_text_model():
+    fam = FAMILIES["hf_clip"]
+    model, x = fam.build(), make_input(fam)
+    texts = ["a dog", "a cat on a mat", "an owl"]
+    target = vc.targets.prompts(texts, tokenizer=FakeTokenizer(), text_model=model)
+    before = snapshot(model)
+    tr = vc.trace(model, x, targets=target, sites=["F1", "F2"])
+    assert_unchanged(before, model)
+    assert list(tr["class_label"].values) == texts and "transformers text embeddings" in tr.attrs["target_scores"]
+    enc = FakeTokenizer()(texts)
+
+    def zero_shot(m, pixels):  # CLIP's own zero-shot logits: logit_scale.exp() * cos(image, text)
+        return m(pixel_values=pixels, **enc).logits_per_image[0]
+
+    prompt_fam = Family("hf_clip", fam.build, fam.input_hw, fam.grid, fam.prefix, fam.layers, fam.sites,
+                        scores=zero_shot)
+    for target_name, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
+        ref, scores = reference(prompt_fam, model, x, scalar_for(int(c)))
+        assert_rel_close(tr["logits"].values, scores, "zero-shot logits")
+        for site in ("F1", "F2"):
+            for layer in (0, 1):
+                assert_rel_close(traced(tr, site, layer, str(target_name)), ref[(layer, site)][1],
+                                 f"prompt grad {site}@{layer} {target_name}")
