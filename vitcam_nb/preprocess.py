@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vitcam_nb.adapters.hf_processor import processor_facts, processor_normalisation, run_processor
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.core.errors import TraceError, user_stacklevel
 
@@ -68,11 +69,12 @@ def _check_finite(t: torch.Tensor) -> None:
         raise TraceError("image: contains NaN or inf values; expected finite pixel values")
 
 
-def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
+def prepare_input(model: torch.nn.Module, image: object, processor: object = None) -> PreparedInput:
     """Preprocess ``image`` the way the model expects.
 
     Pixels (:func:`to_pixels`, the one input rule) go through timm's own eval transform (resize, crop,
-    mean/std); a float tensor (1,3,H,W) or (3,H,W) is used as given and only un-normalised for display.
+    mean/std), or through ``processor`` (a Hugging Face image processor) when one is given; a float tensor
+    (1,3,H,W) or (3,H,W) is used as given and only un-normalised for display.
 
     Example:
         >>> import numpy as np, timm
@@ -85,6 +87,8 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
     from timm.data import create_transform
 
     cfg = data_config(model)
+    if processor is not None:
+        return _with_processor(image, processor, cfg)
     mean = torch.tensor(cfg["mean"], dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(cfg["std"], dtype=torch.float32).view(1, 3, 1, 1)
     facts = {
@@ -95,12 +99,14 @@ def prepare_input(model: torch.nn.Module, image: object) -> PreparedInput:
         "crop_mode": str(cfg.get("crop_mode", "center")),
         "config_input_size": list(cfg["input_size"]),
     }
+    if "source" in cfg:
+        facts["source"] = str(cfg["source"])
 
     pixels, how = to_pixels(image)
     facts.update(how)
     if isinstance(pixels, torch.Tensor):
         return PreparedInput(pixels, _display(pixels, mean, std), facts)
-    transform = create_transform(**cfg)
+    transform = create_transform(**{k: v for k, v in cfg.items() if k != "source"})
     t = transform(Image.fromarray(pixels)).unsqueeze(0).to(torch.float32)
     _check_finite(t)
     return PreparedInput(t, _display(t, mean, std), facts)
@@ -188,6 +194,33 @@ def to_pixels(image: object) -> tuple[np.ndarray | torch.Tensor, dict]:
         return t.to("cpu", torch.float32).clone(), {"input_kind": "tensor (used as given)"}
     raise TypeError(f"image: expected a PIL image, a numpy array (HxW or HxWxC), an integer tensor or a normalised "
                     f"(1,3,H,W) float tensor, got {type(image).__name__}")
+
+
+def _with_processor(image: object, processor: object, cfg: dict) -> PreparedInput:
+    """Preprocess a PIL image or uint8 array with a Hugging Face image processor; warn when its normalisation
+    differs from the model's data config (the processor's is used, and both are recorded)."""
+    from PIL import Image
+
+    pixels, how = to_pixels(image)
+    if isinstance(pixels, torch.Tensor):
+        raise TraceError("processor: given with a float tensor image, which is used as given (already "
+                         "normalised); drop the processor, or pass the PIL image or pixel array")
+    image = Image.fromarray(pixels)
+    mean, std = processor_normalisation(processor)
+    facts = {**how, "source": "the image processor handed to the trace", **processor_facts(processor),
+             "config_input_size": list(cfg["input_size"])}
+    own_mean, own_std = tuple(float(v) for v in cfg["mean"]), tuple(float(v) for v in cfg["std"])
+    if not (np.allclose(mean, own_mean, atol=1e-6) and np.allclose(std, own_std, atol=1e-6)):
+        facts["model_config_mean"], facts["model_config_std"] = list(own_mean), list(own_std)
+        warnings.warn(f"processor: {type(processor).__name__} normalises with mean={list(mean)} std={list(std)}, "
+                      f"the model's configuration with mean={list(own_mean)} std={list(own_std)}; the processor's "
+                      "is used (both are recorded in the trace's preprocessing attrs)", UserWarning,
+                      stacklevel=user_stacklevel())
+    t = run_processor(processor, image)
+    _check_finite(t)
+    m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+    return PreparedInput(t, _display(t, m, s), facts)
 
 
 def _display(t: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> np.ndarray:

@@ -22,7 +22,8 @@ __all__ = ["Adapter", "SiteSpec", "TraceContext"]
 @dataclass(frozen=True)
 class SiteSpec:
     """Where a site is read inside block ``l``: ``module`` is a path relative to the block ("" = the block
-    itself) and ``io`` says whether its ``input`` (first positional argument) or ``output`` is read.
+    itself) and ``io`` says whether its ``input`` (first positional argument), ``output`` (the first element of a
+    tuple output) or ``output[i]`` (element ``i`` of a tuple output) is read.
 
     Example:
         >>> SiteSpec("norm1", "output").hook("blocks.{layer}")

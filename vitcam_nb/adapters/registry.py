@@ -1,11 +1,12 @@
 """The table of adapters: which one reads a model, and how families are added.
 
 Built-in families are listed here by import path with the optional package each needs (``open_clip`` for the
-open_clip adapter, ``transformers`` for BLIP), and are imported the first time the table is used, each only
-when its package is installed. Third-party packages add families through the ``vitcam_nb.adapters`` entry
-point group (``name = "package.module:AdapterClass"``), looked up before the built-ins (a plugin for a subclass
-of a built-in family must win over it); a user adds one at run time with :func:`register_adapter`, by default
-in front of all. The first adapter whose ``matches`` accepts the model reads it.
+open_clip adapter, ``transformers`` for BLIP and the Hugging Face families), and are imported the first time the
+table is used, each only when its package is installed. Third-party packages add families through the
+``vitcam_nb.adapters`` entry point group (``name = "package.module:AdapterClass"``), looked up before the built-ins
+(a plugin for a subclass of a built-in family must win over it); a user adds one at run time with
+:func:`register_adapter`, by default in front of all. The first adapter whose ``matches`` accepts the model reads
+it.
 
 Example:
     >>> import timm
@@ -22,6 +23,7 @@ import warnings
 from importlib.metadata import entry_points
 
 from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.adapters.wrappers import unsupported_message
 
 __all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "find_adapter", "register_adapter", "supported_families",
            "unregister_adapter"]
@@ -35,6 +37,13 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("eva", "vitcam_nb.adapters.eva:EvaAdapter", None),
     ("open_clip", "vitcam_nb.adapters.open_clip:OpenClipAdapter", "open_clip"),
     ("blip", "vitcam_nb.adapters.blip:BlipAdapter", "transformers"),
+    ("hf_vit", "vitcam_nb.adapters.hf:HfVitAdapter", "transformers"),
+    ("hf_deit_distilled", "vitcam_nb.adapters.hf:HfDeitAdapter", "transformers"),
+    ("hf_dinov2", "vitcam_nb.adapters.hf:HfDinov2Adapter", "transformers"),
+    ("hf_dinov2_registers", "vitcam_nb.adapters.hf:HfDinov2RegistersAdapter", "transformers"),
+    ("hf_beit", "vitcam_nb.adapters.hf:HfBeitAdapter", "transformers"),
+    ("hf_clip", "vitcam_nb.adapters.hf_clip:HfClipAdapter", "transformers"),
+    ("hf_siglip", "vitcam_nb.adapters.hf_clip:HfSiglipAdapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []
@@ -128,7 +137,8 @@ def supported_families() -> list[str]:
 
 
 def find_adapter(model: object) -> Adapter:
-    """Return the adapter for ``model`` or raise a TypeError naming the supported families.
+    """Return the adapter for ``model`` or raise a TypeError naming its class, the supported families and the
+    three ways forward (an adapter, a wrapper to unwrap, a family to request).
 
     Example:
         >>> find_adapter(object())  # doctest: +IGNORE_EXCEPTION_DETAIL
@@ -138,8 +148,4 @@ def find_adapter(model: object) -> Adapter:
     for adapter in _table():
         if adapter.matches(model):
             return adapter
-    raise TypeError(
-        f"model: {type(model).__module__}.{type(model).__name__} is not a supported transformer; "
-        f"supported families: {', '.join(supported_families())}. Register your own family with "
-        "vitcam_nb.adapters.register_adapter()."
-    )
+    raise TypeError(unsupported_message(model, supported_families()))

@@ -207,6 +207,9 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         **target.attrs(),
         **adapter.describe(model),
     }
+    if plan.wrappers:
+        attrs["model_wrapper"] = (f"looked through {' then '.join(plan.wrappers)}; the model inside was traced "
+                                  "(the wrapper was not called)")
     table = adapter.site_table(model)
     attrs["model_sites"] = ",".join([*table, *plan.extra_sites])
     for site in site_ids:

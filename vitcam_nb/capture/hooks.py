@@ -134,6 +134,9 @@ class Capture:
     def _hook(self, handles: list, module: torch.nn.Module, io: str, key: tuple[int, str]) -> None:
         if io == "output":
             handles.append(module.register_forward_hook(lambda _m, _i, out: self._keep(key, out)))
+        elif io.startswith("output["):  # one element of a tuple output, e.g. the weights a HF attention returns
+            index = int(io[len("output["):-1])
+            handles.append(module.register_forward_hook(lambda _m, _i, out: self._keep(key, out[index])))
         else:
             handles.append(module.register_forward_pre_hook(lambda _m, args: self._keep(key, args[0] if args
                                                                                          else None)))

@@ -18,24 +18,38 @@ import numpy as np
 import torch
 
 from vitcam_nb.adapters.base import Adapter
-from vitcam_nb.adapters.registry import find_adapter
+from vitcam_nb.adapters.registry import find_adapter, supported_families
+from vitcam_nb.adapters.wrappers import unsupported_message, unwrap
 from vitcam_nb.capture.runtime import check_autocast, check_device
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, STORAGE_DTYPES
 from vitcam_nb.targets.base import Target
-from vitcam_nb.targets.classes import ClassTargets, as_target
+from vitcam_nb.targets.classes import ClassTargets, as_target, head_size
 
 __all__ = ["TracePlan", "model_name", "resolve_layers", "resolve_sites"]
 
 
-def _check_family(model: object, dtype: str) -> Adapter:
-    """Refuse a non-module, an unsupported family or an unknown storage dtype; return the model's adapter."""
+def _check_family(model: object, dtype: str) -> tuple[Adapter, torch.nn.Module, tuple[str, ...]]:
+    """Refuse a non-module, an unsupported family or an unknown storage dtype; return the model's adapter, the
+    model it reads (inside torch.compile, DataParallel, DDP or a one-module Sequential when no adapter reads the
+    wrapper itself) and the wrappers looked through."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    adapter = find_adapter(model)
+    try:
+        adapter, inner, wrappers = find_adapter(model), model, []
+    except TypeError:
+        inner, wrappers = unwrap(model)
+        if not wrappers:
+            raise
+        try:
+            adapter = find_adapter(inner)
+        except TypeError:
+            raise TypeError(unsupported_message(model, supported_families()) + f" Looked through {wrappers} to "
+                            f"{type(inner).__module__}.{type(inner).__name__}, which is not supported "
+                            "either.") from None
     if dtype not in STORAGE_DTYPES:
         raise TraceError(f"dtype: expected one of {list(STORAGE_DTYPES)}, got {dtype!r}")
-    return adapter
+    return adapter, inner, tuple(wrappers)
 
 
 def resolve_layers(layers: object, n_layers: int) -> list[int]:
@@ -121,6 +135,8 @@ class TracePlan:
     dtype: str
     run_device: torch.device
     compute_dtype: torch.dtype
+    #: wrappers looked through to reach ``model`` (torch.compile, DataParallel, ...), outermost first
+    wrappers: tuple[str, ...] = ()
 
     @property
     def store_dtype(self) -> type:
@@ -154,15 +170,17 @@ class TracePlan:
             >>> TracePlan.for_trace(m, 3).target.classes
             [3]
         """
-        adapter = _check_family(model, dtype)
+        adapter, model, wrappers = _check_family(model, dtype)
         target = as_target(targets, labels)
         target.check(model)
         # Class labels are known (and wrong ones refused) before the forward pass; other targets name their
         # scores when they have computed them.
-        names = target.class_labels(model, int(model.num_classes)) if isinstance(target, ClassTargets) else None
+        names = target.class_labels(model, head_size(model)) if isinstance(target, ClassTargets) else None
         layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
-        return cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model), dtype,
+        plan = cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model), dtype,
                          device)
+        plan.wrappers = wrappers
+        return plan
 
     @classmethod
     def for_store(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
@@ -175,8 +193,8 @@ class TracePlan:
             >>> TracePlan.for_store(m, "top1").target.k
             1
         """
-        adapter = _check_family(model, dtype)
-        num_classes = int(getattr(model, "num_classes", 0) or 0)
+        adapter, model, wrappers = _check_family(model, dtype)
+        num_classes = head_size(model)
         if num_classes <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
         if getattr(adapter, "hierarchical", False) or adapter.extra_sites(model):
@@ -187,5 +205,7 @@ class TracePlan:
         site_ids = resolve_sites(sites, adapter, model)
         target = ClassTargets(targets, labels)
         target.check_count(num_classes)
-        return cls._make(model, adapter, target, target.class_labels(model, num_classes), layer_ids, site_ids, dtype,
+        plan = cls._make(model, adapter, target, target.class_labels(model, num_classes), layer_ids, site_ids, dtype,
                          device)
+        plan.wrappers = wrappers
+        return plan

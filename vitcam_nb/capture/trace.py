@@ -37,6 +37,7 @@ def trace(
     dtype: str = "float32",
     device: str | torch.device | None = None,
     labels: Sequence[str] | None = None,
+    processor: object = None,
     max_bytes: float | None = None,
 ) -> xr.Dataset:
     """Trace ``model`` on ``image``: one forward pass, one batched backward pass, everything stored.
@@ -57,7 +58,10 @@ def trace(
         layers: block indices to keep (default all; negative counts from the end).
         dtype: storage dtype, "float32" or "float16" (computation stays in the model's dtype).
         device: where to run (default: the model's device); results always come back to CPU.
-        labels: class names (default: the model's ``pretrained_cfg["label_names"]`` or ImageNet's).
+        labels: class names (default: the model's ``pretrained_cfg["label_names"]``, a Hugging Face model's
+            ``config.id2label``, or ImageNet's for a 1000-class timm model with known pretrained weights).
+        processor: a Hugging Face image processor to preprocess a PIL image or uint8 array with (default: the
+            model's data config); a normalisation that differs from the model's is warned about and recorded.
         max_bytes: refuse (``TraceError``) when the estimated peak memory (:func:`vitcam_nb.estimate`) is
             above this; default half the memory available when the trace starts.
 
@@ -70,7 +74,8 @@ def trace(
     """
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
-    prepared = prepare_input(model, image)
+    model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
+    prepared = prepare_input(model, image, processor)
     check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)

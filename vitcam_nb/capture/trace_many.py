@@ -145,6 +145,7 @@ def trace_many(
         ('image', 'layer', 'site', 'token', 'channel')
     """
     plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
+    model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     settings = store_settings(plan)

@@ -181,11 +181,14 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "weights sha256": str(attrs.get("weights_sha256", "?")),
             "input size": str(size),
             "preprocessing": str(attrs.get("preprocessing", "?")),
-            "attention backend": "explicit softmax attention (fused_attn=False) so F2 exists",
+            "attention backend": str(attrs.get("attention_backend",
+                                               "explicit softmax attention (fused_attn=False) so F2 exists")),
             "trace id": str(attrs.get("trace_id", "?")),
             "versions": f"vitcam_nb {attrs.get('vitcam_nb_version', '?')}, torch "
                         f"{attrs.get('torch_version', '?')}, timm {attrs.get('timm_version', '?')}",
         }
+        if attrs.get("model_wrapper"):
+            checklist["model and input"]["wrapper"] = str(attrs["model_wrapper"])
     return checklist
 
 

@@ -18,7 +18,47 @@ from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import untrained
 from vitcam_nb.targets.base import Target
 
-__all__ = ["ClassTargets", "as_target", "class_labels"]
+__all__ = ["ClassTargets", "as_target", "class_labels", "head_size", "model_logits"]
+
+
+def model_logits(output: object) -> object:
+    """The logits in a model's output: the tensor itself, or the ``logits`` of a Hugging Face model output.
+
+    Example:
+        >>> class Out: logits = torch.ones(1, 3)
+        >>> tuple(model_logits(Out()).shape), tuple(model_logits(torch.ones(1, 2)).shape)
+        ((1, 3), (1, 2))
+    """
+    logits = getattr(output, "logits", None)
+    return logits if not isinstance(output, torch.Tensor) and isinstance(logits, torch.Tensor) else output
+
+
+def hf_config(model: object) -> object | None:
+    """The Hugging Face config of a ``transformers`` model (one with ``id2label``), else None.
+
+    Example:
+        >>> hf_config(torch.nn.Identity()) is None
+        True
+    """
+    cfg = getattr(model, "config", None)
+    return cfg if cfg is not None and hasattr(cfg, "id2label") and hasattr(cfg, "num_labels") else None
+
+
+def head_size(model: object) -> int:
+    """Classes of the model's classifier head: timm's ``num_classes``, or a Hugging Face classifier's
+    ``config.num_labels`` (0 for a backbone without a head).
+
+    Example:
+        >>> head_size(torch.nn.Identity())
+        0
+    """
+    n = getattr(model, "num_classes", None)
+    if n is not None:
+        return int(n or 0)
+    cfg = hf_config(model)
+    if cfg is not None and any(hasattr(model, h) for h in ("classifier", "cls_classifier")):
+        return int(cfg.num_labels)
+    return 0
 
 
 class ClassTargets(Target):
@@ -57,7 +97,7 @@ class ClassTargets(Target):
         self.classes = classes
 
     def check(self, model: torch.nn.Module) -> None:
-        self.check_count(int(getattr(model, "num_classes", 0) or 0))
+        self.check_count(head_size(model))
 
     def check_count(self, n: int) -> None:
         """Refuse classes outside a head of ``n`` classes (``n = 0``: no head)."""
@@ -76,7 +116,7 @@ class ClassTargets(Target):
         return self.batch_scores(model, x)[0]
 
     def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        logits = model(x)
+        logits = model_logits(model(x))
         n = int(x.shape[0])
         if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != n:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -94,8 +134,10 @@ class ClassTargets(Target):
 
 def class_labels(model: torch.nn.Module, num_classes: int, labels: Sequence[str] | None = None) -> list[str]:
     """Names of a classifier's classes: ``labels`` when given (checked), else the model's
-    ``pretrained_cfg["label_names"]``, else ImageNet's for a 1000-class head, else "class i". An untrained
-    model (:func:`vitcam_nb.core.provenance.untrained`) gets "class i": its classes mean nothing yet.
+    ``pretrained_cfg["label_names"]``, else a Hugging Face model's ``config.id2label``, else ImageNet's for a
+    1000-class timm head, else "class i". A Hugging Face model never gets ImageNet's names: its labels are its
+    config's. An untrained timm model (:func:`vitcam_nb.core.provenance.untrained`) gets "class i": its classes
+    mean nothing yet.
 
     Example:
         >>> import torch
@@ -106,6 +148,10 @@ def class_labels(model: torch.nn.Module, num_classes: int, labels: Sequence[str]
         if isinstance(labels, str) or len(labels) != num_classes:
             raise TraceError(f"labels: expected a sequence of {num_classes} class names, got {labels!r:.80}")
         return [str(v) for v in labels]
+    hf = hf_config(model)
+    if hf is not None:  # the config's labels are the user's own statement, trained or not
+        id2label = {int(k): str(v) for k, v in (hf.id2label or {}).items()}
+        return [id2label.get(i, f"class {i}") for i in range(num_classes)]
     if untrained(model):
         return [f"class {i}" for i in range(num_classes)]
     cfg = getattr(model, "pretrained_cfg", None) or {}

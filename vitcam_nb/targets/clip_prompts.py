@@ -21,7 +21,8 @@ import torch
 
 from vitcam_nb.adapters.open_clip import image_embedding_dim, is_whole_clip
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
+from vitcam_nb.targets.embedding import Similarity, pooled_embedding, similarity, similarity_scores
+from vitcam_nb.targets.hf_prompts import hf_text_embeddings, is_hf_text_model
 
 __all__ = ["ClipPrompts", "prompts"]
 
@@ -36,8 +37,9 @@ class ClipPrompts(Similarity):
         torch.Size([1])
     """
 
-    def __init__(self, vectors: torch.Tensor, labels: list[str], scale: float, scale_source: str):
-        super().__init__(vectors, labels, "cosine", scale, source="open_clip text embeddings of the prompts")
+    def __init__(self, vectors: torch.Tensor, labels: list[str], scale: float, scale_source: str,
+                 library: str = "open_clip"):
+        super().__init__(vectors, labels, "cosine", scale, source=f"{library} text embeddings of the prompts")
         self.scale_source = scale_source
         self.description = f"{self.description} ({scale_source})"
 
@@ -53,7 +55,11 @@ class ClipPrompts(Similarity):
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         # The input size was checked by the adapter (trace() calls check_input before the forward pass).
-        emb = model.encode_image(x) if is_whole_clip(model) else model(x)
+        if is_whole_clip(model):
+            emb = model.encode_image(x)
+        else:  # an image tower, or a Hugging Face two-tower model (its image features)
+            encode = getattr(model, "get_image_features", None)
+            emb = pooled_embedding(encode(pixel_values=x) if callable(encode) else model(x))
         if isinstance(emb, (tuple, list)):  # output_tokens=True returns (pooled, tokens)
             emb = emb[0]
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != 1:
@@ -115,8 +121,10 @@ def prompts(texts: Sequence[str], *, tokenizer: Any, text_model: Any, logit_scal
 
     Args:
         texts: a non-empty list of prompts, each with some text after tokenisation.
-        tokenizer: an open_clip tokenizer (``open_clip.get_tokenizer(name)``).
-        text_model: an open_clip model with ``encode_text`` (usually the same CLIP model that is traced).
+        tokenizer: an open_clip tokenizer (``open_clip.get_tokenizer(name)``), or a Hugging Face tokenizer.
+        text_model: an open_clip model with ``encode_text`` (usually the same CLIP model that is traced), or a
+            Hugging Face ``CLIPModel`` / ``SiglipModel`` (``get_text_features``; SigLIP's ``logit_bias``, the
+            same shift for every prompt, is left out: it changes neither the gradients nor the softmax).
         logit_scale: True: ``text_model.logit_scale.exp()``; False: 1; a number: that scale.
 
     Example:
@@ -138,6 +146,10 @@ def prompts(texts: Sequence[str], *, tokenizer: Any, text_model: Any, logit_scal
     dupes = sorted({t for t in texts if texts.count(t) > 1})
     if dupes:
         raise TraceError(f"texts: duplicate prompts {dupes}; each prompt labels one score")
+    if is_hf_text_model(text_model):
+        scale, scale_source = _resolve_scale(logit_scale, text_model)
+        base = similarity(hf_text_embeddings(texts, tokenizer, text_model), texts, metric="cosine", scale=scale)
+        return ClipPrompts(base.vectors, base.labels, base.scale, scale_source, library="transformers")
     if not callable(getattr(text_model, "encode_text", None)) or not isinstance(text_model, torch.nn.Module):
         raise TypeError(f"text_model: expected an open_clip model with encode_text (e.g. the CLIP model from "
                         f"open_clip.create_model_and_transforms), got {type(text_model).__name__}")

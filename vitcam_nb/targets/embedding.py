@@ -18,8 +18,9 @@ import torch
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.classes import head_size
 
-__all__ = ["Similarity", "similarity", "similarity_scores"]
+__all__ = ["Similarity", "pooled_embedding", "similarity", "similarity_scores"]
 
 
 class Similarity(Target):
@@ -40,7 +41,7 @@ class Similarity(Target):
                             f"{source or 'given vectors'}, times {scale:g}")
 
     def check(self, model: torch.nn.Module) -> None:
-        n = int(getattr(model, "num_classes", 0) or 0)
+        n = head_size(model)
         if n > 0:
             raise TraceError(f"targets: a similarity target needs an embedding model (num_classes=0, e.g. "
                              f"timm.create_model(..., num_classes=0)); this model has a {n}-class head")
@@ -54,8 +55,9 @@ class Similarity(Target):
                              f"model's {width}-wide pooled embedding; give vectors of shape (N, {width})")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        encode = getattr(model, "encode_image", None)  # whole CLIP-style models: the image embedding
-        emb = encode(x) if callable(encode) else model(x)
+        # Whole CLIP-style models: the image embedding (open_clip's encode_image, transformers' get_image_features).
+        encode = getattr(model, "encode_image", None) or getattr(model, "get_image_features", None)
+        emb = pooled_embedding(encode(x) if callable(encode) else model(x))
         if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != 1:
             shape = tuple(emb.shape) if isinstance(emb, torch.Tensor) else type(emb).__name__
             raise TraceError(f"model: expected a pooled embedding of shape (1, D), got {shape}")
@@ -68,6 +70,24 @@ class Similarity(Target):
 
     def attrs(self) -> dict[str, object]:
         return {**super().attrs(), "similarity_metric": self.metric, "similarity_scale": float(self.scale)}
+
+
+def pooled_embedding(output: object) -> object:
+    """The pooled embedding in a model's output: the tensor itself, or a Hugging Face output's
+    ``image_embeds`` (projected, CLIP-style) or ``pooler_output``.
+
+    Example:
+        >>> class Out: pooler_output = torch.ones(1, 4)
+        >>> tuple(pooled_embedding(Out()).shape)
+        (1, 4)
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    for name in ("image_embeds", "pooler_output"):
+        value = getattr(output, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    return output
 
 
 def similarity_scores(emb: torch.Tensor, vectors: torch.Tensor, metric: str, scale: float) -> torch.Tensor:

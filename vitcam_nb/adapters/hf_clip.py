@@ -1,0 +1,70 @@
+"""Adapters for the vision towers of Hugging Face CLIP and SigLIP (``vitcam_nb[hf]``): ``CLIPModel``,
+``CLIPVisionModel(WithProjection)``, ``SiglipModel`` and ``SiglipVisionModel``.
+
+Both towers are pre-norm layers at ``vision_model.encoder.layers`` (``layer_norm1``, ``self_attn`` with
+``out_proj``, ``layer_norm2``, ``mlp``). CLIP puts one class token in front of the patches and pools it; SigLIP has
+no class token at all and pools the patch tokens with an attention-pooling head, so its sequence is patches only:
+every block site exists, but nothing that reads a class token (``attn_rows="cls"``, ``weight_tokens="cls"``) does.
+Scores come from a similarity target (:func:`vitcam_nb.targets.similarity`, :func:`vitcam_nb.targets.prompts`).
+
+Example:
+    >>> HfClipAdapter().family, HfSiglipAdapter().family
+    ('hf_clip', 'hf_siglip')
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vitcam_nb.adapters.hf import HfVitAdapter
+
+__all__ = ["HfClipAdapter", "HfSiglipAdapter", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD"]
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class HfClipAdapter(HfVitAdapter):
+    """transformers CLIP vision towers: class token, then the patches.
+
+    Example:
+        >>> HfClipAdapter().relative_sites("vision_model.encoder.layers")["F3"].hook("")
+        'vision_model.encoder.layers.{layer}.self_attn.out_proj:input'
+    """
+
+    family = "hf_clip"
+    classes = ("CLIPModel", "CLIPVisionModel", "CLIPVisionModelWithProjection")
+    base_prefix = "vision_model"
+    norm_before, norm_after = "layer_norm1", "layer_norm2"
+    attention, out_proj = "self_attn", "out_proj"
+    patch_conv = "embeddings.patch_embedding"
+    #: CLIPImageProcessor: resize the shortest edge bicubic, centre crop, OpenAI CLIP statistics.
+    processor_defaults = {"mean": OPENAI_CLIP_MEAN, "std": OPENAI_CLIP_STD, "interpolation": "bicubic",
+                          "crop_pct": 1.0, "crop_mode": "center"}
+
+    def pooling(self, model: torch.nn.Module) -> str:
+        projected = hasattr(model, "visual_projection")
+        return "token (class token after post_layernorm" + (", then visual_projection)" if projected else ")")
+
+
+class HfSiglipAdapter(HfClipAdapter):
+    """transformers SigLIP vision towers: patches only (no class token); an attention-pooling head reads them.
+
+    Example:
+        >>> HfSiglipAdapter().prefix_kinds(None)
+        []
+    """
+
+    family = "hf_siglip"
+    classes = ("SiglipModel", "SiglipVisionModel")
+    #: SiglipImageProcessor: resize (squash) to the size bicubic, mean/std 0.5.
+    processor_defaults = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "interpolation": "bicubic",
+                          "crop_pct": 1.0, "crop_mode": "squash"}
+
+    def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
+        # SiglipVisionEmbeddings adds position embeddings to the patches and prepends nothing.
+        return []
+
+    def pooling(self, model: torch.nn.Module) -> str:
+        return ("attention pooling head (a learned probe attends over the patch tokens after post_layernorm; no "
+                "class token)")
