@@ -19,8 +19,8 @@ from __future__ import annotations
 from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, presets, stages, targets, widgets  # noqa: F401
 from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import load, save
-from vitcam_nb.capture.scoring import score
 from vitcam_nb.capture.reader import image_choices, image_trace, open_traces
+from vitcam_nb.capture.scoring import score
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.capture.trace_many import trace_many
 from vitcam_nb.compute.many import cam_many
