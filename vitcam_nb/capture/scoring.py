@@ -40,6 +40,8 @@ from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.schema import SCORE_VARIABLES, VARIABLES
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.preprocess import prepare_input
+from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.classes import ClassTargets
 
 __all__ = ["score", "top_channels"]
 
@@ -131,9 +133,9 @@ def _plan(trace: xr.Dataset, recipes: list[Recipe]) -> Job:
 
 
 def _target_scores(z: torch.Tensor, classes: list[int]) -> torch.Tensor:
-    """(batch, targets): the logit of each traced class, and E = sum_j p_j z_j for the expected-logit target."""
+    """(batch, targets): the score of each traced class, and E = sum_j p_j z_j for the expected-score target."""
     if not isinstance(z, torch.Tensor) or z.ndim != 2:
-        raise TraceError(f"model: vc.score needs a (batch, classes) logit tensor from the model, got "
+        raise TraceError(f"targets: vc.score needs (batch, scores) from the target, got "
                          f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}")
     z = z.float()
     expected = (torch.softmax(z, dim=1) * z).sum(dim=1)
@@ -184,9 +186,6 @@ def _check(trace: Any, model: Any, adapter: Adapter, x: torch.Tensor, batch_size
             type(adapter).arrange_traced is not Adapter.arrange_traced:
         raise TraceError(f"model: vc.score reads and zeroes sites in the model's own (batch, token, channel) layout; "
                          f"the {adapter.family} adapter rearranges its sites, which vc.score does not support")
-    if str(trace.attrs.get("target_kind", "class")) != "class":
-        raise TraceError(f"trace: vc.score scores class logits; this trace's targets are "
-                         f"{trace.attrs.get('target_kind')!r}")
     have, want = weights_sha256(model), str(trace.attrs.get("weights_sha256", ""))
     if have != want:
         raise TraceError(f"model: its weights (sha256 {have[:12]}…) are not those the trace was made with "
@@ -199,9 +198,30 @@ def _check(trace: Any, model: Any, adapter: Adapter, x: torch.Tensor, batch_size
         raise TraceError(f"batch_size: expected an int >= 1 (channels per forward pass), got {batch_size!r}")
 
 
+def _target(trace: xr.Dataset, targets: Target | None) -> Target:
+    kind = str(trace.attrs.get("target_kind", "class"))
+    if targets is None:
+        if kind != "class":
+            raise TraceError(f"targets: this trace's scores are {kind!r} targets; pass the same target object "
+                             "the trace was made with: vc.score(..., targets=target)")
+        return ClassTargets("top1")
+    if not isinstance(targets, Target) or targets.kind != kind:
+        raise TraceError(f"targets: expected the {kind!r} target the trace was made with, got {targets!r}")
+    return targets
+
+
+def _check_scores(target: Target, model: torch.nn.Module, x: torch.Tensor, trace: xr.Dataset) -> None:
+    """The target on the unperturbed input must give the trace's scores: same model, input and target."""
+    z = target.batch_scores(model, x)[0].double().cpu().numpy()
+    logits = trace["logits"].values.astype(np.float64)
+    if z.shape != logits.shape or np.abs(z - logits).max() > 1e-4 * max(1.0, np.abs(logits).max()):
+        raise TraceError("targets: on the traced input the target's scores are not the trace's logits; pass the "
+                         "target, model and image the trace was made with")
+
+
 def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "scorecam", image: object = None, *,
           batch_size: int = 32, device: str | torch.device | None = None, progress: bool | None = None,
-          **fields: Any) -> xr.Dataset:
+          targets: Target | None = None, **fields: Any) -> xr.Dataset:
     """Run the forward passes that Score-CAM, Ablation-CAM and gScore-CAM need and return the trace with them
     stored (``score`` / ``ablation``, dims (layer, site, target, channel)); ``vc.cam`` then needs no model.
 
@@ -216,6 +236,8 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
         batch_size: channels per forward pass.
         device: where to run (default: the model's device).
         progress: show a tqdm bar (default: when there are more than 4 batches).
+        targets: the target the trace was made with when it is not class logits (e.g.
+            ``vc.targets.region(mask, 3)``); its scores on the traced input must be the trace's.
 
     Example:
         >>> import numpy as np, timm, vitcam_nb as vc
@@ -236,6 +258,7 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
                          "display copy of the model input)")
     x = prepare_input(model, image).tensor
     _check(trace, model, adapter, x, batch_size)
+    target = _target(trace, targets)
     jobs = _plan(trace, recipes)
     run_device = torch.device(device) if device is not None else next(model.parameters()).device
     classes = [int(c) for c in trace["target_class"].values]
@@ -250,16 +273,17 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
     with on_device(model, run_device), eval_mode(model), adapter.tracing(TraceContext(model)), torch.no_grad(), \
             tqdm(total=n_batches, desc="vc.score", disable=not show) as bar:
         xd = x.to(run_device, next(model.parameters()).dtype)
+        _check_scores(target, model, xd, trace)
         for (layer, site, var), wanted in jobs.items():
             channels = sorted(wanted)
             masks = _masks(trace, layer, site, size).to(run_device, xd.dtype) if var == "score" else None
             for start in range(0, len(channels), batch_size):
                 rows = channels[start:start + batch_size]
                 if var == "score":
-                    z = model(xd * masks[rows][:, None])
+                    z = target.batch_scores(model, xd * masks[rows][:, None])
                 else:
                     with _ablating(model, adapter, layer, site, rows):
-                        z = model(xd.expand(len(rows), *xd.shape[1:]))
+                        z = target.batch_scores(model, xd.expand(len(rows), *xd.shape[1:]))
                 out[var][layer_pos[layer], site_pos[site], :, rows] = _target_scores(z, classes).cpu().numpy()
                 bar.update(1)
     dims = {var: VARIABLES[var].dims for var in SCORE_VARIABLES}

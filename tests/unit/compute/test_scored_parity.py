@@ -87,3 +87,29 @@ def test_ablationcam_matches_pytorch_grad_cam_vit_layer(model_factory, model_inp
                   ablation_layer=AblationLayerVit(), batch_size=6)
     assert np.ptp(theirs) > 0.5
     assert np.abs(ours - theirs).max() <= TOL, f"{kind} layer {layer}: {np.abs(ours - theirs).max():.2e}"
+
+
+def test_scorecam_on_a_region_target_matches_semantic_segmentation_target():
+    from pytorch_grad_cam.utils.model_targets import SemanticSegmentationTarget
+
+    from vitcam_nb.data.segmenter import LinearSegmenter
+
+    torch.manual_seed(0)
+    model = LinearSegmenter(3, img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=4, mlp_ratio=2.0).eval()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    mask = np.zeros((32, 32), np.float32)
+    mask[6:22, 10:30] = 1
+    target = vc.targets.region(mask, 2)
+    tr = vc.trace(model, x, targets=target, sites=["F1", "F4"])
+    with torch.no_grad():  # the trace's score is pytorch-grad-cam's segmentation target on the same output
+        assert abs(float(tr["logits"].values[2]) - float(SemanticSegmentationTarget(2, mask)(model(x)[0]))) < 1e-4
+    for site, layer, module in (("F1", 2, model.blocks[2].norm1), ("F4", 0, model.blocks[0].norm2)):
+        recipe = vc.Recipe(site=site, layer=layer, weighting="scorecam", class_=2)
+        tr = vc.score(tr, model, recipe, x, targets=target, batch_size=8, progress=False)
+        ours = _vc_map(tr, recipe)
+        reshape = _reshape(1, 4, 4)
+        with ScoreCAM(model=model, target_layers=[module], reshape_transform=reshape) as cam:
+            cam.batch_size = 8
+            theirs = cam(input_tensor=x, targets=[SemanticSegmentationTarget(2, mask)])[0].astype(np.float64)
+        assert np.ptp(theirs) > 0.5
+        assert np.abs(ours - theirs).max() <= TOL, f"{site}@{layer}: {np.abs(ours - theirs).max():.2e}"
