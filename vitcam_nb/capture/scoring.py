@@ -260,6 +260,8 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
     _check(trace, model, adapter, x, batch_size)
     target = _target(trace, targets)
     jobs = _plan(trace, recipes)
+    if not jobs:  # everything asked for is scored already: no model call
+        return trace
     run_device = torch.device(device) if device is not None else next(model.parameters()).device
     classes = [int(c) for c in trace["target_class"].values]
     size = (int(x.shape[-2]), int(x.shape[-1]))

@@ -96,3 +96,16 @@ def test_dense_user_scores(seg):
     assert tr["target_label"].values.tolist() == ["max of class 0", "mean of class 2", "expected logit"]
     with pytest.raises(TraceError, match=r"fn: expected \(1,\) or \(1, 2\) scores"):
         vc.trace(model, x, targets=vc.targets.dense(lambda out: out.sum(dim=(2, 3)), ["a", "b"]))
+
+
+def test_score_needs_the_traced_dense_target(seg):
+    model, x = seg
+    mask = np.zeros((32, 32), bool)
+    mask[4:20, 4:20] = True
+    tr = vc.trace(model, x, targets=vc.targets.region(mask, 0), sites=["F1"], layers=[1])
+    with pytest.raises(TraceError, match="targets: this trace's scores are 'region' targets"):
+        vc.score(tr, model, "scorecam", x, layer=1)
+    with pytest.raises(TraceError, match="not the trace's logits"):
+        vc.score(tr, model, "scorecam", x, layer=1, targets=vc.targets.region(~mask, 0))
+    with pytest.raises(TraceError, match="expected the 'region' target"):
+        vc.score(tr, model, "scorecam", x, layer=1, targets=vc.targets.dense(lambda o: o.mean((1, 2, 3)), ["m"]))
