@@ -7,7 +7,8 @@ Usage::
 For each of ``n`` fresh images of :func:`vitcam_nb.data.shapes` (a seed no model was trained or tested
 on) the model is traced once, for its true class, and the default recipe (``gradcam`` weighting,
 ``logit`` target, patch tokens, bilinear upsampling, ReLU, min-max) is evaluated at every site of the
-last ``--layers`` blocks, plus a few other weightings and layer fusions.
+last ``--layers`` blocks, plus a few other weightings and layer fusions, Score-CAM and Ablation-CAM (their
+forward passes stored by ``vc.score``).
 
 Two scores per recipe, both on the map upsampled to 64x64 (ties count fractionally):
 
@@ -90,7 +91,11 @@ def pointing_table(
         "F1, all layers, layercam, layer_fusion=mean": vc.Recipe(
             site="F1", layer="all", weighting="layercam", layer_fusion="mean"
         ),
+        # model-in-the-loop weightings: vc.score stores their forward passes in the trace first
+        "F1, last layer, scorecam (Wang et al. 2020)": vc.Recipe(site="F1", layer=-1, weighting="scorecam"),
+        "F1, last layer, ablationcam (Ramaswamy et al. 2020)": vc.Recipe(site="F1", layer=-1, weighting="ablationcam"),
     }
+    scored = [r for r in extra_recipes.values() if r.weighting in ("scorecam", "ablationcam")]
     images, labels, masks = shapes(n_images, seed=seed)
     hits = {(layer, site): [] for layer in layers for site in SITES}
     extra_hits = {k: [] for k in extra_recipes}
@@ -100,6 +105,7 @@ def pointing_table(
         warnings.simplefilter("ignore", vc.DegenerateMapWarning)
         for img, label, mask in zip(images, labels, masks):
             tr = vc.trace(model, img, targets=[int(label)])
+            tr = vc.score(tr, model, scored, img, batch_size=64, progress=False)
             correct += int(int(np.argmax(tr["logits"].values)) == int(label))
             for layer in layers:
                 for site in SITES:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.core.provenance import BUNDLED_KEY
+from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
 
 __all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "sample_image"]
@@ -65,7 +66,7 @@ def list_models() -> list[dict]:
 
     Example:
         >>> [m["name"] for m in list_models()]
-        ['shapes-vit', 'shapes-vit-reg4', 'shapes-vit-shortcut']
+        ['shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut']
     """
     rows = []
     for name in bundled_names():
@@ -108,7 +109,11 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
             f"expected sha256 {expected}, got {actual}. The file is damaged or was replaced; "
             "reinstall vitcam_nb (or retrain with `python -m vitcam_nb.data.train`)."
         )
-    model = VisionTransformer(**card["timm_kwargs"])
+    # The segmentation model's card names its class; every other bundled model is a plain timm ViT.
+    if card.get("timm_class") == "vitcam_nb.data.segmenter.LinearSegmenter":
+        model = LinearSegmenter(**card["timm_kwargs"])
+    else:
+        model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
     cfg = _pretrained_cfg(card)
     cfg[BUNDLED_KEY] = f"{card.get('name', weights_path.stem)} (file sha256 {actual})"
@@ -129,7 +134,8 @@ def _unknown_name_message(name: str) -> str:
 def load_model(name_or_model: str | torch.nn.Module, **timm_kwargs: Any) -> torch.nn.Module:
     """Return a model ready to trace, in eval mode.
 
-    * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``): loaded from the
+    * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``, and the segmentation model
+      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
       mismatch), with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
     * any other string: ``timm.create_model(name, **timm_kwargs)`` (random weights unless you pass

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from vitcam_nb.capture.scoring import top_channels
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.weighting import WEIGHTINGS, Weighting, register_weighting
 
@@ -118,6 +119,37 @@ def eigengradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: i
     return _first_component((G * A)[..., patch, :])
 
 
+# -- weightings read from model outputs that vc.score stored in the trace ---------------------------------------
+def _softmax(S: np.ndarray) -> np.ndarray:
+    S = S.astype(np.float64)
+    e = np.exp(S - S.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def scorecam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int, *, scores: np.ndarray,
+             base: np.ndarray, k: int | None) -> Maps:
+    """alpha = softmax over channels of the stored scores; map[t] = sum_k alpha_k A[t,k]."""
+    return _weighted(A, _softmax(scores), patch, groups)
+
+
+def ablationcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int, *, scores: np.ndarray,
+                base: np.ndarray, k: int | None) -> Maps:
+    """alpha_k = (s - s_k) / s, s the target score and s_k the score with channel k zeroed."""
+    base = np.asarray(base, np.float64)[..., None]
+    return _weighted(A, ((base - scores) / base).astype(np.float32), patch, groups)
+
+
+def gscorecam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int, *, scores: np.ndarray,
+              base: np.ndarray, k: int | None) -> Maps:
+    """Score-CAM restricted to the top-k channels by mean gradient (softmax over those k only)."""
+    if k > A.shape[-1]:
+        raise RecipeError(f"k: {k} is more than the {A.shape[-1]} channels of this site")
+    top = top_channels(G, patch, k)
+    alpha = np.zeros(scores.shape, np.float32)
+    np.put_along_axis(alpha, top, _softmax(np.take_along_axis(scores, top, axis=-1)), axis=-1)
+    return _weighted(A, alpha, patch, groups)
+
+
 for _weighting in (
     Weighting("gradcam", "alpha_k = mean over weight tokens of G[t,k]; map[t] = sum_k alpha_k A[t,k] "
               "(Selvaraju et al. 2017)", gradcam, pools_tokens=True),
@@ -135,17 +167,30 @@ for _weighting in (
     Weighting("eigengradcam", "projection of the centred G*A on its first right singular vector, sign fixed so "
               "that the largest-magnitude token is positive", eigengradcam, all_channels=True),
     Weighting("gradient", "map[t] = sum_k G[t,k] (gradient only, as in LeGrad-style maps)", gradient),
+    Weighting("scorecam", "alpha = softmax over channels k of s_k, s_k the target logit of the input multiplied by "
+              "channel k's patch map, upsampled bilinearly (align_corners=True) to the input and min-max normalised "
+              "(x - min) / (max - min + 1e-8); map[t] = sum_k alpha_k A[t,k]; scores from vc.score "
+              "(Wang et al. 2020, as in pytorch-grad-cam 1.5.7)", scorecam, uses_gradient=False,
+              all_channels=True, title="Score-CAM", scores="score"),
+    Weighting("ablationcam", "alpha_k = (s - s_k) / s, s the target logit and s_k the logit with channel k set to "
+              "zero at every token of the site (a hook on the site's module); map[t] = sum_k alpha_k A[t,k]; scores "
+              "from vc.score (Ramaswamy et al. 2020, as in pytorch-grad-cam 1.5.7 with its ViT ablation layer)",
+              ablationcam, uses_gradient=False, all_channels=True, title="Ablation-CAM", scores="ablation"),
+    Weighting("gscorecam", "Score-CAM on the k channels with the largest gradient weight mean over patch tokens of "
+              "G[t,k]: alpha = softmax of their scores s_k, 0 for the other channels; map[t] = sum_k alpha_k "
+              "A[t,k] (Chen et al. 2022)", gscorecam, all_channels=True, title="gScore-CAM", scores="score"),
 ):
     register_weighting(_weighting, replace=True)
 
 
 def token_maps(A: np.ndarray, G: np.ndarray, weighting: str, wmask: np.ndarray, patch: np.ndarray,
-               groups: int = 1) -> Maps:
+               groups: int = 1, **stored: Any) -> Maps:
     """Per-group maps over patch tokens and their magnitude scale, by the registered kernel of ``weighting``.
 
     ``A`` and ``G`` are (..., T, K); ``wmask`` selects the tokens that form channel weights; ``patch``
-    indexes the patch tokens; ``groups`` splits channels into heads. Returns ``maps`` (..., P, groups)
-    and ``scale`` (..., P, groups).
+    indexes the patch tokens; ``groups`` splits channels into heads; ``stored`` holds ``scores``, ``base`` and
+    ``k`` for weightings read from ``vc.score``'s outputs. Returns ``maps`` (..., P, groups) and ``scale``
+    (..., P, groups).
 
     Example:
         >>> A = np.eye(3, 2, dtype=np.float32); G = np.ones((3, 2), np.float32)
@@ -154,7 +199,7 @@ def token_maps(A: np.ndarray, G: np.ndarray, weighting: str, wmask: np.ndarray, 
     """
     if weighting not in WEIGHTINGS:
         raise RecipeError(f"weighting: unknown {weighting!r}; registered: {WEIGHTINGS.names()}")
-    return WEIGHTINGS.get(weighting).kernel(A, G, wmask, patch, groups)
+    return WEIGHTINGS.get(weighting).kernel(A, G, wmask, patch, groups, **stored)
 
 
 def apply_head_rule(maps: np.ndarray, scale: np.ndarray, rule: str | int) -> Maps:

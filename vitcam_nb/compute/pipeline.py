@@ -25,8 +25,8 @@ from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE
 from vitcam_nb.core.weighting import WEIGHTINGS
 
-__all__ = ["combine", "compact", "finish_layers", "grid_maps", "layer_maps", "query_rows", "raw_maps", "weight_mask",
-           "window_rows"]
+__all__ = ["combine", "compact", "finish_layers", "grid_maps", "layer_maps", "query_rows", "raw_maps", "score_call",
+           "weight_mask", "window_rows"]
 
 
 def compact(index: np.ndarray) -> slice | np.ndarray:
@@ -125,6 +125,33 @@ def weight_mask(view: TraceView, recipe: Recipe) -> np.ndarray:
     return mask
 
 
+def score_call(recipe: Recipe) -> str:
+    """The ``vc.score`` call that stores the model outputs ``recipe`` reads (its fields other than the defaults).
+
+    Example:
+        >>> score_call(Recipe(weighting="scorecam", layer=0))
+        "vc.score(tr, model, vc.Recipe(layer=0, weighting='scorecam'), image)"
+    """
+    default = Recipe()
+    fields = ", ".join(f"{name}={value!r}" for name, value in recipe.to_dict().items()
+                       if name not in ("upsample", "normalize", "relu") and getattr(default, name) != value)
+    return f"vc.score(tr, model, vc.Recipe({fields}), image)"
+
+
+def _stored(view: TraceView, recipe: Recipe, weights: dict[int, float], cls: int, index: tuple) -> dict:
+    """The stored model outputs a scored weighting reads, for the recipe's target at ``index`` (layer, site)."""
+    name = WEIGHTINGS.get(recipe.weighting).scores
+    if not name:
+        return {}
+    if name not in view.arrays:
+        raise RecipeError(f"weighting: {recipe.weighting} needs model outputs this trace does not hold (no "
+                          f"{name!r} variable); add them with {score_call(recipe)}")
+    (pos,) = weights
+    scores = view.arrays[name][index][..., pos, :].astype(np.float32, copy=False)
+    base = np.full(scores.shape[:-1], view.arrays["logits"][cls], np.float32)
+    return {"scores": scores, "base": base, "k": recipe.k}
+
+
 def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: list[int] | None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Raw per-layer maps on the grid, their scale and whether their gradients were all zero.
@@ -143,7 +170,8 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
     if grad not in view.arrays and WEIGHTINGS.get(recipe.weighting).uses_gradient:
         raise RecipeError(f"weighting: {recipe.weighting!r} reads gradients and this trace has no {grad!r} "
                           "variable; use a gradient-free weighting (e.g. 'eigencam') or trace again")
-    weights, _ = view.target_weights(recipe)
+    weights, cls = view.target_weights(recipe)
+    stored: dict = {}
     wmask = compact(weight_mask(view, recipe))
     patch = compact(view.patch)
     if site_pos is None and "attn_window" in view.arrays:
@@ -165,13 +193,15 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
         G = combine(view.arrays["grad"], weights, idx) if "grad" in view.arrays else np.zeros_like(A)
         heads = int(view.attrs.get("num_heads", 1))
         groups = heads if (view.sites[site_pos[0]] == "F3" and recipe.heads != "channels") else 1
-    return grid_maps(view, recipe, A, G, wmask, patch, groups)
+        stored = _stored(view, recipe, weights, cls, idx)
+    return grid_maps(view, recipe, A, G, wmask, patch, groups, **stored)
 
 
 def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any,
-               groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               groups: int, **stored: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weighting and head rule over (..., token, channel) A and G: maps and scales on the grid, and whether
-    the gradients the formula reads were all zero.
+    the gradients the formula reads were all zero. ``stored``: the model outputs a scored weighting reads
+    (a map that needs a channel ``vc.score`` has not scored is refused with the call that scores it).
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -182,7 +212,10 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
         >>> maps.shape, bool(zero)
         ((4, 4), True)
     """
-    maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups)
+    maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups, **stored)
+    if stored and np.isnan(maps).any():
+        raise RecipeError(f"weighting: {recipe.weighting} needs channel scores this trace does not hold at "
+                          f"{recipe.site}, layer {recipe.layer}; add them with {score_call(recipe)}")
     rule = recipe.heads if groups > 1 or isinstance(recipe.heads, int) else "channels"
     maps, scale = apply_head_rule(maps, scale, rule)
     weighting = WEIGHTINGS.get(recipe.weighting)

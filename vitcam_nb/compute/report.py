@@ -71,6 +71,12 @@ def _target_text(recipe: Recipe) -> tuple[str, str]:
         "derived exactly from the stored gradients: dp_c = p_c (dz_c - dE), E = sum_j p_j z_j with p detached"
         if recipe.target == "prob" else "derived exactly: dlog p_c = dz_c - dE, E = sum_j p_j z_j, p detached")
     weighting = WEIGHTINGS.get(recipe.weighting)
+    if weighting.scores:
+        how = f"no gradient: {weighting.title} weights are model outputs on perturbed inputs, stored in the trace's " \
+              f"{weighting.scores!r} variable by vc.score"
+        if weighting.uses_gradient:
+            how = f"the stored gradient of z_c selects the top-{recipe.k} channels; {how}"
+        return f"{scalar} of {cls}", how
     if not weighting.uses_gradient:
         return f"none: {weighting.title or weighting.name} uses no gradient", "not applicable"
     return f"{scalar} of {cls}", how

@@ -45,7 +45,7 @@ NORMALIZES = ("minmax", "max", "none")
 
 ROLLOUTS = ("rollout", "grad_rollout")
 # Fields added after 0.1.0: left out of the canonical JSON while at their default, so older ids stay valid.
-LATER_FIELDS = ("text_tokens",)
+LATER_FIELDS = ("text_tokens", "k")
 # A Swin-style block address "stage.block" (block may be negative, counted from the end of the stage).
 STAGE_BLOCK = re.compile(r"(\d+)\.(-?\d+)")
 
@@ -69,6 +69,8 @@ _FIELDS_DOC = """
     normalize: "minmax", "max" or "none".
     text_tokens: site "xattn" only: text query rows, "all" (mean over the text tokens), "cls" (the first,
         [CLS]/[ENC] token), a token position, or a word (every token whose text equals it).
+    k: weighting "gscorecam" only (and required there): Score-CAM on the k channels with the largest
+        gradient weight; None otherwise. Left out of the id while None, so older ids are unchanged.
 """
 
 
@@ -130,6 +132,7 @@ class Recipe:
     relu: str = "after"
     normalize: str = "minmax"
     text_tokens: str | int = "all"
+    k: int | None = None
 
     def __post_init__(self) -> None:
         layer = self.layer
@@ -141,6 +144,9 @@ class Recipe:
         object.__setattr__(self, "class_", _plain_int(self.class_))
         object.__setattr__(self, "heads", _plain_int(self.heads))
         object.__setattr__(self, "text_tokens", _plain_int(self.text_tokens))
+        object.__setattr__(self, "k", _plain_int(self.k))
+        if self.k is not None and (not is_int(self.k) or self.k < 1):
+            raise RecipeError(f"k: expected None or an int >= 1 (channels kept by gscorecam), got {self.k!r}")
         _choice("site", self.site, SITES)
 
         def canonical(v: Any) -> Any:  # "01.0" and "1.0" name the same block, so they get one id
@@ -204,6 +210,11 @@ class Recipe:
             raise RecipeError(f"weight_tokens: only weightings that pool gradients over tokens "
                               f"{list(pooled_weightings())} use it; {self.weighting} is per token, "
                               "so leave weight_tokens at 'patch'")
+        if weighting.scores:
+            self._check_scored(weighting.name)
+        elif self.k is not None:
+            raise RecipeError(f"k: only weighting 'gscorecam' keeps the top-k channels; {self.weighting} uses "
+                              "every channel, so leave k at None")
         if weighting.all_channels and self.heads != "channels":
             raise RecipeError(f"heads: {self.weighting} projects all channels at once; heads must be "
                               f"'channels', got {self.heads!r}")
@@ -217,6 +228,21 @@ class Recipe:
             if self.layer_fusion == "rollout" and (self.target != "logit" or self.class_ != "top1"):
                 raise RecipeError("target: attention rollout uses no gradient; leave target at 'logit' and "
                                   "class_ at 'top1'")
+
+    def _check_scored(self, name: str) -> None:
+        """A weighting read from vc.score's stored model outputs: token sites, the logit, no rollout."""
+        if self.site not in TOKEN_SITES:
+            raise RecipeError(f"site: {name} scores the channels of a token site {list(TOKEN_SITES)}, not "
+                              f"{self.site!r}")
+        if self.target != "logit":
+            raise RecipeError(f"target: {name} uses the stored scores of the logit z_c; prob and logprob of a "
+                              "perturbed input are not derivable from them. Use target='logit'")
+        if name == "gscorecam" and self.k is None:
+            raise RecipeError("k: gscorecam keeps the top-k channels by gradient; set k (e.g. k=300 as in "
+                              "Chen et al. 2022, at most the channels of the site)")
+        if name != "gscorecam" and self.k is not None:
+            raise RecipeError(f"k: only weighting 'gscorecam' keeps the top-k channels; {name} scores every "
+                              "channel, so leave k at None")
 
     # -- identity -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

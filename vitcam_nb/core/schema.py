@@ -30,6 +30,8 @@ TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES)
 SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES)
 #: Sites with a head structure (heads as channel groups, or an attention matrix per head).
 HEAD_SITES = ("F2", "F3", "xattn")
+#: Variables written by ``vc.score`` (model-in-the-loop weightings), one per kind of perturbation.
+SCORE_VARIABLES = ("score", "ablation")
 SITE_MEANINGS = {
     "F1": "LayerNorm output before attention",
     "F2": "softmax attention per head",
@@ -84,6 +86,11 @@ VARIABLES: dict[str, Entry] = {
     "xattn": Entry(("xattn_layer", "head", "text_token", "key"),
                    "cross-attention (site xattn); head is xattn_head when the text tower has another head count"),
     "xattn_grad": Entry(("target", "xattn_layer", "head", "text_token", "key"), "d target / d xattn"),
+    "score": Entry(("layer", "site", "target", "channel"),
+                   "Score-CAM: target score of the input times each channel's upsampled min-max map (vc.score; NaN: "
+                   "not scored)"),
+    "ablation": Entry(("layer", "site", "target", "channel"),
+                      "Ablation-CAM: target score with each channel zeroed at the site (vc.score; NaN: not scored)"),
     "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
     "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
 }

@@ -19,13 +19,17 @@ import numpy as np
 
 from vitcam_nb.core.registry import Registry
 
-__all__ = ["WEIGHTINGS", "Kernel", "Weighting", "register_weighting", "weighting_names"]
+__all__ = ["WEIGHTINGS", "Kernel", "ScoredKernel", "Weighting", "register_weighting", "weighting_names"]
 
 #: ``kernel(A, G, wmask, patch, groups) -> (maps, scale)``: A and G are (..., token, channel) float32;
 #: ``wmask`` selects the tokens that form channel weights, ``patch`` the patch tokens, ``groups`` splits
 #: channels into heads. ``maps`` and ``scale`` are (..., patch, groups); ``scale`` sums the absolute terms
 #: of the same formula, so a map within rounding of zero can be told from a real one.
 Kernel = Callable[[np.ndarray, np.ndarray, object, object, int], "tuple[np.ndarray, np.ndarray]"]
+#: A weighting with ``scores`` set is called ``kernel(A, G, wmask, patch, groups, scores=S, base=s0, k=k)``: ``S``
+#: (..., channel) the stored model outputs for the recipe's target (NaN where not scored), ``s0`` (...,) the
+#: unperturbed target score, ``k`` the recipe's ``k``. A map that needs an unscored channel comes out NaN.
+ScoredKernel = Callable[..., "tuple[np.ndarray, np.ndarray]"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class Weighting:
     ``uses_gradient``: False for gradient-free formulas (no target is differentiated).
     ``all_channels``: the formula projects all channels at once, so heads must stay ``"channels"``.
     ``title``: how the checklist names the method in prose (default: the name).
+    ``scores``: the trace variable of model outputs the weighting reads (``"score"`` or ``"ablation"``, written by
+    ``vc.score``); its kernel is then a :data:`ScoredKernel`. Empty for weightings computed from A and G alone.
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -49,6 +55,7 @@ class Weighting:
     uses_gradient: bool = True
     all_channels: bool = False
     title: str = ""
+    scores: str = ""
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")

@@ -4,7 +4,9 @@
 - :func:`similarity`: the similarity of a model's pooled embedding (``num_classes=0``, e.g. a CLIP image
   tower) to given vectors, cosine or dot product, times a stated scale;
 - :func:`prompts` (``vitcam_nb[clip]``): :func:`similarity` to the text embeddings of prompts;
-- :func:`itm` (``vitcam_nb[vlm]``): BLIP's image-text matching logits (no match, match).
+- :func:`itm` (``vitcam_nb[vlm]``): BLIP's image-text matching logits (no match, match);
+- :func:`region` and :func:`dense`: scores of a dense (B, C, H, W) output, e.g. a segmentation model's class
+  logits summed over a pixel region.
 
 Every target's scores are stored as the trace's ``logits``; see :class:`Target` for writing your own.
 
@@ -21,7 +23,8 @@ from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.blip_matching import ItmTarget, itm
 from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
 from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
+from vitcam_nb.targets.dense import DenseScores, Region, dense, region
 from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 
-__all__ = ["ClassTargets", "ClipPrompts", "ItmTarget", "Similarity", "Target", "as_target", "class_labels", "itm",
-           "prompts", "similarity", "similarity_scores"]
+__all__ = ["ClassTargets", "ClipPrompts", "DenseScores", "ItmTarget", "Region", "Similarity", "Target", "as_target",
+           "class_labels", "dense", "itm", "prompts", "region", "similarity", "similarity_scores"]

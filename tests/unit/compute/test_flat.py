@@ -21,8 +21,11 @@ import xarray as xr
 
 import vitcam_nb as vc
 from vitcam_nb.core.recipe import HEAD_RULES, weighting_names
+from vitcam_nb.core.weighting import WEIGHTINGS as REGISTRY
 
-WEIGHTINGS = weighting_names()
+# Weightings that read model-in-the-loop scores (vc.score) are tested against their own references in
+# tests/unit/capture/test_scoring.py; these hand-made traces hold gradients only.
+WEIGHTINGS = tuple(w for w in weighting_names() if not REGISTRY.get(w).scores)
 
 # --------------------------------------------------------------------------------------------------
 # Hand-made traces

@@ -30,8 +30,12 @@ from vitcam_nb.core.recipe import (
 from vitcam_nb.core.recipe import (
     SITES as RECIPE_SITES,
 )
+from vitcam_nb.core.weighting import WEIGHTINGS as WEIGHTING_TABLE
 
-POOLED_WEIGHTINGS, WEIGHTINGS = pooled_weightings(), weighting_names()
+# Weightings computed from the trace alone; those read from vc.score's model outputs (scorecam, ablationcam,
+# gscorecam) need the model and are tested in tests/unit/capture/test_scoring.py and test_scored_parity.py.
+POOLED_WEIGHTINGS = pooled_weightings()
+WEIGHTINGS = tuple(w for w in weighting_names() if not WEIGHTING_TABLE.get(w).scores)
 
 NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3
 # Block sites of a ViT; 'xattn' (cross-attention of vision-language models) is tested in tests/unit/model/test_blip.py.

@@ -45,8 +45,9 @@ DEFAULT_ID = "36db00aafece"   # sha256 of the canonical JSON of Recipe(); a cros
 
 def test_defaults_match_the_design_table():
     r = vc.Recipe()
-    # text_tokens (site xattn) came after 0.1.0; at its default it stays out of the JSON so ids are unchanged.
-    assert {f.name: getattr(r, f.name) for f in dataclasses.fields(r)} == {**DEFAULTS, "text_tokens": "all"}
+    # text_tokens (site xattn) and k (gscorecam) came after 0.1.0; at their defaults they stay out of the JSON so
+    # ids are unchanged.
+    assert {f.name: getattr(r, f.name) for f in dataclasses.fields(r)} == {**DEFAULTS, "text_tokens": "all", "k": None}
     assert r.to_dict() == DEFAULTS
     assert vc.Recipe(site="xattn", text_tokens="dog").to_dict()["text_tokens"] == "dog"
 

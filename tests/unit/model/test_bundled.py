@@ -89,8 +89,10 @@ def test_shapes_rejects_bad_arguments():
 def test_list_models_and_cards():
     rows = models.list_models()
     names = [r["name"] for r in rows]
-    assert names == ["shapes-vit", "shapes-vit-reg4", "shapes-vit-shortcut"]
+    assert names == ["shapes-vit", "shapes-vit-reg4", "shapes-vit-seg", "shapes-vit-shortcut"]
     for row in rows:
+        if row["name"] == "shapes-vit-seg":  # a segmentation model: tests/unit/model/test_bundled_seg.py
+            continue
         assert row["classes"] == list(CLASS_NAMES)
         assert row["test_accuracy"] >= 0.97
         card = models.model_card(row["name"])
@@ -192,7 +194,7 @@ def test_bundled_models_load_and_run_offline(monkeypatch):
         model = models.load_model(name)
         with torch.no_grad():
             logits = model(normalise(models.sample_image()[None]))
-        assert logits.shape == (1, 5)
+        assert logits.shape == ((1, 6, 64, 64) if name == "shapes-vit-seg" else (1, 5))
 
 
 def test_sample_image():
