@@ -27,6 +27,7 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
+from vitcam_nb.evaluate.ambiguity import ambiguity
 from vitcam_nb.evaluate.atlas import atlas_many
 from vitcam_nb.models import list_models, load_model, sample_image
 from vitcam_nb.widgets import Compare, Explorer, Gallery
@@ -57,6 +58,7 @@ __all__ = [
     "load",
     "save",
     "trace",
+    "ambiguity",
     "atlas_many",
     "cam_many",
     "image_choices",
