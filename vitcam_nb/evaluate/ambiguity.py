@@ -30,6 +30,7 @@ from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
+from vitcam_nb.evaluate.atlas import recipe_labels
 from vitcam_nb.evaluate.localisation import default_tolerance
 from vitcam_nb.evaluate.sensitivity import bootstrap_effects, group_codes, main_effects
 from vitcam_nb.evaluate.space import (
@@ -253,13 +254,13 @@ class Ambiguity:
 
         fig, axes = plt.subplots(1, 5, figsize=(17, 3.4), gridspec_kw={"width_ratios": [1, 1, 1, 1, 1.6]})
         i, j = self.most_different()
+        names = recipe_labels([self.recipes[i], self.recipes[j]]) if i != j else ["", ""]
         panels = [(self.maps.mean("recipe").values, "mean of consistent maps"),
                   (self.spread.std.values, "spread (std per pixel)"),
-                  (self.maps.values[i], f"map {self.recipes[i].id}"),
-                  (self.maps.values[j], f"map {self.recipes[j].id}")]
+                  (self.maps.values[i], names[0]), (self.maps.values[j], names[1])]
         for ax, (values, title) in zip(axes[:4], panels):
             ax.imshow(values, cmap=cmap)
-            ax.set_title(title, fontsize=9)
+            ax.set_title(title, fontsize=8, wrap=True)
             ax.axis("off")
         if len(self.recipes) > 1:
             axes[2].set_xlabel(f"rho = {self.rho[i, j]:.2f}")
