@@ -28,7 +28,7 @@ def parse_reported_args(items: Sequence[str]) -> dict[str, Any]:
 
     Example:
         >>> parse_reported_args(["layer=[0, 1]", "layer_fusion=mean"])
-        {'layer': [0, 1], 'layer_fusion': 'mean'}
+        {'layer': (0, 1), 'layer_fusion': 'mean'}
     """
     out: dict[str, Any] = {}
     for item in items:
