@@ -16,7 +16,19 @@ Example:
 from __future__ import annotations
 
 # compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
-from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, presets, stages, targets, widgets  # noqa: F401
+from vitcam_nb import (  # noqa: F401
+    adapters,
+    compute,
+    data,
+    evaluate,
+    interop,
+    plot,
+    preprocess,
+    presets,
+    stages,
+    targets,
+    widgets,
+)
 from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import load, save
 from vitcam_nb.capture.reader import image_choices, image_trace, open_traces
@@ -45,6 +57,7 @@ __all__ = [
     "cam",
     "data",
     "evaluate",
+    "interop",
     "list_models",
     "load_model",
     "sample_image",

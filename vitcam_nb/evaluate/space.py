@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -137,7 +138,7 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
         >>> canonical({**Recipe().to_dict(), "heads": "max"}) == canonical(Recipe().to_dict())
         True
     """
-    c = {**_DEFAULTS, **choice}
+    c = {**_DEFAULTS, **{k: tuple(v) if isinstance(v, list) else v for k, v in choice.items()}}
     stated = {f: c[f] for f in keep if f in c}
     weighting = WEIGHTINGS.get(c["weighting"]) if c["weighting"] in WEIGHTINGS.names() else None
     if c["layer_fusion"] in ("rollout", "grad_rollout"):
@@ -158,11 +159,17 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
     if any(c[f] != v for f, v in stated.items()):
         return None
     key = tuple(c[f] for f in _FIELDS)
+    return key if _valid(key) else None
+
+
+@functools.lru_cache(maxsize=65536)
+def _valid(key: tuple) -> bool:
+    # Many combinations share a canonical recipe: validate each once.
     try:
         Recipe(**dict(zip(_FIELDS, key)))
     except RecipeError:
-        return None
-    return key
+        return False
+    return True
 
 
 def enumerate_cells(space: Mapping[str, Sequence], max_cells: int, n_samples: int, seed: int
