@@ -83,7 +83,9 @@ class AmbiguityMany:
             'Over 2 images,'
         """
         s = self.summary()
-        text = f"Over {s['images']} images, {self.results[0].report().split('. ')[0]}. "
+        opened = self.results[0].open
+        text = (f"Over {s['images']} images, the description leaves {len(opened)} choice(s) open "
+                f"({', '.join(opened) or 'none'}), allowing {s['recipes']} distinct recipes. ")
         if s["median_spearman_quartiles"]:
             q = s["median_spearman_quartiles"]
             text += f"Consistent maps agree at median Spearman rho = {q[1]:.2f} (quartiles {q[0]:.2f}-{q[2]:.2f}). "
