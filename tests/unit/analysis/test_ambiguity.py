@@ -151,3 +151,23 @@ def test_bad_arguments_name_the_argument(tr):
     amb = vc.ambiguity(tr, reported={"site": "F1", "layer": 0, "aggregation": "open", "gradient target": "open"},
                        space={"weighting": ["gradcam", "layercam"]})
     assert "weighting" in amb.open and amb.sensitivity.categories["aggregation"] > 0
+
+
+def test_a_store_is_read_one_image_at_a_time_with_its_masks(tmp_path):
+    model = make_model("vit")
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (32, 32, 3), np.uint8) for _ in range(3)]
+    masks = [np.zeros((32, 32), bool) for _ in range(3)]
+    for i, m in enumerate(masks):
+        m[8 * i: 8 * i + 12, 4:20] = True
+    path = vc.trace_many(model, images, tmp_path / "t.zarr", masks=masks, targets="top1", progress=False)
+    store = vc.open_traces(path)
+    many = vc.ambiguity(store, reported=dict(site="F1", layer=1, weighting="layercam"))
+    assert many.sensitivity.sizes["image"] == 3
+    for i in range(3):
+        one = vc.ambiguity(vc.image_trace(store, i), reported=dict(site="F1", layer=1, weighting="layercam"))
+        assert many.results[i].sensitivity.fields == pytest.approx(one.sensitivity.fields)
+        assert one.localises is not None  # the store's mask is used
+        assert many.localises[i] == pytest.approx(one.localises)
+        direct = localising_share(one.maps.values, vc.image_trace(store, i)["mask"].values)
+        assert one.localises == pytest.approx(direct)
