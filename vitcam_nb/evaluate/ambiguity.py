@@ -27,11 +27,11 @@ from scipy import ndimage, stats
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
-from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.atlas import recipe_labels
 from vitcam_nb.evaluate.localisation import default_tolerance
+from vitcam_nb.evaluate.recipe_maps import recipe_maps
 from vitcam_nb.evaluate.sensitivity import bootstrap_effects, group_codes, main_effects
 from vitcam_nb.evaluate.space import (
     CATEGORY_FIELDS,
@@ -326,20 +326,18 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
         return _one(trace, reported, space, mask, 0, max_recipes, n_samples, seed, n_boot)
     # A field that no consistent recipe lets vary (heads when the site is F1) is not a choice the reader has.
     factors = [f for f in factors if len({key[_FIELDS.index(f)] for key in keys}) > 1]
-    kind = kind_for(trace, _recipe(next(iter(keys)))) if keys else None
     maps, recipes, ok, degenerate = [], [], np.zeros(len(keys), bool), 0
+    candidates = [_recipe(key) for key in keys]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
-        for k, key in enumerate(keys):
-            rec = _recipe(key)
-            try:
-                values_k, notes, _ = kind.compute(trace, rec)
-            except RecipeError:
-                continue
-            ok[k] = True
-            degenerate += bool(notes)
-            maps.append(np.asarray(values_k, np.float32))
-            recipes.append(rec)
+        computed = recipe_maps(trace, candidates)
+    for k, (rec, result) in enumerate(zip(candidates, computed)):
+        if result is None:
+            continue
+        ok[k] = True
+        degenerate += bool(result[1])
+        maps.append(np.asarray(result[0], np.float32))
+        recipes.append(rec)
     if len(recipes) < 1:
         raise RecipeError(f"reported: no recipe on this trace is consistent with {dict(reported or {})!r}")
     position = np.cumsum(ok) - 1

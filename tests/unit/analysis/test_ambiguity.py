@@ -171,3 +171,13 @@ def test_a_store_is_read_one_image_at_a_time_with_its_masks(tmp_path):
         assert many.localises[i] == pytest.approx(one.localises)
         direct = localising_share(one.maps.values, vc.image_trace(store, i)["mask"].values)
         assert one.localises == pytest.approx(direct)
+
+
+@pytest.mark.parametrize("kind", ["vit", "vit_avgpool"])
+def test_every_map_is_the_one_its_recipe_gives(kind):
+    # F2 recipes share their attention rows in the analysis; each map must still be exactly vc's own.
+    tr = vc.trace(make_model(kind), make_input(kind))
+    amb = vc.ambiguity(tr, reported=dict(layer=-1, weighting="gradcam"))
+    assert any(r.site == "F2" for r in amb.recipes)
+    for recipe, values in zip(amb.recipes, amb.maps.values):
+        assert np.array_equal(values, _cam(tr, **{k: v for k, v in recipe.to_dict().items() if k != "upsample"}))
