@@ -26,6 +26,7 @@ DESCRIPTIONS = {
     "Grad-CAM on the last layer": {"layer": -1, "weighting": "gradcam"},
     "Grad-CAM, site F1 of the last block": {"site": "F1", "layer": -1},
     "Grad-CAM at F1, layer not stated": {"site": "F1", "weighting": "gradcam"},
+    "a CAM of the class logit on the last block": {"layer": -1, "target": "logit"},
 }
 
 
