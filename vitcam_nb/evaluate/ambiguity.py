@@ -29,7 +29,6 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
-from vitcam_nb.evaluate.atlas import recipe_labels
 from vitcam_nb.evaluate.localisation import default_tolerance
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 from vitcam_nb.evaluate.sensitivity import bootstrap_effects, group_codes, main_effects
@@ -254,7 +253,11 @@ class Ambiguity:
 
         fig, axes = plt.subplots(1, 5, figsize=(17, 3.4), gridspec_kw={"width_ratios": [1, 1, 1, 1, 1.6]})
         i, j = self.most_different()
-        names = recipe_labels([self.recipes[i], self.recipes[j]]) if i != j else ["", ""]
+        a, b = self.recipes[i].to_dict(), self.recipes[j].to_dict()
+        differ = [k for k in a if a[k] != b[k]]
+        names = [", ".join(f"{k}={d[k]}" for k in differ) or d["site"] for d in (a, b)]
+        if i != j:
+            names[1] += f"\n(rho = {self.rho[i, j]:.2f} with the left)"
         panels = [(self.maps.mean("recipe").values, "mean of consistent maps"),
                   (self.spread.std.values, "spread (std per pixel)"),
                   (self.maps.values[i], names[0]), (self.maps.values[j], names[1])]
@@ -262,8 +265,6 @@ class Ambiguity:
             ax.imshow(values, cmap=cmap)
             ax.set_title(title, fontsize=8, wrap=True)
             ax.axis("off")
-        if len(self.recipes) > 1:
-            axes[2].set_xlabel(f"rho = {self.rho[i, j]:.2f}")
         s = self.sensitivity
         names = list(s.fields) + ["interactions"]
         shares = list(s.fields.values()) + [s.interaction]
