@@ -16,7 +16,19 @@ Example:
 from __future__ import annotations
 
 # compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
-from vitcam_nb import adapters, compute, data, evaluate, plot, preprocess, presets, stages, targets, widgets  # noqa: F401
+from vitcam_nb import (  # noqa: F401
+    adapters,
+    compute,
+    data,
+    evaluate,
+    interop,
+    plot,
+    preprocess,
+    presets,
+    stages,
+    targets,
+    widgets,
+)
 from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.budget import estimate
 from vitcam_nb.capture.io import load, save
@@ -29,6 +41,7 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
+from vitcam_nb.evaluate.ambiguity import ambiguity
 from vitcam_nb.evaluate.atlas import atlas_many
 from vitcam_nb.models import list_models, load_model, sample_image
 from vitcam_nb.widgets import Compare, Explorer, Gallery
@@ -47,6 +60,7 @@ __all__ = [
     "cam",
     "data",
     "evaluate",
+    "interop",
     "list_models",
     "load_model",
     "sample_image",
@@ -61,6 +75,7 @@ __all__ = [
     "save",
     "score",
     "trace",
+    "ambiguity",
     "atlas_many",
     "cam_many",
     "image_choices",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -21,6 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--image", default=None, help="image file (default: a bundled sample image)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     sub.add_parser("models", help="list the bundled models")
+    amb = sub.add_parser("ambiguity", help="how much a reported Grad-CAM description leaves open: figure and JSON")
+    amb.add_argument("--model", default="shapes-vit", help="bundled model name or a timm model name")
+    amb.add_argument("--reported", nargs="*", default=[], metavar="FIELD=VALUE",
+                     help="what the description states, e.g. site=F1 layer=-1 (a category=open leaves it open)")
+    amb.add_argument("--images", type=int, default=1, help="bundled sample images to analyse (default 1)")
+    amb.add_argument("--image", default=None, help="image file (needed for a timm model)")
+    amb.add_argument("--out", default="vitcam-ambiguity", help="output folder (default: vitcam-ambiguity)")
     args = parser.parse_args(argv)
 
     if args.command == "models":
@@ -29,6 +37,18 @@ def main(argv: list[str] | None = None) -> int:
         for card in list_models():
             print(f"{card['name']:24s} acc {card['test_accuracy']:.3f}  "
                   f"file sha256 {card['weights_file_sha256'][:12]}  {card['description']}")
+        return 0
+    if args.command == "ambiguity":
+        from vitcam_nb.audit import parse_reported_args, run_ambiguity
+
+        try:
+            paths = run_ambiguity(args.out, model=args.model, reported=parse_reported_args(args.reported),
+                                  images=args.images, image=args.image)
+        except (ValueError, TypeError) as exc:
+            print(f"vitcam-nb ambiguity: {exc}", file=sys.stderr)
+            return 2
+        print(json.loads(paths["summary"].read_text())["report"])
+        print(f"vitcam-nb ambiguity wrote: {paths['figure']} {paths['summary']}")
         return 0
     from vitcam_nb.demo import run_demo
 

@@ -11,6 +11,9 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
   on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
   :mod:`~vitcam_nb.evaluate.substrates`.
+* :mod:`~vitcam_nb.evaluate.ambiguity`: every recipe a description allows, their spread and the share of map
+  variance each open choice explains (:mod:`~vitcam_nb.evaluate.space`, :mod:`~vitcam_nb.evaluate.sensitivity`;
+  over many images :mod:`~vitcam_nb.evaluate.ambiguity_many`).
 * :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
@@ -39,6 +42,8 @@ from vitcam_nb.evaluate.agreement import (
     ssim,
     topk_iou,
 )
+from vitcam_nb.evaluate.ambiguity import Ambiguity, ambiguity, localising_share
+from vitcam_nb.evaluate.ambiguity_many import AmbiguityMany
 from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
 from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
 from vitcam_nb.evaluate.localisation import (
@@ -66,7 +71,10 @@ __all__ = [
     "LOCALISATION_METRICS",
     "SIGNED_METRICS",
     "SUBSTRATES",
+    "Ambiguity",
+    "AmbiguityMany",
     "MetricWarning",
+    "ambiguity",
     "atlas",
     "auroc",
     "cosine",
@@ -76,6 +84,7 @@ __all__ = [
     "feature_agreement",
     "insertion",
     "lerf_morf_area",
+    "localising_share",
     "model_input",
     "model_parts",
     "model_randomisation",

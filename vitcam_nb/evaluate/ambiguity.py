@@ -1,0 +1,410 @@
+"""How ambiguous is a reported Grad-CAM: every recipe consistent with a description, computed from one trace,
+their spread, and how much of the map variance each unreported choice explains (first-order shares over the
+factorial of the open fields, docs of :mod:`vitcam_nb.evaluate.space` and :mod:`vitcam_nb.evaluate.sensitivity`).
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+    >>> amb = ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
+    >>> amb.maps.dims, amb.open
+    (('recipe', 'y', 'x'), ['target', 'weight_tokens', 'relu'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from scipy import ndimage, stats
+
+from vitcam_nb.compute.spatial import upsample
+from vitcam_nb.compute.view import TraceView
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
+from vitcam_nb.evaluate.localisation import default_tolerance
+from vitcam_nb.evaluate.recipe_maps import recipe_maps
+from vitcam_nb.evaluate.sensitivity import bootstrap_effects, group_codes, main_effects
+from vitcam_nb.evaluate.space import (
+    CATEGORY_FIELDS,
+    canonical,
+    default_space,
+    enumerate_cells,
+    open_fields,
+    parse_reported,
+)
+
+__all__ = ["Ambiguity", "Sensitivity", "Spread", "ambiguity", "localising_share"]
+
+_FIELDS = [f.name for f in dataclasses.fields(Recipe)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """Per-pixel spread of the consistent maps (IQR and standard deviation over recipes) and how well they agree:
+    the median pairwise Spearman correlation and the share of pairs below 0.5 (constant maps left out).
+
+    Example:
+        >>> s = Spread(xr.DataArray(np.zeros((1, 1))), xr.DataArray(np.zeros((1, 1))), 0.4, 0.6, 10, 0)
+        >>> s.median_spearman
+        0.4
+    """
+
+    iqr: xr.DataArray
+    std: xr.DataArray
+    median_spearman: float
+    share_below_half: float
+    pairs: int
+    constant: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Sensitivity:
+    """Main-effect share of the map variance per open field and per checklist category, and the interaction
+    remainders (``1 - sum`` of each). ``ci`` holds 95 % bootstrap intervals when the design was sampled.
+
+    Example:
+        >>> s = Sensitivity({"target": 0.7}, {"gradient target": 0.7}, 0.3, 0.3, "exact", None, 3)
+        >>> round(sum(s.fields.values()) + s.interaction, 6)
+        1.0
+    """
+
+    fields: dict[str, float]
+    categories: dict[str, float]
+    interaction: float
+    category_interaction: float
+    design: str
+    ci: dict[str, tuple[float, float]] | None
+    cells: int
+
+
+def _spread(maps: np.ndarray, dims: tuple[str, str]) -> tuple[Spread, np.ndarray]:
+    flat = maps.reshape(len(maps), -1).astype(np.float64)
+    q75, q25 = np.percentile(flat, [75, 25], axis=0)
+    varying = np.ptp(flat, axis=1) > 0
+    rho = np.full((len(maps), len(maps)), np.nan)
+    if varying.sum() >= 2:
+        ranks = stats.rankdata(flat[varying], axis=1)
+        rho[np.ix_(varying, varying)] = np.corrcoef(ranks)
+    upper = rho[np.triu_indices(len(maps), 1)]
+    upper = upper[np.isfinite(upper)]
+    shape = maps.shape[1:]
+    spread = Spread(xr.DataArray((q75 - q25).reshape(shape), dims=dims, name="iqr"),
+                    xr.DataArray(flat.std(axis=0).reshape(shape), dims=dims, name="std"),
+                    float(np.median(upper)) if upper.size else float("nan"),
+                    float(np.mean(upper < 0.5)) if upper.size else float("nan"), int(upper.size),
+                    int((~varying).sum()))
+    return spread, rho
+
+
+def localising_share(maps: np.ndarray, mask: np.ndarray, tolerance: float | None = None) -> float:
+    """The share of ``maps`` (n, h, w; any grid, upsampled bilinearly to the mask) whose maximum lies within
+    ``tolerance`` pixels of ``mask`` (the pointing game; ties count fractionally; a constant map points nowhere
+    and counts as a miss).
+
+    Example:
+        >>> mask = np.zeros((4, 4), bool); mask[:2, :2] = True
+        >>> localising_share(np.stack([mask, ~mask]).astype(float), mask, tolerance=0)
+        0.5
+    """
+    mask = np.asarray(mask, bool)
+    if mask.ndim != 2 or not mask.any():
+        raise ValueError(f"mask: expected a non-empty 2-D boolean mask, got shape {mask.shape}")
+    up = upsample(np.asarray(maps, np.float32), mask.shape, "bilinear") if maps.shape[1:] != mask.shape else maps
+    tol = default_tolerance(mask.shape) if tolerance is None else float(tolerance)
+    hit = (ndimage.distance_transform_edt(~mask) <= tol).ravel()
+    flat = up.reshape(len(up), -1)
+    peaks = flat == flat.max(axis=1, keepdims=True)
+    share = (peaks & hit).sum(axis=1) / peaks.sum(axis=1)
+    return float(np.where(np.ptp(flat, axis=1) > 0, share, 0.0).mean())
+
+
+@functools.lru_cache(maxsize=65536)
+def _recipe(key: tuple) -> Recipe:
+    return Recipe(**dict(zip(_FIELDS, key)))
+
+
+class Ambiguity:
+    """The answer of :func:`ambiguity` for one trace: ``recipes``, ``maps`` (recipe, y, x on the token grid),
+    ``spread``, ``sensitivity``, ``skipped`` (combinations no recipe expresses, or that the trace cannot compute),
+    ``degenerate`` (maps returned as zeros), ``localises`` (share of recipes whose map points at ``mask``, or
+    None), and :meth:`plot`, :meth:`report`, :meth:`to_dict`.
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+        >>> amb = ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam", weight_tokens="patch"))
+        >>> len(amb.recipes), sorted(amb.sensitivity.fields)
+        (6, ['relu', 'target'])
+    """
+
+    def __init__(self, *, reported: dict, space: dict, recipes: list[Recipe], maps: xr.DataArray, spread: Spread,
+                 rho: np.ndarray, sensitivity: Sensitivity, skipped: int, degenerate: int,
+                 localises: float | None, trace_id: str) -> None:
+        self.reported, self.space, self.recipes, self.maps = reported, space, recipes, maps
+        self.spread, self.rho, self.sensitivity = spread, rho, sensitivity
+        self.skipped, self.degenerate, self.localises, self.trace_id = skipped, degenerate, localises, trace_id
+
+    @property
+    def open(self) -> list[str]:
+        """The fields the description leaves open over more than one value.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+            >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> amb.open
+            ['target', 'weight_tokens', 'relu']
+        """
+        return [f for f, v in self.space.items() if len(v) > 1]
+
+    def most_different(self) -> tuple[int, int]:
+        """Positions in ``recipes`` of the two consistent maps that agree least (lowest Spearman).
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+            >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> i, j = amb.most_different()
+            >>> bool(amb.rho[i, j] == np.nanmin(amb.rho))
+            True
+        """
+        rho = np.where(np.isfinite(self.rho), self.rho, np.inf)
+        if not np.isfinite(rho).any() or len(self.recipes) < 2:
+            return 0, min(1, len(self.recipes) - 1)
+        i, j = np.unravel_index(np.argmin(rho), rho.shape)
+        return int(i), int(j)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (what ``vitcam-nb ambiguity`` writes).
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+            >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> amb.to_dict()["recipes"]
+            18
+        """
+        s = self.sensitivity
+        return {"trace_id": self.trace_id, "reported": {k: _jsonable(v) for k, v in self.reported.items()},
+                "open": {f: [_jsonable(v) for v in self.space[f]] for f in self.open},
+                "recipes": len(self.recipes), "recipe_ids": [r.id for r in self.recipes], "skipped": self.skipped,
+                "degenerate": self.degenerate, "median_spearman": self.spread.median_spearman,
+                "share_pairs_below_0_5": self.spread.share_below_half, "pairs": self.spread.pairs,
+                "sensitivity": {"fields": s.fields, "categories": s.categories, "interaction": s.interaction,
+                                "category_interaction": s.category_interaction, "design": s.design,
+                                "ci": s.ci, "cells": s.cells},
+                "localises": self.localises}
+
+    def report(self) -> str:
+        """A paragraph a reviewer can paste.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+            >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> amb.report()[:60]
+            'The description (site=F1, layer=0, weighting=gradcam) leaves'
+        """
+        s = self.sensitivity
+        said = ", ".join(f"{k}={_jsonable(v)}" for k, v in self.reported.items()) or "nothing"
+        text = (f"The description ({said}) leaves {len(self.open)} choice(s) open ({', '.join(self.open) or 'none'}), "
+                f"allowing {len(self.recipes)} distinct recipes")
+        text += f" ({self.skipped} combinations no recipe expresses were skipped). " if self.skipped else ". "
+        if np.isfinite(self.spread.median_spearman):
+            text += (f"Consistent maps agree at median Spearman rho = {self.spread.median_spearman:.2f}; "
+                     f"{self.spread.share_below_half:.0%} of the {self.spread.pairs} pairs fall below 0.5. ")
+        if s.fields:
+            top = max(s.fields, key=s.fields.get)
+            cat = max(s.categories, key=s.categories.get)
+            text += (f"The {top} choice explains {s.fields[top]:.0%} of the map variance and the {cat} category "
+                     f"{s.categories[cat]:.0%} (first-order shares; interactions {s.interaction:.0%}; {s.design}). ")
+        if self.localises is not None:
+            text += f"{self.localises:.0%} of the consistent recipes give a map that points at the object. "
+        if self.degenerate:
+            text += f"{self.degenerate} map(s) were degenerate (returned as zeros)."
+        return text.strip()
+
+    def plot(self, cmap: str = "inferno") -> Any:
+        """Mean map, spread (standard deviation) map, the two most different consistent maps, and the
+        sensitivity bars; returns the matplotlib Figure.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+            >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> len(amb.plot().axes)
+            5
+        """
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 5, figsize=(17, 3.4), gridspec_kw={"width_ratios": [1, 1, 1, 1, 1.6]})
+        i, j = self.most_different()
+        a, b = self.recipes[i].to_dict(), self.recipes[j].to_dict()
+        differ = [k for k in a if a[k] != b[k]]
+        names = [", ".join(f"{k}={d[k]}" for k in differ) or d["site"] for d in (a, b)]
+        if i != j:
+            names[1] += f"\n(rho = {self.rho[i, j]:.2f} with the left)"
+        panels = [(self.maps.mean("recipe").values, "mean of consistent maps"),
+                  (self.spread.std.values, "spread (std per pixel)"),
+                  (self.maps.values[i], names[0]), (self.maps.values[j], names[1])]
+        for ax, (values, title) in zip(axes[:4], panels):
+            ax.imshow(values, cmap=cmap)
+            ax.set_title(title, fontsize=8, wrap=True)
+            ax.axis("off")
+        s = self.sensitivity
+        names = list(s.fields) + ["interactions"]
+        shares = list(s.fields.values()) + [s.interaction]
+        axes[4].barh(names[::-1], shares[::-1], color="tab:orange")
+        axes[4].set_xlim(0, 1)
+        axes[4].set_title("share of map variance (first order)", fontsize=9)
+        fig.suptitle(f"{len(self.recipes)} recipes consistent with the description; median rho "
+                     f"{self.spread.median_spearman:.2f}", fontsize=10)
+        fig.tight_layout()
+        return fig
+
+    def _repr_markdown_(self) -> str:
+        return self.report()
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str, Sequence] | None) -> dict:
+    view = TraceView.of(trace)
+    space = dict(space or {})
+    for field in space:
+        if field not in _FIELDS:
+            raise ValueError(f"space: unknown recipe field {field!r}; fields are {_FIELDS}")
+        if field in fixed:
+            raise ValueError(f"space: {field!r} is reported ({fixed[field]!r}), so it has no space; leave it out of "
+                             "reported to open it")
+        values = space[field]
+        if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+            raise ValueError(f"space: {field} needs a non-empty list of values, got {values!r}")
+    out = {}
+    for field in open_fields(fixed):
+        values = space.get(field, default_space(field, view.sites, [int(v) for v in view.layers]))
+        out[field] = tuple(values)
+    for field in ("upsample",):  # maps are compared on the token grid
+        out.pop(field, None)
+    return out
+
+
+def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[str, Sequence] | None,
+         mask: Any, max_cells: int, max_recipes: int, n_samples: int, seed: int, n_boot: int) -> Ambiguity:
+    if not isinstance(trace, xr.Dataset) or "image" in trace.dims or TraceView.of(trace).sites == []:
+        raise TypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
+    fixed, opened = parse_reported(reported)
+    values = _space(trace, fixed, opened, space)
+    factors = all_factors = [f for f, v in values.items() if len(v) > 1]
+    single = {f: v[0] for f, v in values.items() if len(v) == 1}
+    grid = {**fixed, **single, "upsample": "none"}
+    cells, design = enumerate_cells({f: values[f] for f in factors}, max_cells, n_samples, seed)
+    keys: dict[tuple, int] = {}
+    cell_recipe = np.empty(len(cells), np.int64)
+    memo: dict[tuple, int] = {}
+    for c, codes in enumerate(map(tuple, cells)):
+        if codes not in memo:
+            key = canonical({**grid, **{f: values[f][k] for f, k in zip(factors, codes)}}, keep=list(fixed))
+            memo[codes] = -1 if key is None else keys.setdefault(key, len(keys))
+        cell_recipe[c] = memo[codes]
+    if len(keys) > max_recipes and design.startswith("exact"):
+        return _one(trace, reported, space, mask, 0, max_recipes, n_samples, seed, n_boot)
+    # A field that no consistent recipe lets vary (heads when the site is F1) is not a choice the reader has.
+    factors = [f for f in factors if len({key[_FIELDS.index(f)] for key in keys}) > 1]
+    maps, recipes, ok, degenerate = [], [], np.zeros(len(keys), bool), 0
+    candidates = [_recipe(key) for key in keys]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateMapWarning)
+        computed = recipe_maps(trace, candidates)
+    for k, (rec, result) in enumerate(zip(candidates, computed)):
+        if result is None:
+            continue
+        ok[k] = True
+        degenerate += bool(result[1])
+        maps.append(np.asarray(result[0], np.float32))
+        recipes.append(rec)
+    if len(recipes) < 1:
+        raise RecipeError(f"reported: no recipe on this trace is consistent with {dict(reported or {})!r}")
+    position = np.cumsum(ok) - 1
+    valid = (cell_recipe >= 0) & ok[np.maximum(cell_recipe, 0)]
+    stack = np.stack(maps)
+    y = stack[position[cell_recipe[valid]]]
+    codes = {f: cells[valid, all_factors.index(f)] for f in factors}
+    shares = main_effects(y, codes)
+    groups = {cat: [f for f in fields if f in factors] for cat, fields in CATEGORY_FIELDS.items()}
+    cat_codes = {cat: group_codes(codes, fs) for cat, fs in groups.items() if fs}
+    cat_shares = {cat: (main_effects(y, {cat: cat_codes[cat]})[cat] if cat in cat_codes else 0.0) for cat in groups}
+    ci = None
+    if not design.startswith("exact"):
+        ci = bootstrap_effects(y, {**codes, **cat_codes}, n_boot, seed)
+    sens = Sensitivity(shares, cat_shares, 1.0 - sum(shares.values()), 1.0 - sum(cat_shares.values()), design,
+                       ci, int(valid.sum()))
+    dims = ("y", "x")
+    spread, rho = _spread(stack, dims)
+    coords = {"recipe": [r.id for r in recipes]}
+    for f in factors:
+        coords[f] = ("recipe", np.array([getattr(r, f) for r in recipes], dtype=object))
+    arr = xr.DataArray(stack, dims=("recipe", *dims), coords=coords, name="ambiguity_maps",
+                       attrs={"trace_id": str(trace.attrs.get("trace_id", "")), "grid": "token grid",
+                              "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
+    mask = trace["mask"].values if mask is None and "mask" in trace.variables else mask
+    localises = None if mask is None else localising_share(stack, np.asarray(mask, bool))
+    skipped = int((~valid).sum())
+    kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
+    return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
+                     sensitivity=sens, skipped=skipped, degenerate=degenerate, localises=localises,
+                     trace_id=str(trace.attrs.get("trace_id", "")))
+
+
+def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: Mapping[str, Sequence] | None = None,
+              mask: Any = None, max_cells: int = 50_000, max_recipes: int = 2_000, n_samples: int = 1_024,
+              seed: int = 0, n_boot: int = 200) -> Any:
+    """Every recipe consistent with a description, their maps and spread, and the first-order share of the map
+    variance each open field and checklist category explains.
+
+    ``reported``: recipe field -> the value the description states; a field or a checklist category given the
+    value ``"open"`` is open, as is every field not named. Open fields range over the documented default space
+    (:mod:`vitcam_nb.evaluate.space`), overridden per field by ``space``. The factorial of the open values is
+    exact when it has at most ``max_cells`` combinations and ``max_recipes`` distinct recipes, else ``n_samples``
+    combinations are drawn (``seed``) and each share gets a 95 % bootstrap interval (``n_boot`` resamples).
+    ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
+
+    ``trace`` may be a list of traces or an ``open_traces`` store: then the answer is an
+    :class:`~vitcam_nb.evaluate.ambiguity_many.AmbiguityMany` (one analysis per image, read one at a time).
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
+        >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=-1))
+        >>> s = amb.sensitivity
+        >>> round(sum(s.fields.values()) + s.interaction, 6)
+        1.0
+    """
+    for name, value in (("max_cells", max_cells), ("max_recipes", max_recipes), ("n_samples", n_samples),
+                        ("n_boot", n_boot)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_cells" else 1):
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    if reported is not None and not isinstance(reported, Mapping):
+        raise TypeError(f"reported: expected a dict of recipe fields (or checklist categories), got "
+                        f"{type(reported).__name__}")
+    args = (reported, space, mask, max_cells, max_recipes, n_samples, seed, n_boot)
+    if isinstance(trace, xr.Dataset) and "image" not in trace.dims:
+        return _one(trace, *args)
+    return ambiguity_many(trace, _one, *args)

@@ -1,0 +1,159 @@
+"""Ambiguity over many images: the analysis of one description on each image of a list of traces or an
+``open_traces`` store (read one image at a time), and the distribution of its spread, sensitivity and chance
+to localise across images.
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
+    >>> many = vc.ambiguity(trs, reported=dict(site="F1", layer=0, weighting="gradcam"))
+    >>> many.sensitivity.dims
+    ('image', 'factor')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from tqdm.auto import tqdm
+
+from vitcam_nb.capture.reader import image_trace, is_store
+
+__all__ = ["AmbiguityMany", "ambiguity_many"]
+
+
+class AmbiguityMany:
+    """One :class:`~vitcam_nb.evaluate.ambiguity.Ambiguity` per image (``results``) and their distribution:
+    ``median_spearman`` and ``localises`` (image,), ``sensitivity`` (image, factor: each open field, each
+    checklist category and the field interaction remainder), :meth:`summary`, :meth:`report`, :meth:`plot`.
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
+        >>> vc.ambiguity(trs, reported=dict(site="F1", layer=0)).median_spearman.shape
+        (2,)
+    """
+
+    def __init__(self, results: list) -> None:
+        self.results = results
+        first = results[0].sensitivity
+        factors = [*first.fields, *first.categories, "interaction"]
+        rows = [[*r.sensitivity.fields.values(), *r.sensitivity.categories.values(), r.sensitivity.interaction]
+                for r in results]
+        self.sensitivity = xr.DataArray(np.array(rows), dims=("image", "factor"), coords={"factor": factors},
+                                        name="first_order_share")
+        self.median_spearman = np.array([r.spread.median_spearman for r in results])
+        self.localises = np.array([np.nan if r.localises is None else r.localises for r in results])
+
+    def summary(self) -> dict[str, Any]:
+        """Quartiles across images of the median Spearman, of each share, and of the chance to localise.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
+            >>> many = vc.ambiguity(trs, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> many.summary()["images"]
+            2
+        """
+        def quartiles(x: np.ndarray) -> list[float] | None:
+            x = x[np.isfinite(x)]
+            return [float(v) for v in np.percentile(x, [25, 50, 75])] if x.size else None
+
+        return {"images": len(self.results), "recipes": len(self.results[0].recipes),
+                "median_spearman_quartiles": quartiles(self.median_spearman),
+                "share_quartiles": {str(f): quartiles(self.sensitivity.sel(factor=f).values)
+                                    for f in self.sensitivity["factor"].values},
+                "localises_quartiles": quartiles(self.localises),
+                "localises_mean": float(np.nanmean(self.localises)) if np.isfinite(self.localises).any() else None}
+
+    def report(self) -> str:
+        """A paragraph over the images, for a paper or a review.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
+            >>> many = vc.ambiguity(trs, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> many.report()[:14]
+            'Over 2 images,'
+        """
+        s = self.summary()
+        opened = self.results[0].open
+        text = (f"Over {s['images']} images, the description leaves {len(opened)} choice(s) open "
+                f"({', '.join(opened) or 'none'}), allowing {s['recipes']} distinct recipes. ")
+        if s["median_spearman_quartiles"]:
+            q = s["median_spearman_quartiles"]
+            text += f"Consistent maps agree at median Spearman rho = {q[1]:.2f} (quartiles {q[0]:.2f}-{q[2]:.2f}). "
+        fields = list(self.results[0].sensitivity.fields)
+        if fields:
+            med = {f: s["share_quartiles"][f][1] for f in fields if s["share_quartiles"][f]}
+            top = max(med, key=med.get)
+            text += f"The {top} choice explains a median {med[top]:.0%} of the map variance. "
+        if s["localises_mean"] is not None:
+            text += (f"A reader following the description has a {s['localises_mean']:.0%} chance of reproducing a "
+                     "map that points at the object.")
+        return text.strip()
+
+    def plot(self) -> Any:
+        """Box plots of the first-order shares across images; returns the matplotlib Figure.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
+            >>> many = vc.ambiguity(trs, reported=dict(site="F1", layer=0, weighting="gradcam"))
+            >>> len(many.plot().axes)
+            1
+        """
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 0.4 * self.sensitivity.sizes["factor"] + 1.2))
+        names = [str(f) for f in self.sensitivity["factor"].values]
+        ax.boxplot(self.sensitivity.values[:, ::-1], vert=False)
+        ax.set_yticks(range(1, len(names) + 1), names[::-1])
+        ax.set_xlim(0, 1)
+        ax.set_xlabel(f"first-order share of map variance over {len(self.results)} images")
+        fig.tight_layout()
+        return fig
+
+    def _repr_markdown_(self) -> str:
+        return self.report()
+
+
+def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: Any, masks: Any, *args: Any,
+                   progress: bool | None = None) -> AmbiguityMany:
+    """Run ``one`` (the single-trace analysis) on each trace of a list or store; ``masks`` is None (a store's
+    masks are used when it has them) or one mask per image.
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> from vitcam_nb.evaluate.ambiguity import ambiguity
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
+        >>> one = lambda tr, reported, space, mask, *a: ambiguity(tr, reported, space=space)
+        >>> len(ambiguity_many(trs, one, dict(site="F1", layer=0), None, None).results)
+        2
+    """
+    if is_store(traces):
+        n = traces.sizes["image"]
+
+        def get(i: int) -> xr.Dataset:
+            return image_trace(traces, i)
+    elif isinstance(traces, Sequence) and not isinstance(traces, str) and traces:
+        n = len(traces)
+
+        def get(i: int) -> xr.Dataset:
+            return traces[i]
+    else:
+        raise TypeError(f"trace: expected a trace Dataset, a non-empty list of them or an open_traces store, got "
+                        f"{type(traces).__name__}")
+    if masks is not None and len(masks) != n:
+        raise ValueError(f"mask: over {n} images give one mask per image (a list), got {len(masks)}")
+    results = [one(get(i), reported, space, None if masks is None else masks[i], *args)
+               for i in tqdm(range(n), desc="ambiguity", disable=not (n > 8 if progress is None else progress))]
+    return AmbiguityMany(results)

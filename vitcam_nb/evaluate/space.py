@@ -1,0 +1,196 @@
+"""The space of recipes a description allows: which fields a description leaves open, the documented default
+values of each open field, and the canonical recipe of each combination (fields that do not apply to it take
+their default; combinations no recipe expresses are skipped and counted).
+
+Default space of a field left open (``space={field: [...]}`` overrides any of them):
+
+========================  ===================================================================================
+field                     values
+========================  ===================================================================================
+site                      every site the trace holds (F1..F6; F2 when the attention matrices were traced)
+layer                     every traced block
+target                    logit, prob, logprob
+class\\_                   top1 (the predicted class; a paper that reports no class shows the prediction)
+weight_tokens             patch, all, cls
+weighting                 the gradient weightings: gradcam, hirescam, gradcampp, xgradcam, layercam
+heads                     channels, mean_then_relu, relu_then_mean, max (F2/F3 only)
+attn_rows                 cls, mean, patch_mean (F2 only)
+layer_fusion              none (one block per map; open it with ``space`` to fuse every block)
+relu                      after, none
+normalize                 minmax (the maps are compared on one scale)
+reshape, upsample         raster, none: maps are compared on the token grid, where upsampling adds nothing
+text_tokens               all
+k                         unset (the channel count of gScore-CAM, a weighting outside the default space)
+========================  ===================================================================================
+
+Example:
+    >>> open_fields({"site": "F1", "layer": -1})[:3]
+    ['target', 'class_', 'weight_tokens']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vitcam_nb.core.checklist import CATEGORIES
+from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.recipe import ATTN_ROWS, HEAD_RULES, HEAD_SITES, RELUS, TARGETS, WEIGHT_TOKENS, Recipe
+from vitcam_nb.core.weighting import WEIGHTINGS
+
+__all__ = ["CATEGORY_FIELDS", "DEFAULT_SPACE", "OPEN", "canonical", "default_space", "enumerate_cells",
+           "open_fields", "parse_reported"]
+
+#: The value that marks a field (or a whole checklist category) as left open in ``reported``.
+OPEN = "open"
+
+#: The checklist category each recipe field is reported in.
+CATEGORY_FIELDS = {
+    "feature representation": ("site", "layer"),
+    "gradient target": ("target", "class_"),
+    "token handling": ("weight_tokens", "attn_rows", "text_tokens"),
+    "aggregation": ("weighting", "heads", "layer_fusion", "relu", "k"),
+    "spatial reconstruction": ("reshape", "upsample", "normalize"),
+}
+assert tuple(CATEGORY_FIELDS) == CATEGORIES
+
+#: Default values of the open fields that do not depend on the trace (site and layer do: see the table).
+DEFAULT_SPACE: dict[str, tuple] = {
+    "target": TARGETS,
+    "class_": ("top1",),
+    "weight_tokens": WEIGHT_TOKENS,
+    "weighting": ("gradcam", "hirescam", "gradcampp", "xgradcam", "layercam"),
+    "heads": HEAD_RULES,
+    "attn_rows": ATTN_ROWS,
+    "layer_fusion": ("none",),
+    "relu": RELUS,
+    "normalize": ("minmax",),
+    "reshape": ("raster",),
+    "upsample": ("none",),
+    "text_tokens": ("all",),
+    "k": (None,),
+}
+_FIELDS = [f.name for f in dataclasses.fields(Recipe)]
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
+
+
+def parse_reported(reported: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """Split a description into the fields it fixes (field -> value) and the fields it leaves open explicitly
+    (a field or a whole checklist category given the value ``"open"``).
+
+    Example:
+        >>> parse_reported({"site": "F1", "aggregation": "open"})
+        ({'site': 'F1'}, ['weighting', 'heads', 'layer_fusion', 'relu', 'k'])
+    """
+    fixed, opened = {}, []
+    for key, value in dict(reported or {}).items():
+        if key in CATEGORY_FIELDS:
+            if value != OPEN:
+                raise ValueError(f"reported: a checklist category ({key!r}) can only be left open, with the value "
+                                 f"{OPEN!r}; name its fields {list(CATEGORY_FIELDS[key])} to report them")
+            opened += list(CATEGORY_FIELDS[key])
+        elif key in _FIELDS:
+            if isinstance(value, str) and value == OPEN:
+                opened.append(key)
+            else:
+                fixed[key] = value
+        else:
+            raise ValueError(f"reported: unknown key {key!r}; use recipe fields {_FIELDS} or checklist categories "
+                             f"{list(CATEGORY_FIELDS)}")
+    return fixed, opened
+
+
+def open_fields(fixed: Mapping[str, Any]) -> list[str]:
+    """The recipe fields a description does not fix, in the recipe's order.
+
+    Example:
+        >>> "site" in open_fields({"layer": -1}), "layer" in open_fields({"layer": -1})
+        (True, False)
+    """
+    return [f for f in _FIELDS if f not in fixed]
+
+
+def default_space(field: str, sites: Sequence[str], layers: Sequence[int]) -> tuple:
+    """The documented default values of an open field on a trace with ``sites`` and ``layers``.
+
+    Example:
+        >>> default_space("layer", ["F1"], [0, 1]), default_space("target", ["F1"], [0, 1])
+        ((0, 1), ('logit', 'prob', 'logprob'))
+    """
+    if field == "site":
+        return tuple(sites)
+    if field == "layer":
+        return tuple(int(v) for v in layers)
+    return DEFAULT_SPACE[field]
+
+
+def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | None:
+    """The recipe a combination of field values means, as a hashable tuple of values in field order: fields
+    that do not apply take their default (heads off F2/F3 or with a weighting that projects all channels,
+    attn_rows off F2, weight_tokens with a per-token weighting, text_tokens off xattn, the layer of a fused
+    recipe: every block; a rollout's weighting, heads and target). Fields in ``keep`` (those the description
+    states) are never changed: a combination that contradicts them is no recipe. None if no recipe expresses it.
+
+    Example:
+        >>> canonical({**Recipe().to_dict(), "heads": "max"}) == canonical(Recipe().to_dict())
+        True
+    """
+    c = {**_DEFAULTS, **{k: tuple(v) if isinstance(v, list) else v for k, v in choice.items()}}
+    stated = {f: c[f] for f in keep if f in c}
+    weighting = WEIGHTINGS.get(c["weighting"]) if c["weighting"] in WEIGHTINGS.names() else None
+    if c["layer_fusion"] in ("rollout", "grad_rollout"):
+        c.update(weighting="gradcam", heads="channels", weight_tokens="patch")
+        if c["layer_fusion"] == "rollout":
+            c.update(target="logit")
+        weighting = WEIGHTINGS.get("gradcam")
+    if c["layer_fusion"] != "none":
+        c["layer"] = "all"
+    if c["site"] not in HEAD_SITES or (weighting is not None and weighting.all_channels):
+        c["heads"] = "channels"
+    if c["site"] != "F2":
+        c["attn_rows"] = "cls"
+    if weighting is not None and not weighting.pools_tokens:
+        c["weight_tokens"] = "patch"
+    if c["site"] != "xattn":
+        c["text_tokens"] = "all"
+    if any(c[f] != v for f, v in stated.items()):
+        return None
+    key = tuple(c[f] for f in _FIELDS)
+    return key if _valid(key) else None
+
+
+@functools.lru_cache(maxsize=65536)
+def _valid(key: tuple) -> bool:
+    # Many combinations share a canonical recipe: validate each once.
+    try:
+        Recipe(**dict(zip(_FIELDS, key)))
+    except RecipeError:
+        return False
+    return True
+
+
+def enumerate_cells(space: Mapping[str, Sequence], max_cells: int, n_samples: int, seed: int
+                    ) -> tuple[np.ndarray, str]:
+    """The cells of the factorial over ``space`` (field -> values) as level codes (cells, fields): all of them
+    when there are at most ``max_cells``, else ``n_samples`` drawn uniformly with replacement from
+    ``numpy.random.default_rng(seed)``; and a sentence that states the design.
+
+    Example:
+        >>> cells, design = enumerate_cells({"a": [1, 2], "b": [1, 2, 3]}, 100, 10, 0)
+        >>> cells.shape, design
+        ((6, 2), 'exact: the full factorial of 6 combinations')
+    """
+    sizes = [len(v) for v in space.values()]
+    total = int(np.prod(sizes, dtype=np.int64)) if sizes else 1
+    if total <= max_cells:
+        cells = np.array(list(itertools.product(*(range(n) for n in sizes))), dtype=np.int64).reshape(total, -1)
+        return cells, f"exact: the full factorial of {total} combinations"
+    rng = np.random.default_rng(seed)
+    cells = np.stack([rng.integers(0, n, n_samples) for n in sizes], axis=1)
+    return cells, (f"sampled: {n_samples} of the {total} combinations drawn uniformly with replacement "
+                   f"(seed {seed}); 95 % bootstrap confidence intervals")

@@ -1,0 +1,304 @@
+"""What did that library call compute? Translate a pytorch-grad-cam, torchcam or Captum Grad-CAM call on a ViT
+into the :class:`~vitcam_nb.Recipe` it computes, with findings on what it gets wrong.
+
+The site and layer come from the hooked module (found in the model's adapter site table), the target from the
+target object, and the token handling from running the ``reshape_transform`` on a labelled tensor (value
+``token * C + channel``), never from reading its source. A call that computes something no recipe expresses
+(a reshape that keeps a distillation or register token as a patch, a hard-coded grid of another size, a
+reduction over the token axis) gets ``recipe = None``, a finding that says why, and the ``corrected`` recipe.
+
+Example:
+    >>> import timm
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    >>> rt = lambda t: t[:, 1:, :].reshape(t.size(0), 4, 4, t.size(2)).permute(0, 3, 1, 2)
+    >>> t = from_pytorch_grad_cam(m, "GradCAM", target_layers=[m.blocks[-1].norm1], reshape_transform=rt)
+    >>> t.recipe.site, t.recipe.layer, t.findings
+    ('F1', 1, [])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from vitcam_nb.adapters.registry import find_adapter
+from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.recipe import Recipe
+
+__all__ = ["Finding", "Translation", "from_captum", "from_pytorch_grad_cam", "from_torchcam"]
+
+#: pytorch-grad-cam (and torchcam) method class names -> recipe weighting.
+METHODS = {"GradCAM": "gradcam", "HiResCAM": "hirescam", "GradCAMElementWise": "gradcam_elementwise",
+           "GradCAMPlusPlus": "gradcampp", "XGradCAM": "xgradcam", "LayerCAM": "layercam", "EigenCAM": "eigencam",
+           "EigenGradCAM": "eigengradcam", "GradCAMpp": "gradcampp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One thing a translated call gets wrong or leaves implicit: a short ``kind`` and a sentence.
+
+    Example:
+        >>> Finding("grid", "hard-coded 14x14 on a 24x24 model").kind
+        'grid'
+    """
+
+    kind: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+    """The recipe a call computes (None when no recipe expresses it), the findings, and the ``corrected``
+    recipe (what the call meant, when it computes something else; equal to ``recipe`` when it is right).
+
+    Example:
+        >>> t = Translation(Recipe(), [], Recipe(), "pytorch-grad-cam")
+        >>> t.ok
+        True
+    """
+
+    recipe: Recipe | None
+    findings: list[Finding]
+    corrected: Recipe | None
+    library: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call computes a recipe exactly (it may still have findings worth reading).
+
+        Example:
+            >>> Translation(None, [Finding("grid", "wrong")], Recipe(), "torchcam").ok
+            False
+        """
+        return self.recipe is not None
+
+    def report(self) -> str:
+        """A paragraph: what the call computes, or why no recipe does and which recipe it meant.
+
+        Example:
+            >>> Translation(Recipe(), [], Recipe(), "pytorch-grad-cam").report()[:34]
+            'This pytorch-grad-cam call compute'
+        """
+        if self.recipe is not None:
+            text = f"This {self.library} call computes recipe {self.recipe.id}: {self.recipe.to_json()}."
+        else:
+            text = f"No recipe expresses this {self.library} call: it computes something else than Grad-CAM on the " \
+                   "patch grid."
+            if self.corrected is not None:
+                text += f" The corrected call computes recipe {self.corrected.id}: {self.corrected.to_json()}."
+        return " ".join([text, *(f"[{f.kind}] {f.message}" for f in self.findings)])
+
+    def _repr_markdown_(self) -> str:
+        return self.report()
+
+
+def _module_name(model: torch.nn.Module, module: Any) -> tuple[str, torch.nn.Module]:
+    if isinstance(module, str):
+        try:
+            return module, model.get_submodule(module)
+        except AttributeError as exc:
+            raise RecipeError(f"target_layer: {module!r} is not a module of this model ({exc})") from exc
+    for name, m in model.named_modules():
+        if m is module:
+            return name, m
+    raise RecipeError(f"target_layers: {type(module).__name__} is not a module of this model")
+
+
+def _locate(model: torch.nn.Module, module: Any, argument: str) -> tuple[str, int]:
+    """The site and absolute layer whose value is the output of ``module``; refused (naming the sites of the
+    nearest block) when the module is not a site."""
+    name, mod = _module_name(model, module)
+    adapter = find_adapter(model)
+    blocks = adapter.blocks(model)
+    table = adapter.site_table(model)
+    block_names = {id(b): n for n, b in model.named_modules() if any(b is blk for blk in blocks)}
+    nearest: list[str] = []
+    for layer, blk in enumerate(blocks):
+        prefix = block_names.get(id(blk), f"block {layer}")
+        outputs = {site: blk.get_submodule(spec.module) if spec.module else blk
+                   for site, spec in table.items() if spec.io == "output"}
+        attn = getattr(blk, "attn", None)
+        if attn is not None and isinstance(getattr(attn, "norm", None), torch.nn.Module) and "F3" in table:
+            outputs["F3"] = attn.norm  # timm applies attn.norm right before proj: its output is proj's input
+        for site, m in outputs.items():
+            if m is mod:
+                return site, layer
+        if name == prefix or name.startswith(prefix + "."):
+            nearest = [f"{site} ({prefix}.{spec.module}:{spec.io})" if spec.module else f"{site} ({prefix}:{spec.io})"
+                       for site, spec in table.items()]
+    near = f"; the sites of that block are {', '.join(nearest)}" if nearest else \
+        f"; sites are read in the blocks ({', '.join(sorted(table))})"
+    raise RecipeError(f"{argument}: module {name!r} ({type(mod).__name__}) is not a site, so no recipe reads it"
+                      + near)
+
+
+def _layout(model: torch.nn.Module) -> tuple[list[str], tuple[int, int], int]:
+    adapter = find_adapter(model)
+    prefix = adapter.prefix_kinds(model)
+    grid = tuple(int(v) for v in model.patch_embed.grid_size)
+    return prefix, grid, int(getattr(model, "embed_dim", model.num_features))
+
+
+def _probe_reshape(reshape_transform: Any, model: torch.nn.Module) -> list[Finding]:
+    """Run ``reshape_transform`` on a (1, T, C) tensor whose entries are ``token * C + channel`` and compare
+    the grid it returns with the model's raster patch grid."""
+    prefix, (gh, gw), channels = _layout(model)
+    n = len(prefix) + gh * gw
+    labelled = torch.arange(n * channels, dtype=torch.float64).reshape(1, n, channels)
+    try:
+        out = reshape_transform(labelled)
+    except Exception as exc:  # any failure of the user's function is the finding
+        return [Finding("reshape", f"reshape_transform fails on this model's {n} tokens ({len(prefix)} prefix "
+                                   f"{prefix} + {gh}x{gw} patches): {type(exc).__name__}: {exc}")]
+    if not isinstance(out, torch.Tensor) or out.ndim != 4 or out.shape[1] != channels:
+        return [Finding("reshape", f"reshape_transform returns {tuple(getattr(out, 'shape', ()))}; pytorch-grad-cam "
+                                   f"needs (batch, {channels} channels, rows, cols)")]
+    token, channel = torch.div(out[0], channels, rounding_mode="floor").long(), (out[0] % channels).long()
+    findings = []
+    if tuple(out.shape[2:]) != (gh, gw):
+        findings.append(Finding("grid", f"reshape_transform makes a {out.shape[2]}x{out.shape[3]} grid; this "
+                                        f"model's patch grid is {gh}x{gw}"))
+    if not torch.equal(channel, torch.arange(channels)[:, None, None].expand_as(channel)):
+        findings.append(Finding("channels", "reshape_transform mixes channels between grid cells"))
+    cells = token[0]
+    kept_prefix = sorted({int(t) for t in cells.unique() if int(t) < len(prefix)})
+    if kept_prefix:
+        kinds = [prefix[t] for t in kept_prefix]
+        findings.append(Finding("prefix token", f"reshape_transform keeps prefix token(s) {kept_prefix} ({kinds}) "
+                                                f"as patches: this model has {len(prefix)} prefix tokens {prefix}, "
+                                                "so the grid is shifted and the last patch(es) dropped"))
+    if not findings:
+        expected = len(prefix) + torch.arange(gh * gw).reshape(gh, gw)
+        if not torch.equal(cells, expected):
+            findings.append(Finding("order", "reshape_transform places the patch tokens in another order than the "
+                                             "row-major raster grid"))
+    return findings
+
+
+def _target(targets: Any, model: torch.nn.Module) -> tuple[dict[str, Any], list[Finding]]:
+    headless = getattr(model, "num_classes", None) == 0 or isinstance(getattr(model, "head", None),
+                                                                         torch.nn.Identity)
+    if headless:
+        return {}, [Finding("target", "the model returns features (no classifier head): a target chosen as the "
+                                      "output's argmax is an embedding dimension, not a class")]
+    if targets is None:
+        return {"target": "logit", "class_": "top1"}, []
+    if not isinstance(targets, Sequence) or len(targets) != 1:
+        return {}, [Finding("target", f"expected one target object per image (one image), got {targets!r}")]
+    t = targets[0]
+    name = type(t).__name__
+    if name == "ClassifierOutputTarget":
+        return {"target": "logit", "class_": int(t.category)}, []
+    if name == "ClassifierOutputSoftmaxTarget":
+        return {"target": "prob", "class_": int(t.category)}, []
+    return {}, [Finding("target", f"{name} differentiates a score no recipe target names (logit, prob, logprob "
+                                  "of a class)")]
+
+
+def _method_name(method: Any) -> str:
+    return method if isinstance(method, str) else getattr(method, "__name__", type(method).__name__)
+
+
+def from_pytorch_grad_cam(model: torch.nn.Module, method: Any, target_layers: Sequence[Any],
+                          reshape_transform: Any = None, targets: Any = None) -> Translation:
+    """The recipe ``method(model, target_layers, reshape_transform)(input, targets)`` computes in
+    pytorch-grad-cam 1.5.x: channel weights pooled over the cells the reshape keeps, ReLU, min-max, bilinear
+    resize to the input, several layers averaged (``layer_fusion="mean"``).
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> rt = lambda t: t[:, 1:, :].reshape(t.size(0), 14, 14, t.size(2)).permute(0, 3, 1, 2)
+        >>> t = from_pytorch_grad_cam(m, "GradCAM", target_layers=[m.blocks[-1].norm1], reshape_transform=rt)
+        >>> t.recipe is None, t.findings[0].kind, t.corrected.site
+        (True, 'reshape', 'F1')
+    """
+    name = _method_name(method)
+    if name not in METHODS:
+        raise RecipeError(f"method: {name} is not a gradient CAM with a recipe; translatable methods are "
+                          f"{sorted(METHODS)}")
+    if not isinstance(target_layers, Sequence) or not target_layers:
+        raise RecipeError("target_layers: expected a non-empty list of modules")
+    located = [_locate(model, m, "target_layers") for m in target_layers]
+    sites = {s for s, _ in located}
+    findings: list[Finding] = []
+    if len(sites) > 1:
+        raise RecipeError(f"target_layers: modules at different sites {sorted(sites)}; pytorch-grad-cam averages "
+                          "them, which no recipe (one site) expresses")
+    layers = tuple(layer for _, layer in located)
+    site = sites.pop()
+    fields = dict(site=site, layer=layers[0], weighting=METHODS[name], weight_tokens="patch", relu="after",
+                  normalize="minmax", upsample="bilinear")
+    if len(layers) > 1:
+        fields.update(layer=layers, layer_fusion="mean")
+    target, bad_target = _target(targets, model)
+    findings += bad_target
+    if site == "F2":
+        findings.append(Finding("site", "the module outputs attention matrices (batch, heads, tokens, tokens); a "
+                                        "reshape_transform built for token activations does not read them"))
+    if reshape_transform is None:
+        findings.append(Finding("reshape", "no reshape_transform: pytorch-grad-cam needs (batch, channels, rows, "
+                                           "cols) activations and fails on ViT tokens (batch, tokens, channels)"))
+    elif site != "F2":
+        findings += _probe_reshape(reshape_transform, model)
+    corrected = Recipe(**fields, **(target or {"target": "logit", "class_": "top1"}))
+    wrong = bool(findings)
+    return Translation(None if wrong else corrected, findings, corrected, "pytorch-grad-cam")
+
+
+def _token_axis_finding(library: str, model: torch.nn.Module) -> Finding:
+    prefix, (gh, gw), channels = _layout(model)
+    return Finding("token axis", f"{library} treats dimension 1 of the activations as channels and pools over the "
+                                 f"rest; on ViT tokens (batch, {len(prefix) + gh * gw} tokens, {channels} channels) "
+                                 "it weights tokens and sums them, so its output is indexed by embedding "
+                                 "dimension, not by patch: no map on the patch grid")
+
+
+def from_torchcam(model: torch.nn.Module, method: Any, target_layer: Any, class_idx: int | None = None) -> Translation:
+    """The recipe ``torchcam.methods.<method>(model, target_layer=...)`` computes on a ViT: none, since torchcam
+    (0.5) pools over every axis after dimension 1 (tokens on a ViT); the finding says so and ``corrected`` is the
+    Grad-CAM the call meant at that site. A module that is not a site is refused, naming the nearest sites.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> t = from_torchcam(m, "GradCAM", target_layer="blocks.1.norm1")
+        >>> t.recipe, t.findings[0].kind, t.corrected.layer
+        (None, 'token axis', 1)
+    """
+    name = _method_name(method)
+    if name not in METHODS:
+        raise RecipeError(f"method: {name} is not a gradient CAM with a recipe; translatable methods are "
+                          f"{sorted(METHODS)}")
+    site, layer = _locate(model, target_layer, "target_layer")
+    cls = "top1" if class_idx is None else int(class_idx)
+    corrected = Recipe(site=site, layer=layer, weighting=METHODS[name], class_=cls, upsample="bilinear")
+    return Translation(None, [_token_axis_finding("torchcam", model)], corrected, "torchcam")
+
+
+def from_captum(layer_method: Any, target: int | None = None, model: torch.nn.Module | None = None) -> Translation:
+    """The recipe Captum's ``LayerGradCam(forward_func, layer).attribute(x, target=...)`` computes on a ViT
+    token module: none, since Captum averages gradients over dimensions 2.. (channels on a ViT) and sums over
+    dimension 1 (tokens); ``corrected`` is the Grad-CAM the call meant at that site.
+
+    Example:
+        >>> import timm
+        >>> from captum.attr import LayerGradCam
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> t = from_captum(LayerGradCam(m, m.blocks[0].norm2), target=3)
+        >>> t.corrected.site, t.corrected.class_, t.ok
+        ('F4', 3, False)
+    """
+    if type(layer_method).__name__ != "LayerGradCam":
+        raise RecipeError("layer_method: only captum.attr.LayerGradCam is translated, got "
+                          f"{type(layer_method).__name__}")
+    model = model if model is not None else layer_method.forward_func
+    if not isinstance(model, torch.nn.Module):
+        raise RecipeError("model: the LayerGradCam's forward_func is not the model; pass model=")
+    site, layer = _locate(model, layer_method.layer, "layer")
+    corrected = Recipe(site=site, layer=layer, weighting="gradcam", class_="top1" if target is None else int(target),
+                       upsample="bilinear")
+    return Translation(None, [_token_axis_finding("Captum LayerGradCam", model)], corrected, "captum")
