@@ -30,6 +30,7 @@ from vitcam_nb.core.version import __version__
 from vitcam_nb.evaluate.atlas import atlas_many
 from vitcam_nb.models import list_models, load_model, sample_image
 from vitcam_nb.widgets import Compare, Explorer, Gallery
+from vitcam_nb.widgets.standalone import export_html
 
 __all__ = [
     "DegenerateMapWarning",
@@ -39,6 +40,7 @@ __all__ = [
     "Checklist",
     "Compare",
     "Explorer",
+    "export_html",
     "Gallery",
     "Recipe",
     "cam",
