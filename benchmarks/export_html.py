@@ -70,8 +70,8 @@ def _repaint(path: Path, samples: int = 40) -> dict:
             "p90_ms": round(float(np.percentile(times, 90)), 2), "draw_median_ms": round(statistics.median(draws), 2)}
 
 
-def run(quick: bool = False) -> dict:
-    """Measure sizes and the repaint; returns the JSON-able result."""
+def run(quick: bool = False, vitb_only: bool = False) -> dict:
+    """Measure sizes and the repaint (``vitb_only``: the ViT-B/16 sizes alone); returns the JSON-able result."""
     import timm
     import torch
 
@@ -81,10 +81,8 @@ def run(quick: bool = False) -> dict:
     out: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {platform.processor() or '?'}"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        shapes = vc.trace(vc.load_model("shapes-vit"), vc.sample_image("shapes", 0))
-        out["shapes_vit"] = {q: _export(shapes, tmp / f"shapes-{q}.html", quantize=q) for q in ("uint8", "float16")}
-        out["shapes_vit"]["narrow"] = _export(shapes, tmp / "shapes-narrow.html", axes={"site": ["F1"], "layer": [-1]})
-        out["repaint"] = _repaint(tmp / "shapes-uint8.html")
+        if not vitb_only:
+            _shapes(out, tmp)
         if not quick:
             model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
             image = (np.random.default_rng(0).random((224, 224, 3)) * 255).astype(np.uint8)
@@ -94,10 +92,20 @@ def run(quick: bool = False) -> dict:
     return out
 
 
+def _shapes(out: dict, tmp: Path) -> None:
+    import vitcam_nb as vc
+
+    shapes = vc.trace(vc.load_model("shapes-vit"), vc.sample_image("shapes", 0))
+    out["shapes_vit"] = {q: _export(shapes, tmp / f"shapes-{q}.html", quantize=q) for q in ("uint8", "float16")}
+    out["shapes_vit"]["narrow"] = _export(shapes, tmp / "shapes-narrow.html", axes={"site": ["F1"], "layer": [-1]})
+    out["repaint"] = _repaint(tmp / "shapes-uint8.html")
+
+
 def readme_section(result: dict) -> str:
     """The README lines of a result."""
     s = result["shapes_vit"]
-    lines = [f"Exported explorer (`python -m benchmarks.export_html`, {result['date']}): shapes-vit, default axes: "
+    lines = [f"Exported explorer (`python -m benchmarks.export_html{'' if 'vit_b16' in result else ' --quick'}`, "
+             f"{result['date']}): shapes-vit, default axes: "
              f"{s['uint8']['mb']} MB as uint8, {s['float16']['mb']} MB as float16 (budget 3 MB); one site and the "
              f"last layer: {s['narrow']['mb']} MB."]
     if "vit_b16" in result:
@@ -116,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "EXPORT_HTML.json"))
     parser.add_argument("--readme", action="store_true", help="rewrite the README section from --out only")
+    parser.add_argument("--vitb-only", action="store_true", help="measure ViT-B/16 alone, merged into --out")
     args = parser.parse_args(argv)
     if not args.readme:
-        result = run(args.quick)
+        result = run(args.quick, args.vitb_only)
+        if args.vitb_only and Path(args.out).exists():
+            result = {**json.loads(Path(args.out).read_text()), "vit_b16": result["vit_b16"]}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
     result = json.loads(Path(args.out).read_text())
