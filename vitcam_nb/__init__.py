@@ -45,6 +45,7 @@ from vitcam_nb.evaluate.ambiguity import ambiguity
 from vitcam_nb.evaluate.atlas import atlas_many
 from vitcam_nb.models import list_models, load_model, sample_image
 from vitcam_nb.widgets import Compare, Explorer, Gallery
+from vitcam_nb.widgets.standalone import export_html
 
 __all__ = [
     "DegenerateMapWarning",
@@ -55,6 +56,7 @@ __all__ = [
     "Checklist",
     "Compare",
     "Explorer",
+    "export_html",
     "Gallery",
     "Recipe",
     "cam",

@@ -29,7 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     amb.add_argument("--images", type=int, default=1, help="bundled sample images to analyse (default 1)")
     amb.add_argument("--image", default=None, help="image file (needed for a timm model)")
     amb.add_argument("--out", default="vitcam-ambiguity", help="output folder (default: vitcam-ambiguity)")
+    export = sub.add_parser("export", help="write a trace's Explorer as one self-contained HTML file")
+    export.add_argument("trace", help="a trace file written by vc.save (netCDF or zarr)")
+    export.add_argument("--out", default="explorer.html", help="the HTML file (default: explorer.html)")
+    export.add_argument("--axes", action="append", default=[], metavar="FIELD=V1,V2",
+                        help="values of a recipe field varied in the page (repeatable), e.g. site=F1,F6 layer=-1")
+    export.add_argument("--quantize", default="uint8", choices=["uint8", "float16", "float32"],
+                        help="how maps are stored (default: uint8)")
+    export.add_argument("--max-mb", type=float, default=None, help="refuse to write a larger file")
+    export.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+
+    if args.command == "export":
+        return _export(args)
 
     if args.command == "models":
         from vitcam_nb.models import list_models
@@ -60,6 +72,33 @@ def main(argv: list[str] | None = None) -> int:
     print("vitcam-nb demo wrote:")
     for name, path in paths.items():
         print(f"  {name:8s} {path}")
+    return 0
+
+
+def _value(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _export(args: argparse.Namespace) -> int:
+    from vitcam_nb.capture.io import load
+    from vitcam_nb.widgets.standalone import export_html
+
+    try:
+        axes = {}
+        for item in args.axes:
+            field, sep, values = item.partition("=")
+            if not sep or not values:
+                raise ValueError(f"--axes: expected FIELD=V1,V2, got {item!r}")
+            axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
+        tr = load(args.trace)
+        export_html(tr, args.out, axes=axes or None, quantize=args.quantize, max_mb=args.max_mb,
+                    progress=not args.quiet)
+    except (ValueError, TypeError, OSError) as exc:  # TraceFileError is a ValueError
+        print(f"vitcam-nb export: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

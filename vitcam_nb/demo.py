@@ -1,5 +1,6 @@
 """The main job: trace a model on an image and write the trace, a gallery, an agreement atlas and an
-HTML report of many variants with their checklists and localisation scores."""
+HTML report with the interactive explorer of the trace and many variants with their checklists and
+localisation scores."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.models import bundled_names, load_model, sample_image
+from vitcam_nb.widgets.standalone import explorer_html
 
 
 def demo_recipes(num_layers: int) -> dict[str, object]:
@@ -139,8 +141,10 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         notes.append("Scores compare each map with the known evidence mask of the bundled image.")
     figures = {"Gallery: every layer x site (gradcam, logit, top-1)": plt.imread(paths["gallery"]),
                "Agreement atlas (Spearman on the token grid)": plt.imread(paths["atlas"])}
+    steps.set_postfix_str("explorer")
+    explorer = explorer_html(tr, progress=progress)
     html = htmlreport.render(tr, entries, title=f"vitcam_nb demo: {model}", notes=notes,
-                             figures={k: _image_figure(v) for k, v in figures.items()})
+                             figures={k: _image_figure(v) for k, v in figures.items()}, interactive=explorer)
     paths["report"] = out / "report.html"
     paths["report"].write_text(html, encoding="utf-8")
     paths["recipes"] = out / "recipes.json"

@@ -1,5 +1,7 @@
-"""A self-contained HTML report: each heatmap beside its checklist. No scripts, no CDN; every string
-from users or models (labels, file names, recipe text) is escaped, never inserted as HTML."""
+"""A self-contained HTML report: each heatmap beside its checklist, and optionally the interactive
+explorer (an exported page, :func:`vitcam_nb.export_html`) in a sandboxed frame above the static figures,
+which stay as the fallback. The report itself runs no script and loads nothing (no CDN); every string from
+users or models (labels, file names, recipe text) is escaped, never inserted as HTML."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;font-size:.82em}td,th{border:1px solid #ddd;padding:2px 6px;vertical-align:top}
 .badge{display:inline-block;background:#c00;color:#fff;border-radius:3px;padding:0 6px;font-size:.8em}
 .scores{font-size:.85em}.muted{color:#666;font-size:.85em}
+iframe.explorer{width:100%;height:1150px;border:1px solid #ccc;border-radius:6px}
 """
 
 
@@ -55,8 +58,10 @@ def _checklist_table(checklist_json: str) -> str:
 
 
 def render(trace: xr.Dataset, entries: Sequence[ReportEntry], *, title: str = "vitcam_nb report",
-           figures: Mapping[str, object] | None = None, notes: Sequence[str] = ()) -> str:
-    """Render the report as one HTML string (images embedded as data URIs).
+           figures: Mapping[str, object] | None = None, notes: Sequence[str] = (),
+           interactive: str | None = None) -> str:
+    """Render the report as one HTML string (images embedded as data URIs). ``interactive``: the HTML of an
+    exported explorer, shown in a frame (``srcdoc``, scripts allowed, nothing else) before the figures.
 
     Example:
         >>> html = render(tr, [ReportEntry("default", vc.cam(tr, vc.Recipe()))])  # doctest: +SKIP
@@ -74,6 +79,11 @@ def render(trace: xr.Dataset, entries: Sequence[ReportEntry], *, title: str = "v
         "</p>",
     ]
     parts += [f"<p>{escape(n)}</p>" for n in notes]
+    if interactive is not None:
+        parts.append("<h2>Interactive explorer</h2><p class='muted'>Runs in this file with no kernel or network; "
+                     "if it does not start, the static figures below show the same maps.</p>"
+                     f"<iframe class='explorer' title='vitcam_nb explorer' sandbox='allow-scripts' "
+                     f"srcdoc='{escape(interactive, quote=True)}'></iframe>")
     for name, fig in (figures or {}).items():
         parts.append(f"<h2>{escape(name)}</h2><img alt='{escape(name)}' src='data:image/png;base64,{_png(fig)}'>")
     parts.append(f"<h2>Variants ({len(entries)})</h2>")

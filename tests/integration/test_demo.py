@@ -64,6 +64,7 @@ def test_demo_command_writes_all_outputs(tmp_path, capsys):
     degenerate = vc.cam(tr, vc.Recipe(site="F6", layer=-1)).attrs["degenerate"]
     assert degenerate and "degenerate" in html
     assert "vitcam-nb demo wrote:" in capsys.readouterr().out
+    assert html.count("<iframe class='explorer'") == 1 and " srcdoc='&lt;!doctype html&gt;" in html
 
 
 def test_demo_refuses_a_timm_model_without_an_image(tmp_path, capsys):

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from vitcam_nb.core.errors import RecipeError
@@ -218,7 +219,13 @@ def citation(recipe: Recipe) -> str:
         >>> citation(attention_rollout()).startswith("Abnar")
         True
     """
-    for name, make in PRESETS.items():
-        if make() == recipe:
+    for name, preset in _default_recipes(tuple(PRESETS.items())):
+        if preset == recipe:
             return CITATIONS[name]
     return ""
+
+
+@functools.lru_cache(maxsize=4)
+def _default_recipes(presets: tuple) -> tuple[tuple[str, Recipe], ...]:
+    # Keyed by the table's entries, so a preset added at run time is seen; a report asks this for every map.
+    return tuple((name, make()) for name, make in presets)

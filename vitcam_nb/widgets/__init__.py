@@ -5,6 +5,8 @@
   an image picker.
 * :class:`Gallery`: thumbnails of a recipe with one or two fields varied; a click opens an Explorer.
 * :class:`Compare`: two recipes side by side with their agreement and the differing fields.
+* :func:`~vitcam_nb.widgets.standalone.export_html` (``vc.export_html``, ``Explorer.to_html``): the Explorer as
+  one self-contained HTML file, every recipe of chosen axes precomputed, for readers with no kernel.
 
 The trace stays in the kernel. The browser receives the image once, then small float32 grids as binary
 buffers, which it upsamples and colours on a canvas (plain ES modules in ``static/``, no build step, no

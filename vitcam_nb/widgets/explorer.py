@@ -32,6 +32,7 @@ from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 from vitcam_nb.widgets.fallback import png_bundle
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
+from vitcam_nb.widgets.standalone import explorer_html, export_html
 from vitcam_nb.widgets.traits import Opacity, Pixels
 
 __all__ = ["Explorer"]
@@ -218,6 +219,21 @@ class Explorer(anywidget.AnyWidget):
             >>> fig = ex.static()  # doctest: +SKIP
         """
         return overlay(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
+
+    def to_html(self, path: str | None = None, *, axes: Mapping[str, Any] | None = None, quantize: str = "uint8",
+                progress: bool = True) -> str:
+        """This explorer as one self-contained HTML page (no kernel, no network), starting at the current
+        recipe, colormap, opacity and size; see :func:`vitcam_nb.export_html` for ``axes`` and ``quantize``.
+        With ``path``, the page is also written there (its size printed first).
+
+        Example:
+            >>> html = ex.to_html(axes={"site": ["F1", "F4"]})  # doctest: +SKIP
+        """
+        args = dict(recipe=self._recipe, axes=axes, quantize=quantize, colormap=self.colormap,
+                    opacity=self.opacity, size=self.size, progress=progress)
+        if path is not None:
+            return export_html(self._trace, path, **args).read_text(encoding="utf-8")
+        return explorer_html(self._trace, **args)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
