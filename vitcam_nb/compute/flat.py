@@ -26,7 +26,7 @@ from vitcam_nb.compute.galleries import gallery_array, loop_gallery, normalise_v
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import finish_layers, layer_maps, raw_maps
 from vitcam_nb.compute.report import build_checklist, cached_report, describe
-from vitcam_nb.compute.spatial import normalise, upsample
+from vitcam_nb.compute.spatial import normalise, upsample, upsample_into
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, user_stacklevel
@@ -86,13 +86,14 @@ def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, s
             cols = [i for i, _ in members]
             raw, scale, zero = raw_maps(view, rec, layer_pos, [sp for _, sp in members])
             maps, why = finish_layers(view, rec, raw, scale, zero)
-            block[:, cols] = normalise(upsample(maps, size, rec.upsample), rec.normalize)
+            for k, col in enumerate(cols):
+                upsample_into(block[:, col], maps[:, k], rec.upsample, rec.normalize)
             reasons[:, cols] = why
     if ATTENTION_SITE in sites:
         si = sites.index(ATTENTION_SITE)
         raw, scale, zero = raw_maps(view, recipes[0][si], layer_pos, None)
         maps, why = finish_layers(view, rec, raw, scale, zero)
-        block[:, si] = normalise(upsample(maps, size, rec.upsample), rec.normalize)
+        upsample_into(block[:, si], maps, rec.upsample, rec.normalize)
         reasons[:, si] = why
     block[reasons != ""] = 0
     return block, reasons
