@@ -194,11 +194,10 @@ class FlatKind(TraceKind):
                 reasons = np.array([["; ".join(notes)]], object)
             else:
                 reasons = _layer_site_block(view, rec, layers, sites, size, recipes, block)
-            ids_view, reasons_view = ids[tuple(index)], reasons_out[tuple(index)]
-            if "layer" in pos and "site" in pos and pos["site"] < pos["layer"]:
-                ids_view[...], reasons_view[...] = rec_ids.T, reasons.T
-            else:
-                ids_view[...], reasons_view[...] = rec_ids.reshape(ids_view.shape), reasons.reshape(ids_view.shape)
+            swap = "layer" in pos and "site" in pos and pos["site"] < pos["layer"]
+            where = np.shape(ids[tuple(index)])
+            ids[tuple(index)] = (rec_ids.T if swap else rec_ids).reshape(where)
+            reasons_out[tuple(index)] = (reasons.T if swap else reasons).reshape(where)
             for li, si in zip(*np.nonzero(reasons != "")):
                 notes_all.append(f"{rec_ids[li, si]} ({sites[si]}, layer {layers[li]})")
         if notes_all:
