@@ -7,8 +7,9 @@ Usage::
     python scripts/update_readme_perf.py --results benchmarks/results/latest.json --readme README.md
     python scripts/update_readme_perf.py --check              # exit 1 if README.md is not up to date
 
-Next to the results file, ``TRACE_MANY.json`` and ``AGAINST.json`` (``python -m benchmarks.trace_many`` and
-``python -m benchmarks.against``) each add a line below the table when they exist.
+Next to the results file, ``TRACE_MANY.json``, ``AGAINST.json`` and ``LOAD.json`` (``python -m
+benchmarks.trace_many``, ``python -m benchmarks.against`` and ``python -m benchmarks.load``) each add a line below
+the table when they exist.
 
 If the README has no markers, the table is printed and the exit status is 1.
 """
@@ -94,6 +95,26 @@ def against_row(against_path: Path) -> str:
             f"From `{a['command']}` (benchmarks/AGAINST.json).")
 
 
+def load_row(load_path: Path) -> str:
+    """The line for ``python -m benchmarks.load`` (its own JSON): the 60-map gallery with the machine as it was
+    and with one extra CPU-bound process, side by side; empty if the file is missing.
+
+    Example:
+        >>> load_row(Path("/nonexistent.json"))
+        ''
+    """
+    if not load_path.is_file():
+        return ""
+    a = json.loads(load_path.read_text())
+    ratio = a["busy_over_as_is"]
+    load = "/".join(f"{v:.2f}" for v in a["load_average_start"])
+    return (f"- Gallery on a busy machine ({a['model']}, {a['maps']} maps): {a['as_is_median_s'] * 1e3:.1f} ms as the "
+            f"machine was, {a['busy_median_s'] * 1e3:.1f} ms with one more CPU-bound process, ×{ratio:.2f} (median of "
+            f"{a['rounds']} interleaved per-round ratios; target ≤ {a['target']:.1f}: "
+            f"{'holds' if ratio <= a['target'] else 'missed'}); {a['cpus']} CPUs, load average {load} at start, so "
+            f"\"as the machine was\" was not quiet. Measured {a['date']}, `{a['command']}` (benchmarks/LOAD.json).")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Update (or, with ``--check``, verify) the README's performance section; returns the exit status."""
     p = argparse.ArgumentParser(prog="python scripts/update_readme_perf.py", description=__doc__.split("\n")[0])
@@ -107,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(args.results.read_text())
     body = readme_table(results)
     extra = "\n".join(line for line in (extra_rows(results, args.results.parent / "TRACE_MANY.json"),
-                                         against_row(args.results.parent / "AGAINST.json")) if line)
+                                         against_row(args.results.parent / "AGAINST.json"),
+                                         load_row(args.results.parent / "LOAD.json")) if line)
     if extra:
         body = body.rstrip("\n") + "\n\n" + extra
     text = args.readme.read_text() if args.readme.is_file() else ""

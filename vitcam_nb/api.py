@@ -1,5 +1,6 @@
 """The public map functions: :func:`cam` and :func:`gallery` take any trace (flat, hierarchical, vision-language,
-many images), normalise the recipe arguments once, and hand the work to the trace kind that accepts it.
+many images), normalise the recipe arguments once, and hand the work to the trace kind that accepts it, with
+numpy's BLAS pools held to one thread meanwhile (the user's settings are restored afterwards).
 
 Example:
     >>> import timm, numpy as np
@@ -16,6 +17,7 @@ from typing import Any
 
 import xarray as xr
 
+from vitcam_nb.compute.threads import small_array_threads
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe, recipe_arguments
 
@@ -39,7 +41,8 @@ def cam(trace: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False, 
         (('y', 'x'), (224, 224), '36db00aafece')
     """
     recipe = recipe_arguments(recipe, grid, fields)
-    return kind_for(trace, recipe).cam(trace, recipe)
+    with small_array_threads():
+        return kind_for(trace, recipe).cam(trace, recipe)
 
 
 def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
@@ -60,4 +63,5 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
     base = recipe if recipe is not None else Recipe()
     if not isinstance(base, Recipe):
         raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(base).__name__}")
-    return kind_for(trace, base).gallery(trace, base, vary)
+    with small_array_threads():
+        return kind_for(trace, base).gallery(trace, base, vary)

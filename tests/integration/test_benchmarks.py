@@ -108,3 +108,20 @@ def test_update_readme_perf_replaces_only_between_markers(quick_run: tuple[dict,
     proc = subprocess.run(script, capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 1 and "| target |" in proc.stdout and "markers" in proc.stderr
     assert readme.read_text() == "# no markers\n"
+
+
+def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    entry = {"model": "m", "maps": 60, "rounds": 3, "as_is_median_s": 0.02, "busy_median_s": 0.03,
+             "busy_over_as_is": 1.5, "target": 1.3, "load_average_start": [1.0, 0.5, 0.25], "cpus": 2,
+             "date": "2026-11-30", "command": "python -m benchmarks.load"}
+    path = tmp_path / "LOAD.json"
+    path.write_text(json.dumps(entry))
+    row = module.load_row(path)
+    assert "20.0 ms" in row and "30.0 ms" in row and "×1.50" in row and "missed" in row
+    path.write_text(json.dumps({**entry, "busy_over_as_is": 1.2}))
+    assert "holds" in module.load_row(path)

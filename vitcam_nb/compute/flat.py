@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from vitcam_nb.compute.galleries import gallery_array, loop_gallery, normalise_v
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import finish_layers, layer_maps, raw_maps
 from vitcam_nb.compute.report import build_checklist, cached_report, describe
-from vitcam_nb.compute.spatial import normalise, upsample
+from vitcam_nb.compute.spatial import normalise, upsample, upsample_into
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, user_stacklevel
@@ -58,21 +59,32 @@ def _values(view: TraceView, recipe: Recipe) -> MapValues:
     return fuse_layers(maps, reasons, [int(view.layers[p]) for p in layer_pos], recipe)
 
 
+@functools.lru_cache(maxsize=256)
+def _recipe_grid(rec: Recipe, layers: tuple, sites: tuple, has_cls: bool, vary_site: bool
+                 ) -> tuple[tuple[tuple[Recipe, ...], ...], np.ndarray]:
+    """The (layer, site) recipes of a gallery and their ids. Recipes are immutable, so a widget or a notebook
+    asking for the same gallery again skips validating and hashing them."""
+    recipes = tuple(tuple(with_site(rec, s, has_cls, layer=v) if vary_site else rec.replace(layer=v) for s in sites)
+                    for v in layers)
+    ids = np.array([[r.id for r in row] for row in recipes], object)
+    ids.flags.writeable = False
+    return recipes, ids
+
+
 def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, size: tuple[int, int],
-                      recipes: list[list[Recipe]]) -> tuple[np.ndarray, np.ndarray]:
-    """Maps for every (layer, site) pair of one recipe, token sites in one batched expression."""
+                      recipes: tuple[tuple[Recipe, ...], ...], block: np.ndarray) -> np.ndarray:
+    """Maps for every (layer, site) pair of one recipe, token sites in one batched expression, written into
+    ``block`` (layer, site, h, w); returns why each map is degenerate ("" if it is not)."""
     if rec.layer_fusion != "none" and len(layers) > 1:
         raise RecipeError("vary: varying layer needs layer_fusion='none' (each map is one layer)")
     for s in sites:
         view.site_check(s)
-    h, w = (view.gh, view.gw) if rec.upsample == "none" else size
-    block = np.zeros((len(layers), len(sites), h, w), np.float32)
     reasons = np.full((len(layers), len(sites)), "", object)
     if rec.layer_fusion != "none":  # one fused recipe per site
         for si in range(len(sites)):
             maps, notes, _ = _values(view, recipes[0][si])
             block[0, si], reasons[0, si] = maps, "; ".join(notes)
-        return block, reasons
+        return reasons
     layer_pos = [view.layer_positions(v)[0] for v in layers]
     token_idx = [i for i, s in enumerate(sites) if s != ATTENTION_SITE]
     if token_idx:
@@ -86,16 +98,17 @@ def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, s
             cols = [i for i, _ in members]
             raw, scale, zero = raw_maps(view, rec, layer_pos, [sp for _, sp in members])
             maps, why = finish_layers(view, rec, raw, scale, zero)
-            block[:, cols] = normalise(upsample(maps, size, rec.upsample, view.pad), rec.normalize)
+            for k, col in enumerate(cols):
+                upsample_into(block[:, col], maps[:, k], rec.upsample, rec.normalize, view.pad)
             reasons[:, cols] = why
     if ATTENTION_SITE in sites:
         si = sites.index(ATTENTION_SITE)
         raw, scale, zero = raw_maps(view, recipes[0][si], layer_pos, None)
         maps, why = finish_layers(view, rec, raw, scale, zero)
-        block[:, si] = normalise(upsample(maps, size, rec.upsample, view.pad), rec.normalize)
+        upsample_into(block[:, si], maps, rec.upsample, rec.normalize, view.pad)
         reasons[:, si] = why
     block[reasons != ""] = 0
-    return block, reasons
+    return reasons
 
 
 class FlatKind(TraceKind):
@@ -164,29 +177,32 @@ class FlatKind(TraceKind):
             changes = {f: values[f][i] for f, i in zip(others, combo)}
             try:
                 rec = base.replace(**changes)
-                recipes = [[with_site(rec, s, has_cls, layer=v) if "site" in values else rec.replace(layer=v)
-                            for s in sites] for v in layers]
+                recipes, rec_ids = _recipe_grid(rec, tuple(layers), tuple(sites), has_cls, "site" in values)
             except RecipeError as exc:
                 raise RecipeError(f"vary: the combination {changes} is not a valid recipe: {exc}") from exc
+            index = [slice(None)] * len(fields)
+            for f, i in zip(others, combo):
+                index[pos[f]] = i
+            # This combination's maps are written straight into the output, as a (layer, site, h, w) view.
+            block = out[tuple(index)]
+            if "layer" not in pos:
+                block = block[None]
+            if "site" not in pos:
+                block = block[:, None]
+            elif "layer" in pos and pos["site"] < pos["layer"]:
+                block = block.swapaxes(0, 1)
             if "layer" not in values and "site" not in values:
                 maps, notes, _ = _values(view, rec)
-                block, reasons, recipes = maps[None, None], np.array([["; ".join(notes)]], object), [[rec]]
+                block[0, 0] = maps
+                reasons = np.array([["; ".join(notes)]], object)
             else:
-                block, reasons = _layer_site_block(view, rec, layers, sites, size, recipes)
-            for li, layer in enumerate(layers):
-                for si, site in enumerate(sites):
-                    index = [0] * len(fields)
-                    for f, i in zip(others, combo):
-                        index[pos[f]] = i
-                    if "layer" in pos:
-                        index[pos["layer"]] = li
-                    if "site" in pos:
-                        index[pos["site"]] = si
-                    out[tuple(index)] = block[li, si]
-                    ids[tuple(index)] = recipes[li][si].id
-                    reasons_out[tuple(index)] = reasons[li, si]
-                    if reasons[li, si]:
-                        notes_all.append(f"{recipes[li][si].id} ({site}, layer {layer})")
+                reasons = _layer_site_block(view, rec, layers, sites, size, recipes, block)
+            swap = "layer" in pos and "site" in pos and pos["site"] < pos["layer"]
+            where = np.shape(ids[tuple(index)])
+            ids[tuple(index)] = (rec_ids.T if swap else rec_ids).reshape(where)
+            reasons_out[tuple(index)] = (reasons.T if swap else reasons).reshape(where)
+            for li, si in zip(*np.nonzero(reasons != "")):
+                notes_all.append(f"{rec_ids[li, si]} ({sites[si]}, layer {layers[li]})")
         if notes_all:
             warnings.warn(f"{len(notes_all)} of {ids.size} gallery maps are degenerate and were returned as zeros: "
                           + ", ".join(notes_all[:8]) + (" ..." if len(notes_all) > 8 else ""),

@@ -47,8 +47,18 @@ def _weighted(A: np.ndarray, alpha: np.ndarray, patch: Any, groups: int) -> Maps
     """map[t, g] = sum_{k in g} alpha_k A[t, k] over the patch tokens."""
     Ap = _group(A[..., patch, :], groups)
     alpha = _group(alpha, groups)
-    return (np.einsum("...tgd,...gd->...tg", Ap, alpha),
-            np.einsum("...tgd,...gd->...tg", np.abs(Ap), np.abs(alpha)))
+    maps = np.einsum("...tgd,...gd->...tg", Ap, alpha)
+    if Ap.ndim < 4:
+        return maps, np.einsum("...tgd,...gd->...tg", np.abs(Ap), np.abs(alpha))
+    # |A| one leading slice at a time into one buffer: a stack of layers' |A| would be tens of MB written and
+    # read back; the same einsum per slice (leading dimensions kept) gives the same values.
+    Ap, alpha = Ap.reshape(-1, *Ap.shape[-3:]), np.abs(alpha).reshape(-1, *alpha.shape[-2:])
+    scale = np.empty((Ap.shape[0], *maps.shape[-2:]), maps.dtype)
+    buf = np.empty((1, *Ap.shape[1:]), Ap.dtype)
+    for i in range(Ap.shape[0]):
+        np.abs(Ap[i:i + 1], out=buf)
+        scale[i:i + 1] = np.einsum("...tgd,...gd->...tg", buf, alpha[i:i + 1])
+    return maps, scale.reshape(maps.shape)
 
 
 def gradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:

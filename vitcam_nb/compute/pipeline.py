@@ -186,14 +186,18 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
         A, G = query_rows(view, A, recipe.attn_rows), query_rows(view, G, recipe.attn_rows)
         groups = A.shape[-1]
     else:
-        idx = (compact(np.asarray(layer_pos)), compact(np.asarray(site_pos)))
-        if not any(isinstance(i, slice) for i in idx):
-            idx = np.ix_(*idx)
-        A = view.arrays["act"][idx].astype(np.float32, copy=False)
-        G = combine(view.arrays["grad"], weights, idx) if "grad" in view.arrays else np.zeros_like(A)
         heads = int(view.attrs.get("num_heads", 1))
         groups = heads if (view.sites[site_pos[0]] == "F3" and recipe.heads != "channels") else 1
-        stored = _stored(view, recipe, weights, cls, idx)
+        layers = compact(np.asarray(layer_pos))
+        per_site = []
+        # One site at a time: a site of the stored (layer, site, ...) array is a view, where a list of sites
+        # would be a fancy-indexed copy of every activation and gradient read.
+        for sp in site_pos:
+            A = view.arrays["act"][layers, sp].astype(np.float32, copy=False)
+            G = combine(view.arrays["grad"], weights, (layers, sp)) if "grad" in view.arrays else np.zeros_like(A)
+            stored = _stored(view, recipe, weights, cls, (layers, sp))
+            per_site.append(grid_maps(view, recipe, A, G, wmask, patch, groups, **stored))
+        return tuple(np.stack(parts, axis=1) for parts in zip(*per_site))
     return grid_maps(view, recipe, A, G, wmask, patch, groups, **stored)
 
 

@@ -14,12 +14,13 @@ import numpy as np
 
 from vitcam_nb.compute.view import TraceView
 
-__all__ = ["interp_matrix", "normalise", "to_grid", "upsample"]
+__all__ = ["interp_matrix", "normalise", "to_grid", "upsample", "upsample_into"]
 
 
-def normalise(x: np.ndarray, how: str) -> np.ndarray:
+def normalise(x: np.ndarray, how: str, inplace: bool = False) -> np.ndarray:
     """Normalise the trailing (h, w) maps: "minmax" to [0, 1], "max" divided by the maximum, "none" as is;
-    a constant map becomes zeros.
+    a constant map becomes zeros. ``inplace`` reuses a float32 ``x`` the caller owns (same values, no
+    temporaries: a 60-map gallery at 224 px is 12 MB per temporary).
 
     Example:
         >>> normalise(np.array([[1.0, 3.0]]), "minmax")
@@ -29,11 +30,26 @@ def normalise(x: np.ndarray, how: str) -> np.ndarray:
         return x
     axes = (-2, -1)
     hi = x.max(axis=axes, keepdims=True)
+    if inplace and x.dtype == np.float32:
+        return _normalise_inplace(x, hi, None if how == "max" else x.min(axis=axes, keepdims=True))
     if how == "max":
         return np.where(hi > 0, x / np.where(hi > 0, hi, 1), 0).astype(np.float32)
     lo = x.min(axis=axes, keepdims=True)
     span = hi - lo
     return np.where(span > 0, (x - lo) / np.where(span > 0, span, 1), 0).astype(np.float32)
+
+
+def _normalise_inplace(x: np.ndarray, hi: np.ndarray, lo: np.ndarray | None) -> np.ndarray:
+    # The same float32 operations as the out-of-place formulas, so the values are bitwise equal.
+    span = hi
+    if lo is not None:
+        span = hi - lo
+        np.subtract(x, lo, out=x)
+    ok = span > 0
+    np.divide(x, np.where(ok, span, 1), out=x)
+    if not ok.all():
+        x[np.broadcast_to(~ok, x.shape)] = 0
+    return x
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,6 +81,35 @@ def upsample(grid: np.ndarray, size: tuple[int, int], mode: str, pad: tuple[int,
     wy = interp_matrix(grid.shape[-2], size[0] + pad[0], mode)[:size[0]]
     wx_t = np.ascontiguousarray(interp_matrix(grid.shape[-1], size[1] + pad[1], mode, transpose=True)[:, :size[1]])
     return wy @ grid.astype(np.float32, copy=False) @ wx_t
+
+
+def upsample_into(out: np.ndarray, grid: np.ndarray, mode: str, how: str, pad: tuple[int, int] = (0, 0)
+                  ) -> np.ndarray:
+    """``normalise(upsample(grid, out.shape[-2:], mode, pad), how)`` written into ``out`` (..., H, W), one map at a
+    time: each map's products, extremes and scaling happen while it is in the cache, with no full-size
+    temporaries. The values equal the two-step formula's bit for bit (the same products per map; min, max,
+    subtraction and division are exact per element).
+
+    Example:
+        >>> g = np.array([[[0.0, 1.0], [2.0, 3.0]]], np.float32)
+        >>> out = np.empty((1, 4, 4), np.float32)
+        >>> two_step = normalise(upsample(g, (4, 4), "bilinear"), "minmax")
+        >>> np.array_equal(upsample_into(out, g, "bilinear", "minmax"), two_step)
+        True
+    """
+    if mode == "none":
+        out[...] = normalise(grid, how)
+        return out
+    h, w = out.shape[-2:]
+    wy = interp_matrix(grid.shape[-2], h + pad[0], mode)[:h]
+    wx_t = np.ascontiguousarray(interp_matrix(grid.shape[-1], w + pad[1], mode, transpose=True)[:, :w])
+    grid = grid.astype(np.float32, copy=False)
+    rows = np.empty((out.shape[-2], grid.shape[-1]), np.float32)
+    for i in np.ndindex(grid.shape[:-2]):
+        np.matmul(wy, grid[i], out=rows)
+        np.matmul(rows, wx_t, out=out[i])
+        normalise(out[i], how, inplace=True)
+    return out
 
 
 def to_grid(view: TraceView, raw: np.ndarray) -> np.ndarray:

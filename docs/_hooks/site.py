@@ -1,0 +1,106 @@
+"""MkDocs hooks of the documentation site (``mkdocs.yml``): the tutorial notebooks, which live in ``notebooks/``
+outside ``docs/``, become pages; and when ``vitcam_nb.export_html`` exists (issue #23, part 1) a page embeds an
+Explorer exported from a trace of the bundled shapes-vit model. Without it the page is left out, with no
+placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+EXPLORER_PAGE = "explorer.md"
+EXPLORER_FILE = "assets/explorer.html"
+_TMP = tempfile.TemporaryDirectory(prefix="vitcam-docs-")
+# nbconvert's page template imports mermaid.js from a CDN for diagrams; the notebooks have none, and the site
+# must not fetch anything.
+_MODULE = re.compile(r'<script type="module">.*?</script>', flags=re.S)
+
+
+def _title(path: Path) -> str:
+    book = json.loads(path.read_text())
+    for cell in book["cells"]:
+        if cell["cell_type"] == "markdown":
+            return "".join(cell["source"]).splitlines()[0].lstrip("# ").strip()
+    return path.stem
+
+
+def _export_html() -> Any:
+    """``vitcam_nb.export_html`` if this checkout has it, else None."""
+    import vitcam_nb
+
+    return getattr(vitcam_nb, "export_html", None)
+
+
+def on_config(config: Any) -> Any:
+    """Fill the Tutorials section from ``notebooks/`` and add the Explorer page when it can be made."""
+    for entry in config["nav"]:
+        if isinstance(entry, dict) and "Tutorials" in entry:
+            entry["Tutorials"] = [{_title(p): f"notebooks/{p.name}"} for p in NOTEBOOKS]
+    if _export_html() is not None:
+        config["nav"].append({"Explorer": EXPLORER_PAGE})
+    return config
+
+
+@event_priority(100)  # before mkdocs-jupyter, which converts the notebooks it finds among the files
+def on_files(files: Files, config: Any) -> Files:
+    """Add the notebooks (and, with ``export_html``, the exported Explorer and its page) to the site's files."""
+    for path in NOTEBOOKS:
+        files.append(File(f"notebooks/{path.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
+                          use_directory_urls=config["use_directory_urls"]))
+    export_html = _export_html()
+    if export_html is not None:
+        html = _exported_explorer(export_html, Path(_TMP.name) / "explorer.html")
+        files.append(File.generated(config, EXPLORER_FILE, abs_src_path=str(html)))
+        files.append(File.generated(config, EXPLORER_PAGE, content=_explorer_page(html)))
+    return files
+
+
+def _exported_explorer(export_html: Any, path: Path) -> Path:
+    """An Explorer of the bundled shapes-vit model on sample image 0, written with the default axes."""
+    import warnings
+
+    import vitcam_nb as vc
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
+        model = vc.load_model("shapes-vit")
+        image, *_ = vc.sample_image("shapes", 0, with_mask=True)
+        tr = vc.trace(model, image, targets="top3")
+        export_html(tr, path, axes=None, quantize="uint8")
+    return path
+
+
+def _explorer_page(html: Path) -> str:
+    size = html.stat().st_size / 2**20
+    return f"""# Explorer without a kernel
+
+The Explorer below is one self-contained HTML file written by `vc.export_html` from a trace of the bundled
+`shapes-vit` model on sample image 0 (default axes, maps quantised to uint8; {size:.1f} MiB). Every control works
+in the page: no Python, no kernel, no network. [Open it on its own page]({EXPLORER_FILE}).
+
+```python
+import vitcam_nb as vc
+
+model = vc.load_model("shapes-vit")
+image, *_ = vc.sample_image("shapes", 0, with_mask=True)
+tr = vc.trace(model, image, targets="top3")
+vc.export_html(tr, "explorer.html", axes=None, quantize="uint8")
+```
+
+<iframe src="{EXPLORER_FILE}" title="vitcam_nb Explorer exported to HTML"
+        style="width:100%;height:820px;border:0"></iframe>
+"""
+
+
+def on_post_page(output: str, page: Any, config: Any) -> str:
+    """Drop the CDN module script nbconvert puts on notebook pages (the site stays offline)."""
+    return _MODULE.sub(lambda m: "" if "https://cdn" in m.group(0) else m.group(0), output)
