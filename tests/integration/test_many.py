@@ -232,10 +232,14 @@ def test_other_images_are_refused_and_overwrite_replaces(tmp_path, model, model_
 
 
 def test_foreign_paths_are_refused(tmp_path, model, images):
-    folder = tmp_path / "not_a_store"
+    folder = tmp_path / "not_a_store.zarr"
     folder.mkdir()
+    (folder / "theirs.txt").write_text("another program's file")
     with pytest.raises(vc.TraceFileError, match="not a trace_many store"):
         trace_many(model, images, folder, progress=False)
+    assert (folder / "theirs.txt").read_text() == "another program's file"
+    with pytest.raises(vc.TraceFileError, match="ends in .zarr"):
+        trace_many(model, images, tmp_path / "no_extension", progress=False)
     single = vc.save(vc.trace(model, images[0]), tmp_path / "one.zarr")
     with pytest.raises(vc.TraceFileError, match="single trace"):
         open_traces(single)
