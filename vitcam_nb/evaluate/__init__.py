@@ -7,7 +7,9 @@ One job per module:
   SSIM, top-k IoU, Krishna et al.'s feature / rank / sign agreement).
 * :mod:`~vitcam_nb.evaluate.atlas`: the pairwise agreement of many recipes, and its clustered plot.
 * :mod:`~vitcam_nb.evaluate.localisation`: a map against a ground-truth mask (pointing game,
-  energy-based pointing game, relevance mass and rank accuracy, AUROC).
+  energy-based pointing game, relevance mass and rank accuracy, top-k intersection, AUROC).
+* :mod:`~vitcam_nb.evaluate.complexity`: one map -> how concentrated it is (sparseness, entropy, effective
+  complexity).
 * :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
   on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
   :mod:`~vitcam_nb.evaluate.substrates`.
@@ -40,6 +42,7 @@ from vitcam_nb.evaluate.agreement import (
     topk_iou,
 )
 from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
+from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
 from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
 from vitcam_nb.evaluate.localisation import (
     LOCALISATION_METRICS,
@@ -49,6 +52,7 @@ from vitcam_nb.evaluate.localisation import (
     pointing_game,
     relevance_mass_accuracy,
     relevance_rank_accuracy,
+    topk_intersection,
 )
 from vitcam_nb.evaluate.perturbation import model_input
 from vitcam_nb.evaluate.report import report_known_answer
@@ -63,15 +67,18 @@ from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
 
 __all__ = [
     "AGREEMENT_METRICS",
+    "COMPLEXITY_METRICS",
     "LOCALISATION_METRICS",
     "SIGNED_METRICS",
     "SUBSTRATES",
     "MetricWarning",
     "atlas",
     "auroc",
+    "complexity",
     "cosine",
     "default_tolerance",
     "deletion",
+    "effective_complexity",
     "energy_pointing_game",
     "feature_agreement",
     "insertion",
@@ -95,7 +102,9 @@ __all__ = [
     "road",
     "sign_agreement",
     "signed_rank_agreement",
+    "sparseness",
     "spearman",
     "ssim",
+    "topk_intersection",
     "topk_iou",
 ]
