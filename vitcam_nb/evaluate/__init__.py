@@ -13,6 +13,8 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
   on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
   :mod:`~vitcam_nb.evaluate.substrates`.
+* :mod:`~vitcam_nb.evaluate.robustness`: max/average sensitivity, local Lipschitz, relative input/output
+  stability of every recipe from one trace per perturbed input.
 * :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
@@ -56,6 +58,7 @@ from vitcam_nb.evaluate.localisation import (
 )
 from vitcam_nb.evaluate.perturbation import model_input
 from vitcam_nb.evaluate.report import report_known_answer
+from vitcam_nb.evaluate.robustness import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.sanity import (
     model_parts,
     model_randomisation,
@@ -69,6 +72,7 @@ __all__ = [
     "AGREEMENT_METRICS",
     "COMPLEXITY_METRICS",
     "LOCALISATION_METRICS",
+    "ROBUSTNESS_METRICS",
     "SIGNED_METRICS",
     "SUBSTRATES",
     "MetricWarning",
@@ -88,6 +92,7 @@ __all__ = [
     "model_randomisation",
     "noisy_linear_imputation",
     "pearson",
+    "perturb",
     "plot_atlas",
     "plot_randomisation",
     "pointing_game",
@@ -100,6 +105,8 @@ __all__ = [
     "report_known_answer",
     "resolve_k",
     "road",
+    "robustness",
+    "robustness_scores",
     "sign_agreement",
     "signed_rank_agreement",
     "sparseness",
