@@ -181,7 +181,7 @@ def robustness(
         store = Path(path) if path is not None else Path(tmp) / "robustness.zarr"
         trace_many(model, [x[0], *xs], store, targets=int(target), sites=sites, batch_size=batch_size,
                    progress=progress, overwrite=True)
-        ds = open_traces(store)
+        ds = open_traces(store).load()  # the maps of every recipe read the same arrays: read them once
         rows = []
         for recipe in recipes:
             r = recipe.replace(class_=int(target))
