@@ -2,7 +2,8 @@
 
 Every function takes a 2-D saliency map and a boolean mask of the *same shape* (measure the upsampled
 map, ``vc.cam(tr, recipe)``, against a pixel mask); a mask of another shape or an empty mask raises
-``ValueError``. A map equal to the mask scores 1 on every metric here.
+``ValueError``. A map equal to the mask scores 1 on every metric here (on :func:`topk_intersection` when ``k`` is
+at most the mask size).
 """
 
 from __future__ import annotations
@@ -180,6 +181,6 @@ LOCALISATION_METRICS = {
     "relevance_mass_accuracy": relevance_mass_accuracy,
     "relevance_rank_accuracy": relevance_rank_accuracy,
     "auroc": auroc,
-    "topk_intersection": topk_intersection,
 }
-"""Every localisation metric by name (higher is better)."""
+"""Every localisation metric by name (higher is better) that scores 1 for a map equal to the mask; not
+:func:`topk_intersection`, whose ``k`` is a free setting (with ``k`` above the mask size it cannot reach 1)."""
