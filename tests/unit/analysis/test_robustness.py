@@ -101,3 +101,18 @@ def test_parity_with_quantus_on_shapes_vit(model_snapshot, assert_model_unchange
                 theirs = metric(model=model, x_batch=x.numpy(), y_batch=np.array([y]), a_batch=a.copy(),
                                 explain_func=explain, channel_first=True, device="cpu")[0]
             assert ours.sel(recipe=recipe.id, metric=name).item() == pytest.approx(float(theirs), rel=1e-5), name
+
+
+def test_model_calling_metrics_refuse_a_trace_of_other_weights():
+    """Bad input (issue #22): a trace made with other weights is refused by the metrics that call the model."""
+    import timm
+
+    torch.manual_seed(0)
+    a = timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, patch_size=16, num_classes=3).eval()
+    b = timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, patch_size=16, num_classes=3).eval()
+    tr = vc.trace(a, torch.zeros(3, 32, 32), targets=0, sites=["F1"])
+    sal = np.random.default_rng(0).random((2, 2))
+    assert ev.deletion(a, tr, sal, target=0, progress=False).sizes["fraction"] == 5  # the model that made it: fine
+    for fn in (ev.deletion, ev.insertion, ev.lerf_morf_area):
+        with pytest.raises(ValueError, match="image: the trace was made with other weights"):
+            fn(b, tr, sal, target=0, progress=False)
