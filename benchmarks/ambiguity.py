@@ -11,7 +11,9 @@ timed on its first call (nothing cached from an earlier call of the same descrip
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import platform
 import statistics
 import time
@@ -46,6 +48,7 @@ def run(threads: int, repeat: int) -> dict:
     import vitcam_nb as vc
 
     torch.set_num_threads(threads)
+    load = [round(v, 2) for v in os.getloadavg()]
     torch.manual_seed(0)
     model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
     image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), np.uint8)
@@ -76,7 +79,8 @@ def run(threads: int, repeat: int) -> dict:
     fig.savefig(ROOT / "benchmarks" / "ambiguity.png", dpi=100)
     return {"command": f"python -m benchmarks.ambiguity --threads {threads}", "model": "vit_base_patch16_224 "
             "(random init)", "threads": threads, "machine": platform.processor() or platform.machine(),
-            "trace_s": round(trace_s, 2), "target_s": TARGET_S, "rows": rows,
+            "cpus": os.cpu_count(), "load_average_start": load, "date": datetime.date.today().isoformat(),
+            "repeat": repeat, "trace_s": round(trace_s, 2), "target_s": TARGET_S, "rows": rows,
             "figure": "benchmarks/ambiguity.png", "figure_report": shapes.report()}
 
 
