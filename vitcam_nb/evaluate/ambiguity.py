@@ -386,7 +386,8 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
 
     ``trace`` may be a list of traces or an ``open_traces`` store: then the answer is an
-    :class:`~vitcam_nb.evaluate.ambiguity_many.AmbiguityMany` (one analysis per image, read one at a time).
+    :class:`~vitcam_nb.evaluate.ambiguity_many.AmbiguityMany` (one analysis per image; over a store, one dask task
+    per image, run on the active dask.distributed Client if there is one).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
