@@ -7,9 +7,9 @@ Usage::
     python scripts/update_readme_perf.py --results benchmarks/results/latest.json --readme README.md
     python scripts/update_readme_perf.py --check              # exit 1 if README.md is not up to date
 
-Next to the results file, ``TRACE_MANY.json``, ``AGAINST.json`` and ``LOAD.json`` (``python -m
-benchmarks.trace_many``, ``python -m benchmarks.against`` and ``python -m benchmarks.load``) each add a line below
-the table when they exist.
+Next to the results file, ``TRACE_MANY.json``, ``AGAINST.json``, ``LOAD.json`` and ``AMBIGUITY.json`` (``python -m
+benchmarks.trace_many``, ``python -m benchmarks.against``, ``python -m benchmarks.load`` and ``python -m
+benchmarks.ambiguity``) each add a line below the table when they exist.
 
 If the README has no markers, the table is printed and the exit status is 1.
 """
@@ -115,6 +115,35 @@ def load_row(load_path: Path) -> str:
             f"\"as the machine was\" was not quiet. Measured {a['date']}, `{a['command']}` (benchmarks/LOAD.json).")
 
 
+def ambiguity_row(ambiguity_path: Path) -> str:
+    """The line for ``python -m benchmarks.ambiguity`` (its own JSON): the whole ``vc.ambiguity`` analysis of the
+    largest description within the target's recipe count, the other descriptions, and the verdict; empty if the
+    file is missing.
+
+    Example:
+        >>> ambiguity_row(Path("/nonexistent.json"))
+        ''
+    """
+    if not ambiguity_path.is_file():
+        return ""
+    a = json.loads(ambiguity_path.read_text())
+    rows = sorted((r for r in a["rows"] if r["recipes"] <= 500), key=lambda r: r["recipes"])
+    if not rows:
+        return ""
+    top = rows[-1]
+    holds = all(r["first_call_s"] < a["target_s"] for r in rows)
+    others = ", ".join(f"{r['recipes']} recipes {r['first_call_s']:.2f} s" for r in rows[:-1])
+    context = (f"; {a['cpus']} CPUs, load average {'/'.join(f'{v:.2f}' for v in a['load_average_start'])} at start, "
+               f"measured {a['date']}") if "date" in a else ""
+    return (f"- `vc.ambiguity` on one {a['model']} trace, {a['threads']} thread{'' if a['threads'] == 1 else 's'}: "
+            f"the whole analysis (recipes, maps, spread, sensitivity; {top['design']}) of a description leaving "
+            f"{top['recipes']} recipes open (\"{top['description']}\") takes {top['first_call_s']:.2f} s on its first "
+            f"call, median {top['median_repeat_s']:.2f} s over {a.get('repeat', 3)} repeats"
+            + (f" (first calls with fewer recipes: {others})" if others else "")
+            + f"; target < {a['target_s']:.0f} s: {'holds' if holds else 'missed'}{context}. "
+            f"From `{a['command']}` (benchmarks/AMBIGUITY.json).")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Update (or, with ``--check``, verify) the README's performance section; returns the exit status."""
     p = argparse.ArgumentParser(prog="python scripts/update_readme_perf.py", description=__doc__.split("\n")[0])
@@ -129,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     body = readme_table(results)
     extra = "\n".join(line for line in (extra_rows(results, args.results.parent / "TRACE_MANY.json"),
                                          against_row(args.results.parent / "AGAINST.json"),
-                                         load_row(args.results.parent / "LOAD.json")) if line)
+                                         load_row(args.results.parent / "LOAD.json"),
+                                         ambiguity_row(args.results.parent / "AMBIGUITY.json")) if line)
     if extra:
         body = body.rstrip("\n") + "\n\n" + extra
     text = args.readme.read_text() if args.readme.is_file() else ""

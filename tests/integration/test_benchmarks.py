@@ -125,3 +125,25 @@ def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
     assert "20.0 ms" in row and "30.0 ms" in row and "×1.50" in row and "missed" in row
     path.write_text(json.dumps({**entry, "busy_over_as_is": 1.2}))
     assert "holds" in module.load_row(path)
+
+
+def test_ambiguity_row_states_the_largest_description_within_500_recipes_and_the_verdict(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"description": "small", "recipes": 66, "design": "exact: a", "first_call_s": 0.1, "median_repeat_s": 0.1},
+            {"description": "five hundred", "recipes": 500, "design": "exact: b", "first_call_s": 1.234,
+             "median_repeat_s": 1.1},
+            {"description": "too many", "recipes": 900, "design": "sampled", "first_call_s": 9.0,
+             "median_repeat_s": 9.0}]
+    entry = {"model": "m", "threads": 1, "target_s": 2.0, "repeat": 3, "rows": rows, "cpus": 2,
+             "load_average_start": [1.0, 0.5, 0.25], "date": "2026-11-30", "command": "python -m benchmarks.ambiguity"}
+    path = tmp_path / "AMBIGUITY.json"
+    path.write_text(json.dumps(entry))
+    row = module.ambiguity_row(path)
+    assert "500 recipes open" in row and '"five hundred"' in row and "1.23 s" in row and "66 recipes 0.10 s" in row
+    assert "too many" not in row and "holds" in row and "1.00/0.50/0.25" in row
+    path.write_text(json.dumps({**entry, "rows": [{**rows[1], "first_call_s": 2.5}]}))
+    assert "missed" in module.ambiguity_row(path)

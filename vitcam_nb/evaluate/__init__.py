@@ -7,13 +7,17 @@ One job per module:
   SSIM, top-k IoU, Krishna et al.'s feature / rank / sign agreement).
 * :mod:`~vitcam_nb.evaluate.atlas`: the pairwise agreement of many recipes, and its clustered plot.
 * :mod:`~vitcam_nb.evaluate.localisation`: a map against a ground-truth mask (pointing game,
-  energy-based pointing game, relevance mass and rank accuracy, AUROC).
+  energy-based pointing game, relevance mass and rank accuracy, top-k intersection, AUROC).
+* :mod:`~vitcam_nb.evaluate.complexity`: one map -> how concentrated it is (sparseness, entropy, effective
+  complexity).
 * :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
   on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
   :mod:`~vitcam_nb.evaluate.substrates`.
 * :mod:`~vitcam_nb.evaluate.ambiguity`: every recipe a description allows, their spread and the share of map
   variance each open choice explains (:mod:`~vitcam_nb.evaluate.space`, :mod:`~vitcam_nb.evaluate.sensitivity`;
   over many images :mod:`~vitcam_nb.evaluate.ambiguity_many`).
+* :mod:`~vitcam_nb.evaluate.robustness`: max/average sensitivity, local Lipschitz, relative input/output
+  stability of every recipe from one trace per perturbed input.
 * :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
@@ -45,6 +49,7 @@ from vitcam_nb.evaluate.agreement import (
 from vitcam_nb.evaluate.ambiguity import Ambiguity, ambiguity, localising_share
 from vitcam_nb.evaluate.ambiguity_many import AmbiguityMany
 from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
+from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
 from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
 from vitcam_nb.evaluate.localisation import (
     LOCALISATION_METRICS,
@@ -54,9 +59,11 @@ from vitcam_nb.evaluate.localisation import (
     pointing_game,
     relevance_mass_accuracy,
     relevance_rank_accuracy,
+    topk_intersection,
 )
 from vitcam_nb.evaluate.perturbation import model_input
 from vitcam_nb.evaluate.report import report_known_answer
+from vitcam_nb.evaluate.robustness import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.sanity import (
     model_parts,
     model_randomisation,
@@ -68,7 +75,9 @@ from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
 
 __all__ = [
     "AGREEMENT_METRICS",
+    "COMPLEXITY_METRICS",
     "LOCALISATION_METRICS",
+    "ROBUSTNESS_METRICS",
     "SIGNED_METRICS",
     "SUBSTRATES",
     "Ambiguity",
@@ -77,9 +86,11 @@ __all__ = [
     "ambiguity",
     "atlas",
     "auroc",
+    "complexity",
     "cosine",
     "default_tolerance",
     "deletion",
+    "effective_complexity",
     "energy_pointing_game",
     "feature_agreement",
     "insertion",
@@ -90,6 +101,7 @@ __all__ = [
     "model_randomisation",
     "noisy_linear_imputation",
     "pearson",
+    "perturb",
     "plot_atlas",
     "plot_randomisation",
     "pointing_game",
@@ -102,9 +114,13 @@ __all__ = [
     "report_known_answer",
     "resolve_k",
     "road",
+    "robustness",
+    "robustness_scores",
     "sign_agreement",
     "signed_rank_agreement",
+    "sparseness",
     "spearman",
     "ssim",
+    "topk_intersection",
     "topk_iou",
 ]

@@ -383,10 +383,14 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     (:mod:`vitcam_nb.evaluate.space`), overridden per field by ``space``. The factorial of the open values is
     exact when it has at most ``max_cells`` combinations and ``max_recipes`` distinct recipes, else ``n_samples``
     combinations are drawn (``seed``) and each share gets a 95 % bootstrap interval (``n_boot`` resamples).
+    Sampled shares are biased upward by about ``(L - 1) / (n_samples - 1)`` of the unexplained variance for a
+    factor of ``L`` levels (more for categories, whose levels are joint), the remainder downward; the bootstrap
+    intervals do not correct this (:mod:`vitcam_nb.evaluate.sensitivity`).
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
 
     ``trace`` may be a list of traces or an ``open_traces`` store: then the answer is an
-    :class:`~vitcam_nb.evaluate.ambiguity_many.AmbiguityMany` (one analysis per image, read one at a time).
+    :class:`~vitcam_nb.evaluate.ambiguity_many.AmbiguityMany` (one analysis per image; over a store, one dask task
+    per image, run on the active dask.distributed Client if there is one).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc

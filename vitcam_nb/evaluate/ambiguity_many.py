@@ -1,6 +1,6 @@
 """Ambiguity over many images: the analysis of one description on each image of a list of traces or an
-``open_traces`` store (read one image at a time), and the distribution of its spread, sensitivity and chance
-to localise across images.
+``open_traces`` store (lazily: one dask task per image, each reading only its image's chunks), and the
+distribution of its spread, sensitivity and chance to localise across images.
 
 Example:
     >>> import timm, numpy as np, vitcam_nb as vc
@@ -21,6 +21,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from vitcam_nb.capture.reader import image_trace, is_store
+from vitcam_nb.compute.many import image_blocks, is_lazy
 
 __all__ = ["AmbiguityMany", "ambiguity_many"]
 
@@ -125,10 +126,57 @@ class AmbiguityMany:
         return self.report()
 
 
+def _active_client() -> Any:
+    """The active dask.distributed Client, or None (none running, or distributed not installed)."""
+    try:
+        from distributed import get_client
+    except ImportError:
+        return None
+    try:
+        return get_client()
+    except ValueError:
+        return None
+
+
+def _image(one: xr.Dataset, run: Callable[..., Any], reported: Any, space: Any, mask: Any, *args: Any) -> Any:
+    # ``one`` keeps a length-1 image dimension, so image_trace gives exactly what the loop over the store gives.
+    return run(image_trace(one, 0), reported, space, mask, *args)
+
+
+def _compute(tasks: list, scheduler: str | None, show: bool) -> list:
+    """Compute the per-image tasks on the active distributed Client (unless ``scheduler`` is named) or on dask's
+    scheduler, with a tqdm bar counting finished images."""
+    import dask
+    from dask.callbacks import Callback
+
+    client = _active_client() if scheduler is None else None
+    if client is not None:
+        from distributed import as_completed
+
+        futures = client.compute(tasks)
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="ambiguity", disable=not show):
+            pass
+        return client.gather(futures)
+    keys = {t.key for t in tasks}
+    bar = tqdm(total=len(tasks), desc="ambiguity", disable=not show)
+
+    class _Bar(Callback):
+        def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+            if key in keys:
+                bar.update()
+
+    with bar, _Bar():
+        return list(dask.compute(*tasks, scheduler=scheduler))
+
+
 def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: Any, masks: Any, *args: Any,
-                   progress: bool | None = None) -> AmbiguityMany:
+                   progress: bool | None = None, scheduler: str | None = None) -> AmbiguityMany:
     """Run ``one`` (the single-trace analysis) on each trace of a list or store; ``masks`` is None (a store's
     masks are used when it has them) or one mask per image.
+
+    A lazy (``open_traces``) store becomes one dask task per image, computed on the active dask.distributed
+    Client if there is one, else on dask's default scheduler (or ``scheduler``); a list of traces, already in
+    memory, is a plain loop. Either way a tqdm bar counts the images (shown from 9 images, or per ``progress``).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -139,21 +187,25 @@ def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: A
         >>> len(ambiguity_many(trs, one, dict(site="F1", layer=0), None, None).results)
         2
     """
-    if is_store(traces):
-        n = traces.sizes["image"]
+    import dask
 
-        def get(i: int) -> xr.Dataset:
-            return image_trace(traces, i)
+    store = is_store(traces)
+    if store:
+        n = traces.sizes["image"]
     elif isinstance(traces, Sequence) and not isinstance(traces, str) and traces:
         n = len(traces)
-
-        def get(i: int) -> xr.Dataset:
-            return traces[i]
     else:
         raise TypeError(f"trace: expected a trace Dataset, a non-empty list of them or an open_traces store, got "
                         f"{type(traces).__name__}")
     if masks is not None and len(masks) != n:
         raise ValueError(f"mask: over {n} images give one mask per image (a list), got {len(masks)}")
-    results = [one(get(i), reported, space, None if masks is None else masks[i], *args)
-               for i in tqdm(range(n), desc="ambiguity", disable=not (n > 8 if progress is None else progress))]
-    return AmbiguityMany(results)
+    show = n > 8 if progress is None else bool(progress)
+    mask = [None] * n if masks is None else list(masks)
+    if store and is_lazy(traces):
+        blocks = image_blocks(traces)
+        tasks = [dask.delayed(_image)(blocks.isel(image=[i]), one, reported, space, mask[i], *args)
+                 for i in range(n)]
+        return AmbiguityMany(_compute(tasks, scheduler, show))
+    get = (lambda i: image_trace(traces, i)) if store else traces.__getitem__
+    return AmbiguityMany([one(get(i), reported, space, mask[i], *args)
+                          for i in tqdm(range(n), desc="ambiguity", disable=not show)])

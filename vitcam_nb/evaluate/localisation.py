@@ -2,7 +2,8 @@
 
 Every function takes a 2-D saliency map and a boolean mask of the *same shape* (measure the upsampled
 map, ``vc.cam(tr, recipe)``, against a pixel mask); a mask of another shape or an empty mask raises
-``ValueError``. A map equal to the mask scores 1 on every metric here.
+``ValueError``. A map equal to the mask scores 1 on every metric here (on :func:`topk_intersection` when ``k`` is
+at most the mask size).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage, stats
 
-from vitcam_nb.evaluate._common import as_map, as_mask, nan_because, order_desc, warn
+from vitcam_nb.evaluate._common import as_map, as_mask, nan_because, order_desc, resolve_k, warn
 
 __all__ = [
     "LOCALISATION_METRICS",
@@ -20,6 +21,7 @@ __all__ = [
     "pointing_game",
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
+    "topk_intersection",
 ]
 
 
@@ -126,6 +128,29 @@ def relevance_rank_accuracy(saliency: object, mask: object) -> float:
     return float(msk.ravel()[order[:k]].mean())
 
 
+def topk_intersection(saliency: object, mask: object, k: int | float = 0.1) -> float:
+    """Top-k intersection (Theiner et al. 2021): the share of the map's ``k`` highest cells that lie inside
+    the mask.
+
+    ``k`` is a count (1..n) or a fraction of the cells in (0, 1] (see :func:`~vitcam_nb.evaluate.resolve_k`).
+    With ``k`` equal to the mask size this is :func:`relevance_rank_accuracy`. Ties at the k-th value are
+    broken by row-major cell order, with a warning. NaN with a warning for a constant map.
+
+    Example:
+        >>> topk_intersection([[4.0, 3.0], [2.0, 1.0]], [[True, False], [False, False]], k=2)
+        0.5
+    """
+    m, msk = _inputs(saliency, mask)
+    n = resolve_k(k, m.size)
+    if np.ptp(m) == 0.0:
+        return nan_because("topk_intersection", "the saliency map is constant (no top cells)")
+    order = order_desc(m)
+    flat = m.ravel()
+    if n < flat.size and flat[order[n - 1]] == flat[order[n]]:
+        warn(f"topk_intersection: tied values at the k-th cell (k={n}); ties are broken by row-major cell order")
+    return float(msk.ravel()[order[:n]].mean())
+
+
 def auroc(saliency: object, mask: object) -> float:
     """Area under the ROC curve of the map's values as a classifier of mask pixels.
 
@@ -157,4 +182,5 @@ LOCALISATION_METRICS = {
     "relevance_rank_accuracy": relevance_rank_accuracy,
     "auroc": auroc,
 }
-"""Every localisation metric by name (higher is better)."""
+"""Every localisation metric by name (higher is better) that scores 1 for a map equal to the mask; not
+:func:`topk_intersection`, whose ``k`` is a free setting (with ``k`` above the mask size it cannot reach 1)."""

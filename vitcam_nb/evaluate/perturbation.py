@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.core.provenance import weights_sha256
 from vitcam_nb.evaluate._common import recipe_fields
 from vitcam_nb.evaluate.substrates import fixed_substrate, noisy_linear_imputation
 from vitcam_nb.preprocess import data_config, prepare_input, to_pixels
@@ -33,7 +34,8 @@ _AUTO_PROGRESS_INPUTS = 256  # show a progress bar by default when a run scores 
 def model_input(model: torch.nn.Module, image: object) -> tuple[torch.Tensor, str]:
     """The model input ``(1, 3, H, W)`` for ``image`` and a word on how it was made.
 
-    * a trace (``xarray.Dataset``): its ``image`` (the display copy the maps are aligned to),
+    * a trace (``xarray.Dataset``), refused when its ``weights_sha256`` is not the model's: its ``image``
+      (the display copy the maps are aligned to),
       normalised with the mean and std recorded in the trace; no resize or crop.
     * any image :func:`vitcam_nb.preprocess.to_pixels` accepts (PIL, arrays, integer tensors), read by that
       one rule; at the model's input size normalised with the model's timm data config, no resize or crop
@@ -49,6 +51,10 @@ def model_input(model: torch.nn.Module, image: object) -> tuple[torch.Tensor, st
     if isinstance(image, xr.Dataset):
         if "image" not in image:
             raise ValueError("image: the trace has no 'image' variable")
+        traced = image.attrs.get("weights_sha256")
+        if isinstance(traced, str) and traced and traced != weights_sha256(model):
+            raise ValueError(f"image: the trace was made with other weights (sha256 {traced[:12]}...) than this "
+                             f"model's ({weights_sha256(model)[:12]}...); score a trace with the model that made it")
         pixels = np.asarray(image["image"].transpose("y", "x", "rgb").values)
         facts = json.loads(image.attrs.get("preprocessing", "{}") or "{}")
         if "mean" in facts and "std" in facts:

@@ -153,24 +153,62 @@ def test_bad_arguments_name_the_argument(tr):
     assert "weighting" in amb.open and amb.sensitivity.categories["aggregation"] > 0
 
 
-def test_a_store_is_read_one_image_at_a_time_with_its_masks(tmp_path):
+@pytest.fixture(scope="module")
+def store3(tmp_path_factory):
     model = make_model("vit")
     rng = np.random.default_rng(5)
     images = [rng.integers(0, 256, (32, 32, 3), np.uint8) for _ in range(3)]
     masks = [np.zeros((32, 32), bool) for _ in range(3)]
     for i, m in enumerate(masks):
         m[8 * i: 8 * i + 12, 4:20] = True
-    path = vc.trace_many(model, images, tmp_path / "t.zarr", masks=masks, targets="top1", progress=False)
-    store = vc.open_traces(path)
-    many = vc.ambiguity(store, reported=dict(site="F1", layer=1, weighting="layercam"))
+    return vc.trace_many(model, images, tmp_path_factory.mktemp("amb") / "t.zarr", masks=masks, targets="top1",
+                         progress=False)
+
+
+def _assert_same(many, store, reported):
     assert many.sensitivity.sizes["image"] == 3
     for i in range(3):
-        one = vc.ambiguity(vc.image_trace(store, i), reported=dict(site="F1", layer=1, weighting="layercam"))
-        assert many.results[i].sensitivity.fields == pytest.approx(one.sensitivity.fields)
+        tr = vc.image_trace(store, i)
+        one = vc.ambiguity(tr, reported=reported)
+        got = many.results[i]
+        assert [r.id for r in got.recipes] == [r.id for r in one.recipes]
+        np.testing.assert_array_equal(got.maps.values, one.maps.values)
+        assert got.sensitivity.fields == pytest.approx(one.sensitivity.fields)
+        assert got.sensitivity.interaction == pytest.approx(one.sensitivity.interaction)
+        assert got.spread.median_spearman == pytest.approx(one.spread.median_spearman)
         assert one.localises is not None  # the store's mask is used
         assert many.localises[i] == pytest.approx(one.localises)
-        direct = localising_share(one.maps.values, vc.image_trace(store, i)["mask"].values)
+        direct = localising_share(one.maps.values, tr["mask"].values)
         assert one.localises == pytest.approx(direct)
+
+
+def test_a_store_is_one_dask_task_per_image_equal_to_each_image_alone(store3):
+    from dask.callbacks import Callback
+
+    reported = dict(site="F1", layer=1, weighting="layercam")
+    store = vc.open_traces(store3)
+    finished = []
+
+    class Count(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if type(result).__name__ == "Ambiguity":
+                finished.append(key)
+
+    with Count():
+        many = vc.ambiguity(store, reported=reported)
+    assert len(set(finished)) == 3  # the per-image analyses ran as dask tasks, not in a Python loop
+    _assert_same(many, store, reported)
+
+
+def test_a_store_runs_on_an_active_distributed_client(store3):
+    distributed = pytest.importorskip("distributed")
+    reported = dict(site="F1", layer=1, weighting="gradcam")
+    store = vc.open_traces(store3)
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0") as client:
+        many = vc.ambiguity(store, reported=reported)
+        keys = client.run_on_scheduler(lambda dask_scheduler: {str(t[0]) for t in dask_scheduler.transition_log})
+    assert len({k for k in keys if k.startswith("_image-")}) == 3  # the Client's scheduler ran one task per image
+    _assert_same(many, store, reported)
 
 
 @pytest.mark.parametrize("kind", ["vit", "vit_avgpool"])

@@ -1,0 +1,205 @@
+"""Robustness: how much a map moves when the input moves a little, for every recipe at once.
+
+The kit traces each perturbed copy of the input once (:func:`~vitcam_nb.capture.trace_many.trace_many` over the
+original and ``n`` perturbed copies, one forward and one batched backward per input); every recipe's maps are then
+recomputed from the store with no model call, and the metrics are pure functions of the maps, inputs and logits
+(:func:`robustness_scores`). Quantus instead reruns the explainer per recipe and per perturbation.
+
+Perturbations are uniform noise ``U(-radius, radius)`` on every element of the normalised model input, drawn from
+``numpy.random.default_rng(seed)`` (:func:`perturb`); the seed, radius and count are recorded in the result.
+
+* **max_sensitivity** / **avg_sensitivity** (Yeh et al. 2019): the largest / mean ``||m_j - m||_F / ||m||_F``.
+* **local_lipschitz** (Alvarez-Melis and Jaakkola 2018): the largest ``||m_j - m||_2 / ||x_j - x||_2``.
+* **relative_input_stability** / **relative_output_stability** (Agarwal et al. 2022): the largest
+  ``||(m - m_j) / m||_2`` over ``max(||(x - x_j) / x||_2, eps)``, resp. over ``max(||z - z_j||_2, eps)`` with
+  ``z`` the logits; a zero in ``m`` or ``x`` is replaced by ``eps`` (as Quantus does). Unlike Quantus's default
+  (``return_nan_when_prediction_changes=True``) no perturbation is dropped when the prediction changes; the result
+  records how many did.
+
+Lower is more robust for all five.
+
+Example:
+    >>> m, x, z = np.ones((2, 2)), np.ones(3), np.ones(2)
+    >>> s = robustness_scores(m, np.stack([m, 2 * m]), x, np.stack([x, x + 0.5]), z, np.stack([z, z]))
+    >>> s["max_sensitivity"], s["avg_sensitivity"]
+    (1.0, 0.5)
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+
+from vitcam_nb.capture.reader import open_traces
+from vitcam_nb.capture.trace_many import trace_many
+from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate._common import nan_because
+from vitcam_nb.evaluate.perturbation import Scorer, model_input
+
+__all__ = ["ROBUSTNESS_METRICS", "perturb", "robustness", "robustness_scores"]
+
+ROBUSTNESS_METRICS = ("max_sensitivity", "avg_sensitivity", "local_lipschitz", "relative_input_stability",
+                      "relative_output_stability")
+_EPS = 1e-6  # Quantus's eps_min for the relative stabilities
+
+
+def perturb(x: torch.Tensor, n: int = 10, radius: float = 0.2, seed: int = 0) -> torch.Tensor:
+    """``n`` copies of the model input ``x`` (1, C, H, W) with uniform noise in ``[-radius, radius]`` added to every
+    element, drawn from ``numpy.random.default_rng(seed)``: ``(n, C, H, W)``.
+
+    Example:
+        >>> p = perturb(torch.zeros(1, 3, 2, 2), n=4, radius=0.1)
+        >>> tuple(p.shape), bool(p.abs().max() <= 0.1)
+        ((4, 3, 2, 2), True)
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: expected a positive int number of perturbations, got {n!r}")
+    if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not (np.isfinite(radius) and radius > 0):
+        raise ValueError(f"radius: expected a positive finite noise bound (model-input units), got {radius!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+    noise = np.random.default_rng(seed).uniform(-radius, radius, size=(int(n),) + tuple(x.shape[1:]))
+    return x[0].unsqueeze(0) + torch.from_numpy(noise.astype(np.float32))
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``||(a - b_j) / a||_2`` per row of ``b``, a zero in ``a`` replaced by eps."""
+    a = a.ravel()
+    b = b.reshape(len(b), -1)
+    den = np.where(a == 0, _EPS, a)
+    return np.linalg.norm((a - b) / den, axis=1)
+
+
+def robustness_scores(
+    saliency: np.ndarray, perturbed: np.ndarray, x: np.ndarray, x_perturbed: np.ndarray, logits: np.ndarray,
+    logits_perturbed: np.ndarray, metrics: Sequence[str] = ROBUSTNESS_METRICS,
+) -> dict[str, float]:
+    """The robustness metrics of one map from the map of the input and the maps of its perturbed copies (pure).
+
+    Args:
+        saliency: the map of the original input; perturbed: the maps of the ``n`` copies, ``(n, ...)``.
+        x, x_perturbed: the model inputs (original and ``(n, ...)``); logits, logits_perturbed: the model's logits.
+        metrics: names from :data:`ROBUSTNESS_METRICS`.
+
+    Example:
+        >>> robustness_scores(np.ones(2), np.ones((1, 2)), np.ones(2), np.zeros((1, 2)), np.ones(2),
+        ...                   np.ones((1, 2)), ["local_lipschitz"])
+        {'local_lipschitz': 0.0}
+    """
+    unknown = [m for m in metrics if m not in ROBUSTNESS_METRICS]
+    if unknown:
+        raise ValueError(f"metrics: unknown robustness metric(s) {unknown}; expected names from {ROBUSTNESS_METRICS}")
+    m = np.asarray(saliency, np.float64)
+    mj = np.asarray(perturbed, np.float64).reshape(-1, *m.shape)
+    n = len(mj)
+    diff = np.linalg.norm((mj - m).reshape(n, -1), axis=1)
+    base = float(np.linalg.norm(m))
+    out: dict[str, float] = {}
+    for name in metrics:
+        if name in ("max_sensitivity", "avg_sensitivity"):
+            if base == 0.0:
+                out[name] = nan_because(name, "the map of the original input is all zeros (nothing to move)")
+                continue
+            ratio = diff / base
+            out[name] = float(ratio.max() if name == "max_sensitivity" else ratio.mean())
+        elif name == "local_lipschitz":
+            dx = np.linalg.norm((np.asarray(x_perturbed, np.float64) - np.asarray(x, np.float64)).reshape(n, -1),
+                                axis=1)
+            out[name] = float(np.max(diff / np.maximum(dx, _EPS)))
+        else:
+            num = _relative(m, mj)
+            if name == "relative_input_stability":
+                den = _relative(np.asarray(x, np.float64), np.asarray(x_perturbed, np.float64).reshape(n, -1))
+            else:
+                dz = np.asarray(logits_perturbed, np.float64).reshape(n, -1) - np.asarray(logits, np.float64).ravel()
+                den = np.linalg.norm(dz, axis=1)
+            out[name] = float(np.max(num / np.maximum(den, _EPS)))
+    return out
+
+
+def robustness(
+    model: torch.nn.Module,
+    image: object,
+    recipes: Sequence[Recipe],
+    *,
+    n: int = 10,
+    radius: float = 0.2,
+    seed: int = 0,
+    target: int | None = None,
+    metrics: Sequence[str] = ROBUSTNESS_METRICS,
+    path: str | Path | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> xr.DataArray:
+    """Robustness of every recipe to ``n`` seeded input perturbations, from one trace per perturbed input.
+
+    The original input and its ``n`` perturbed copies (:func:`perturb`) are traced once into a store
+    (``path``, default a temporary folder removed afterwards) for the one class ``target`` (default the class the
+    model predicts for the original input; the maps of the copies explain the same class). Every recipe's map is
+    then computed on each of the ``n + 1`` traces and scored by :func:`robustness_scores`.
+
+    Args:
+        model: the model (as for :func:`vitcam_nb.trace_many`); image: as for :func:`model_input`.
+        recipes: the recipes to score (their ``class_`` is replaced by ``target``).
+        n, radius, seed: perturbations (see :func:`perturb`); target: the class explained.
+        metrics: names from :data:`ROBUSTNESS_METRICS`.
+        path: keep the store of the ``n + 1`` traces there; batch_size, progress: of the tracing.
+
+    Returns:
+        DataArray ``(recipe, metric)`` (recipe ids as the ``recipe`` coordinate, the recipe JSON as ``recipe_json``);
+        attrs record the seed, radius, count, target and how many perturbations changed the predicted class.
+
+    Example:
+        >>> import timm, numpy as np
+        >>> m = timm.create_model("vit_tiny_patch16_224", depth=2).eval()
+        >>> r = robustness(m, np.zeros((224, 224, 3), np.uint8), [Recipe(site="F1", layer=-1)], n=2)
+        >>> r.dims, r.attrs["n_perturbations"]
+        (('recipe', 'metric'), 2)
+    """
+    recipes = list(recipes)
+    if not recipes or not all(isinstance(r, Recipe) for r in recipes):
+        raise ValueError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
+    robustness_scores(np.ones(1), np.ones((1, 1)), np.ones(1), np.ones((1, 1)), np.ones(1), np.ones((1, 1)), metrics)
+    x, _ = model_input(model, image)
+    xs = perturb(x, n, radius, seed)
+    logits = Scorer(model, "logit").logits(torch.cat([x, xs]))
+    n_classes = logits.shape[1]
+    if target is None:
+        target = int(torch.argmax(logits[0]))
+    elif isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not 0 <= target < n_classes:
+        raise ValueError(f"target: expected a class index in 0..{n_classes - 1} or None, got {target!r}")
+    sites = sorted({r.site for r in recipes})
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(path) if path is not None else Path(tmp) / "robustness.zarr"
+        trace_many(model, [x[0], *xs], store, targets=int(target), sites=sites, batch_size=batch_size,
+                   progress=progress, overwrite=True)
+        ds = open_traces(store).load()  # the maps of every recipe read the same arrays: read them once
+        rows = []
+        for recipe in recipes:
+            r = recipe.replace(class_=int(target))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DegenerateMapWarning)
+                maps = np.asarray(kind_for(ds, r).cam(ds, r).values, np.float64)
+            s = robustness_scores(maps[0], maps[1:], x[0].numpy(), xs.numpy(), logits[0].numpy(),
+                                  logits[1:].numpy(), metrics)
+            rows.append([s[name] for name in metrics])
+        ds.close()
+    changed = int((logits[1:].argmax(1) != logits[0].argmax()).sum())
+    return xr.DataArray(
+        np.array(rows), dims=("recipe", "metric"),
+        coords={"recipe": [r.replace(class_=int(target)).id for r in recipes], "metric": list(metrics),
+                "recipe_json": ("recipe", [r.replace(class_=int(target)).to_json() for r in recipes])},
+        name="robustness",
+        attrs={"n_perturbations": int(n), "radius": float(radius), "seed": int(seed), "target": int(target),
+               "perturbation": "uniform noise U(-radius, radius) per element of the normalised input, "
+                               "numpy default_rng(seed)",
+               "prediction_changed": changed, "traces": "one per input (original + perturbed), trace_many"},
+    )
