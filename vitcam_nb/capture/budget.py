@@ -108,8 +108,12 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     attn = batch * n_layers * heads * tokens * tokens * store if "F2" in plan.site_ids else 0
     n_classes = int(getattr(model, "num_classes", 0) or 0)
     labels = plan.class_labels or []
-    other = (batch * (n_classes * 4 + hw[0] * hw[1] * 3) + tokens * 8 * 12
-             + len(labels) * 4 * max((len(s) for s in labels), default=0) + n_classes * 8)
+    # Coordinates: each token axis (token; query and key with F2) carries an index, a kind (4-byte unicode,
+    # five characters) and a patch row and column; y and x index the image; classes carry an index and a label.
+    token_axes = 3 if "F2" in plan.site_ids else 1
+    other = (batch * (n_classes * 4 + hw[0] * hw[1] * 3) + token_axes * tokens * 44 + 8 * (hw[0] + hw[1])
+             + len(labels) * 4 * max((len(s) for s in labels), default=0) + n_classes * 8
+             + 8 * (n_layers + heads) + k * 128)
     parts = {"act": act, "grad": k * act, "attn": attn, "attn_grad": k * attn, "other": other}
     dataset = sum(parts.values())
     beyond = _PEAK_FIXED + _PEAK_TC_PER_TARGET * k * batch * len(adapter.blocks(model)) * tokens * width * compute
