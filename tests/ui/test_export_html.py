@@ -83,7 +83,10 @@ class Offline:
     """A page in an offline context; every request other than file:// is recorded and aborted."""
 
     def __init__(self, browser):
-        self.context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+        self.context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000},
+                                           # Playwright polls wait_for_function predicates through eval, which the
+                                           # page's own CSP forbids; requests are still recorded by the route below.
+                                           bypass_csp=True)
         self.requests: list[str] = []
         self.blocked: list[str] = []
         self.dialogs: list[str] = []
