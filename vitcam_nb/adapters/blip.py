@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
+from vitcam_nb.adapters.hf import eager_attention
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["BLIP_SITES", "BlipAdapter", "MODEL_CLASS", "XATTN_TEMPLATE", "is_blip_itm"]
@@ -64,21 +64,6 @@ def is_blip_itm(model: object) -> bool:
     """
     return any(cls.__name__ == MODEL_CLASS and cls.__module__.startswith("transformers")
                for cls in type(model).__mro__)
-
-
-def _configs(model: torch.nn.Module) -> list[Any]:
-    """Every distinct Hugging Face config object reachable from the model's modules (top, vision, text)."""
-    seen: dict[int, Any] = {}
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "_attn_implementation_internal"):
-            seen.setdefault(id(cfg), cfg)
-    for cfg in list(seen.values()):
-        for name in ("vision_config", "text_config"):
-            sub = getattr(cfg, name, None)
-            if sub is not None and hasattr(sub, "_attn_implementation_internal"):
-                seen.setdefault(id(sub), sub)
-    return list(seen.values())
 
 
 class BlipAdapter(Adapter):
@@ -156,16 +141,8 @@ class BlipAdapter(Adapter):
     def patched(self, model: torch.nn.Module) -> Iterator[None]:
         """Force the eager attention implementation for the trace (the text encoder's attention masks and any
         dispatching attention follow it), restoring every config afterwards, also on error."""
-        saved = [(cfg, cfg._attn_implementation_internal) for cfg in _configs(model)]
-        try:
-            for cfg, impl in saved:
-                if impl not in (None, "eager"):
-                    # The private field, not the property setter: the setter would also rewrite sub-configs.
-                    cfg._attn_implementation_internal = "eager"
+        with eager_attention(model):
             yield
-        finally:
-            for cfg, impl in saved:
-                cfg._attn_implementation_internal = impl
 
     def data_config(self, model: torch.nn.Module) -> dict:
         """BLIP's image processor as a timm data config: resize (squash) to ``image_size`` bicubic, OpenAI
