@@ -98,6 +98,14 @@ class Adapter:
         """Flat facts about the model for the trace attrs (num_heads, head_dim, global_pool, ...)."""
         raise NotImplementedError
 
+    def block_facts(self, model: torch.nn.Module, layer: int) -> dict[str, int]:
+        """``num_heads``, ``head_dim`` and ``stage_dim`` (residual width) of block ``layer``, for the stage
+        attrs of a hierarchical trace; the default reads timm's ``attn.num_heads`` and fused ``attn.qkv``."""
+        attn = self.blocks(model)[layer].attn
+        heads = int(attn.num_heads)
+        return {"num_heads": heads, "head_dim": int(attn.qkv.out_features // 3 // heads),
+                "stage_dim": int(attn.qkv.in_features)}
+
     # Optional override points; the defaults fit a plain pre-norm ViT.
 
     def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:

@@ -44,6 +44,8 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_beit", "vitcam_nb.adapters.hf:HfBeitAdapter", "transformers"),
     ("hf_clip", "vitcam_nb.adapters.hf_clip:HfClipAdapter", "transformers"),
     ("hf_siglip", "vitcam_nb.adapters.hf_clip:HfSiglipAdapter", "transformers"),
+    ("hf_swin", "vitcam_nb.adapters.hf_swin:HfSwinAdapter", "transformers"),
+    ("hf_swinv2", "vitcam_nb.adapters.hf_swin:HfSwinv2Adapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

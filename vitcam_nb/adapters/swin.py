@@ -37,11 +37,13 @@ WINDOWED = ("F2", "F3", "attn_out")
 NHWC = ("F1", "F6", "resid_pre")
 
 
-def window_tokens(height: int, width: int, window: tuple[int, int], shift: tuple[int, int]) -> np.ndarray:
+def window_tokens(height: int, width: int, window: tuple[int, int], shift: tuple[int, int],
+                  pad_first: bool = False) -> np.ndarray:
     """Raster token index at each (window, position) of a shifted-window block; -1 marks padding.
 
     Applies the block's own steps (cyclic shift by ``-shift``, padding to a window multiple, window
-    partition) to the token indices, so reading a windowed tensor through it undoes the shift.
+    partition) to the token indices, so reading a windowed tensor through it undoes the shift. timm shifts
+    and then pads; Hugging Face's Swin layers pad and then shift the padded grid (``pad_first=True``).
 
     Example:
         >>> window_tokens(2, 4, (2, 2), (0, 0))
@@ -49,11 +51,14 @@ def window_tokens(height: int, width: int, window: tuple[int, int], shift: tuple
                [2, 3, 6, 7]])
     """
     idx = torch.arange(height * width).view(1, height, width, 1)
-    if any(shift):
-        idx = torch.roll(idx, shifts=(-shift[0], -shift[1]), dims=(1, 2))
     pad_h = (window[0] - height % window[0]) % window[0]
     pad_w = (window[1] - width % window[1]) % window[1]
-    idx = torch.nn.functional.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
+    if pad_first:
+        idx = torch.nn.functional.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
+    if any(shift):
+        idx = torch.roll(idx, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    if not pad_first:
+        idx = torch.nn.functional.pad(idx, (0, 0, 0, pad_w, 0, pad_h), value=-1)
     hp, wp = height + pad_h, width + pad_w
     windows = idx.view(hp // window[0], window[0], wp // window[1], window[1]).permute(0, 2, 1, 3)
     return windows.reshape(-1, window[0] * window[1]).numpy()
@@ -73,6 +78,8 @@ class SwinAdapter(Adapter):
     block_template = "layers.{stage}.blocks.{block}"
     sites = SWIN_SITES
     hierarchical = True
+    #: Sites captured as (..., H, W, C) grids, flattened to raster tokens (timm blocks work on NHWC tensors).
+    grid_sites: tuple[str, ...] = NHWC
 
     def matches(self, model: torch.nn.Module) -> bool:
         from timm.models.swin_transformer import SwinTransformer
@@ -154,7 +161,7 @@ class SwinAdapter(Adapter):
         """Token sites in raster order of the stage grid: NHWC flattened, windows put back, shift undone. The
         leading dimensions (batch; targets, batch) are kept: windows of one image are contiguous."""
         h, w = self.grid_of(ctx, layer)
-        if site in NHWC:
+        if site in self.grid_sites:
             return tensor.reshape(*tensor.shape[:-3], h * w, tensor.shape[-1])
         if site not in WINDOWED:
             return tensor

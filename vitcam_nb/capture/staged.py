@@ -52,7 +52,6 @@ def assemble_tree(plan: TracePlan, prepared: PreparedInput, image: ImagePass, ru
     nodes: dict[str, xr.Dataset] = {}
     root: xr.Dataset | None = None
     token_sites = [s for s in plan.site_ids if s != ATTENTION_SITE]
-    blocks = adapter.blocks(model)
     stages = adapter.stages(model)
     for s, stage_layers in enumerate(stages):
         ids = [layer for layer in plan.layer_ids if layer in stage_layers]
@@ -62,12 +61,9 @@ def assemble_tree(plan: TracePlan, prepared: PreparedInput, image: ImagePass, ru
                       grid=adapter.grid_of(run.ctx, ids[0]))
         if ATTENTION_SITE in plan.site_ids:
             ds = _add_window_attention(ds, plan, image, run, ids)
-        attn = blocks[ids[0]].attn
-        heads = int(attn.num_heads)
         ds.attrs.update({
             "stage": s, "stage_first_layer": stage_layers[0], "stage_blocks": len(stage_layers),
-            "num_heads": heads, "head_dim": int(attn.qkv.out_features // 3 // heads),
-            "stage_dim": int(attn.qkv.in_features),
+            **adapter.block_facts(model, ids[0]),
         })
         for site in plan.site_ids:
             ds.attrs[f"hook_{site}"] = adapter.site_table(model)[site].hook(adapter.block_template)
