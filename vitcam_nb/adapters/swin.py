@@ -29,8 +29,10 @@ SWIN_SITES: dict[str, SiteSpec] = {
     "F6": SiteSpec("", "output", "residual stream after the MLP (block output)"),
     "resid_pre": SiteSpec("", "input", "residual stream entering the block"),
     "attn_out": SiteSpec("attn", "output", "window attention output after the projection"),
-    "resid_mid": SiteSpec("mlp", "input", "MLP input (V1: = F4; V2 post-norm: residual after attention)"),
+    "resid_mid": SiteSpec("norm2", "input", "residual stream after the attention residual"),
 }
+# In a post-norm V2 block the MLP reads the residual stream itself (norm2 comes after the MLP).
+V2_RESID_MID = SiteSpec("mlp", "input", "residual stream after the attention residual (the MLP's input)")
 # Swin V2 blocks are post-norm (x + norm1(attn(x)), x + norm2(mlp(x))): no LayerNorm feeds attention or MLP.
 POST_NORM_MISSING = ("F1", "F4")
 WINDOWED = ("F2", "F3", "attn_out")
@@ -105,7 +107,8 @@ class SwinAdapter(Adapter):
 
     def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
         if self.is_v2(model):
-            return {k: v for k, v in self.sites.items() if k not in POST_NORM_MISSING}
+            table = {k: v for k, v in self.sites.items() if k not in POST_NORM_MISSING}
+            return {**table, "resid_mid": V2_RESID_MID}
         return dict(self.sites)
 
     def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
