@@ -1,7 +1,7 @@
-"""Cross-library agreement for Swin (issue #18): a tiny random timm Swin and the Hugging Face ``SwinForImageClassification``
-carrying the same weights (the state dict converted here by an explicit key mapping) give the same hierarchical
-trace at every site, the same window attention and window keys, and the same map for every preset a Swin trace
-takes."""
+"""Cross-library agreement for Swin (issue #18): a tiny random timm Swin and the Hugging Face
+``SwinForImageClassification`` carrying the same weights (the state dict converted here by an explicit key
+mapping) give the same hierarchical trace at every site, the same window attention and window keys, and the
+same map for every preset a Swin trace takes."""
 
 from __future__ import annotations
 

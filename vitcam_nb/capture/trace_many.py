@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.adapters.hf_processor import processor_facts
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
 from vitcam_nb.capture.passes import run_pass
@@ -38,6 +39,7 @@ from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
 from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
+from vitcam_nb.targets.classes import head_size
 
 __all__ = ["store_settings", "trace_many"]
 
@@ -51,9 +53,10 @@ def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Data
     return [assemble(plan, p, run.image(b), run) for b, p in enumerate(prepared)]
 
 
-def store_settings(plan: TracePlan) -> dict:
-    """What a store holds traces of: model, weights, layers, sites, targets, dtype, labels, preprocessing. A
-    store written with other settings is refused, and traces are never mixed.
+def store_settings(plan: TracePlan, processor: object = None) -> dict:
+    """What a store holds traces of: model, weights, layers, sites, targets, dtype, labels, preprocessing (and
+    the Hugging Face image processor's facts when one is given). A store written with other settings is
+    refused, and traces are never mixed.
 
     Example:
         >>> import timm
@@ -65,7 +68,7 @@ def store_settings(plan: TracePlan) -> dict:
     name, tag = model_name(plan.model)
     cfg = data_config(plan.model)
     target = plan.target
-    return {
+    settings = {
         "schema_version": SCHEMA_VERSION,
         "store_version": STORE_VERSION,
         "model_name": name,
@@ -86,6 +89,9 @@ def store_settings(plan: TracePlan) -> dict:
             "crop_mode": str(cfg.get("crop_mode", "center")),
         },
     }
+    if processor is not None:  # only then: stores written without one keep their settings id
+        settings["processor"] = processor_facts(processor)
+    return settings
 
 
 def trace_many(
@@ -105,6 +111,7 @@ def trace_many(
     overwrite: bool = False,
     verify: bool = True,
     progress: bool = True,
+    processor: Any = None,
 ) -> Path:
     """Trace every image into one zarr store: batched forward and backward passes, resumable.
 
@@ -131,6 +138,8 @@ def trace_many(
         overwrite: replace an existing store instead of resuming it.
         verify: check that images already done are the same images (by input hash).
         progress: show a progress bar.
+        processor: a Hugging Face image processor that preprocesses every image instead of the model's own
+            data config, as in :func:`vitcam_nb.trace`; its facts are part of the store's settings.
 
     Returns:
         the store path; open it with :func:`open_traces`.
@@ -148,7 +157,7 @@ def trace_many(
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
-    settings = store_settings(plan)
+    settings = store_settings(plan, processor)
     path = Path(path)
     if path.suffix.lower() != ".zarr":
         raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
@@ -209,16 +218,16 @@ def trace_many(
                 seen = i + 1
                 if store is not None and i < len(store.done) and store.done[i]:
                     if verify:
-                        digest = array_sha256(prepare_input(model, item.image).tensor)
+                        digest = array_sha256(prepare_input(model, item.image, processor).tensor)
                         if digest != store.hashes[i]:
                             raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
                                                  f"{store.hashes[i][:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
-                if item.label >= int(model.num_classes):
+                if item.label >= head_size(model):
                     raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
-                                     f"{int(model.num_classes)} classes (0..{int(model.num_classes) - 1}, or -1/None)")
-                prepared = prepare_input(model, item.image)
+                                     f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
+                prepared = prepare_input(model, item.image, processor)
                 pending.append((i, item, prepared))
             flush()
     finally:

@@ -124,7 +124,8 @@ def reference(model: torch.nn.Module, x: torch.Tensor, classes: list[int], v2: b
         if site not in WINDOWED:
             ref[(layer, site)] = (t.detach()[0], gr[:, 0])
         elif site != "F2":
-            ref[(layer, site)] = (_merge(blk, grid, t.detach(), v2), torch.stack([_merge(blk, grid, gi, v2) for gi in gr]))
+            merged = torch.stack([_merge(blk, grid, gi, v2) for gi in gr])
+            ref[(layer, site)] = (_merge(blk, grid, t.detach(), v2), merged)
         else:  # (windows, heads, N, N) -> rows by raster query token through the merge path of slot ids
             n_win, heads, n, _ = t.shape
             slots = torch.arange(n_win * n, dtype=torch.float64).reshape(n_win, n, 1)
