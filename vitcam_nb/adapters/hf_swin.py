@@ -146,7 +146,17 @@ class HfSwinAdapter(SwinAdapter):
         return self.relative_sites("")
 
     def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
+        self._check_layout(model)
         return self.relative_sites(f"{self.base_prefix}." if hasattr(model, self.base_prefix) else "")
+
+    def _check_layout(self, model: torch.nn.Module) -> None:
+        first = self.blocks(model)[0]
+        for module, _, _ in self.site_rows.values():
+            try:
+                first.get_submodule(module)
+            except AttributeError:
+                raise TypeError(f"model: {type(model).__name__}'s layers have no {module!r}: not the transformers 5 "
+                                f"layout the {self.family} adapter reads; pip install 'transformers>=5'") from None
 
     def grid_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.backbone(model).embeddings.patch_embeddings.projection

@@ -225,3 +225,10 @@ def test_absolute_position_embeddings_refuse_another_size():
     model = make_hf_swin(use_absolute_embeddings=True)
     with pytest.raises(vc.TraceError, match=r"image: the model was built for 56x56 .*got 64x64.*interpolate_pos"):
         vc.trace(model, torch.randn(1, 3, 64, 64), targets="top1", sites=["F1"])
+
+
+def test_other_layer_layout_is_refused_with_the_version():
+    model = make_hf_swin()
+    del model.swin.encoder.layers[0].blocks[0].attention.o_proj  # as in transformers 4 (attention.output.dense)
+    with pytest.raises(TypeError, match=r"no 'attention.o_proj'.*pip install 'transformers>=5'"):
+        vc.trace(model, make_image(), targets="top1", sites=["F1"])
