@@ -418,3 +418,19 @@ def test_atlas_compares_maps_from_different_stages_on_the_finest_grid(case):
     want = spearmanr(fine.ravel(), up.ravel()).statistic
     # float32 rounding of the two bilinear implementations can swap near-tied ranks: a small tolerance
     assert da.values[0, 1] == pytest.approx(want, abs=1e-4) and da.values[0, 0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["swin", "swinv2"])
+def test_resid_mid_is_the_residual_after_attention(v2):
+    """V1 (pre-norm): resid_mid = resid_pre + attn_out; V2 (post-norm): resid_pre + norm1(attn_out)."""
+    model = make_swin(v2=v2)
+    tr = vc.trace(model, make_image(), targets="top1", sites=["resid_pre", "attn_out", "resid_mid"])
+    blocks = [b for s in model.layers for b in s.blocks]
+    for layer in range(4):
+        ds = _stage(tr, layer).sel(layer=layer)
+        attn = torch.as_tensor(ds["act"].sel(site="attn_out").values)
+        if v2:
+            with torch.no_grad():
+                attn = blocks[layer].norm1(attn)
+        want = ds["act"].sel(site="resid_pre").values + attn.numpy()
+        np.testing.assert_allclose(ds["act"].sel(site="resid_mid").values, want, rtol=1e-5, atol=1e-5)
