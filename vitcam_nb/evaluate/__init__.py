@@ -51,6 +51,8 @@ from vitcam_nb.evaluate.ambiguity_many import AmbiguityMany
 from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
 from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
 from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
+from vitcam_nb.evaluate.faithfulness_more import faithfulness_correlation, monotonicity_correlation, saco
+from vitcam_nb.evaluate.irof import irof
 from vitcam_nb.evaluate.localisation import (
     LOCALISATION_METRICS,
     auroc,
@@ -72,8 +74,14 @@ from vitcam_nb.evaluate.sanity import (
     randomised_logit,
 )
 from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
+from vitcam_nb.evaluate.sufficiency import sufficiency
 
 __all__ = [
+    "sufficiency",
+    "irof",
+    "saco",
+    "monotonicity_correlation",
+    "faithfulness_correlation",
     "AGREEMENT_METRICS",
     "COMPLEXITY_METRICS",
     "LOCALISATION_METRICS",
