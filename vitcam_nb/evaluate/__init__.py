@@ -64,6 +64,7 @@ from vitcam_nb.evaluate.localisation import (
     topk_intersection,
 )
 from vitcam_nb.evaluate.perturbation import model_input
+from vitcam_nb.evaluate.randomisation_more import discrete_entropy, efficient_mprt, smooth_mprt
 from vitcam_nb.evaluate.report import report_known_answer
 from vitcam_nb.evaluate.robustness import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.sanity import (
@@ -77,6 +78,9 @@ from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
 from vitcam_nb.evaluate.sufficiency import sufficiency
 
 __all__ = [
+    "smooth_mprt",
+    "efficient_mprt",
+    "discrete_entropy",
     "sufficiency",
     "irof",
     "saco",
