@@ -28,9 +28,11 @@ import xarray as xr
 from scipy import stats
 
 from vitcam_nb.evaluate._common import nan_because, resolve_k
+from vitcam_nb.evaluate.irof import irof
 from vitcam_nb.evaluate.removal import check_count, removed_scores, setup
 
-__all__ = ["faithfulness_correlation", "monotonicity_correlation", "saco", "saco_coefficient"]
+__all__ = ["MODEL_FAITHFULNESS_METRICS", "faithfulness_correlation", "monotonicity_correlation", "saco",
+           "saco_coefficient"]
 
 
 def _correlation(kind: str, a: np.ndarray, b: np.ndarray, metric: str) -> float:
@@ -245,3 +247,13 @@ def saco(
                         coords={"group": np.arange(k), "saliency_sum": ("group", sums),
                                 "cells": ("group", [len(g) for g in groups])},
                         name="saco", attrs=attrs)
+
+
+# One calling convention: fn(model, image, saliency, target=None, **settings) -> DataArray whose attrs["value"] is
+# the score (higher = more faithful for every entry), for score cards that iterate over metrics by name.
+MODEL_FAITHFULNESS_METRICS = {
+    "faithfulness_correlation": faithfulness_correlation,
+    "monotonicity_correlation": monotonicity_correlation,
+    "irof": irof,
+    "saco": saco,
+}
