@@ -98,9 +98,10 @@ def smooth_mprt(
 
     Example:
         >>> import timm, vitcam_nb as vc
+        >>> _ = torch.manual_seed(0)
         >>> m = timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, num_classes=3)
-        >>> r = smooth_mprt(m, torch.rand(3, 32, 32), vc.Recipe(layer=0, class_=0), n_samples=2,
-        ...                 trace_kwargs={"sites": ["F1"]})
+        >>> x = torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(1))
+        >>> r = smooth_mprt(m, x, vc.Recipe(layer=0, class_=0), n_samples=2, trace_kwargs={"sites": ["F1"]})
         >>> r["layer"].values.tolist()
         ['head', 'blocks.0', 'embed']
     """
@@ -196,6 +197,7 @@ def efficient_mprt(
 
     Example:
         >>> import timm, vitcam_nb as vc
+        >>> _ = torch.manual_seed(0)
         >>> m = timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, num_classes=3)
         >>> r = efficient_mprt(m, torch.rand(3, 32, 32), vc.Recipe(layer=0, class_=0), trace_kwargs={"sites": ["F1"]})
         >>> sorted(k for k in r.attrs if k.startswith("entropy"))
