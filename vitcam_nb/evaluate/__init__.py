@@ -13,12 +13,16 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
   on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
   :mod:`~vitcam_nb.evaluate.substrates`.
+* :mod:`~vitcam_nb.evaluate.faithfulness_more`: faithfulness correlation, monotonicity correlation, SaCo (and
+  :mod:`~vitcam_nb.evaluate.irof`), on the removal engine of :mod:`~vitcam_nb.evaluate.removal`;
+  :mod:`~vitcam_nb.evaluate.sufficiency` over a set of images (no model call).
 * :mod:`~vitcam_nb.evaluate.ambiguity`: every recipe a description allows, their spread and the share of map
   variance each open choice explains (:mod:`~vitcam_nb.evaluate.space`, :mod:`~vitcam_nb.evaluate.sensitivity`;
   over many images :mod:`~vitcam_nb.evaluate.ambiguity_many`).
 * :mod:`~vitcam_nb.evaluate.robustness`: max/average sensitivity, local Lipschitz, relative input/output
   stability of every recipe from one trace per perturbed input.
-* :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check.
+* :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check;
+  :mod:`~vitcam_nb.evaluate.randomisation_more`: smooth and efficient MPRT.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
@@ -51,6 +55,13 @@ from vitcam_nb.evaluate.ambiguity_many import AmbiguityMany
 from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
 from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
 from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
+from vitcam_nb.evaluate.faithfulness_more import (
+    MODEL_FAITHFULNESS_METRICS,
+    faithfulness_correlation,
+    monotonicity_correlation,
+    saco,
+)
+from vitcam_nb.evaluate.irof import irof
 from vitcam_nb.evaluate.localisation import (
     LOCALISATION_METRICS,
     auroc,
@@ -62,6 +73,7 @@ from vitcam_nb.evaluate.localisation import (
     topk_intersection,
 )
 from vitcam_nb.evaluate.perturbation import model_input
+from vitcam_nb.evaluate.randomisation_more import discrete_entropy, efficient_mprt, smooth_mprt
 from vitcam_nb.evaluate.report import report_known_answer
 from vitcam_nb.evaluate.robustness import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.sanity import (
@@ -72,8 +84,18 @@ from vitcam_nb.evaluate.sanity import (
     randomised_logit,
 )
 from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
+from vitcam_nb.evaluate.sufficiency import sufficiency
 
 __all__ = [
+    "MODEL_FAITHFULNESS_METRICS",
+    "smooth_mprt",
+    "efficient_mprt",
+    "discrete_entropy",
+    "sufficiency",
+    "irof",
+    "saco",
+    "monotonicity_correlation",
+    "faithfulness_correlation",
     "AGREEMENT_METRICS",
     "COMPLEXITY_METRICS",
     "LOCALISATION_METRICS",

@@ -28,7 +28,7 @@ __all__ = ["model_parts", "model_randomisation", "plot_randomisation", "randomis
 
 _HEAD_PREFIXES = ("norm.", "fc_norm.", "head.", "head_dist.", "attn_pool.", "head_drop.")
 _EMBED_PREFIXES = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre.")
-_INITS = ("matched", "timm")
+_INITS = ("matched", "timm", "reset")
 
 
 def model_parts(model: torch.nn.Module) -> list[tuple[str, list[str]]]:
@@ -61,6 +61,9 @@ def randomise_parts(
     effect). ``init="timm"``: timm's initialisation (truncated normal std 0.02 for weights and tokens,
     zeros for biases, ones for norm weights). Part ``i`` always gets the same draws (seeded by
     ``seed`` and the part's name), so cascading and independent randomisation use the same values.
+    ``init="reset"``: Quantus's scheme — every module of the parts that has ``reset_parameters`` (Linear,
+    Conv2d, LayerNorm) calls it right after ``torch.manual_seed(seed + 1)``; parameters outside such modules
+    (class token, position embedding) are kept. The caller's global torch generator is left as it was.
 
     Example:
         >>> import timm
@@ -76,6 +79,15 @@ def randomise_parts(
     if unknown:
         raise ValueError(f"parts: unknown part(s) {unknown}; this model has {list(table)}")
     out = copy.deepcopy(model)
+    if init == "reset":
+        chosen = {name for part in parts for name in table[part]}
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            for prefix, module in out.named_modules():
+                own = [f"{prefix}.{n}" if prefix else n for n, _ in module.named_parameters(recurse=False)]
+                if hasattr(module, "reset_parameters") and own and set(own) <= chosen:
+                    torch.manual_seed(int(seed) + 1)
+                    module.reset_parameters()
+        return out
     params = dict(out.named_parameters())
     with torch.no_grad():
         for part in parts:
