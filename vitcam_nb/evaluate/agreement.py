@@ -13,7 +13,7 @@ sign measures need maps taken before the ReLU (``recipe.replace(relu="none", nor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import ndimage, stats
@@ -23,6 +23,7 @@ from vitcam_nb.evaluate._common import as_pair, nan_because, order_desc, recipe_
 __all__ = [
     "AGREEMENT_METRICS",
     "SIGNED_METRICS",
+    "agreement_functions",
     "cosine",
     "feature_agreement",
     "pearson",
@@ -276,3 +277,24 @@ AGREEMENT_METRICS: dict[str, Callable[..., float]] = {
 
 SIGNED_METRICS: frozenset[str] = frozenset({"sign_agreement", "signed_rank_agreement"})
 """Metrics that need maps taken before the ReLU and normalisation."""
+
+
+def agreement_functions(metrics: Sequence[str | Callable[..., float]]) -> list[tuple[str, Callable[..., float]]]:
+    """``(name, function)`` for each entry of ``metrics``: a name from :data:`AGREEMENT_METRICS` or a callable
+    ``f(map_a, map_b) -> float`` (named by its ``__name__``).
+
+    Example:
+        >>> [name for name, _ in agreement_functions(["spearman", cosine])]
+        ['spearman', 'cosine']
+    """
+    out = []
+    for m in metrics:
+        if callable(m):
+            out.append((getattr(m, "__name__", "custom"), m))
+        elif m in AGREEMENT_METRICS:
+            out.append((m, AGREEMENT_METRICS[m]))
+        else:
+            raise ValueError(f"metrics: expected names from {list(AGREEMENT_METRICS)} or callables, got {m!r}")
+    if not out:
+        raise ValueError("metrics: expected at least one metric")
+    return out

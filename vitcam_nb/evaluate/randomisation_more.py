@@ -18,7 +18,7 @@ import xarray as xr
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.evaluate._common import grid_map, nan_because, warn
-from vitcam_nb.evaluate.agreement import AGREEMENT_METRICS
+from vitcam_nb.evaluate.agreement import agreement_functions
 from vitcam_nb.evaluate.perturbation import model_input
 from vitcam_nb.evaluate.removal import check_count
 from vitcam_nb.evaluate.sanity import model_parts, randomise_parts
@@ -113,7 +113,7 @@ def smooth_mprt(
     if not (np.isfinite(noise) and noise >= 0):
         raise ValueError(f"noise: expected a non-negative number, got {noise!r}")
     order = _check(seed, parts, model)
-    fns = _metrics(metrics)
+    fns = agreement_functions(metrics)
     kw = {k: v for k, v in (trace_kwargs or {}).items() if k != "targets"}
     x, _ = model_input(model, image)
     std = float(noise) * float(x.max() - x.min())
@@ -146,19 +146,6 @@ def smooth_mprt(
                if np.isfinite(values[:, 0]).any() else float("nan")},
     )
 
-
-def _metrics(metrics: Sequence[str | Callable[..., float]]) -> list[tuple[str, Callable[..., float]]]:
-    out = []
-    for m in metrics:
-        if callable(m):
-            out.append((getattr(m, "__name__", "custom"), m))
-        elif m in AGREEMENT_METRICS:
-            out.append((m, AGREEMENT_METRICS[m]))
-        else:
-            raise ValueError(f"metrics: expected names from {list(AGREEMENT_METRICS)} or callables, got {m!r}")
-    if not out:
-        raise ValueError("metrics: expected at least one metric")
-    return out
 
 
 def discrete_entropy(values: object, n_bins: int = 100) -> float:

@@ -22,7 +22,7 @@ import xarray as xr
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.evaluate._common import grid_map, warn
-from vitcam_nb.evaluate.agreement import AGREEMENT_METRICS
+from vitcam_nb.evaluate.agreement import agreement_functions
 
 __all__ = ["model_parts", "model_randomisation", "plot_randomisation", "randomise_parts", "randomised_logit"]
 
@@ -115,20 +115,6 @@ def _stable_hash(text: str) -> int:
     return int.from_bytes(text.encode()[:8].ljust(8, b"\0"), "little") % 1_000_003 + len(text)
 
 
-def _metrics(metrics: Sequence[str | Callable[..., float]]) -> list[tuple[str, Callable[..., float]]]:
-    out = []
-    for m in metrics:
-        if callable(m):
-            out.append((getattr(m, "__name__", "custom"), m))
-        elif m in AGREEMENT_METRICS:
-            out.append((m, AGREEMENT_METRICS[m]))
-        else:
-            raise ValueError(f"metrics: expected names from {list(AGREEMENT_METRICS)} or callables, "
-                             f"got {m!r}")
-    if not out:
-        raise ValueError("metrics: expected at least one metric")
-    return out
-
 
 def _fix_class(recipe: object, cls: int) -> object:
     try:
@@ -193,7 +179,7 @@ def model_randomisation(
 
     if mode not in ("cascading", "independent"):
         raise ValueError(f"mode: expected 'cascading' or 'independent', got {mode!r}")
-    fns = _metrics(metrics)
+    fns = agreement_functions(metrics)
     available = [name for name, _ in model_parts(model)]
     order = list(available) if parts is None else list(parts)
     unknown = [p for p in order if p not in available]
@@ -309,7 +295,7 @@ def randomised_logit(
     """
     if recipe.layer_fusion == "rollout":
         raise ValueError("recipe: attention rollout does not depend on the class; the check does not apply")
-    fns = _metrics(metrics)
+    fns = agreement_functions(metrics)
     pred = int(np.argmax(tr["logits"].values))
     traced = [int(c) for c in tr["target_class"].values if int(c) >= 0]
     if pred not in traced:
