@@ -180,7 +180,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         keys = list(cap.tensors)
         # Parameters are frozen, so a site that does not depend on the image has no graph: its gradient is zero.
         needed = [k for k in keys if cap.tensors[k].requires_grad]
-        with releasing_during_backward([cap.tensors[k] for k in needed]):
+        per_layer = {k[0]: cap.tensors[k] for k in needed}  # one release per block: each costs page faults later
+        with releasing_during_backward(list(per_layer.values())):
             got = dict(zip(needed, _batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
         release_freed_memory()
         grads = [got.get(k) for k in keys]
