@@ -28,8 +28,9 @@ CUDA_DETERMINISTIC = ("torch.use_deterministic_algorithms(True, warn_only=True),
 
 
 _DEVICES = "None (the model's own device), \"cpu\", \"cuda\", \"cuda:N\" or \"mps\""
-# Models being traced, by id: an entry lives only while its trace runs, and the caller holds the model meanwhile.
-_BUSY: set[int] = set()
+# The module ids of each running trace's model: an entry lives only while its trace runs, and the caller holds the
+# model (so its modules' ids stay theirs) meanwhile.
+_BUSY: dict[int, set[int]] = {}
 _BUSY_LOCK = threading.Lock()
 
 
@@ -94,29 +95,31 @@ def check_autocast() -> None:
 
 @contextlib.contextmanager
 def exclusive(model: torch.nn.Module) -> Iterator[None]:
-    """One trace at a time per model: a second trace of the same model, from another thread or from inside the
-    first, is refused rather than sharing its hooks, ``fused_attn`` flags and device moves.
+    """One trace at a time per module: a trace of a model that is, contains, is contained in or shares a
+    module with a model being traced (from another thread, or from inside the first trace) is refused rather
+    than sharing its hooks, ``fused_attn`` flags, parameter flags and device moves.
 
     Example:
-        >>> m = torch.nn.Linear(1, 1)
+        >>> m = torch.nn.Sequential(torch.nn.Linear(1, 1))
         >>> with exclusive(m):
-        ...     with exclusive(m):  # doctest: +IGNORE_EXCEPTION_DETAIL
+        ...     with exclusive(m[0]):  # doctest: +IGNORE_EXCEPTION_DETAIL
         ...         pass
         Traceback (most recent call last):
         TraceError: model: this model is already being traced ...
     """
-    key = id(model)
+    token = object()
+    modules = {id(module) for module in model.modules()}
     with _BUSY_LOCK:
-        if key in _BUSY:
-            raise TraceError("model: this model is already being traced (by another thread, or from inside a "
-                             "trace); trace it from one thread at a time, or give each thread its own copy "
-                             "(copy.deepcopy(model))")
-        _BUSY.add(key)
+        if any(modules & busy for busy in _BUSY.values()):
+            raise TraceError("model: this model is already being traced, or a model that contains it, is contained "
+                             "in it or shares a module with it (by another thread, or from inside a trace); trace "
+                             "it from one thread at a time, or give each thread its own copy (copy.deepcopy(model))")
+        _BUSY[id(token)] = modules
     try:
         yield
     finally:
         with _BUSY_LOCK:
-            _BUSY.discard(key)
+            del _BUSY[id(token)]
 
 
 @contextlib.contextmanager
