@@ -89,3 +89,30 @@ def test_swin_is_not_estimated_and_traces_unchecked():
     with pytest.raises(vc.TraceError, match="^model: the memory estimate covers flat token layouts"):
         vc.estimate(model)
     vc.trace(model, np.zeros((28, 28, 3), np.uint8), "top1", sites=["F1"], max_bytes=1)
+
+
+def test_trace_many_checks_each_batch_against_its_budget_before_the_pass(tmp_path):
+    from vitcam_nb.capture.budget import estimate_plan
+    from vitcam_nb.capture.plan import TracePlan
+
+    model = make_model("vit")
+    before = snapshot(model)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    one = estimate_plan(TracePlan.for_store(model, "top2"), (32, 32), batch=1)
+    three = estimate_plan(TracePlan.for_store(model, "top2"), (32, 32), batch=3)
+    # A batch holds its pass and the stacked copy of its Datasets.
+    need = three["peak_bytes"] + three["dataset_bytes"]
+    assert three["dataset_bytes"] > 2.9 * one["dataset_bytes"]
+    with pytest.raises(vc.TraceError, match=r"^max_bytes: this trace needs about .* batch_size=1 -> ") as info:
+        vc.trace_many(model, [IMAGE] * 3, tmp_path / "s.zarr", targets="top2", batch_size=3, max_bytes=need - 1,
+                      progress=False)
+    assert f"{need / 1e9:.2f} GB" in str(info.value)
+    with pytest.raises(vc.TraceError, match=r"^max_bytes: expected a positive number"):
+        vc.trace_many(model, [IMAGE], tmp_path / "s.zarr", targets="top2", max_bytes="1GB", progress=False)
+    handle.remove()
+    assert calls == [] and not (tmp_path / "s.zarr").exists()
+    assert_unchanged(before, model)
+    vc.trace_many(model, [IMAGE] * 3, tmp_path / "s.zarr", targets="top2", batch_size=3, max_bytes=need,
+                  progress=False)
+    assert vc.open_traces(tmp_path / "s.zarr").sizes["image"] == 3
