@@ -7,9 +7,9 @@ image and coordinates). The peak follows from how the pass holds memory (paramet
 handed back as it goes: :mod:`vitcam_nb.capture.runtime`): after the forward pass, autograd's graph (per block,
 with parameters frozen, about six token-by-channel tensors, the MLP's hidden input and the softmax attention)
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
-compute dtype plus the backward's transients (one attention-map and one MLP-hidden gradient per target); the
+compute dtype; in between, the backward's transients (one attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for nine cases and
+plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for nine cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
 The estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); hierarchical (Swin) and
 cross-attention (BLIP) models are not estimated and not budget-checked.
@@ -127,7 +127,8 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     held = (act + attn) * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
     graph = batch * len(blocks) * (tokens * (_GRAPH_TC * width + hidden) + heads * tokens * tokens) * compute
     transient = k * batch * (heads * tokens * tokens + tokens * hidden) * compute
-    peak = _PEAK_FIXED + other + max(graph + (act + attn) * compute / store, held + transient)
+    # The backward's transients come on top of either: the graph is released only once the backward is done.
+    peak = _PEAK_FIXED + other + transient + max(graph + (act + attn) * compute / store, held)
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()}, "tokens": tokens, "targets": k - 1,
             "input_size": [int(hw[0]), int(hw[1])]}

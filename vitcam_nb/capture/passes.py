@@ -27,7 +27,13 @@ import torch
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
-from vitcam_nb.capture.runtime import deterministic, frozen_parameters, release_freed_memory, releasing_during_backward
+from vitcam_nb.capture.runtime import (
+    deterministic,
+    frozen_parameters,
+    release_freed_memory,
+    releasing_during_backward,
+    releasing_during_forward,
+)
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["ImagePass", "PassResult", "check_input", "run_pass"]
@@ -161,7 +167,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
-        z = plan.target.batch_scores(model, x)
+        with releasing_during_forward(adapter.blocks(model)):
+            z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
         missing += [f"{s}@{i}" for s in plan.site_ids if s in extra for i in range(len(extra[s]))

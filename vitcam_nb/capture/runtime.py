@@ -21,7 +21,7 @@ import torch
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["CUDA_DETERMINISTIC", "check_autocast", "check_device", "deterministic", "exclusive", "frozen_parameters",
-           "on_device", "release_freed_memory", "releasing_during_backward"]
+           "on_device", "release_freed_memory", "releasing_during_backward", "releasing_during_forward"]
 
 CUDA_DETERMINISTIC = ("torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic=True, "
                       "cudnn.benchmark=False")
@@ -224,6 +224,28 @@ def releasing_during_backward(tensors: list[torch.Tensor]) -> Iterator[None]:
 
 def _release_hook(_grad: torch.Tensor) -> None:
     release_freed_memory()
+
+
+@contextlib.contextmanager
+def releasing_during_forward(blocks: list[torch.nn.Module]) -> Iterator[None]:
+    """Call :func:`release_freed_memory` after each of ``blocks`` runs forward, so the block's freed transients
+    (its qkv, scores and MLP hidden tensors) leave resident memory; the hooks are removed on exit.
+
+    Example:
+        >>> lin = torch.nn.Linear(1, 1)
+        >>> with releasing_during_forward([lin]):
+        ...     _ = lin(torch.ones(1))
+        >>> len(lin._forward_hooks)
+        0
+    """
+    handles = []
+    try:
+        for block in blocks:
+            handles.append(block.register_forward_hook(lambda *_: release_freed_memory()))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @contextlib.contextmanager
