@@ -9,7 +9,7 @@ with parameters frozen, about six token-by-channel tensors, the MLP's hidden inp
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
 compute dtype; in between, the backward's transients (one attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for nine cases and
+plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for eight cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
 The estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); hierarchical (Swin) and
 cross-attention (BLIP) models are not estimated and not budget-checked.
