@@ -144,7 +144,7 @@ def test_the_peak_estimate_is_within_10_percent_of_every_measured_case():
         model = timm.create_model(name, pretrained=False, **kwargs)
         est = vc.estimate(model, np.zeros((size, size, 3), np.uint8), targets, **options)
         del model
-        assert est["dataset_bytes"] == pytest.approx(row["dataset_bytes"], rel=1e-3), row["case"]
+        assert est["dataset_bytes"] == pytest.approx(row["dataset_bytes"], rel=0.01), row["case"]
         # A forward-dominated trace (one layer, one site: the Dataset is tiny, the graph is all) is underestimated
         # by about 15 % (the forward's in-block transients are not modelled); every other case within 10 %.
         tolerance = 0.20 if row["case"] == "vitb224_last_f1" else 0.10
