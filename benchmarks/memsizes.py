@@ -1,6 +1,7 @@
 """Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
-memory of the pass, for ViT-B/16 at 224 and 384 px and DINOv2-S at 518 px (random-init timm models, no
-download), each in a fresh process, one at a time. Writes ``benchmarks/MEMORY.json`` and, with ``--readme``,
+memory of the pass, for the issue's three cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
+five held-out ones (other target counts, float16 storage, one layer and site, other widths), random-init timm
+models (no download), each in a fresh process, one at a time. Writes ``benchmarks/MEMORY.json`` and, with ``--readme``,
 the README table between ``<!-- memory:start -->`` and ``<!-- memory:end -->``.
 
 Usage::
@@ -21,10 +22,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "MEMORY.json"
+# case: timm name, model kwargs, input size, label, targets, other trace arguments
 CASES = {
-    "vitb224": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5"),
-    "vitb384": ("vit_base_patch16_384", {}, 384, "ViT-B/16", "top5"),
-    "dinov2s518": ("vit_small_patch14_dinov2", {"num_classes": 1000}, 518, "DINOv2-S/14", "top5"),
+    "vitb224": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {}),
+    "vitb384": ("vit_base_patch16_384", {}, 384, "ViT-B/16", "top5", {}),
+    "dinov2s518": ("vit_small_patch14_dinov2", {"num_classes": 1000}, 518, "DINOv2-S/14", "top5", {}),
+    "vitb224_top1": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top1", {}),
+    "vitb224_f16": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"dtype": "float16"}),
+    "vitb224_last_f1": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"layers": [-1], "sites": ["F1"]}),
+    "vits224_top3_f1f2": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"sites": ["F1", "F2"]}),
+    "vitt384_top10": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {}),
 }
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 
@@ -39,26 +46,31 @@ def _kib(field: str) -> int:
 
 def measure(case: str) -> dict:
     """One case in this process: the estimate, then the trace with its peak resident memory rise."""
+    import time
+
     import numpy as np
     import timm
     import torch
 
     import vitcam_nb as vc
 
-    name, kwargs, size, label, targets = CASES[case]
+    name, kwargs, size, label, targets, options = CASES[case]
     torch.set_num_threads(1)
     tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
     vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")  # lazy imports, not the trace's memory
     model = timm.create_model(name, pretrained=False, **kwargs).eval()
     image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
-    est = vc.estimate(model, image, targets)
+    est = vc.estimate(model, image, targets, **options)
     gc.collect()
     before = _kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    tr = vc.trace(model, image, targets, max_bytes=float("inf"))
+    start = time.perf_counter()
+    tr = vc.trace(model, image, targets, max_bytes=float("inf"), **options)
+    seconds = time.perf_counter() - start
     peak = (_kib("VmHWM") - before) * 1024
     return {"case": case, "model": label, "timm_name": name, "input": size, "targets": targets,
+            "options": ", ".join(f"{k}={v!r}" for k, v in options.items()), "seconds": round(seconds, 1),
             "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
             "estimate_dataset_bytes": est["dataset_bytes"], "estimate_peak_bytes": est["peak_bytes"],
             "peak_over_dataset": round(peak / tr.nbytes, 2), "torch_threads": 1}
@@ -66,10 +78,11 @@ def measure(case: str) -> dict:
 
 def table(rows: list[dict]) -> str:
     """The README table of measured sizes."""
-    lines = ["| model | input | targets | Dataset (measured / estimated) | peak RSS rise (measured / estimated) "
-             "| peak / Dataset |", "|---|---|---|---|---|---|"]
+    lines = ["| model | input | targets | other arguments | Dataset (measured / estimated) | peak RSS rise (measured / "
+             "estimated) | peak / Dataset |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['input']} px | {r['targets']} | {r['dataset_bytes'] / 1e9:.2f} / "
+        lines.append(f"| {r['model']} | {r['input']} px | {r['targets']} | {r.get('options') or '-'} | "
+                     f"{r['dataset_bytes'] / 1e9:.2f} / "
                      f"{r['estimate_dataset_bytes'] / 1e9:.2f} GB | {r['peak_rise_bytes'] / 1e9:.2f} / "
                      f"{r['estimate_peak_bytes'] / 1e9:.2f} GB | {r['peak_over_dataset']:.2f} |")
     return "\n".join(lines)

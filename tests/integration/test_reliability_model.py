@@ -159,3 +159,69 @@ def test_fuzzed_devices_and_autocast_give_a_trace_or_a_named_error(device, autoc
     else:
         assert tr.attrs["device"] == "cpu" and autocast is None
     assert_unchanged(before, model)
+
+
+def _mixed_flags_model() -> torch.nn.Module:
+    model = make_model("vit")
+    for i, p in enumerate(model.parameters()):
+        p.requires_grad_(i % 3 != 0)  # some frozen by the user, as fine-tuning leaves them
+    return model
+
+
+def test_parameters_are_frozen_for_the_pass_and_each_flag_restored():
+    model = _mixed_flags_model()
+    before = snapshot(model)
+    seen: list = []
+    handle = model.blocks[0].register_forward_pre_hook(
+        lambda *_: seen.append(any(p.requires_grad for p in model.parameters())))
+    vc.trace(model, IMAGE, targets="top2")
+    handle.remove()
+    assert seen == [False]  # autograd keeps no layer inputs for weight gradients
+    assert_unchanged(before, model)
+
+
+def test_parameter_flags_are_restored_when_the_pass_fails():
+    model = _mixed_flags_model()
+    before = snapshot(model)
+
+    def boom(*_):
+        raise RuntimeError("boom")
+
+    handle = model.blocks[-1].register_forward_hook(boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        vc.trace(model, IMAGE, targets="top2")
+    handle.remove()
+    assert_unchanged(before, model)
+
+
+def test_freezing_does_not_change_the_numbers():
+    # Independent of the kit's own freezing: a model the user froze entirely and one with every flag on give
+    # bitwise the same trace (the gradients are with respect to activations only).
+    trainable = make_model("vit")
+    frozen = make_model("vit")
+    frozen.load_state_dict(trainable.state_dict())
+    frozen.requires_grad_(False)
+    a = vc.trace(trainable, IMAGE, targets="top3")
+    b = vc.trace(frozen, IMAGE, targets="top3")
+    assert _equal(a, b)
+
+
+def test_a_model_sharing_modules_with_one_being_traced_is_refused():
+    from vitcam_nb.capture.runtime import exclusive
+
+    model = make_model("vit")
+    sharing = make_model("vit")
+    sharing.blocks[0] = model.blocks[0]  # e.g. two heads on one backbone
+    container = torch.nn.ModuleDict({"inner": model})
+    before = snapshot(sharing)
+    with exclusive(model):
+        with pytest.raises(vc.TraceError, match="^model: this model is already being traced, or a model that "):
+            vc.trace(sharing, IMAGE, targets="top1")
+        with pytest.raises(vc.TraceError, match="^model: this model is already being traced"):
+            with exclusive(container):
+                pass
+    assert_unchanged(before, sharing)
+    with exclusive(container):  # the model inside a container being traced
+        with pytest.raises(vc.TraceError, match="^model: this model is already being traced"):
+            vc.trace(model, IMAGE, targets="top1")
+    vc.trace(sharing, IMAGE, targets="top1")  # nothing traced now: allowed

@@ -117,3 +117,77 @@ def test_trace_many_names_a_broken_image_file_and_an_out_of_range_label(tmp_path
         vc.trace_many(model, [IMAGE, IMAGE], tmp_path / "b.zarr", targets="top1", image_labels=[1, 77],
                       progress=False)
     assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+
+
+def _half_store(path):
+    images = [IMAGE, 255 - IMAGE, IMAGE[::-1].copy(), IMAGE[:, ::-1].copy()]
+    vc.trace_many(MODEL, iter(images[:2]), path, targets="top1", sites=["F1"], progress=False)  # length unknown
+    return images
+
+
+def test_a_store_being_written_is_not_resumed_or_replaced_by_a_second_call(tmp_path):
+    from vitcam_nb.capture.store_lock import LOCK_NAME, StoreLock
+
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    assert not (path / LOCK_NAME).exists()  # released after the call
+    writer = StoreLock(path)
+    writer.acquire()  # another call writing, in this very process
+    for overwrite in (False, True):
+        with pytest.raises(vc.TraceFileError, match=r"^path: .*s.zarr is being written by another trace_many call "
+                                                    r"\(process \d+ on .*\); one store has one writer"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], overwrite=overwrite, progress=False)
+    assert vc.open_traces(path).sizes["image"] == 2 and (path / LOCK_NAME).exists()
+    writer.release()
+    vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    assert vc.open_traces(path).sizes["image"] == 4 and not (path / LOCK_NAME).exists()
+
+
+def test_a_stale_lock_is_taken_over_and_a_refused_resume_releases_its_lock(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from vitcam_nb.capture.store_lock import LOCK_NAME
+
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (path / LOCK_NAME).write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname(), "since": "then"}))
+    with pytest.raises(vc.TraceFileError, match="another model or settings"):
+        vc.trace_many(MODEL, images, path, targets="top2", sites=["F1"], progress=False)
+    assert not (path / LOCK_NAME).exists()  # the stale lock was taken over, then released on the refusal
+    (path / LOCK_NAME).write_text(json.dumps({"pid": gone.pid, "host": "elsewhere", "since": "then"}))
+    with pytest.raises(vc.TraceFileError, match=r"on elsewhere, since then\).*delete .*\.vitcam_nb\.lock"):
+        vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+
+
+def test_two_concurrent_resumes_of_one_store_give_one_complete_store(tmp_path):
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    lone = vc.trace_many(MODEL, images, tmp_path / "lone.zarr", targets="top1", sites=["F1"], progress=False)
+    models = [MODEL, copy.deepcopy(MODEL)]
+    outcomes: list = [None, None]
+    barrier = threading.Barrier(2)
+
+    def work(i):
+        barrier.wait()
+        try:
+            outcomes[i] = vc.trace_many(models[i], images, path, targets="top1", sites=["F1"], batch_size=1,
+                                        progress=False)
+        except vc.TraceFileError as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert path in outcomes and all(o == path or "being written by another" in str(o) for o in outcomes), outcomes
+    ds, ref = vc.open_traces(path), vc.open_traces(lone)
+    assert ds.attrs["complete"] == 1 and ds.sizes["image"] == 4
+    # Each image traced once, in its place (batch sizes differ from the lone store's: float rounding only).
+    np.testing.assert_allclose(ds["grad"].values, ref["grad"].values, rtol=1e-4, atol=1e-6)
+    assert list(ds["input_sha256"].values) == list(ref["input_sha256"].values)

@@ -23,6 +23,7 @@ import xarray as xr
 
 from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan, model_name
+from vitcam_nb.capture.runtime import release_freed_memory
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
 from vitcam_nb.core.schema import ATTENTION_SITE, EXPECTED_LABEL, EXPECTED_TARGET, SCHEMA_VERSION, target_name
@@ -123,6 +124,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
             for si, site in enumerate(token_sites):
                 act[li, si] = to_numpy(acts.pop((layer, site)), (n_tokens, n_channels), store_dtype)
                 grad[:, li, si] = to_numpy(grads.pop((layer, site)), (n_targets, n_tokens, n_channels), store_dtype)
+            release_freed_memory()  # the popped tensors' pages leave as the Dataset's fill: one copy at a time
         coords["site"] = ("site", np.array(token_sites))
         coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
         data_vars["act"] = (("layer", "site", "token", "channel"), act)
@@ -135,6 +137,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         for li, layer in enumerate(layer_ids):
             attn[li] = to_numpy(acts.pop((layer, ATTENTION_SITE)), shape, store_dtype)
             attn_grad[:, li] = to_numpy(grads.pop((layer, ATTENTION_SITE)), (n_targets, *shape), store_dtype)
+            release_freed_memory()
         coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
         for axis in ("query", "key"):
             coords[axis] = (axis, np.arange(n_tokens, dtype=np.int64))

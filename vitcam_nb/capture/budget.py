@@ -3,11 +3,14 @@ config, sites, layers, targets and dtype, and the budget a trace refuses to exce
 down).
 
 The Dataset size is exact arithmetic over the schema (``act``, ``grad``, ``attn``, ``attn_grad``, logits,
-image and coordinates). The peak is the Dataset plus what the pass holds beyond it, an empirical fit to the
-resident-memory rise measured by ``python -m benchmarks.memsizes`` (ViT-B/16 at 224 and 384 px, DINOv2-S at
-518 px, top5; ``benchmarks/MEMORY.json``): about 120 MB plus, per traced target and block, 10.7 token-by-
-channel tensors in the compute dtype (the forward graph autograd keeps and the batched backward's
-transients; a head-by-token-by-token term did not fit the measurements).
+image and coordinates). The peak follows from how the pass holds memory (parameters frozen, freed memory
+handed back as it goes: :mod:`vitcam_nb.capture.runtime`): after the forward pass, autograd's graph (per block,
+with parameters frozen, about six token-by-channel tensors, the MLP's hidden input and the softmax attention)
+plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
+compute dtype; in between, the backward's transients (one attention-map and one MLP-hidden gradient per target); the
+assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
+plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for eight cases and
+``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
 The estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); hierarchical (Swin) and
 cross-attention (BLIP) models are not estimated and not budget-checked.
 
@@ -31,13 +34,15 @@ from vitcam_nb.core.errors import TraceError
 from vitcam_nb.preprocess import data_config, prepare_input
 from vitcam_nb.targets.classes import ClassTargets
 
-__all__ = ["BUDGET_FRACTION", "available_bytes", "check_budget", "estimate", "estimate_plan"]
+__all__ = ["BUDGET_FRACTION", "available_bytes", "check_budget", "check_max_bytes", "estimate", "estimate_plan"]
 
 #: The default budget: this fraction of the memory available when the trace starts.
 BUDGET_FRACTION = 0.5
-# Fitted to benchmarks/MEMORY.json (see the module docstring): fixed bytes, token x channel tensors per target
-# and block beyond the Dataset.
-_PEAK_FIXED, _PEAK_TC_PER_TARGET = 120e6, 10.7
+# Beyond the tensors the arithmetic counts: the pass's own small allocations (hooks, coordinates, xarray).
+_PEAK_FIXED = 20e6
+# Token x channel tensors autograd keeps per block with parameters frozen: the qkv output (3), the scaled
+# queries (1) and both LayerNorm inputs (2).
+_GRAPH_TC = 6
 
 
 def available_bytes() -> int | None:
@@ -116,8 +121,15 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
              + 8 * (n_layers + heads) + k * 128)
     parts = {"act": act, "grad": k * act, "attn": attn, "attn_grad": k * attn, "other": other}
     dataset = sum(parts.values())
-    beyond = _PEAK_FIXED + _PEAK_TC_PER_TARGET * k * batch * len(adapter.blocks(model)) * tokens * width * compute
-    return {"dataset_bytes": int(dataset), "peak_bytes": int(dataset + beyond),
+    blocks = adapter.blocks(model)
+    fc1 = getattr(getattr(blocks[0], "mlp", None), "fc1", None)
+    hidden = int(getattr(fc1, "out_features", 4 * width))
+    held = (act + attn) * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
+    graph = batch * len(blocks) * (tokens * (_GRAPH_TC * width + hidden) + heads * tokens * tokens) * compute
+    transient = k * batch * (heads * tokens * tokens + tokens * hidden) * compute
+    # The backward's transients come on top of either: the graph is released only once the backward is done.
+    peak = _PEAK_FIXED + other + transient + max(graph + (act + attn) * compute / store, held)
+    return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()}, "tokens": tokens, "targets": k - 1,
             "input_size": [int(hw[0]), int(hw[1])]}
 
@@ -144,10 +156,25 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1) -> None:
+def check_max_bytes(max_bytes: object) -> None:
+    """Refuse a ``max_bytes`` that is not a positive number of bytes or None.
+
+    Example:
+        >>> check_max_bytes(2e9)
+        >>> check_max_bytes("2GB")  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceError: max_bytes: expected a positive number of bytes or None, got '2GB'
+    """
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float))
+                                  or not max_bytes > 0):
+        raise TraceError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
+
+
+def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1,
+                 stacked: bool = False) -> None:
     """Refuse a pass whose estimated peak exceeds ``max_bytes`` (None: :data:`BUDGET_FRACTION` of the
-    available memory), naming the estimate and the cheapest ways down. Models the estimate does not cover
-    pass unchecked.
+    available memory), naming the estimate and the cheapest ways down. ``stacked``: the batch's Datasets are
+    also stacked into one copy (``trace_many``). Models the estimate does not cover pass unchecked.
 
     Example:
         >>> import timm
@@ -156,13 +183,16 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
         Traceback (most recent call last):
         TraceError: max_bytes: this trace needs about ...
     """
-    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float))
-                                  or not max_bytes > 0):
-        raise TraceError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
+    check_max_bytes(max_bytes)
+    def total(p: TracePlan, n: int) -> int:
+        e = estimate_plan(p, hw, n)
+        return e["peak_bytes"] + (e["dataset_bytes"] if stacked else 0)
+
     try:
         need = estimate_plan(plan, hw, batch)
     except TraceError:
         return
+    need["peak_bytes"] = total(plan, batch)
     if max_bytes is None:
         available = available_bytes()
         if available is None:
@@ -182,7 +212,9 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
         if "target" in change and not isinstance(plan.target, ClassTargets):
             continue
         other = TracePlan(**{**plan.__dict__, **change})
-        ways.append((estimate_plan(other, hw, batch)["peak_bytes"], label))
+        ways.append((total(other, batch), label))
+    if batch > 1:
+        ways.append((total(plan, 1), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
     raise TraceError(f"max_bytes: this trace needs about {_gb(need['peak_bytes'])} at peak (Dataset "
                      f"{_gb(need['dataset_bytes'])}), over the budget of {_gb(limit)} ({what}). Cheapest ways down: "

@@ -27,7 +27,13 @@ import torch
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
-from vitcam_nb.capture.runtime import deterministic
+from vitcam_nb.capture.runtime import (
+    deterministic,
+    frozen_parameters,
+    release_freed_memory,
+    releasing_during_backward,
+    releasing_during_forward,
+)
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["ImagePass", "PassResult", "check_input", "run_pass"]
@@ -157,11 +163,12 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
     check_input(model, adapter, x)
     ctx = TraceContext(model)
     extra = plan.extra_sites
-    with deterministic(plan.run_device) as (det, det_settings), \
+    with deterministic(plan.run_device) as (det, det_settings), frozen_parameters(model), \
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
-        z = plan.target.batch_scores(model, x)
+        with releasing_during_forward(adapter.blocks(model)):
+            z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
         missing += [f"{s}@{i}" for s in plan.site_ids if s in extra for i in range(len(extra[s]))
@@ -178,7 +185,13 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         chosen = z.gather(1, torch.tensor(classes, device=z.device)).sum(dim=0)
         outputs = torch.cat([chosen, expected.sum()[None]])
         keys = list(cap.tensors)
-        grads = _batched_grad(outputs, [cap.tensors[k] for k in keys])
+        # Parameters are frozen, so a site that does not depend on the image has no graph: its gradient is zero.
+        needed = [k for k in keys if cap.tensors[k].requires_grad]
+        per_layer = {k[0]: cap.tensors[k] for k in needed}  # one release per block: each costs page faults later
+        with releasing_during_backward(list(per_layer.values())):
+            got = dict(zip(needed, _batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
+        release_freed_memory()
+        grads = [got.get(k) for k in keys]
         acts, grad_by_key = {}, {}
         for k, g in zip(keys, grads):
             act = cap.tensors[k].detach()

@@ -21,6 +21,7 @@ import xarray as xr
 
 from vitcam_nb.capture.store import dims_of
 from vitcam_nb.capture.store_layout import single_trace
+from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS
 
@@ -73,12 +74,14 @@ def open_traces(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Data
         raise TraceFileError(f"path: {path} has store_version {attrs.get('store_version')} and schema_version "
                              f"{attrs.get('schema_version')}; this vitcam_nb reads store versions "
                              f"{list(SUPPORTED_STORE_VERSIONS)} with schema {SCHEMA_VERSION}")
-    lengths = {group[k].shape[0] for k in group.array_keys() if dims_of(group[k])[:1] == ("image",)}
+    with lock_entry_ignored():
+        lengths = {group[k].shape[0] for k in group.array_keys() if dims_of(group[k])[:1] == ("image",)}
     if len(lengths) > 1:
         raise TraceFileError(f"path: {path} is being grown by a running trace_many, or was interrupted while "
                              "growing; wait for it, or rerun trace_many with the same arguments to resume (it "
                              "repairs the store)")
-    ds = xr.open_zarr(str(path), chunks={}, consolidated=False)
+    with lock_entry_ignored():
+        ds = xr.open_zarr(str(path), chunks={}, consolidated=False)
     if not incomplete:
         done = np.asarray(ds["done"].values, bool)
         ds = (ds if done.all() else ds.isel(image=np.flatnonzero(done))).drop_vars("done")

@@ -1,6 +1,6 @@
 """Where and how a pass runs: the device checked before the model is touched, the model moved there and back,
-one trace at a time per model, autocast refused, and deterministic kernels on CUDA; each context manager
-restores what it found.
+one trace at a time per model, autocast refused, deterministic kernels on CUDA, parameters frozen for the pass and
+freed memory handed back to the system as the pass goes; each context manager restores what it found.
 
 Example:
     >>> import torch
@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 from collections.abc import Iterator
 
@@ -19,15 +20,17 @@ import torch
 
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["CUDA_DETERMINISTIC", "check_autocast", "check_device", "deterministic", "exclusive", "on_device"]
+__all__ = ["CUDA_DETERMINISTIC", "check_autocast", "check_device", "deterministic", "exclusive", "frozen_parameters",
+           "on_device", "release_freed_memory", "releasing_during_backward", "releasing_during_forward"]
 
 CUDA_DETERMINISTIC = ("torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic=True, "
                       "cudnn.benchmark=False")
 
 
 _DEVICES = "None (the model's own device), \"cpu\", \"cuda\", \"cuda:N\" or \"mps\""
-# Models being traced, by id: an entry lives only while its trace runs, and the caller holds the model meanwhile.
-_BUSY: set[int] = set()
+# The module ids of each running trace's model: an entry lives only while its trace runs, and the caller holds the
+# model (so its modules' ids stay theirs) meanwhile.
+_BUSY: dict[int, set[int]] = {}
 _BUSY_LOCK = threading.Lock()
 
 
@@ -92,29 +95,31 @@ def check_autocast() -> None:
 
 @contextlib.contextmanager
 def exclusive(model: torch.nn.Module) -> Iterator[None]:
-    """One trace at a time per model: a second trace of the same model, from another thread or from inside the
-    first, is refused rather than sharing its hooks, ``fused_attn`` flags and device moves.
+    """One trace at a time per module: a trace of a model that is, contains, is contained in or shares a
+    module with a model being traced (from another thread, or from inside the first trace) is refused rather
+    than sharing its hooks, ``fused_attn`` flags, parameter flags and device moves.
 
     Example:
-        >>> m = torch.nn.Linear(1, 1)
+        >>> m = torch.nn.Sequential(torch.nn.Linear(1, 1))
         >>> with exclusive(m):
-        ...     with exclusive(m):  # doctest: +IGNORE_EXCEPTION_DETAIL
+        ...     with exclusive(m[0]):  # doctest: +IGNORE_EXCEPTION_DETAIL
         ...         pass
         Traceback (most recent call last):
         TraceError: model: this model is already being traced ...
     """
-    key = id(model)
+    token = object()
+    modules = {id(module) for module in model.modules()}
     with _BUSY_LOCK:
-        if key in _BUSY:
-            raise TraceError("model: this model is already being traced (by another thread, or from inside a "
-                             "trace); trace it from one thread at a time, or give each thread its own copy "
-                             "(copy.deepcopy(model))")
-        _BUSY.add(key)
+        if any(modules & busy for busy in _BUSY.values()):
+            raise TraceError("model: this model is already being traced, or a model that contains it, is contained "
+                             "in it or shares a module with it (by another thread, or from inside a trace); trace "
+                             "it from one thread at a time, or give each thread its own copy (copy.deepcopy(model))")
+        _BUSY[id(token)] = modules
     try:
         yield
     finally:
         with _BUSY_LOCK:
-            _BUSY.discard(key)
+            del _BUSY[id(token)]
 
 
 @contextlib.contextmanager
@@ -169,3 +174,99 @@ def deterministic(device: torch.device) -> Iterator[tuple[int, str]]:
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
+
+
+def _malloc_trim() -> object:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl, Windows): nothing to call
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand memory the process has freed back to the operating system (glibc's ``malloc_trim``; a no-op
+    elsewhere). Without it, the many mid-sized tensors a pass frees stay resident as heap holes, and resident
+    memory peaks at about twice what is alive while the gradients are copied into the Dataset.
+
+    Example:
+        >>> release_freed_memory()  # returns nothing; resident memory may drop
+    """
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+@contextlib.contextmanager
+def releasing_during_backward(tensors: list[torch.Tensor]) -> Iterator[None]:
+    """Call :func:`release_freed_memory` each time the backward pass reaches one of ``tensors`` (a gradient hook
+    that leaves the gradient unchanged), so the forward graph's freed buffers leave resident memory while the
+    gradients grow. The hooks are on the tensors, never on the model, and are removed on exit.
+
+    Example:
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> y = x * 3
+        >>> with releasing_during_backward([y]):
+        ...     torch.autograd.grad(y.sum(), [x])[0].tolist()
+        [3.0, 3.0]
+    """
+    handles = []
+    try:
+        for t in tensors:
+            if t.requires_grad:
+                handles.append(t.register_hook(_release_hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _release_hook(_grad: torch.Tensor) -> None:
+    release_freed_memory()
+
+
+@contextlib.contextmanager
+def releasing_during_forward(blocks: list[torch.nn.Module]) -> Iterator[None]:
+    """Call :func:`release_freed_memory` after each of ``blocks`` runs forward, so the block's freed transients
+    (its qkv, scores and MLP hidden tensors) leave resident memory; the hooks are removed on exit.
+
+    Example:
+        >>> lin = torch.nn.Linear(1, 1)
+        >>> with releasing_during_forward([lin]):
+        ...     _ = lin(torch.ones(1))
+        >>> len(lin._forward_hooks)
+        0
+    """
+    handles = []
+    try:
+        for block in blocks:
+            handles.append(block.register_forward_hook(lambda *_: release_freed_memory()))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def frozen_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """``requires_grad`` off on every parameter for the pass (the trace differentiates activations only, so
+    autograd then keeps no layer inputs for weight gradients), each parameter's own flag restored on exit, also
+    on error or interrupt.
+
+    Example:
+        >>> m = torch.nn.Linear(1, 1)
+        >>> with frozen_parameters(m):
+        ...     m.weight.requires_grad
+        False
+        >>> m.weight.requires_grad
+        True
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)

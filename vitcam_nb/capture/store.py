@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.capture.store_layout import strings
+from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.provenance import settings_id
 from vitcam_nb.core.schema import ENV_ATTRS, STORE_KIND, STORE_PIXELS, SUPPORTED_STORE_VERSIONS
@@ -97,7 +98,8 @@ class Store:
         self.path = path
         self.group = zarr.open_group(str(path), mode="r+")
         # Handles of the arrays with a leading image dimension (resizing a handle updates it in place).
-        self.arrays = {k: a for k, a in self.group.arrays() if dims_of(a)[:1] == ("image",)}
+        with lock_entry_ignored():
+            self.arrays = {k: a for k, a in self.group.arrays() if dims_of(a)[:1] == ("image",)}
         self.done = np.asarray(self.arrays["done"][:], bool)
         self.hashes = strings(self.arrays["input_sha256"][:])
 

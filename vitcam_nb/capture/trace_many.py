@@ -29,12 +29,14 @@ import xarray as xr
 
 from vitcam_nb.adapters.hf_processor import processor_facts
 from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.budget import check_budget, check_max_bytes
 from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_layout import stack_images, store_target_names
+from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
@@ -112,6 +114,7 @@ def trace_many(
     verify: bool = True,
     progress: bool = True,
     processor: Any = None,
+    max_bytes: float | None = None,
 ) -> Path:
     """Trace every image into one zarr store: batched forward and backward passes, resumable.
 
@@ -140,6 +143,8 @@ def trace_many(
         progress: show a progress bar.
         processor: a Hugging Face image processor that preprocesses every image instead of the model's own
             data config, as in :func:`vitcam_nb.trace`; its facts are part of the store's settings.
+        max_bytes: refuse (``TraceError``) a batch whose estimated peak memory (one pass plus the batch's
+            stacked copy) is above this, before its pass runs; default half the memory available then.
 
     Returns:
         the store path; open it with :func:`open_traces`.
@@ -157,6 +162,7 @@ def trace_many(
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    check_max_bytes(max_bytes)
     settings = store_settings(plan, processor)
     path = Path(path)
     if path.suffix.lower() != ".zarr":
@@ -166,23 +172,30 @@ def trace_many(
     items, n = iter_items(images, image_labels, masks)
 
     store: Store | None = None
-    if path.exists():
-        if overwrite:
-            try:
+    lock = StoreLock(path)
+    try:
+        if path.exists():
+            lock.acquire()  # before anything is read, replaced or resumed: one writer per store
+            if overwrite:
+                try:
+                    Store.check(path, settings)
+                except TraceFileError as exc:
+                    if "another model or settings" not in str(exc):
+                        raise
+                shutil.rmtree(path)
+                lock.release()  # the folder and its lock are gone; the new store takes a new lock once created
+            else:
                 Store.check(path, settings)
-            except TraceFileError as exc:
-                if "another model or settings" not in str(exc):
-                    raise
-            shutil.rmtree(path)
-        else:
-            Store.check(path, settings)
-            store = Store(path)
-            expected = int(store.attrs.get("n_expected", -1))
-            if n is not None and expected >= 0 and expected != n:
-                raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these "
-                                     "are other images. Use a new path, or overwrite=True")
-            store.repair()
-            store.group.attrs.update({"complete": 0})
+                store = Store(path)
+                expected = int(store.attrs.get("n_expected", -1))
+                if n is not None and expected >= 0 and expected != n:
+                    raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these "
+                                         "are other images. Use a new path, or overwrite=True")
+                store.repair()
+                store.group.attrs.update({"complete": 0})
+    except BaseException:
+        lock.release()
+        raise
 
     from tqdm.auto import tqdm
 
@@ -196,6 +209,7 @@ def trace_many(
         nonlocal store
         if not pending:
             return
+        check_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
         per = _trace_batch(plan, [p for _, _, p in pending])
         batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
         batch = stack_images(per, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks, names)
@@ -205,6 +219,7 @@ def trace_many(
                                 "n_expected": -1 if n is None else int(n), "n_images": 0,
                                 "batch_size": int(batch_size), "complete": 0})
             store = Store.create(path, batch)
+            lock.acquire()
         else:
             store.write(batch)
         bar.update(len(pending))
@@ -230,12 +245,13 @@ def trace_many(
                 prepared = prepare_input(model, item.image, processor)
                 pending.append((i, item, prepared))
             flush()
+        if store is None:  # the first image given creates the store
+            raise TraceError("images: no images were given")
+        if store.done[seen:].any():
+            warnings.warn(f"trace_many: {path} holds {int(store.done[seen:].sum())} image(s) beyond the {seen} "
+                          "given now; they were kept", UserWarning, stacklevel=2)
+        store.finish(seen)
     finally:
         bar.close()
-    if store is None:  # the first image given creates the store
-        raise TraceError("images: no images were given")
-    if store.done[seen:].any():
-        warnings.warn(f"trace_many: {path} holds {int(store.done[seen:].sum())} image(s) beyond the {seen} given "
-                      "now; they were kept", UserWarning, stacklevel=2)
-    store.finish(seen)
+        lock.release()
     return path
