@@ -124,9 +124,12 @@ def _plan(trace: xr.Dataset, recipes: list[Recipe]) -> Job:
                 wanted = {int(c) for c in top_channels(G, patch, r.k)}
             else:
                 wanted = set(range(n_channels))
-            if var in trace.variables:
-                done = np.isfinite(trace[var].sel(layer=layer, site=r.site).values).all(axis=0)
-                wanted = {c for c in wanted if not done[c]}
+            done = np.ones(n_channels, bool)
+            # prob / logprob read each perturbed input's logsumexp too (traces scored before it was stored lack it)
+            for name in (var, f"{var}_logsumexp") if r.target != "logit" else (var,):
+                held = trace[name].sel(layer=layer, site=r.site).values if name in trace.variables else None
+                done &= np.isfinite(held).reshape(-1, n_channels).all(axis=0) if held is not None else False
+            wanted = {c for c in wanted if not done[c]}
             if wanted:
                 jobs.setdefault((layer, r.site, var), set()).update(wanted)
     return jobs
@@ -147,14 +150,15 @@ def pending(trace: xr.Dataset, recipes_or_method: Any = "scorecam",
     return {key: sorted(ch) for key, ch in _plan(trace, _recipes(recipes_or_method, fields)).items()}
 
 
-def _target_scores(z: torch.Tensor, classes: list[int]) -> torch.Tensor:
-    """(batch, targets): the score of each traced class, and E = sum_j p_j z_j for the expected-score target."""
+def _target_scores(z: torch.Tensor, classes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, targets): the score of each traced class, and E = sum_j p_j z_j for the expected-score target;
+    and (batch,) the logsumexp of all scores (log p_c = z_c - logsumexp)."""
     if not isinstance(z, torch.Tensor) or z.ndim != 2:
         raise TraceError(f"targets: vc.score needs (batch, scores) from the target, got "
                          f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}")
     z = z.float()
     expected = (torch.softmax(z, dim=1) * z).sum(dim=1)
-    return torch.stack([z[:, c] if c >= 0 else expected for c in classes], dim=1)
+    return torch.stack([z[:, c] if c >= 0 else expected for c in classes], dim=1), torch.logsumexp(z, dim=1)
 
 
 def _masks(trace: xr.Dataset, layer: int, site: str, size: tuple[int, int], channels: list[int]) -> torch.Tensor:
@@ -303,7 +307,9 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
                 else:
                     with _ablating(model, adapter, layer, site, rows):
                         z = target.batch_scores(model, xd.expand(len(rows), *xd.shape[1:]))
-                out[var][layer_pos[layer], site_pos[site], :, rows] = _target_scores(z, classes).cpu().numpy()
+                per_target, lse = _target_scores(z, classes)
+                out[var][layer_pos[layer], site_pos[site], :, rows] = per_target.cpu().numpy()
+                out[f"{var}_logsumexp"][layer_pos[layer], site_pos[site], rows] = lse.cpu().numpy()
                 bar.update(1)
     dims = {var: VARIABLES[var].dims for var in SCORE_VARIABLES}
     return trace.assign({var: (dims[var], out[var], {"meaning": VARIABLES[var].meaning}) for var in SCORE_VARIABLES
