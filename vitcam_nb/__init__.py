@@ -33,7 +33,7 @@ from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.budget import estimate
 from vitcam_nb.capture.io import load, save
 from vitcam_nb.capture.reader import image_choices, image_trace, open_traces
-from vitcam_nb.capture.scoring import score
+from vitcam_nb.capture.scoring_many import score
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.capture.trace_many import trace_many
 from vitcam_nb.compute.many import cam_many

@@ -17,7 +17,9 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.models import bundled_names, load_model, sample_image
+from vitcam_nb.targets.dense import region
 from vitcam_nb.widgets.standalone import explorer_html
 
 
@@ -68,6 +70,18 @@ def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray 
     return img, mask, f"bundled sample {kind} #0"
 
 
+def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> object:
+    """A segmentation model's default target: the region of the bundled image's object, for its true class
+    (``1 + label``: class 0 is the background); a classifier keeps the default top-k class targets."""
+    if not isinstance(net, LinearSegmenter):
+        return "top5"
+    if mask is None:
+        raise ValueError(f"image: the segmentation model {model_name} is shown with a region target on the bundled "
+                         "sample image (its object mask is the region); leave out --image")
+    _img, label, _mask = sample_image("shapes", 0, with_mask=True)
+    return region(mask, int(label) + 1)
+
+
 def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: str | None = None,
              progress: bool = True) -> dict[str, Path]:
     """Trace ``model`` on ``image`` (default: a bundled model on a bundled image) and write the outputs.
@@ -94,7 +108,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     net = load_model(model)
     img, mask, image_name = _load_image(image, model)
     steps.set_postfix_str("trace")
-    tr = trace(net, img)
+    tr = trace(net, img, targets=_dense_target(net, model, mask))
     paths = {"trace": save(tr, out / "trace.nc")}
     steps.update()
 

@@ -70,3 +70,23 @@ def test_demo_command_writes_all_outputs(tmp_path, capsys):
 def test_demo_refuses_a_timm_model_without_an_image(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--model", "vit_tiny_patch16_224", "--quiet"]) == 2
     assert "--image" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_of_the_segmentation_model_traces_the_object_region(tmp_path, capsys):
+    if "shapes-vit-seg" not in vc.models.bundled_names():
+        pytest.skip("bundled model shapes-vit-seg is not available")
+    assert main(["demo", "--out", str(tmp_path / "out"), "--model", "shapes-vit-seg", "--quiet"]) == 0
+    tr = vc.load(tmp_path / "out" / "trace.nc")
+    _img, label, mask = vc.models.sample_image("shapes", 0, with_mask=True)
+    assert tr.attrs["target_kind"] == "region"
+    assert [int(c) for c in tr["target_class"].values if c >= 0] == [int(label) + 1]  # class 0 is background
+    net = vc.load_model("shapes-vit-seg")
+    with torch.no_grad():
+        out = net(vc.preprocess.prepare_input(net, _img).tensor)[0]
+    region = torch.from_numpy(np.asarray(mask, np.float32))
+    want = (out * region).sum(dim=(-2, -1)).numpy()  # every class's logit summed over the object's pixels
+    np.testing.assert_allclose(tr["logits"].values, want, rtol=1e-4, atol=1e-3)
+    assert main(["demo", "--out", str(tmp_path / "o2"), "--model", "shapes-vit-seg", "--image",
+                 str(tmp_path / "out" / "gallery.png"), "--quiet"]) == 2
+    assert "leave out --image" in capsys.readouterr().err

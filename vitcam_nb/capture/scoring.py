@@ -43,7 +43,7 @@ from vitcam_nb.preprocess import prepare_input
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import ClassTargets
 
-__all__ = ["score", "top_channels"]
+__all__ = ["pending", "score", "top_channels"]
 
 Job = dict[tuple[int, str, str], set[int]]
 
@@ -124,30 +124,50 @@ def _plan(trace: xr.Dataset, recipes: list[Recipe]) -> Job:
                 wanted = {int(c) for c in top_channels(G, patch, r.k)}
             else:
                 wanted = set(range(n_channels))
-            if var in trace.variables:
-                done = np.isfinite(trace[var].sel(layer=layer, site=r.site).values).all(axis=0)
-                wanted = {c for c in wanted if not done[c]}
+            done = np.ones(n_channels, bool)
+            # prob / logprob read each perturbed input's logsumexp too (traces scored before it was stored lack it)
+            for name in (var, f"{var}_logsumexp") if r.target != "logit" else (var,):
+                held = trace[name].sel(layer=layer, site=r.site).values if name in trace.variables else None
+                done &= np.isfinite(held).reshape(-1, n_channels).all(axis=0) if held is not None else False
+            wanted = {c for c in wanted if not done[c]}
             if wanted:
                 jobs.setdefault((layer, r.site, var), set()).update(wanted)
     return jobs
 
 
-def _target_scores(z: torch.Tensor, classes: list[int]) -> torch.Tensor:
-    """(batch, targets): the score of each traced class, and E = sum_j p_j z_j for the expected-score target."""
+def pending(trace: xr.Dataset, recipes_or_method: Any = "scorecam",
+            **fields: Any) -> dict[tuple[int, str, str], list[int]]:
+    """What :func:`score` would run on ``trace``: (layer, site, variable) -> the channels not scored yet (empty
+    when every score the recipes read is stored; then ``score`` calls no model).
+
+    Example:
+        >>> import numpy as np, timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1")
+        >>> {key: len(ch) for key, ch in pending(tr, "ablationcam", layer=1, site="F4").items()}
+        {(1, 'F4', 'ablation'): 192}
+    """
+    return {key: sorted(ch) for key, ch in _plan(trace, _recipes(recipes_or_method, fields)).items()}
+
+
+def _target_scores(z: torch.Tensor, classes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, targets): the score of each traced class, and E = sum_j p_j z_j for the expected-score target;
+    and (batch,) the logsumexp of all scores (log p_c = z_c - logsumexp)."""
     if not isinstance(z, torch.Tensor) or z.ndim != 2:
         raise TraceError(f"targets: vc.score needs (batch, scores) from the target, got "
                          f"{tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__}")
     z = z.float()
     expected = (torch.softmax(z, dim=1) * z).sum(dim=1)
-    return torch.stack([z[:, c] if c >= 0 else expected for c in classes], dim=1)
+    return torch.stack([z[:, c] if c >= 0 else expected for c in classes], dim=1), torch.logsumexp(z, dim=1)
 
 
-def _masks(trace: xr.Dataset, layer: int, site: str, size: tuple[int, int]) -> torch.Tensor:
-    """Every channel's patch map, upsampled (align_corners=True) and min-max normalised: (C, H, W)."""
+def _masks(trace: xr.Dataset, layer: int, site: str, size: tuple[int, int], channels: list[int]) -> torch.Tensor:
+    """The patch maps of ``channels``, upsampled (align_corners=True) and min-max normalised: (len(channels), H, W);
+    only those channels, so that a partial or top-k call upsamples no more than it scores."""
     kinds = trace["token_kind"].values
     patch = np.flatnonzero(kinds == "patch")
     gh, gw = int(trace.attrs["grid_h"]), int(trace.attrs["grid_w"])
-    act = trace["act"].sel(layer=layer, site=site).values[patch].astype(np.float32)
+    act = trace["act"].sel(layer=layer, site=site).values[patch][:, channels].astype(np.float32)
     grid = np.zeros((act.shape[1], gh, gw), np.float32)
     grid[:, trace["patch_row"].values[patch], trace["patch_col"].values[patch]] = act.T
     up = F.interpolate(torch.from_numpy(grid)[None], size=size, mode="bilinear", align_corners=True)[0]
@@ -275,18 +295,21 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
     with on_device(model, run_device), eval_mode(model), adapter.tracing(TraceContext(model)), torch.no_grad(), \
             tqdm(total=n_batches, desc="vc.score", disable=not show) as bar:
         xd = x.to(run_device, next(model.parameters()).dtype)
-        _check_scores(target, model, xd, trace)
+        if not isinstance(target, ClassTargets):  # class logits are fixed by the weights and input hashes
+            _check_scores(target, model, xd, trace)
         for (layer, site, var), wanted in jobs.items():
             channels = sorted(wanted)
-            masks = _masks(trace, layer, site, size).to(run_device, xd.dtype) if var == "score" else None
+            masks = _masks(trace, layer, site, size, channels).to(run_device, xd.dtype) if var == "score" else None
             for start in range(0, len(channels), batch_size):
                 rows = channels[start:start + batch_size]
                 if var == "score":
-                    z = target.batch_scores(model, xd * masks[rows][:, None])
+                    z = target.batch_scores(model, xd * masks[start:start + batch_size, None])
                 else:
                     with _ablating(model, adapter, layer, site, rows):
                         z = target.batch_scores(model, xd.expand(len(rows), *xd.shape[1:]))
-                out[var][layer_pos[layer], site_pos[site], :, rows] = _target_scores(z, classes).cpu().numpy()
+                per_target, lse = _target_scores(z, classes)
+                out[var][layer_pos[layer], site_pos[site], :, rows] = per_target.cpu().numpy()
+                out[f"{var}_logsumexp"][layer_pos[layer], site_pos[site], rows] = lse.cpu().numpy()
                 bar.update(1)
     dims = {var: VARIABLES[var].dims for var in SCORE_VARIABLES}
     return trace.assign({var: (dims[var], out[var], {"meaning": VARIABLES[var].meaning}) for var in SCORE_VARIABLES

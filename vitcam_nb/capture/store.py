@@ -26,7 +26,7 @@ from vitcam_nb.capture.store_layout import strings
 from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.provenance import settings_id
-from vitcam_nb.core.schema import ENV_ATTRS, STORE_KIND, STORE_PIXELS, SUPPORTED_STORE_VERSIONS
+from vitcam_nb.core.schema import ENV_ATTRS, SCORE_VARIABLES, STORE_KIND, STORE_PIXELS, SUPPORTED_STORE_VERSIONS
 
 __all__ = ["META_CHUNK", "Store", "TRACE_VARS", "dims_of", "runs"]
 
@@ -172,7 +172,8 @@ class Store:
     def check_batch(self, batch: xr.Dataset) -> None:
         stored = self.attrs
         diff = [k for k, v in batch.attrs.items() if k not in ENV_ATTRS and stored.get(k) != v]
-        names = {k for k in self.arrays if k not in ("image", "done")}
+        # vc.score adds its arrays to a store later; a resumed trace_many leaves them alone (grow lengthens them)
+        names = {k for k in self.arrays if k not in ("image", "done", *SCORE_VARIABLES)}
         wanted = {k for k in batch.variables if "image" in batch[k].dims and k not in ("image", "done")}
         if diff or names != wanted:
             what = diff or sorted(names ^ wanted)

@@ -146,10 +146,20 @@ def _stored(view: TraceView, recipe: Recipe, weights: dict[int, float], cls: int
     if name not in view.arrays:
         raise RecipeError(f"weighting: {recipe.weighting} needs model outputs this trace does not hold (no "
                           f"{name!r} variable); add them with {score_call(recipe)}")
-    (pos,) = weights
-    scores = view.arrays[name][index][..., pos, :].astype(np.float32, copy=False)
-    base = np.full(scores.shape[:-1], view.arrays["logits"][cls], np.float32)
-    return {"scores": scores, "base": base, "k": recipe.k}
+    pos = next(iter(weights))  # the recipe's class; prob / logprob add the expected target after it
+    scores = view.arrays[name][index][..., pos, :].astype(np.float64)
+    base = np.full(scores.shape[:-1], view.arrays["logits"][cls], np.float64)
+    if recipe.target != "logit":  # log p_c = z_c - logsumexp(z), for each perturbed input and the traced one
+        lse = f"{name}_logsumexp"
+        if lse not in view.arrays:
+            raise RecipeError(f"target: {recipe.target} needs the logsumexp of each perturbed input, which this "
+                              f"trace does not hold; add it with {score_call(recipe)}")
+        logits = view.arrays["logits"].astype(np.float64)
+        scores = scores - view.arrays[lse][index]
+        base = base - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+        if recipe.target == "prob":
+            scores, base = np.exp(scores), np.exp(base)
+    return {"scores": scores.astype(np.float32), "base": base.astype(np.float32), "k": recipe.k}
 
 
 def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: list[int] | None

@@ -234,9 +234,9 @@ class Recipe:
         if self.site not in TOKEN_SITES:
             raise RecipeError(f"site: {name} scores the channels of a token site {list(TOKEN_SITES)}, not "
                               f"{self.site!r}")
-        if self.target != "logit":
-            raise RecipeError(f"target: {name} uses the stored scores of the logit z_c; prob and logprob of a "
-                              "perturbed input are not derivable from them. Use target='logit'")
+        if name == "gscorecam" and self.target != "logit":
+            raise RecipeError("target: gscorecam ranks channels by the gradient of the logit z_c; use "
+                              "target='logit' (scorecam and ablationcam also take 'prob' and 'logprob')")
         if name == "gscorecam" and self.k is None:
             raise RecipeError("k: gscorecam keeps the top-k channels by gradient; set k (e.g. k=300 as in "
                               "Chen et al. 2022, at most the channels of the site)")

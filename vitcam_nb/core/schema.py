@@ -30,8 +30,9 @@ TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES)
 SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES)
 #: Sites with a head structure (heads as channel groups, or an attention matrix per head).
 HEAD_SITES = ("F2", "F3", "xattn")
-#: Variables written by ``vc.score`` (model-in-the-loop weightings), one per kind of perturbation.
-SCORE_VARIABLES = ("score", "ablation")
+#: Variables written by ``vc.score`` (model-in-the-loop weightings): one per kind of perturbation, and the
+#: logsumexp of every perturbed input's scores, from which its prob / logprob targets follow exactly.
+SCORE_VARIABLES = ("score", "ablation", "score_logsumexp", "ablation_logsumexp")
 SITE_MEANINGS = {
     "F1": "LayerNorm output before attention",
     "F2": "softmax attention per head",
@@ -91,6 +92,12 @@ VARIABLES: dict[str, Entry] = {
                    "not scored)"),
     "ablation": Entry(("layer", "site", "target", "channel"),
                       "Ablation-CAM: target score with each channel zeroed at the site (vc.score; NaN: not scored)"),
+    "score_logsumexp": Entry(("layer", "site", "channel"),
+                             "logsumexp over all scores of each Score-CAM input, for prob / logprob targets "
+                             "(vc.score)"),
+    "ablation_logsumexp": Entry(("layer", "site", "channel"),
+                                "logsumexp over all scores with each channel zeroed, for prob / logprob targets "
+                                "(vc.score)"),
     "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
     "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitcam_nb.capture.scoring import score as score_channels
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
@@ -70,7 +71,8 @@ def report_known_answer(
     Args:
         model: the model or a bundled name (``vc.load_model``).
         n_images, seed: images from ``vitcam_nb.data.shapes(n_images, seed)``.
-        sites, weightings, targets: the variants (weightings default: all of the taxonomy).
+        sites, weightings, targets: the variants (weightings default: all of the taxonomy but gscorecam, whose
+            ``k`` has no default; Score-CAM and Ablation-CAM run ``vc.score`` on every image, site and layer).
         device: run on this device (a deep copy of the model is moved there; the model passed in is
             left where it is). The full report scores about 10^4 inputs per image: use a GPU for a few
             hundred images.
@@ -96,7 +98,8 @@ def report_known_answer(
         raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
     if isinstance(deletion_steps, bool) or not isinstance(deletion_steps, int) or deletion_steps < 1:
         raise ValueError(f"deletion_steps: expected a positive int, got {deletion_steps!r}")
-    weightings = list(WEIGHTINGS.names() if weightings is None else weightings)
+    weightings = list([w for w in WEIGHTINGS.names() if w != "gscorecam"] if weightings is None else weightings)
+    scored = [w for w in weightings if WEIGHTINGS.get(w).scores]
     targets = list(targets)
     images, labels, masks = shapes(n_images, seed)
     scorer = Scorer(model, score)
@@ -114,6 +117,10 @@ def report_known_answer(
                              f"{masks[i].shape}; the masks would not line up with the maps")
         tol = default_tolerance((h, w)) if tolerance is None else float(tolerance)
         layers = [int(v) for v in tr["layer"].values]
+        if scored:  # the forward passes Score-CAM / Ablation-CAM read, stored in this image's trace
+            tr = score_channels(tr, model, [Recipe(weighting=w, site=s, layer=layer, class_=label) for w in scored
+                                            for s in sites for layer in layers], images[i],
+                                batch_size=batch_size, progress=False)
         gh, gw = int(tr.attrs["grid_h"]), int(tr.attrs["grid_w"])
         n_cells = gh * gw
         step = max(1, int(np.ceil(n_cells / deletion_steps)))

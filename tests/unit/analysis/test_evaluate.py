@@ -558,10 +558,11 @@ def _tiny_shapes_vit():
 
 def test_report_known_answer_small(tmp_path):
     table, fig = ev.report_known_answer(
-        _tiny_shapes_vit(), n_images=2, seed=0, sites=("F1", "F6"), weightings=("gradcam", "eigencam"),
+        _tiny_shapes_vit(), n_images=2, seed=0, sites=("F1", "F6"), weightings=("gradcam", "eigencam", "scorecam"),
         targets=("logit", "prob"), deletion_steps=4, out_dir=tmp_path, progress=False)
-    # 2 layers x 2 sites x (gradcam: 2 targets + eigencam: once)
-    assert len(table) == 12
+    # 2 layers x 2 sites x (gradcam: 2 targets + eigencam and scorecam (vc.score per image): once)
+    assert len(table) == 16
+    assert set(table[table.weighting == "scorecam"].target) == {"logit"}
     assert {"rank", "site", "layer", "weighting", "target", "pointing_game", "deletion_auc",
             "degenerate_frac", "recipe_id"} <= set(table.columns)
     ranked = table.dropna(subset=["pointing_game"])["pointing_game"].values

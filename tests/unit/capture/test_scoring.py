@@ -111,15 +111,15 @@ def test_a_second_call_scores_only_what_is_missing(setup):
     handle = model.register_forward_pre_hook(lambda _m, args: calls.append(int(args[0].shape[0])))
     try:
         once = vc.score(tr, model, "gscorecam", x, k=4, progress=False)
-        # one forward checks the target reproduces the trace's scores, then the top-4 channels of top1 (each
-        # forward scores every traced target)
-        assert calls == [1, 4]
+        # the top-4 channels of top1 in one pass (each forward scores every traced target); class logits need no
+        # check pass: the weights and input hashes already tie them to the trace
+        assert calls == [4]
         calls.clear()
         twice = vc.score(once, model, "gscorecam", x, k=4, progress=False)
         assert calls == []
         np.testing.assert_array_equal(twice["score"].values, once["score"].values)
         vc.score(once, model, "scorecam", x, progress=False)
-        assert calls == [1, 32 - 4]
+        assert calls == [32 - 4]
     finally:
         handle.remove()
 
@@ -157,8 +157,19 @@ def test_recipe_field_k():
         vc.Recipe(weighting="gscorecam", k=0)
     with pytest.raises(RecipeError, match="site: scorecam scores the channels of a token site"):
         vc.Recipe(weighting="scorecam", site="F2")
-    with pytest.raises(RecipeError, match="target: ablationcam uses the stored scores of the logit"):
-        vc.Recipe(weighting="ablationcam", target="prob")
+    with pytest.raises(RecipeError, match="target: gscorecam ranks channels by the gradient of the logit.*scorecam "
+                                          "and ablationcam also take 'prob' and 'logprob'"):
+        vc.Recipe(weighting="gscorecam", k=3, target="prob")
+
+
+def test_prob_needs_the_stored_logsumexp(setup):
+    model, x, tr = setup
+    recipe = vc.Recipe(weighting="ablationcam", target="prob", layer=0)
+    tr = vc.score(tr, model, recipe, x, progress=False).drop_vars(["ablation_logsumexp"])
+    with pytest.raises(RecipeError, match=re.escape("target: prob needs the logsumexp") + ".*vc.score"):
+        vc.cam(tr, recipe)
+    assert vc.score(tr, model, recipe.replace(target="logit"), x) is tr  # the logit needs nothing more
+    assert "ablation_logsumexp" in vc.score(tr, model, recipe, x, progress=False)
 
 
 def test_checklist_states_the_method_and_where_the_scores_come_from(setup):

@@ -17,7 +17,7 @@ import vitcam_nb as vc
 pytest.importorskip("pytorch_grad_cam")
 from pytorch_grad_cam import AblationCAM, ScoreCAM  # noqa: E402
 from pytorch_grad_cam.ablation_layer import AblationLayerVit  # noqa: E402
-from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget  # noqa: E402
+from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget, ClassifierOutputTarget  # noqa: E402
 
 TOL = 1e-4
 
@@ -28,13 +28,13 @@ def _reshape(prefix: int, gh: int, gw: int):
     return reshape_transform
 
 
-def _pgc(cls, model, module, x, tr, cls_index, **kwargs):
+def _pgc(cls, model, module, x, tr, cls_index, target=None, **kwargs):
     reshape = _reshape(int(tr.attrs["num_prefix_tokens"]), int(tr.attrs["grid_h"]), int(tr.attrs["grid_w"]))
     cam = cls(model=model, target_layers=[module], reshape_transform=reshape, **kwargs)
     if cls is ScoreCAM:
         cam.batch_size = 5
     with cam:
-        out = cam(input_tensor=x, targets=[ClassifierOutputTarget(cls_index)])
+        out = cam(input_tensor=x, targets=[target or ClassifierOutputTarget(cls_index)])
     return out[0].astype(np.float64)
 
 
@@ -58,6 +58,41 @@ def test_scorecam_matches_pytorch_grad_cam(model_factory, model_input, kind, sit
         theirs = _pgc(ScoreCAM, model, module(model.blocks[layer]), x, tr, cls_index)
         assert np.ptp(theirs) > 0.5
         assert np.abs(ours - theirs).max() <= TOL, f"{kind} {site}@{layer} {rank}"
+
+
+@pytest.mark.parametrize("target", ["prob", "logprob"])
+def test_prob_and_logprob_targets_match_pytorch_grad_cam(model_factory, model_input, target):
+    """Score-CAM and Ablation-CAM of softmax targets: pytorch-grad-cam's ClassifierOutputSoftmaxTarget for prob,
+    and a log-softmax target written here for logprob, evaluated on every perturbed input."""
+    model, x = model_factory("vit"), model_input("vit")
+    norm = _positive_norm1(model, 1)
+    tr = vc.trace(model, x, targets="top1", sites=["F1", "F4"])
+    cls_index = int(tr["target_class"].values[0])
+    theirs_target = (ClassifierOutputSoftmaxTarget(cls_index) if target == "prob" else
+                     (lambda o: torch.log_softmax(o, dim=-1)[..., cls_index]))
+    score_recipe = vc.Recipe(site="F4", layer=1, weighting="scorecam", target=target)
+    ablation_recipe = vc.Recipe(site="F1", layer=1, weighting="ablationcam", target=target)
+    tr = vc.score(tr, model, [score_recipe, ablation_recipe], x, batch_size=8, progress=False)
+    cases = [(score_recipe, ScoreCAM, model.blocks[1].norm2, {})]
+    if target == "prob":  # logprob < 0 flips (s - s_k) / s: on these all-positive activations both maps are 0
+        cases.append((ablation_recipe, AblationCAM, norm, {"ablation_layer": AblationLayerVit(), "batch_size": 8}))
+    else:  # the stored ablation score and logsumexp give log_softmax of a forward pass with channel k zeroed
+        k = 5
+        handle = norm.register_forward_hook(lambda _m, _i, out: out * (torch.arange(out.shape[-1]) != k))
+        try:
+            with torch.no_grad():
+                want = float(torch.log_softmax(model(x), dim=-1)[0, cls_index])
+        finally:
+            handle.remove()
+        got = tr["ablation"].sel(layer=1, site="F1").values[0, k] - tr["ablation_logsumexp"].sel(layer=1, site="F1")[k]
+        assert abs(float(got) - want) <= 1e-4
+    for recipe, cls, module, kwargs in cases:
+        ours = _vc_map(tr, recipe)
+        theirs = _pgc(cls, model, module, x, tr, cls_index, target=theirs_target, **kwargs)
+        assert np.ptp(theirs) > 0.5
+        assert np.abs(ours - theirs).max() <= TOL, f"{recipe.weighting} {target}"
+    logit_map = _vc_map(tr, score_recipe.replace(target="logit"))
+    assert np.abs(logit_map - _vc_map(tr, score_recipe)).max() > 1e-3  # the target changes the map
 
 
 def _positive_norm1(model, layer):
