@@ -25,7 +25,14 @@ from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
-from vitcam_nb.core.schema import ATTENTION_SITE, EXPECTED_LABEL, EXPECTED_TARGET, SCHEMA_VERSION, target_name
+from vitcam_nb.core.schema import (
+    ATTENTION_SITE,
+    EXPECTED_LABEL,
+    EXPECTED_TARGET,
+    SCHEMA_VERSION,
+    SCORES_SITE,
+    target_name,
+)
 from vitcam_nb.core.version import __version__
 from vitcam_nb.preprocess import PreparedInput, preprocessing_json
 from vitcam_nb.targets.classes import ClassTargets
@@ -95,7 +102,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     kinds, rows, cols = token_coords(prefix, (gh, gw))
     n_targets = len(classes) + 1
     extra = plan.extra_sites
-    token_sites = [s for s in site_ids if s != ATTENTION_SITE and s not in extra]
+    token_sites = [s for s in site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra]
     labels = plan.class_labels or target.class_labels(model, int(image.logits.shape[0]))
 
     data_vars = {}
@@ -127,22 +134,25 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
         data_vars["act"] = (("layer", "site", "token", "channel"), act)
         data_vars["grad"] = (("target", "layer", "site", "token", "channel"), grad)
-    if ATTENTION_SITE in site_ids:
-        n_heads = int(acts[(layer_ids[0], ATTENTION_SITE)].shape[1])
+    # F2 and the pre-softmax scores are both (head, query, key) matrices per layer, stored the same way.
+    for site, name in ((ATTENTION_SITE, "attn"), (SCORES_SITE, "attn_scores")):
+        if site not in site_ids:
+            continue
+        n_heads = int(acts[(layer_ids[0], site)].shape[1])
         shape = (n_heads, n_tokens, n_tokens)
         attn = np.empty((len(layer_ids), *shape), store_dtype)
         attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
         for li, layer in enumerate(layer_ids):
-            attn[li] = to_numpy(acts.pop((layer, ATTENTION_SITE)), shape, store_dtype)
-            attn_grad[:, li] = to_numpy(grads.pop((layer, ATTENTION_SITE)), (n_targets, *shape), store_dtype)
+            attn[li] = to_numpy(acts.pop((layer, site)), shape, store_dtype)
+            attn_grad[:, li] = to_numpy(grads.pop((layer, site)), (n_targets, *shape), store_dtype)
         coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
         for axis in ("query", "key"):
             coords[axis] = (axis, np.arange(n_tokens, dtype=np.int64))
             coords[f"{axis}_kind"] = (axis, kinds)
             coords[f"{axis}_patch_row"] = (axis, rows)
             coords[f"{axis}_patch_col"] = (axis, cols)
-        data_vars["attn"] = (("layer", "head", "query", "key"), attn)
-        data_vars["attn_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+        data_vars[name] = (("layer", "head", "query", "key"), attn)
+        data_vars[f"{name}_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
     for site in [s for s in site_ids if s in extra]:
         n = len(extra[site])
         site_acts = [to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
+from vitcam_nb.adapters.qkv import SCORES_IO
+from vitcam_nb.capture.scores import score_hooks
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["Capture", "eval_mode", "fused_attention_off", "removable_hooks"]
@@ -137,6 +139,8 @@ class Capture:
         elif io.startswith("output["):  # one element of a tuple output, e.g. the weights a HF attention returns
             index = int(io[len("output["):-1])
             handles.append(module.register_forward_hook(lambda _m, _i, out: self._keep(key, out[index])))
+        elif io == SCORES_IO:  # no module holds the pre-softmax scores: recomputed from q and k in the pass
+            handles.extend(score_hooks(module, lambda t: self._keep(key, t)))
         else:
             handles.append(module.register_forward_pre_hook(lambda _m, args: self._keep(key, args[0] if args
                                                                                          else None)))
