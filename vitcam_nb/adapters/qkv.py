@@ -14,12 +14,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
+
 import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.core.schema import QKV_SITES, SCORES_SITE
 
-__all__ = ["SCORES_IO", "split_qkv", "timm_qkv_sites"]
+__all__ = ["SCORES_IO", "single_head_attention", "split_qkv", "timm_qkv_sites"]
 
 #: The ``io`` of a site whose tensor the capture recomputes from the attention's q and k (no module holds it).
 SCORES_IO = "scores"
@@ -65,3 +68,39 @@ def split_qkv(site: str, tensor: torch.Tensor) -> torch.Tensor:
     width = tensor.shape[-1] // 3
     i = QKV_SITES.index(site)
     return tensor[..., i * width:(i + 1) * width]
+
+
+@contextlib.contextmanager
+def single_head_attention(model: torch.nn.Module, layers: Sequence[int] = (-1,)) -> Iterator[None]:
+    """Run the attention of ``layers`` as ONE head over all channels (scale ``1/sqrt(width)``) while the context
+    is open, as Grad-ECLIP's official ``generate_emap.py`` recomputes CLIP's last block; restored on exit.
+
+    Trace inside it for the ``grad_eclip`` preset to match that code (the gradient then flows through the
+    single-head forward). Works for attention modules with ``num_heads``/``head_dim``/``scale`` attributes
+    (timm, open_clip's explicit attention during a trace, Hugging Face CLIP).
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+        >>> with single_head_attention(m):
+        ...     m.blocks[0].attn.num_heads, m.blocks[0].attn.head_dim
+        (1, 192)
+        >>> m.blocks[0].attn.num_heads
+        3
+    """
+    from vitcam_nb.adapters.registry import find_adapter
+
+    modules = find_adapter(model).attention_modules(model)
+    saved: list[tuple[object, str, object]] = []
+    try:
+        for layer in layers:
+            attn = modules[layer]
+            width = int(attn.num_heads) * int(attn.head_dim)
+            for name, value in (("num_heads", 1), ("head_dim", width), ("scale", width ** -0.5)):
+                if hasattr(attn, name):
+                    saved.append((attn, name, getattr(attn, name)))
+                    setattr(attn, name, value)
+        yield
+    finally:
+        for attn, name, value in reversed(saved):
+            setattr(attn, name, value)
