@@ -3,8 +3,10 @@ have them, where they are read, and how the fused ``qkv`` projection output is s
 
 timm's ``Attention`` projects all three at once (``qkv``: (B, N, 3 * heads * head_dim), ordered q, k, v and then
 head by head), so ``q``, ``k`` and ``v`` are the thirds of that output, heads concatenated as channel groups (as
-F3). The scores ``scale * q k^T`` have no module of their own; site ``attn_scores`` is hooked on the attention
-module and recomputed from ``q_norm``/``k_norm`` during the pass (``vitcam_nb.capture.scores``).
+F3); the capture splits the output and hands the model the thirds put back together, so each third is a tensor
+of the forward graph (its gradient exists) and the values are unchanged. The scores ``scale * q k^T`` have no
+module of their own; site ``attn_scores`` is hooked on the attention module and recomputed from
+``q_norm``/``k_norm`` during the pass (``vitcam_nb.capture.scores``).
 
 Example:
     >>> import torch
@@ -22,10 +24,12 @@ import torch
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.core.schema import QKV_SITES, SCORES_SITE
 
-__all__ = ["SCORES_IO", "single_head_attention", "split_qkv", "timm_qkv_sites"]
+__all__ = ["SCORES_IO", "SPLIT_IO", "single_head_attention", "split_qkv", "timm_qkv_sites"]
 
 #: The ``io`` of a site whose tensor the capture recomputes from the attention's q and k (no module holds it).
 SCORES_IO = "scores"
+#: ``SPLIT_IO + site`` reads the q, k or v third of a fused qkv projection's output (``output:q``, ...).
+SPLIT_IO = "output:"
 
 
 def _plain_timm_attention(attn: object) -> bool:
@@ -49,7 +53,7 @@ def timm_qkv_sites(blocks: list[torch.nn.Module]) -> dict[str, SiteSpec]:
     """
     if not blocks or not all(_plain_timm_attention(getattr(b, "attn", None)) for b in blocks):
         return {}
-    sites = {s: SiteSpec("attn.qkv", "output", f"attention {name}, heads concatenated (third {i + 1} of the "
+    sites = {s: SiteSpec("attn.qkv", SPLIT_IO + s, f"attention {name}, heads concatenated (third {i + 1} of the "
                                                  "qkv projection output)")
              for i, (s, name) in enumerate(zip(QKV_SITES, ("queries (before the 1/sqrt(d) scale)", "keys",
                                                             "values")))}

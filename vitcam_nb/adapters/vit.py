@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
-from vitcam_nb.adapters.qkv import split_qkv, timm_qkv_sites
-from vitcam_nb.core.schema import QKV_SITES
+from vitcam_nb.adapters.qkv import timm_qkv_sites
 
 VIT_SITES: dict[str, SiteSpec] = {
     "F1": SiteSpec("norm1", "output", "LayerNorm output before multi-head attention"),
@@ -63,9 +62,6 @@ class VitAdapter(Adapter):
     def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
         # q, k, v and attn_scores exist where the blocks use timm's plain Attention (not BEiT's or EVA's).
         return {**self.sites, **timm_qkv_sites(list(model.blocks))}
-
-    def arrange(self, model: torch.nn.Module, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
-        return split_qkv(site, tensor) if site in QKV_SITES else tensor
 
     def grid_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.patch_embed

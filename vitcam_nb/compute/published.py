@@ -35,7 +35,7 @@ from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.presets import CITATIONS
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.core.weighting import WEIGHTINGS, Weighting, register_weighting
+from vitcam_nb.core.weighting import Weighting, register_weighting
 
 __all__ = ["CITATION_OF", "METHODS", "PUBLISHED", "PublishedKind"]
 

@@ -32,7 +32,7 @@ def _vit(**kw):
                           num_heads=2, embed_dim=16, num_classes=5, **kw).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # unit-scale weights, so attention and its gradients are far from uniform
-        for name, p in m.named_parameters():
+        for p in m.parameters():
             if p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(p[0].numel()))
     return m
@@ -155,7 +155,8 @@ def test_checklist_names_the_method(vit_case):
     tr, _ = vit_case
     m = vc.cam(tr, vc.presets.agcam())
     assert "this is AG-CAM (Leem & Seo 2024" in m.attrs["checklist"]
-    assert vc.presets.agcam().checklist(tr)["spatial reconstruction"]["normalisation"] == "minmax once, after upsampling"
+    listed = vc.presets.agcam().checklist(tr)
+    assert listed["spatial reconstruction"]["normalisation"] == "minmax once, after upsampling"
     assert set(vc.presets.TAXONOMY) >= {"grad_sam", "attcat", "agcam", "legrad", "grad_eclip", "grad_eclip_paper"}
     for entry in vc.presets.TAXONOMY.values():
         assert {"paper", "code", "site", "target", "tokens", "aggregation", "reconstruction"} <= set(entry)
