@@ -43,7 +43,8 @@ _CROP_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
 PROBS_MODULE = "attn_probs"
 #: Identities the explicit attention passes q, k, v (N, heads, L, head_dim) and the pre-softmax scores through,
 #: so the optional sites q, k, v and attn_scores are hookable.
-QKV_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "attn_scores": "attn_scores"}
+QKV_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "attn_scores": "attn_scores", "q_out": "attn_q_out",
+               "k_out": "attn_k_out"}
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,10 @@ def _sites(f2_module: str, root: str = "") -> dict[str, ClipSiteSpec]:
         "q": ClipSiteSpec(f"attn.{QKV_MODULES['q']}", "output", "attention queries per head (before the scale)", root),
         "k": ClipSiteSpec(f"attn.{QKV_MODULES['k']}", "output", "attention keys per head", root),
         "v": ClipSiteSpec(f"attn.{QKV_MODULES['v']}", "output", "attention values per head", root),
+        "q_out": ClipSiteSpec(f"attn.{QKV_MODULES['q_out']}", "output", "queries, heads concatenated, through out_proj "
+                              "(values only: not on the path to the output)", root),
+        "k_out": ClipSiteSpec(f"attn.{QKV_MODULES['k_out']}", "output", "keys, heads concatenated, through out_proj "
+                              "(values only: not on the path to the output)", root),
         "attn_scores": ClipSiteSpec(f"attn.{QKV_MODULES['attn_scores']}", "output",
                                     "pre-softmax attention scores per head (scaled q k^T, before any mask)", root),
     }
@@ -163,6 +168,9 @@ def _explicit_attention(mha: torch.nn.MultiheadAttention):
         q, k, v = (getattr(mha, QKV_MODULES[s])(split(t, w, b))
                    for s, t, w, b in (("q", query, w_q, b_q), ("k", key, w_k, b_k), ("v", value, w_v, b_v)))
         scores = getattr(mha, QKV_MODULES["attn_scores"])((q * (1.0 / math.sqrt(head_dim))) @ k.transpose(-2, -1))
+        for site, t in (("q_out", q), ("k_out", k)):  # Grad-ECLIP's code compares q and k after out_proj
+            joined = t.transpose(1, 2).reshape(n, -1, embed)
+            getattr(mha, QKV_MODULES[site])(F.linear(joined, mha.out_proj.weight, mha.out_proj.bias))
         if attn_mask is None and is_causal:
             attn_mask = torch.ones(tgt_len, src_len, dtype=torch.bool, device=q.device).triu(1)
         if attn_mask is not None:
@@ -280,8 +288,9 @@ class OpenClipAdapter(Adapter):
         if site in ("q", "k", "v"):  # (..., heads, L, head_dim) from the explicit attention -> (..., L, E)
             t = tensor.transpose(-3, -2)
             return t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
-        # Old open_clip runs its blocks sequence-first (L, N, D); F2 and the scores are always built batch-first.
-        if site in ("F2", "attn_scores") or getattr(visual_tower(model).transformer, "batch_first", True):
+        # Old open_clip runs its blocks sequence-first (L, N, D); F2, the scores and the projected q/k are always
+        # built batch-first.
+        if site in ("F2", "attn_scores", "q_out", "k_out") or getattr(visual_tower(model).transformer, "batch_first", True):
             return tensor
         return tensor.transpose(0, 1) if tensor.ndim == 3 else tensor.transpose(1, 2)
 

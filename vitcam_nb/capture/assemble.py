@@ -29,7 +29,7 @@ from vitcam_nb.core.schema import (
     ATTENTION_SITE,
     EXPECTED_LABEL,
     EXPECTED_TARGET,
-    QKV_SITES,
+    OPTIONAL_SITES,
     SCHEMA_VERSION,
     SCORES_SITE,
     target_name,
@@ -222,7 +222,7 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         attrs["model_wrapper"] = (f"looked through {' then '.join(plan.wrappers)}; the model inside was traced "
                                   "(the wrapper was not called)")
     table = adapter.site_table(model)
-    optional = [s for s in table if s in (*QKV_SITES, SCORES_SITE)]
+    optional = [s for s in table if s in OPTIONAL_SITES]
     # 0.1 wrote this list before the optional sites existed; they are listed on their own, so it reads the same.
     attrs["model_sites"] = ",".join([*(s for s in table if s not in optional), *plan.extra_sites])
     if optional:

@@ -118,32 +118,33 @@ def _minmax(x: np.ndarray) -> np.ndarray:
     return (x - lo) / (hi - lo)
 
 
-def _eclip(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int], heads: int) -> np.ndarray:
-    _needs(trace, recipe, (), ("F3", "q", "k", "v"))
+def _eclip(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int], heads: int,
+           qk: tuple[str, str]) -> np.ndarray:
+    _needs(trace, recipe, (), ("F3", *qk, "v"))
     cls = view.token_index("cls", "weight_tokens")
     weights, _ = view.target_weights(recipe)
-    pos = {s: view.sites.index(s) for s in ("F3", "q", "k", "v")}
+    pos = {s: view.sites.index(s) for s in ("F3", *qk, "v")}
     out = 0.0
     for p in layer_pos:
         g = combine(view.arrays["grad"], weights, (p, pos["F3"])).astype(np.float64)[cls]
-        q, k, v = (view.arrays["act"][p, pos[s]].astype(np.float64) for s in ("q", "k", "v"))
+        q, k, v = (view.arrays["act"][p, pos[s]].astype(np.float64) for s in (*qk, "v"))
         qh = q[cls].reshape(heads, -1)
         kh = k[view.patch].reshape(len(view.patch), heads, -1)
         cos = (kh * qh).sum(-1) / (np.linalg.norm(kh, axis=-1) * np.linalg.norm(qh, axis=-1))
         lam = _minmax(cos.T)  # (heads, patch), min-max over the patches of each head
-        terms = (g * v[view.patch]).reshape(len(view.patch), heads, -1).sum(-1)  # (patch, heads)
+        terms = (g * v[view.patch]).reshape(len(view.patch), -1, v.shape[-1] // len(lam)).sum(-1)  # (patch, heads)
         out = out + np.maximum((terms * lam.T).sum(-1), 0)
     return np.asarray(out)
 
 
 def grad_eclip(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
-    """relu(sum_c dF3[cls,c] v[p,c] minmax_p cos(q_cls, k_p)), the cosine over all channels at once."""
-    return _eclip(view, trace, recipe, layer_pos, 1)
+    """relu(sum_c dF3[cls,c] v[p,c] minmax_p cos(q_out_cls, k_out_p)), q_out/k_out: q and k through out_proj."""
+    return _eclip(view, trace, recipe, layer_pos, 1, ("q_out", "k_out"))
 
 
 def grad_eclip_paper(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
     """relu(sum_h sum_{c in h} dF3[cls,c] v[p,c] minmax_p cos(q^h_cls, k^h_p)): one cosine per head."""
-    return _eclip(view, trace, recipe, layer_pos, int(view.attrs.get("num_heads", 1)))
+    return _eclip(view, trace, recipe, layer_pos, int(view.attrs.get("num_heads", 1)), ("q", "k"))
 
 
 Method = Callable[[TraceView, xr.Dataset, Recipe, list[int]], np.ndarray]
@@ -157,8 +158,9 @@ METHODS: dict[str, tuple[Method, str, str]] = {
                      "pre-softmax scores, A the softmax attention (AG-CAM)", "AG-CAM"),
     "legrad": (legrad, "map[p] = sum over layers l of mean over heads and query rows of relu(d s_l/dA_l[q,p]), "
                        "s_l block l's output through the final norm and head (exact LeGrad)", "LeGrad"),
-    "grad_eclip": (grad_eclip, "map[p] = relu(sum_c dy/dF3[cls,c] v[p,c] minmax_p cos(q_cls, k_p)), cosine "
-                               "over all channels (single-head, as Grad-ECLIP's generate_emap.py)", "Grad-ECLIP"),
+    "grad_eclip": (grad_eclip, "map[p] = relu(sum_c dy/dF3[cls,c] v[p,c] minmax_p cos(out_proj(q_cls), "
+                               "out_proj(k_p))), cosine over all channels (single-head, as Grad-ECLIP's "
+                               "generate_emap.py)", "Grad-ECLIP"),
     "grad_eclip_paper": (grad_eclip_paper, "map[p] = relu(sum_h sum_(c in h) dy/dF3[cls,c] v[p,c] minmax_p "
                                            "cos(q^h_cls, k^h_p)), one cosine per head (Grad-ECLIP, paper)",
                          "Grad-ECLIP (paper)"),

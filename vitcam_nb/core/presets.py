@@ -243,7 +243,7 @@ CITATIONS.update({
     "legrad": "Bousselham et al. 2024, LeGrad: An Explainability Method for Vision Transformers via Feature "
               "Formation Sensitivity (official wrapper; one read-out score per layer)",
     "grad_eclip": "Zhao et al. 2024, Gradient-based Visual Explanation for Transformer-based CLIP, ICML (official "
-                  "generate_emap.py: last block recomputed single-head; cosine over all channels)",
+                  "generate_emap.py: last block recomputed single-head; cosine of q and k after out_proj)",
     "grad_eclip_paper": "Zhao et al. 2024, Gradient-based Visual Explanation for Transformer-based CLIP, ICML (the "
                         "paper's formula on the model's own multi-head attention: one q-k cosine per head)",
 })
@@ -308,13 +308,12 @@ def legrad(layer: int | tuple | str = "all") -> Recipe:
 
 def grad_eclip(layer: int | tuple | str = -1) -> Recipe:
     """Grad-ECLIP as its official ``generate_emap.py`` computes it for CLIP: channel weights ``dcos/dF3`` at the class
-    token, times the patches' value vectors, times the min-max of ``cos(q_cls, k_patch)``, ReLU, summed over
-    channels. The code deviates from the paper: it recomputes the last block's attention as ONE head over all
-    channels, so the cosine is over all channels and the gradient flows through that single-head forward. Trace
-    inside ``vitcam_nb.adapters.single_head_attention(model)`` (sites F3, q, k, v) to follow it; on a trace of the
-    unmodified model only the cosine follows the code. Not reproduced: the code takes the cosine after passing
-    q and k through ``out_proj`` (``q_out, k_out``), whose weights a trace does not hold; see
-    :func:`grad_eclip_paper` for the paper's multi-head formula.
+    token, times the patches' value vectors, times the min-max of ``cos(q_out_cls, k_out_patch)`` where ``q_out``,
+    ``k_out`` are q and k passed through the block's ``out_proj`` (as the code does), ReLU, summed over channels.
+    The code deviates from the paper: it recomputes the last block's attention as ONE head over all channels, so
+    the gradient flows through that single-head forward. Trace inside
+    ``vitcam_nb.adapters.single_head_attention(model)`` with sites F3, v, q_out, k_out to follow it (q_out/k_out:
+    open_clip towers); :func:`grad_eclip_paper` is the paper's multi-head formula.
 
     Example:
         >>> grad_eclip().site
@@ -366,10 +365,11 @@ TAXONOMY.update({
                "aggregation": "relu(ds_l/dA_l), mean over heads and rows, summed over layers",
                "reconstruction": "raster grid, bilinear upsampling, min-max"},
     "grad_eclip": {"paper": CITATIONS["grad_eclip"], "code": "https://github.com/Cyang-Zhao/Grad-Eclip",
-                   "site": "last block: F3 gradient at CLS, values v, queries q and keys k (single-head recompute)",
+                   "site": "last block: F3 gradient at CLS, values v, q and k through out_proj (q_out, k_out), "
+                           "single-head recompute",
                    "target": "cosine of image and text embeddings (vc.targets.similarity / prompts)",
                    "tokens": "CLS gradient and query; patch values and keys",
-                   "aggregation": "relu(sum_c g_c v_pc minmax cos(q_cls, k_p)), cosine over all channels",
+                   "aggregation": "relu(sum_c g_c v_pc minmax cos(q_out_cls, k_out_p)), cosine over all channels",
                    "reconstruction": "raster grid, bilinear upsampling, min-max"},
     "grad_eclip_paper": {"paper": CITATIONS["grad_eclip_paper"], "code": "https://github.com/Cyang-Zhao/Grad-Eclip",
                          "site": "last block: F3 gradient at CLS, values v, queries q and keys k (multi-head)",

@@ -24,14 +24,19 @@ CORE_SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
 EXTENDED_SITES = ("resid_pre", "attn_out", "resid_mid")
 #: Per-head queries, keys and values (heads concatenated as channel groups, as F3), read only when asked for.
 QKV_SITES = ("q", "k", "v")
+#: Queries and keys passed through the attention's output projection (``out_proj(q)``; values only: they are not
+#: on the path to the output, so their gradients are zero), as Grad-ECLIP's official code compares them.
+PROJECTED_QK_SITES = ("q_out", "k_out")
 #: Pre-softmax attention scores per head, stored like F2 and read only when asked for.
 SCORES_SITE = "attn_scores"
+#: Sites read only when asked for by name (None leaves them out).
+OPTIONAL_SITES = (*QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
 ATTENTION_SITE = "F2"
 #: Sites read outside the block stack (vision-language cross-attention).
 EXTRA_SITES = ("xattn",)
 #: Sites stored as (token, channel) in ``act`` / ``grad``.
-TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES, *QKV_SITES)
-SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES, *QKV_SITES, SCORES_SITE)
+TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES, *QKV_SITES, *PROJECTED_QK_SITES)
+SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES, *QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
 #: Sites with a head structure (heads as channel groups, or an attention matrix per head).
 HEAD_SITES = ("F2", "F3", "xattn")
 #: Variables written by ``vc.score`` (model-in-the-loop weightings), one per kind of perturbation.
@@ -50,6 +55,8 @@ SITE_MEANINGS = {
     "q": "attention queries, heads concatenated (before the 1/sqrt(d) scale)",
     "k": "attention keys, heads concatenated",
     "v": "attention values, heads concatenated",
+    "q_out": "queries through the attention's output projection (values only, zero gradient)",
+    "k_out": "keys through the attention's output projection (values only, zero gradient)",
     "attn_scores": "pre-softmax attention scores per head (scaled q k^T, the softmax input)",
 }
 
@@ -150,7 +157,7 @@ ATTRIBUTES: dict[str, Entry] = {
     "deterministic": Entry((), "1: the pass ran with deterministic kernels"),
     "deterministic_settings": Entry((), "which settings made it deterministic"),
     "model_sites": Entry((), "sites this model has"),
-    "model_optional_sites": Entry((), "optional sites (q, k, v, attn_scores) this model also has, read only when "
+    "model_optional_sites": Entry((), "optional sites (q, k, v, q_out, k_out, attn_scores) this model also has, read only when "
                                       "asked for"),
     "hook_<site>": Entry((), "module path template and input/output read for the site"),
 }

@@ -179,8 +179,9 @@ def _clip():
 
 
 def _eclip_reference(model, x, text, heads):
-    """generate_emap.py's clip_encode_dense and grad_eclip, with ``heads`` heads in the recomputed last block
-    (1: the code; the model's own count: the paper) and the cosine taken on q and k themselves."""
+    """generate_emap.py's clip_encode_dense and grad_eclip, with ``heads`` heads in the recomputed last block.
+    1: the code (cosine of q and k after out_proj, over all channels); the model's own count: the paper (cosine
+    of each head's q and k)."""
     v_ = model.visual
     t = torch.nn.functional.conv2d(x, v_.conv1.weight, stride=8).flatten(2).transpose(1, 2)
     t = torch.cat([v_.class_embedding.view(1, 1, -1), t], 1) + v_.positional_embedding
@@ -200,6 +201,8 @@ def _eclip_reference(model, x, text, heads):
     c = torch.nn.functional.normalize(emb, dim=-1)[0] @ torch.nn.functional.normalize(text, dim=-1)
     (grad,) = torch.autograd.grad(c, [attn_output])
     g_cls = grad[0, 0]
+    if heads == 1:
+        q, k = (torch.nn.functional.linear(z, last.attn.out_proj.weight, last.attn.out_proj.bias) for z in (q, k))
     qh = torch.nn.functional.normalize(q[0, 0].reshape(heads, d), dim=-1)
     kh = torch.nn.functional.normalize(k[0, 1:].reshape(N - 1, heads, d), dim=-1)
     cos = (kh * qh).sum(-1)  # (patch, heads)
@@ -214,7 +217,7 @@ def test_grad_eclip_open_clip(preset, single):
     text = torch.randn(8, generator=torch.Generator().manual_seed(5))
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     target = vc.targets.similarity(text[None])
-    sites = ["F3", "q", "k", "v"]
+    sites = ["F3", "q_out", "k_out", "v"] if single else ["F3", "q", "k", "v"]
     if single:
         with vc.adapters.single_head_attention(model):
             tr = vc.trace(model, x, targets=target, sites=sites, layers=[-1])
