@@ -290,7 +290,8 @@ class OpenClipAdapter(Adapter):
             return t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
         # Old open_clip runs its blocks sequence-first (L, N, D); F2, the scores and the projected q/k are always
         # built batch-first.
-        if site in ("F2", "attn_scores", "q_out", "k_out") or getattr(visual_tower(model).transformer, "batch_first", True):
+        batch_first = getattr(visual_tower(model).transformer, "batch_first", True)
+        if site in ("F2", "attn_scores", "q_out", "k_out") or batch_first:
             return tensor
         return tensor.transpose(0, 1) if tensor.ndim == 3 else tensor.transpose(1, 2)
 

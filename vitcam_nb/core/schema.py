@@ -157,8 +157,8 @@ ATTRIBUTES: dict[str, Entry] = {
     "deterministic": Entry((), "1: the pass ran with deterministic kernels"),
     "deterministic_settings": Entry((), "which settings made it deterministic"),
     "model_sites": Entry((), "sites this model has"),
-    "model_optional_sites": Entry((), "optional sites (q, k, v, q_out, k_out, attn_scores) this model also has, read only when "
-                                      "asked for"),
+    "model_optional_sites": Entry((), "optional sites (q, k, v, q_out, k_out, attn_scores) this model also has, "
+                                      "read only when asked for"),
     "hook_<site>": Entry((), "module path template and input/output read for the site"),
 }
 
