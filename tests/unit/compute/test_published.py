@@ -260,3 +260,25 @@ def test_grad_eclip_paper_hf_clip():
     cos = (cos - cos.min(0).values) / (cos.max(0).values - cos.min(0).values)
     ref = torch.relu(((g_cls * v[1:]).reshape(16, 2, 8).sum(-1) * cos).sum(-1)).detach().numpy().reshape(4, 4)
     _close(vc.cam(tr, vc.presets.grad_eclip_paper().replace(**RAW)).values, ref)
+
+
+def test_attention_methods_on_open_clip_match_numpy():
+    """AG-CAM, Grad-SAM and AttCAT on an open_clip tower, against the formulas in NumPy on the stored arrays
+    (whose values and gradients tests/unit/model/test_qkv_sites.py checks against independent identities)."""
+    model = _clip()
+    text = torch.randn(2, 8, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    tr = vc.trace(model, x, targets=vc.targets.similarity(text), sites=["F2", "attn_scores", "resid_pre"])
+    c = int(np.argmax(tr["logits"].values))
+    t = int(np.flatnonzero(tr["target_class"].values == c)[0])
+    A, S = tr["attn"].values.astype(np.float64), tr["attn_scores"].values.astype(np.float64)
+    G = tr["attn_grad"].values[t].astype(np.float64)
+    h = tr["act"].sel(site="resid_pre").values.astype(np.float64)
+    dh = tr["grad"].sel(site="resid_pre").values[t].astype(np.float64)
+    sig = 1 / (1 + np.exp(-S))
+    _close(vc.cam(tr, vc.presets.agcam().replace(**RAW)).values,
+           (sig * np.maximum(G, 0))[:, :, 0, 1:].sum((0, 1)).reshape(4, 4))
+    _close(vc.cam(tr, vc.presets.grad_sam().replace(**RAW)).values,
+           (A * np.maximum(G, 0))[:, :, 0, 1:].mean((0, 1)).reshape(4, 4))
+    _close(vc.cam(tr, vc.presets.attcat().replace(**RAW)).values,
+           ((h * dh).sum(-1) * A.mean(1).mean(1)).sum(0)[1:].reshape(4, 4))
