@@ -179,7 +179,7 @@ def _refuse(*_args: Any, **_kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 for _name, (_fn, _formula, _title) in METHODS.items():
-    register_weighting(Weighting(_name, _formula, _refuse, title=_title), replace=True)
+    register_weighting(Weighting(_name, _formula, _refuse, title=_title, method=True), replace=True)
 
 
 def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
