@@ -37,11 +37,13 @@ from vitcam_nb.core.weighting import WEIGHTINGS as WEIGHTING_TABLE
 # gscorecam) need the model and are tested in tests/unit/capture/test_scoring.py and test_scored_parity.py.
 POOLED_WEIGHTINGS = pooled_weightings()
 # The published methods (method=True) read several sites each: tests/unit/compute/test_published.py.
-WEIGHTINGS = tuple(w for w in weighting_names() if not WEIGHTING_TABLE.get(w).scores and not WEIGHTING_TABLE.get(w).method)
+WEIGHTINGS = tuple(w for w in weighting_names()
+                   if not WEIGHTING_TABLE.get(w).scores and not WEIGHTING_TABLE.get(w).method)
 
 NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3
 # Block sites of a ViT; 'xattn' (cross-attention of vision-language models) is tested in tests/unit/model/test_blip.py.
-# The optional sites (q, k, v, q_out, k_out, attn_scores) feed the published methods: tests/unit/compute/test_published.py.
+# The optional sites (q, k, v, q_out, k_out, attn_scores) feed the published methods (tests/unit/compute/
+# test_published.py).
 SITES = tuple(s for s in RECIPE_SITES if s != "xattn" and s not in OPTIONAL_SITES)
 
 
