@@ -217,7 +217,7 @@ class PublishedKind(TraceKind):
     def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
         values, notes, partial = _values(trace, recipe)
         reason = warn_degenerate(recipe, notes) if notes else ""
-        checklist, methods = self.checklist(recipe, trace).to_json(), describe(recipe, trace)
+        checklist, methods = self.checklist(recipe, trace).to_json(), self.describe(recipe, trace)
         view = TraceView.of(trace)
         blocks = ",".join(str(int(view.layers[p])) for p in view.layer_positions(recipe.layer))
         return map_array(values, recipe, str(trace.attrs.get("trace_id", "")), checklist, methods, reason, partial,
@@ -238,7 +238,13 @@ class PublishedKind(TraceKind):
         return out
 
     def describe(self, recipe: Recipe, trace: Any) -> str:
-        return describe(recipe, trace)
+        # The generic paragraph, with the lines the method's formula fixes taken from this kind's checklist.
+        plain, ours = build_checklist(recipe, trace), self.checklist(recipe, trace)
+        text = describe(recipe, trace)
+        for category, item, sep in (("aggregation", "heads", ": "), ("aggregation", "layer fusion", ": "),
+                                    ("spatial reconstruction", "normalisation", " ")):
+            text = text.replace(f"{item}{sep}{plain[category][item]}", f"{item}{sep}{ours[category][item]}")
+        return f"{text} {ours['recipe']['method'][0].upper()}{ours['recipe']['method'][1:]}."
 
 
 PUBLISHED = PublishedKind()

@@ -155,6 +155,7 @@ def test_checklist_names_the_method(vit_case):
     tr, _ = vit_case
     m = vc.cam(tr, vc.presets.agcam())
     assert "this is AG-CAM (Leem & Seo 2024" in m.attrs["checklist"]
+    assert "per layer" not in m.attrs["methods"] and m.attrs["methods"].endswith("(official AGCAM.py)).")
     listed = vc.presets.agcam().checklist(tr)
     assert listed["spatial reconstruction"]["normalisation"] == "minmax once, after upsampling"
     assert set(vc.presets.TAXONOMY) >= {"grad_sam", "attcat", "agcam", "legrad", "grad_eclip", "grad_eclip_paper"}
