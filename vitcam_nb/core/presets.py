@@ -295,7 +295,8 @@ def agcam(layer: int | tuple | str = "all") -> Recipe:
 def legrad(layer: int | tuple | str = "all") -> Recipe:
     """Exact LeGrad (Bousselham et al. 2024): for each block l, the gradient of that block's own read-out score
     ``s_l`` (its output through the final norm, pooling and head) w.r.t. its attention, ReLU, mean over heads and
-    query rows, summed over blocks, min-max. Needs a trace with ``targets=vc.targets.layerwise(...)`` and site F2
+    query rows, summed over blocks, min-max. Needs a trace with ``targets=vc.targets.layerwise(...)`` (timm
+    classifiers; open_clip towers with ``vectors=`` text embeddings) and site F2
     (all blocks' scores come from the same batched backward). The official wrapper starts at a chosen layer:
     pass the same blocks as ``layer``.
 
