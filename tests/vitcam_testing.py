@@ -223,3 +223,13 @@ def assert_rel_close(actual, expected, what: str, rel: float = REL) -> None:
     err = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
+
+
+def plain_presets() -> list[str]:
+    """Presets computed from a trace of the default sites and class targets. The published methods of
+    ``vitcam_nb.compute.published`` read optional sites (attn_scores, q/k/v, resid_pre) or a layer-wise target, so a
+    plain trace refuses them; ``tests/unit/compute/test_published.py`` tests them on the traces they need."""
+    import vitcam_nb as vc
+    from vitcam_nb.compute.published import METHODS
+
+    return [n for n in vc.presets.names() if vc.presets.get(n).weighting not in METHODS]

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from vitcam_testing import SPECS, assert_rel_close, make_input, make_model, traced
+from vitcam_testing import SPECS, assert_rel_close, make_input, make_model, plain_presets, traced
 
 import vitcam_nb as vc
 
@@ -86,7 +86,7 @@ def test_same_trace_values_at_every_site(pair):
                                  traced(t_timm, site, int(layer), str(target)), f"{what} grad {target}")
 
 
-@pytest.mark.parametrize("preset", vc.presets.names())
+@pytest.mark.parametrize("preset", plain_presets())
 def test_same_map_for_every_preset(pair, preset):
     kind, t_timm, t_hf = pair
     recipe = vc.presets.get(preset)

@@ -18,11 +18,12 @@ from vitcam_nb.adapters.beit import BeitAdapter
 from vitcam_nb.adapters.blip import BlipAdapter  # imports transformers only when a BLIP model is traced
 from vitcam_nb.adapters.eva import EvaAdapter
 from vitcam_nb.adapters.open_clip import OpenClipAdapter  # imports open_clip only when one of its models is traced
+from vitcam_nb.adapters.qkv import single_head_attention
 from vitcam_nb.adapters.registry import find_adapter, register_adapter, supported_families, unregister_adapter
 from vitcam_nb.adapters.swin import SwinAdapter
 from vitcam_nb.adapters.vit import VitAdapter
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["Adapter", "BeitAdapter", "BlipAdapter", "EvaAdapter", "OpenClipAdapter", "SiteSpec", "SwinAdapter",
-           "TraceContext", "VitAdapter", "find_adapter", "register_adapter", "supported_families", "TraceError",
-           "unregister_adapter"]
+           "TraceContext", "VitAdapter", "find_adapter", "register_adapter", "single_head_attention",
+           "supported_families", "TraceError", "unregister_adapter"]

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from vitcam_nb.adapters.hf import HfVitAdapter
+from vitcam_nb.adapters.base import SiteSpec
+from vitcam_nb.adapters.hf import HfSiteSpec, HfVitAdapter
+from vitcam_nb.core.schema import QKV_SITES
 
 __all__ = ["HfClipAdapter", "HfSiglipAdapter", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD"]
 
@@ -41,6 +43,18 @@ class HfClipAdapter(HfVitAdapter):
     #: CLIPImageProcessor: resize the shortest edge bicubic, centre crop, OpenAI CLIP statistics.
     processor_defaults = {"mean": OPENAI_CLIP_MEAN, "std": OPENAI_CLIP_STD, "interpolation": "bicubic",
                           "crop_pct": 1.0, "crop_mode": "center"}
+
+    def relative_sites(self, path: str) -> dict[str, SiteSpec]:
+        """The sites of :class:`HfVitAdapter` and the optional per-head ``q``, ``k``, ``v`` (the outputs of
+        ``q_proj``, ``k_proj``, ``v_proj``: heads concatenated, queries before the scale).
+
+        Example:
+            >>> HfClipAdapter().relative_sites("vision_model.encoder.layers")["v"].hook("")
+            'vision_model.encoder.layers.{layer}.self_attn.v_proj:output'
+        """
+        return {**super().relative_sites(path),
+                **{s: HfSiteSpec(f"{self.attention}.{s}_proj", "output", f"attention {s} projection, heads "
+                                 "concatenated", path) for s in QKV_SITES}}
 
     def pooling(self, model: torch.nn.Module) -> str:
         projected = hasattr(model, "visual_projection")

@@ -41,6 +41,10 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 # open_clip's resize_mode -> the timm crop_mode that performs the same eval transform.
 _CROP_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
 PROBS_MODULE = "attn_probs"
+#: Identities the explicit attention passes q, k, v (N, heads, L, head_dim) and the pre-softmax scores through,
+#: so the optional sites q, k, v and attn_scores are hookable.
+QKV_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "attn_scores": "attn_scores", "q_out": "attn_q_out",
+               "k_out": "attn_k_out"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,15 @@ def _sites(f2_module: str, root: str = "") -> dict[str, ClipSiteSpec]:
         "resid_pre": ClipSiteSpec("", "input", "residual stream entering the block", root),
         "attn_out": ClipSiteSpec("attn", "output", "attention module output after out_proj", root),
         "resid_mid": ClipSiteSpec("ln_2", "input", "residual stream after the attention residual", root),
+        "q": ClipSiteSpec(f"attn.{QKV_MODULES['q']}", "output", "attention queries per head (before the scale)", root),
+        "k": ClipSiteSpec(f"attn.{QKV_MODULES['k']}", "output", "attention keys per head", root),
+        "v": ClipSiteSpec(f"attn.{QKV_MODULES['v']}", "output", "attention values per head", root),
+        "q_out": ClipSiteSpec(f"attn.{QKV_MODULES['q_out']}", "output", "queries, heads concatenated, through out_proj "
+                              "(values only: not on the path to the output)", root),
+        "k_out": ClipSiteSpec(f"attn.{QKV_MODULES['k_out']}", "output", "keys, heads concatenated, through out_proj "
+                              "(values only: not on the path to the output)", root),
+        "attn_scores": ClipSiteSpec(f"attn.{QKV_MODULES['attn_scores']}", "output",
+                                    "pre-softmax attention scores per head (scaled q k^T, before any mask)", root),
     }
 
 
@@ -152,8 +165,12 @@ def _explicit_attention(mha: torch.nn.MultiheadAttention):
         def split(t, w, b):  # (N, L, E) -> (N, heads, L, head_dim)
             return F.linear(t, w, b).view(n, -1, heads, head_dim).transpose(1, 2)
 
-        q, k, v = split(query, w_q, b_q), split(key, w_k, b_k), split(value, w_v, b_v)
-        scores = (q * (1.0 / math.sqrt(head_dim))) @ k.transpose(-2, -1)
+        q, k, v = (getattr(mha, QKV_MODULES[s])(split(t, w, b))
+                   for s, t, w, b in (("q", query, w_q, b_q), ("k", key, w_k, b_k), ("v", value, w_v, b_v)))
+        scores = getattr(mha, QKV_MODULES["attn_scores"])((q * (1.0 / math.sqrt(head_dim))) @ k.transpose(-2, -1))
+        for site, t in (("q_out", q), ("k_out", k)):  # Grad-ECLIP's code compares q and k after out_proj
+            joined = t.transpose(1, 2).reshape(n, -1, embed)
+            getattr(mha, QKV_MODULES[site])(F.linear(joined, mha.out_proj.weight, mha.out_proj.bias))
         if attn_mask is None and is_causal:
             attn_mask = torch.ones(tgt_len, src_len, dtype=torch.bool, device=q.device).triu(1)
         if attn_mask is not None:
@@ -256,8 +273,9 @@ class OpenClipAdapter(Adapter):
                 if PROBS_MODULE in attn._modules or "forward" in attn.__dict__:
                     raise TraceError(f"model: block {i}'s attention already has an {PROBS_MODULE!r} submodule or "
                                      "a patched forward (a trace already in progress?)")
-                attn.add_module(PROBS_MODULE, torch.nn.Identity())
-                undo.append(lambda a=attn: delattr(a, PROBS_MODULE))
+                for name in (PROBS_MODULE, *QKV_MODULES.values()):
+                    attn.add_module(name, torch.nn.Identity())
+                    undo.append(lambda a=attn, n=name: delattr(a, n))
                 # An instance attribute shadows the class's forward; deleting it restores the original exactly.
                 attn.forward = _explicit_attention(attn)
                 undo.append(lambda a=attn: a.__dict__.pop("forward", None))
@@ -267,8 +285,13 @@ class OpenClipAdapter(Adapter):
                 fn()
 
     def arrange(self, model: torch.nn.Module, site: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
-        # Old open_clip runs its blocks sequence-first (L, N, D); F2 is always built batch-first.
-        if site == "F2" or getattr(visual_tower(model).transformer, "batch_first", True):
+        if site in ("q", "k", "v"):  # (..., heads, L, head_dim) from the explicit attention -> (..., L, E)
+            t = tensor.transpose(-3, -2)
+            return t.reshape(*t.shape[:-2], t.shape[-2] * t.shape[-1])
+        # Old open_clip runs its blocks sequence-first (L, N, D); F2, the scores and the projected q/k are always
+        # built batch-first.
+        batch_first = getattr(visual_tower(model).transformer, "batch_first", True)
+        if site in ("F2", "attn_scores", "q_out", "k_out") or batch_first:
             return tensor
         return tensor.transpose(0, 1) if tensor.ndim == 3 else tensor.transpose(1, 2)
 

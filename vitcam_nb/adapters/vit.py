@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
+from vitcam_nb.adapters.qkv import timm_qkv_sites
 
 VIT_SITES: dict[str, SiteSpec] = {
     "F1": SiteSpec("norm1", "output", "LayerNorm output before multi-head attention"),
@@ -57,6 +58,10 @@ class VitAdapter(Adapter):
                 f"vit adapter found {kinds}; register an adapter for this family"
             )
         return kinds
+
+    def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
+        # q, k, v and attn_scores exist where the blocks use timm's plain Attention (not BEiT's or EVA's).
+        return {**self.sites, **timm_qkv_sites(list(model.blocks))}
 
     def grid_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.patch_embed

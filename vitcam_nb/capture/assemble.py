@@ -26,7 +26,15 @@ from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import release_freed_memory
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
-from vitcam_nb.core.schema import ATTENTION_SITE, EXPECTED_LABEL, EXPECTED_TARGET, SCHEMA_VERSION, target_name
+from vitcam_nb.core.schema import (
+    ATTENTION_SITE,
+    EXPECTED_LABEL,
+    EXPECTED_TARGET,
+    OPTIONAL_SITES,
+    SCHEMA_VERSION,
+    SCORES_SITE,
+    target_name,
+)
 from vitcam_nb.core.version import __version__
 from vitcam_nb.preprocess import PreparedInput, preprocessing_json
 from vitcam_nb.targets.classes import ClassTargets
@@ -96,7 +104,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     kinds, rows, cols = token_coords(prefix, (gh, gw))
     n_targets = len(classes) + 1
     extra = plan.extra_sites
-    token_sites = [s for s in site_ids if s != ATTENTION_SITE and s not in extra]
+    token_sites = [s for s in site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra]
     labels = plan.class_labels or target.class_labels(model, int(image.logits.shape[0]))
 
     data_vars = {}
@@ -129,14 +137,17 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
         data_vars["act"] = (("layer", "site", "token", "channel"), act)
         data_vars["grad"] = (("target", "layer", "site", "token", "channel"), grad)
-    if ATTENTION_SITE in site_ids:
-        n_heads = int(acts[(layer_ids[0], ATTENTION_SITE)].shape[1])
+    # F2 and the pre-softmax scores are both (head, query, key) matrices per layer, stored the same way.
+    for site, name in ((ATTENTION_SITE, "attn"), (SCORES_SITE, "attn_scores")):
+        if site not in site_ids:
+            continue
+        n_heads = int(acts[(layer_ids[0], site)].shape[1])
         shape = (n_heads, n_tokens, n_tokens)
         attn = np.empty((len(layer_ids), *shape), store_dtype)
         attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
         for li, layer in enumerate(layer_ids):
-            attn[li] = to_numpy(acts.pop((layer, ATTENTION_SITE)), shape, store_dtype)
-            attn_grad[:, li] = to_numpy(grads.pop((layer, ATTENTION_SITE)), (n_targets, *shape), store_dtype)
+            attn[li] = to_numpy(acts.pop((layer, site)), shape, store_dtype)
+            attn_grad[:, li] = to_numpy(grads.pop((layer, site)), (n_targets, *shape), store_dtype)
             release_freed_memory()
         coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
         for axis in ("query", "key"):
@@ -144,8 +155,8 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
             coords[f"{axis}_kind"] = (axis, kinds)
             coords[f"{axis}_patch_row"] = (axis, rows)
             coords[f"{axis}_patch_col"] = (axis, cols)
-        data_vars["attn"] = (("layer", "head", "query", "key"), attn)
-        data_vars["attn_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+        data_vars[name] = (("layer", "head", "query", "key"), attn)
+        data_vars[f"{name}_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
     for site in [s for s in site_ids if s in extra]:
         n = len(extra[site])
         site_acts = [to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]
@@ -214,7 +225,11 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         attrs["model_wrapper"] = (f"looked through {' then '.join(plan.wrappers)}; the model inside was traced "
                                   "(the wrapper was not called)")
     table = adapter.site_table(model)
-    attrs["model_sites"] = ",".join([*table, *plan.extra_sites])
+    optional = [s for s in table if s in OPTIONAL_SITES]
+    # 0.1 wrote this list before the optional sites existed; they are listed on their own, so it reads the same.
+    attrs["model_sites"] = ",".join([*(s for s in table if s not in optional), *plan.extra_sites])
+    if optional:
+        attrs["model_optional_sites"] = ",".join(optional)
     for site in site_ids:
         if site in table:
             attrs[f"hook_{site}"] = table[site].hook(adapter.block_template)

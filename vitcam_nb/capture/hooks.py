@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
+from vitcam_nb.adapters.qkv import SCORES_IO, SPLIT_IO, split_qkv
+from vitcam_nb.capture.scores import score_hooks
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["Capture", "eval_mode", "fused_attention_off", "removable_hooks"]
@@ -137,9 +139,21 @@ class Capture:
         elif io.startswith("output["):  # one element of a tuple output, e.g. the weights a HF attention returns
             index = int(io[len("output["):-1])
             handles.append(module.register_forward_hook(lambda _m, _i, out: self._keep(key, out[index])))
+        elif io.startswith(SPLIT_IO):  # one third of a fused qkv output: kept, and the output rebuilt from it
+            handles.append(module.register_forward_hook(lambda _m, _i, out: self._third(key, io[len(SPLIT_IO):],
+                                                                                         out)))
+        elif io == SCORES_IO:  # no module holds the pre-softmax scores: recomputed from q and k in the pass
+            handles.extend(score_hooks(module, lambda t: self._keep(key, t)))
         else:
             handles.append(module.register_forward_pre_hook(lambda _m, args: self._keep(key, args[0] if args
                                                                                          else None)))
+
+    def _third(self, key: tuple[int, str], site: str, out: torch.Tensor) -> torch.Tensor:
+        # The model continues from the three parts put back together, so the kept part is on the path to the
+        # output and its gradient exists; the values are the same.
+        parts = [split_qkv(s, out) for s in ("q", "k", "v")]
+        self._keep(key, parts[("q", "k", "v").index(site)])
+        return torch.cat(parts, dim=-1)
 
     def _grid_hook(self, _module: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
         self.grid = self.adapter.grid_from_output(self.model, output)

@@ -22,7 +22,7 @@ from vitcam_nb.adapters.registry import find_adapter, supported_families
 from vitcam_nb.adapters.wrappers import unsupported_message, unwrap
 from vitcam_nb.capture.runtime import check_autocast, check_device
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, STORAGE_DTYPES
+from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, OPTIONAL_SITES, STORAGE_DTYPES
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import ClassTargets, as_target, head_size
 
@@ -87,14 +87,15 @@ def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> li
     """
     allowed = list(adapter.site_table(model)) + list(adapter.extra_sites(model))
     if sites is None:
-        return [s for s in allowed if s in CORE_SITES or s not in adapter.sites]
+        # the optional sites are read only when asked for, like the extended sites
+        return [s for s in allowed if s in CORE_SITES or (s not in adapter.sites and s not in OPTIONAL_SITES)]
     items = [sites] if isinstance(sites, str) else sites
     if not isinstance(items, Sequence) or len(items) == 0:
         raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
     for s in items:
         if s not in allowed:
             known = ("a site this model does not have" if s in adapter.sites or s in CORE_SITES + EXTENDED_SITES
-                     else "unknown site")
+                     + OPTIONAL_SITES else "unknown site")
             raise TraceError(f"sites: {known} {s!r}; this {adapter.family} model has {allowed}")
     return [s for s in allowed if s in items]
 

@@ -169,7 +169,8 @@ class TraceView:
         return out
 
     def site_check(self, site: str) -> None:
-        model_sites = str(self.attrs.get("model_sites", "")).split(",")
+        model_sites = str(self.attrs.get("model_sites", "")).split(",") + \
+            [s for s in str(self.attrs.get("model_optional_sites", "")).split(",") if s]
         if site not in self.sites and self.attrs.get("model_sites") and site not in model_sites:
             raise RecipeError(f"site: this {self.attrs.get('model_family', '')} model has no {site!r} (its blocks "
                               f"lack that module); its sites are {model_sites}")

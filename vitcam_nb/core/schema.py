@@ -22,12 +22,21 @@ SUPPORTED_SCHEMAS = (1,)
 # -- sites ---------------------------------------------------------------------------------------------
 CORE_SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
 EXTENDED_SITES = ("resid_pre", "attn_out", "resid_mid")
+#: Per-head queries, keys and values (heads concatenated as channel groups, as F3), read only when asked for.
+QKV_SITES = ("q", "k", "v")
+#: Queries and keys passed through the attention's output projection (``out_proj(q)``; values only: they are not
+#: on the path to the output, so their gradients are zero), as Grad-ECLIP's official code compares them.
+PROJECTED_QK_SITES = ("q_out", "k_out")
+#: Pre-softmax attention scores per head, stored like F2 and read only when asked for.
+SCORES_SITE = "attn_scores"
+#: Sites read only when asked for by name (None leaves them out).
+OPTIONAL_SITES = (*QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
 ATTENTION_SITE = "F2"
 #: Sites read outside the block stack (vision-language cross-attention).
 EXTRA_SITES = ("xattn",)
 #: Sites stored as (token, channel) in ``act`` / ``grad``.
-TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES)
-SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES)
+TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES, *QKV_SITES, *PROJECTED_QK_SITES)
+SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES, *QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
 #: Sites with a head structure (heads as channel groups, or an attention matrix per head).
 HEAD_SITES = ("F2", "F3", "xattn")
 #: Variables written by ``vc.score`` (model-in-the-loop weightings): one per kind of perturbation, and the
@@ -44,6 +53,12 @@ SITE_MEANINGS = {
     "attn_out": "attention output after the projection",
     "resid_mid": "residual stream after the attention residual",
     "xattn": "cross-attention of text queries over image keys",
+    "q": "attention queries, heads concatenated (before the 1/sqrt(d) scale)",
+    "k": "attention keys, heads concatenated",
+    "v": "attention values, heads concatenated",
+    "q_out": "queries through the attention's output projection (values only, zero gradient)",
+    "k_out": "keys through the attention's output projection (values only, zero gradient)",
+    "attn_scores": "pre-softmax attention scores per head (scaled q k^T, the softmax input)",
 }
 
 # -- targets -------------------------------------------------------------------------------------------
@@ -87,6 +102,9 @@ VARIABLES: dict[str, Entry] = {
     "xattn": Entry(("xattn_layer", "head", "text_token", "key"),
                    "cross-attention (site xattn); head is xattn_head when the text tower has another head count"),
     "xattn_grad": Entry(("target", "xattn_layer", "head", "text_token", "key"), "d target / d xattn"),
+    "attn_scores": Entry(("layer", "head", "query", "key"),
+                         "pre-softmax attention scores (site attn_scores, optional; softmax of it is F2)"),
+    "attn_scores_grad": Entry(("target", "layer", "head", "query", "key"), "d target / d attn_scores"),
     "score": Entry(("layer", "site", "target", "channel"),
                    "Score-CAM: target score of the input times each channel's upsampled min-max map (vc.score; NaN: "
                    "not scored)"),
@@ -146,6 +164,8 @@ ATTRIBUTES: dict[str, Entry] = {
     "deterministic": Entry((), "1: the pass ran with deterministic kernels"),
     "deterministic_settings": Entry((), "which settings made it deterministic"),
     "model_sites": Entry((), "sites this model has"),
+    "model_optional_sites": Entry((), "optional sites (q, k, v, q_out, k_out, attn_scores) this model also has, "
+                                      "read only when asked for"),
     "hook_<site>": Entry((), "module path template and input/output read for the site"),
 }
 

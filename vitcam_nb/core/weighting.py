@@ -19,7 +19,8 @@ import numpy as np
 
 from vitcam_nb.core.registry import Registry
 
-__all__ = ["WEIGHTINGS", "Kernel", "ScoredKernel", "Weighting", "register_weighting", "weighting_names"]
+__all__ = ["WEIGHTINGS", "Kernel", "ScoredKernel", "Weighting", "channel_weighting_names", "register_weighting",
+           "weighting_names"]
 
 #: ``kernel(A, G, wmask, patch, groups) -> (maps, scale)``: A and G are (..., token, channel) float32;
 #: ``wmask`` selects the tokens that form channel weights, ``patch`` the patch tokens, ``groups`` splits
@@ -42,6 +43,8 @@ class Weighting:
     ``title``: how the checklist names the method in prose (default: the name).
     ``scores``: the trace variable of model outputs the weighting reads (``"score"`` or ``"ablation"``, written by
     ``vc.score``); its kernel is then a :data:`ScoredKernel`. Empty for weightings computed from A and G alone.
+    ``method``: a whole published method computed by a trace kind of its own from several sites (e.g. AG-CAM), not
+    a channel weighting of one site; sweeps over weightings (:func:`channel_weighting_names`) leave it out.
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -56,6 +59,7 @@ class Weighting:
     all_channels: bool = False
     title: str = ""
     scores: str = ""
+    method: bool = False
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")
@@ -89,3 +93,15 @@ def weighting_names() -> tuple[str, ...]:
         'gradcam'
     """
     return tuple(WEIGHTINGS.names())
+
+
+def channel_weighting_names() -> tuple[str, ...]:
+    """The registered channel weightings of one site: every name but the published methods (``method=True``),
+    which read several sites and are what galleries, menus and reports sweeping over weightings leave out.
+
+    Example:
+        >>> import vitcam_nb
+        >>> "gradcam" in channel_weighting_names(), "agcam" in channel_weighting_names()
+        (True, False)
+    """
+    return tuple(n for n in WEIGHTINGS.names() if not WEIGHTINGS.get(n).method)

@@ -18,7 +18,7 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.core.weighting import WEIGHTINGS
+from vitcam_nb.core.weighting import WEIGHTINGS, channel_weighting_names
 from vitcam_nb.data import shapes
 from vitcam_nb.evaluate.localisation import default_tolerance
 from vitcam_nb.evaluate.perturbation import Scorer, area_under_curve, model_input, perturbation_scores, pixel_rank
@@ -98,7 +98,7 @@ def report_known_answer(
         raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
     if isinstance(deletion_steps, bool) or not isinstance(deletion_steps, int) or deletion_steps < 1:
         raise ValueError(f"deletion_steps: expected a positive int, got {deletion_steps!r}")
-    weightings = list([w for w in WEIGHTINGS.names() if w != "gscorecam"] if weightings is None else weightings)
+    weightings = list([w for w in channel_weighting_names() if w != "gscorecam"] if weightings is None else weightings)
     scored = [w for w in weightings if WEIGHTINGS.get(w).scores]
     targets = list(targets)
     images, labels, masks = shapes(n_images, seed)

@@ -5,6 +5,7 @@
   tower) to given vectors, cosine or dot product, times a stated scale;
 - :func:`prompts` (``vitcam_nb[clip]``): :func:`similarity` to the text embeddings of prompts;
 - :func:`itm` (``vitcam_nb[vlm]``): BLIP's image-text matching logits (no match, match);
+- :func:`layerwise`: one class's score read out after every block (exact LeGrad), all in one backward;
 - :func:`region` and :func:`dense`: scores of a dense (B, C, H, W) output, e.g. a segmentation model's class
   logits summed over a pixel region.
 
@@ -25,6 +26,8 @@ from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
 from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
 from vitcam_nb.targets.dense import DenseScores, Region, dense, region
 from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
+from vitcam_nb.targets.layerwise import Layerwise, layerwise
 
-__all__ = ["ClassTargets", "ClipPrompts", "DenseScores", "ItmTarget", "Region", "Similarity", "Target", "as_target",
-           "class_labels", "dense", "itm", "prompts", "region", "similarity", "similarity_scores"]
+__all__ = ["ClassTargets", "ClipPrompts", "DenseScores", "ItmTarget", "Layerwise", "Region", "Similarity", "Target",
+           "as_target", "class_labels", "dense", "itm", "layerwise", "prompts", "region", "similarity",
+           "similarity_scores"]

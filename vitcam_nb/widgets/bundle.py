@@ -29,7 +29,8 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.errors import RecipeError
-from vitcam_nb.core.recipe import TARGETS, Recipe, is_int, weighting_names
+from vitcam_nb.core.recipe import TARGETS, Recipe, is_int
+from vitcam_nb.core.weighting import channel_weighting_names
 from vitcam_nb.widgets.controls import as_recipe, coerce_request, controls
 from vitcam_nb.widgets.encoding import image_rgba
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
@@ -91,7 +92,7 @@ def export_axes(facts: TraceFacts, axes: Mapping[str, Sequence] | None) -> dict[
         ['F4']
     """
     defaults: dict[str, list] = {"site": list(facts.sites), "layer": list(facts.layers),
-                                 "weighting": list(weighting_names()), "target": list(TARGETS),
+                                 "weighting": list(channel_weighting_names()), "target": list(TARGETS),
                                  "class_": _class_values(facts)}
     if axes is not None and not isinstance(axes, Mapping):
         raise TypeError(f"axes: expected a dict of recipe field -> list of values, got {type(axes).__name__}")

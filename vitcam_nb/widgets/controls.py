@@ -32,8 +32,8 @@ from vitcam_nb.core.recipe import (
     WEIGHT_TOKENS,
     Recipe,
     pooled_weightings,
-    weighting_names,
 )
+from vitcam_nb.core.weighting import channel_weighting_names
 from vitcam_nb.widgets.facts import TraceFacts
 
 __all__ = ["COLORMAPS", "DEBOUNCE_MS", "SITE_TEXT", "applies", "as_recipe", "coerce_request", "controls",
@@ -100,7 +100,8 @@ def controls(facts: TraceFacts) -> dict[str, Any]:
         {"name": "class_", "label": "class", "group": g["target"], "kind": "select", "values": classes},
         {"name": "weight_tokens", "label": "weight tokens", "group": g["tokens"], "kind": "select",
          "values": _pairs(WEIGHT_TOKENS)},
-        {"name": "weighting", "group": g["aggregation"], "kind": "select", "values": _pairs(weighting_names())},
+        {"name": "weighting", "group": g["aggregation"], "kind": "select",
+         "values": _pairs(channel_weighting_names())},
         {"name": "heads", "group": g["aggregation"], "kind": "select", "values": heads},
         {"name": "attn_rows", "label": "attention rows", "group": g["aggregation"], "kind": "select",
          "values": _pairs(ATTN_ROWS)},

@@ -25,7 +25,8 @@ from vitcam_nb.core.weighting import WEIGHTINGS as REGISTRY
 
 # Weightings that read model-in-the-loop scores (vc.score) are tested against their own references in
 # tests/unit/capture/test_scoring.py; these hand-made traces hold gradients only.
-WEIGHTINGS = tuple(w for w in weighting_names() if not REGISTRY.get(w).scores)
+# The published methods (method=True) read several sites each: tests/unit/compute/test_published.py.
+WEIGHTINGS = tuple(w for w in weighting_names() if not REGISTRY.get(w).scores and not REGISTRY.get(w).method)
 
 # --------------------------------------------------------------------------------------------------
 # Hand-made traces

@@ -30,16 +30,21 @@ from vitcam_nb.core.recipe import (
 from vitcam_nb.core.recipe import (
     SITES as RECIPE_SITES,
 )
+from vitcam_nb.core.schema import OPTIONAL_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS as WEIGHTING_TABLE
 
 # Weightings computed from the trace alone; those read from vc.score's model outputs (scorecam, ablationcam,
 # gscorecam) need the model and are tested in tests/unit/capture/test_scoring.py and test_scored_parity.py.
 POOLED_WEIGHTINGS = pooled_weightings()
-WEIGHTINGS = tuple(w for w in weighting_names() if not WEIGHTING_TABLE.get(w).scores)
+# The published methods (method=True) read several sites each: tests/unit/compute/test_published.py.
+WEIGHTINGS = tuple(w for w in weighting_names()
+                   if not WEIGHTING_TABLE.get(w).scores and not WEIGHTING_TABLE.get(w).method)
 
 NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3
 # Block sites of a ViT; 'xattn' (cross-attention of vision-language models) is tested in tests/unit/model/test_blip.py.
-SITES = tuple(s for s in RECIPE_SITES if s != "xattn")
+# The optional sites (q, k, v, q_out, k_out, attn_scores) feed the published methods (tests/unit/compute/
+# test_published.py).
+SITES = tuple(s for s in RECIPE_SITES if s != "xattn" and s not in OPTIONAL_SITES)
 
 
 def _trace():

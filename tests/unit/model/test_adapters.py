@@ -28,7 +28,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, make_model, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, make_model, plain_presets, snapshot, traced
 
 import vitcam_nb as vc
 from vitcam_nb import presets
@@ -529,7 +529,7 @@ def test_presets_finite_and_model_unchanged(label):
     h, w = fam.input_hw
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", vc.DegenerateMapWarning)
-        for name in presets.names():
+        for name in plain_presets():
             recipe = presets.get(name)
             if recipe.layer_fusion != "rollout":  # top1 may not be traced; rollout has no class at all
                 recipe = recipe.replace(class_=int(tr["target_class"].values[0]))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, plain_presets, snapshot, traced
 
 import vitcam_nb as vc
 from vitcam_nb import presets
@@ -309,7 +309,7 @@ def test_prob_target_is_zero_shot_softmax(full_trace, clip_model, x, text_emb):
 # (d) every preset
 
 
-@pytest.mark.parametrize("name", presets.names())
+@pytest.mark.parametrize("name", plain_presets())
 def test_every_preset_finite(full_trace, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a degenerate map (e.g. last-block F3-F6) is zeros with a warning

@@ -1,0 +1,136 @@
+"""Layer-wise scores (exact LeGrad, Bousselham et al. 2024): the score of every block's output read out through
+the model's final norm and head, each a target of the same batched backward pass.
+
+For block ``l`` with output ``x_l``, ``s_l = head(pool(norm(x_l)))[c]``: what the classifier would say if the
+network stopped after block ``l`` (for the last block this is the model's own logit). The trace stores
+``s_0 .. s_{L-1}`` as its ``logits`` (one "class" per block) and differentiates all of them, so
+``attn_grad[target of block l, layer l]`` is ``d s_l / d A_l``, the gradient LeGrad reads. The class ``c`` is
+fixed first from the model's own logits (``"top1"`` or an index).
+
+Supported: timm ``VisionTransformer`` classifiers (``model.norm``, ``model.forward_head``), and open_clip vision
+towers with ``vectors`` (e.g. text embeddings): ``s_l = scale * cos(pool(ln_post(x_l)) @ proj, vectors[c])``,
+the tower's own read-out (class-token or average pooling) applied to block ``l``'s output.
+
+Example:
+    >>> import timm, torch
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+    ...                       num_classes=3).eval()
+    >>> t = layerwise(class_=1)
+    >>> s = t.scores(m, torch.zeros(1, 3, 32, 32))
+    >>> tuple(s.shape), torch.allclose(s[-1], m(torch.zeros(1, 3, 32, 32))[0, 1])
+    ((2,), True)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.targets.base import Target
+
+__all__ = ["Layerwise", "layerwise"]
+
+
+class Layerwise(Target):
+    """The scores of one class read out after every block (see the module docstring).
+
+    Example:
+        >>> Layerwise("top1").settings()
+        {'kind': 'layerwise', 'class': 'top1'}
+    """
+
+    kind = "layerwise"
+
+    def __init__(self, class_: int | str = "top1", vectors: object = None, scale: float = 1.0):
+        if not (class_ == "top1" or (isinstance(class_, (int, np.integer)) and not isinstance(class_, bool)
+                                     and class_ >= 0)):
+            raise TraceError(f"class_: expected 'top1' or a class index >= 0, got {class_!r}")
+        self.class_ = class_ if isinstance(class_, str) else int(class_)
+        self.vectors = None if vectors is None else torch.as_tensor(np.asarray(vectors, np.float32))
+        if self.vectors is not None and (self.vectors.ndim != 2 or not torch.isfinite(self.vectors).all()):
+            raise TraceError("vectors: expected a finite (N, D) array of vectors to compare embeddings with")
+        self.scale = float(scale)
+        self.chosen: int | None = None
+        self.description = (f"layer-wise scores of class {self.class_}: block l's output through the final norm, "
+                            "pooling and head (exact LeGrad)")
+
+    def check(self, model: torch.nn.Module) -> None:
+        from timm.models.vision_transformer import VisionTransformer
+
+        if self.vectors is None:
+            if not isinstance(model, VisionTransformer) or not int(getattr(model, "num_classes", 0) or 0):
+                raise TraceError(f"targets: layerwise reads each block out through a timm VisionTransformer's norm "
+                                 f"and classifier head; got {type(model).__name__} (num_classes="
+                                 f"{getattr(model, 'num_classes', None)}); an open_clip tower needs vectors=")
+            return
+        from vitcam_nb.adapters.open_clip import is_open_clip_vit, is_whole_clip
+
+        tower = model.visual if is_whole_clip(model) else model
+        if not is_open_clip_vit(tower) or getattr(tower, "attn_pool", None) is not None or \
+                str(tower.pool_type) not in ("tok", "avg"):
+            raise TraceError("targets: layerwise with vectors reads an open_clip VisionTransformer out per block "
+                             "(class-token or average pooling, no attention pooling)")
+
+    def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        from vitcam_nb.adapters.registry import find_adapter
+
+        outputs: list[torch.Tensor] = []
+        handles = [blk.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+                   for blk in find_adapter(model).blocks(model)]
+        try:
+            model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        read = self._readouts(model, outputs)
+        c = int(torch.argmax(read[-1].detach())) if self.class_ == "top1" else self.class_
+        if c >= read[-1].shape[0]:
+            raise TraceError(f"class_: {c} is out of range (the model has {read[-1].shape[0]} classes)")
+        self.chosen = c
+        return torch.stack([r[c] for r in read])
+
+    def _readouts(self, model: torch.nn.Module, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each block output through the model's own read-out: one score per class (or vector)."""
+        if self.vectors is None:
+            return [model.forward_head(model.norm(out))[0] for out in outputs]
+        tower = model.visual if hasattr(model, "encode_image") else model
+        vectors = self.vectors.to(outputs[0].device, outputs[0].dtype)
+        vectors = vectors / vectors.norm(dim=1, keepdim=True)
+        batch_first = getattr(tower.transformer, "batch_first", True)
+        out = []
+        for x in outputs:
+            x = x if batch_first else x.transpose(0, 1)
+            if not tower.final_ln_after_pool:
+                x = tower.ln_post(x)
+            pooled = x[:, 0] if tower.pool_type == "tok" else x[:, 1:].mean(dim=1)
+            if tower.final_ln_after_pool:
+                pooled = tower.ln_post(pooled)
+            if tower.proj is not None:
+                pooled = pooled @ tower.proj
+            out.append(self.scale * (vectors @ (pooled[0] / pooled[0].norm())))
+        return out
+
+    def class_labels(self, model: torch.nn.Module, n: int) -> list[str]:
+        return [f"class {self.chosen} after block {i}" for i in range(n)]
+
+    def settings(self) -> dict:
+        out = {"kind": self.kind, "class": self.class_}
+        if self.vectors is not None:
+            out.update(vectors=self.vectors.numpy().round(7).tolist(), scale=self.scale)
+        return out
+
+    def attrs(self) -> dict[str, object]:
+        return {**super().attrs(), "layerwise_class": -1 if self.chosen is None else int(self.chosen)}
+
+
+def layerwise(class_: int | str = "top1", vectors: object = None, scale: float = 1.0) -> Layerwise:
+    """A :class:`Layerwise` target: one score per block for class ``class_`` (``"top1"``: the model's top class);
+    with ``vectors`` (N, D), for an open_clip tower: ``scale`` times the cosine of each block's read-out embedding
+    with vector ``class_``.
+
+    Example:
+        >>> layerwise(3).class_
+        3
+    """
+    return Layerwise(class_, vectors, scale)
