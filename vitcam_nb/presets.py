@@ -10,7 +10,11 @@ Example:
 from vitcam_nb.core.presets import (
     CITATIONS,
     PRESETS,
+    TAXONOMY,
+    albef_itm_gradcam,
     attention_rollout,
+    beyond_intuition_head,
+    beyond_intuition_token,
     chefer_attention_gradcam,
     citation,
     eigencam,
@@ -24,10 +28,16 @@ from vitcam_nb.core.presets import (
     layercam,
     legrad_style,
     names,
+    preset_name,
+    preset_text,
     pytorch_grad_cam_vit,
+    transition_attention_maps,
+    vit_cx,
     xgradcam,
 )
 
-__all__ = ["CITATIONS", "PRESETS", "attention_rollout", "chefer_attention_gradcam", "citation", "eigencam",
-           "eigengradcam", "get", "gradcam", "gradcam_elementwise", "gradcampp", "gradient_rollout", "hirescam",
-           "layercam", "legrad_style", "names", "pytorch_grad_cam_vit", "xgradcam"]
+__all__ = ["CITATIONS", "PRESETS", "TAXONOMY", "albef_itm_gradcam", "attention_rollout", "beyond_intuition_head",
+           "beyond_intuition_token", "chefer_attention_gradcam", "citation", "eigencam", "eigengradcam", "get",
+           "gradcam", "gradcam_elementwise", "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad_style",
+           "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "transition_attention_maps", "vit_cx",
+           "xgradcam"]

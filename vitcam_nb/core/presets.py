@@ -38,7 +38,25 @@ CITATIONS: dict[str, str] = {
                         "Bi-Modal and Encoder-Decoder Transformers, ICCV",
     "legrad_style": "after Bousselham et al. 2024, LeGrad: relu of the gradient w.r.t. the attention maps, "
                     "averaged over heads and query rows, summed over layers (rows averaged before the ReLU here)",
+    "transition_attention_maps": "Yuan et al. 2021, Explaining Information Flow Inside Vision Transformers Using "
+                                 "Markov Chain, NeurIPS XAI4Debugging workshop; official code "
+                                 "github.com/XianrenYty/Transition_Attention_Maps (start_layer=4, steps=20)",
+    "beyond_intuition_head": "Chen et al. 2023, Beyond Intuition: Rethinking Token Attributions inside Transformers, "
+                             "TMLR, head-wise (BT-H); official code github.com/jiaminchen-1031/transformerinterp "
+                             "(beyond_intuition_headwise, start_layer=4, steps=20)",
+    "beyond_intuition_token": "Chen et al. 2023, Beyond Intuition: Rethinking Token Attributions inside Transformers, "
+                              "TMLR, token-wise (BT-T); official code github.com/jiaminchen-1031/transformerinterp "
+                              "(beyond_intuition_tokenwise, start_layer=6, steps=20)",
+    "vit_cx": "Xie et al. 2023, ViT-CX: Causal Explanation of Vision Transformers, IJCAI; official code "
+              "github.com/vaynexie/CausalX-ViT (target layer blocks[-1].norm1, distance_threshold=0.1, noise 0.1)",
+    "albef_itm_gradcam": "Li et al. 2021, Align before Fuse (ALBEF), NeurIPS; official visualisation "
+                         "github.com/salesforce/ALBEF (visualization.ipynb): ITM score, cross-attention of text "
+                         "layer 8, mean over heads of A * relu(G), the [CLS] text row",
 }
+#: The presets 0.1 shipped: their checklists keep the citation alone (the 0.1 contract fixes that text).
+V0_1_PRESETS = ("pytorch_grad_cam_vit", "gradcam", "hirescam", "gradcam_elementwise", "gradcampp", "xgradcam",
+                "layercam", "eigencam", "eigengradcam", "chefer_attention_gradcam", "attention_rollout",
+                "gradient_rollout", "legrad_style")
 
 
 def pytorch_grad_cam_vit(layer: int = -1, site: str = "F1") -> Recipe:
@@ -181,12 +199,92 @@ def legrad_style() -> Recipe:
                   layer_fusion="sum")
 
 
+def _from_end(start_layer: int | str, name: str) -> tuple[int, ...] | str:
+    """Blocks ``start_layer..-1`` (negative: counted from the end), or "all" for ``start_layer`` 0 or "all"."""
+    if start_layer in (0, "all"):
+        return "all"
+    if not isinstance(start_layer, int) or isinstance(start_layer, bool) or start_layer > 0:
+        raise RecipeError(f"start_layer: {name} counts blocks from the end (e.g. -8: the last 8 blocks; 0 or "
+                          f"'all': every traced block), got {start_layer!r}")
+    return tuple(range(start_layer, 0))
+
+
+def transition_attention_maps(start_layer: int | str = -8) -> Recipe:
+    """Transition Attention Maps (Yuan et al. 2021), as the official code computes them: the CLS row of the
+    head-mean attention of the last block times ``(mean_h A_l + I)`` of the earlier blocks down to
+    ``start_layer``, times the CLS row of ``mean_h relu(IG)``, IG the integrated gradient (20 steps, zero
+    baseline) of the last attention. The default -8 is the official ``start_layer=4`` of a 12-block ViT-B. Needs
+    ``vc.score(tr, model, recipe, image)`` first.
+
+    Example:
+        >>> transition_attention_maps(start_layer=-2).layer, transition_attention_maps().layer_fusion
+        ((-2, -1), 'transition')
+    """
+    return Recipe(site="F2", layer=_from_end(start_layer, "transition_attention_maps"), layer_fusion="transition")
+
+
+def beyond_intuition_head(start_layer: int | str = -9) -> Recipe:
+    """Beyond Intuition head-wise (BT-H, Chen et al. 2023), as the official ``beyond_intuition_headwise``:
+    ``R <- R + (sum_h I_h A_h) R`` over the blocks from ``start_layer``, ``I_h`` the normalised mean of
+    ``|A_h^T G_h|``, then ``mean_h relu(IG) * R`` at the CLS row. The official loop starts at block
+    ``start_layer - 1`` = 3 for its ``start_layer=4``: -9 on a 12-block ViT-B. Needs ``vc.score`` first.
+
+    Example:
+        >>> beyond_intuition_head().layer[0], beyond_intuition_head().layer_fusion
+        (-9, 'bt_head')
+    """
+    return Recipe(site="F2", layer=_from_end(start_layer, "beyond_intuition_head"), layer_fusion="bt_head")
+
+
+def beyond_intuition_token(start_layer: int | str = -7) -> Recipe:
+    """Beyond Intuition token-wise (BT-T, Chen et al. 2023), after the official ``beyond_intuition_tokenwise``:
+    ``R <- R + mean_h(A_l) diag(|v W_o| / |z|) R`` over the blocks from ``start_layer`` (official
+    ``start_layer=6``, loop from block 5: -7 on a 12-block ViT-B), then ``mean_h relu(IG) * |R|`` at the CLS row.
+    The official model file that defines ``vproj`` and ``get_input`` was not available to us: vitcam_nb reads
+    them as the values of all heads times the output projection's weight (no bias) and the block input.
+
+    Example:
+        >>> beyond_intuition_token(start_layer=0).layer
+        'all'
+    """
+    return Recipe(site="F2", layer=_from_end(start_layer, "beyond_intuition_token"), layer_fusion="bt_token")
+
+
+def vit_cx(layer: int = -1) -> Recipe:
+    """ViT-CX (Xie et al. 2023), as the official code: F1 maps of block ``layer`` clustered into masks, masked
+    inputs with noise scored by the softmax probability (``vc.score(tr, model, vc.presets.vit_cx(), image)``).
+    No ReLU (the official map is used as it comes), min-max normalised for display.
+
+    Example:
+        >>> vit_cx().weighting, vit_cx().target
+        ('vitcx', 'prob')
+    """
+    return Recipe(site="F1", layer=layer, weighting="vitcx", target="prob", relu="none")
+
+
+def albef_itm_gradcam(layer: int = 8, text_tokens: str | int = "cls") -> Recipe:
+    """The ALBEF/BLIP image-text matching Grad-CAM (Li et al. 2021): cross-attention of text layer ``layer``
+    (ALBEF's visualisation uses block 8 of its 12 text layers; LAVIS's BLIP demo uses 6), ``mean_h A * relu(G)``
+    of the ITM "match" logit (class 1), at the text row ``text_tokens``: "cls", the first ([CLS]/[ENC]) row,
+    is ALBEF's whole-image map; a position or a word gives its per-word maps (vitcam_nb's "all" averages A and
+    G over rows before the product, which is not ALBEF's per-word average).
+
+    Example:
+        >>> albef_itm_gradcam().layer, albef_itm_gradcam().text_tokens
+        (8, 'cls')
+    """
+    return Recipe(site="xattn", layer=layer, target="logit", class_=1, weighting="layercam", heads="mean_then_relu",
+                  text_tokens=text_tokens)
+
+
 PRESETS: dict[str, Callable[..., Recipe]] = {
     "pytorch_grad_cam_vit": pytorch_grad_cam_vit, "gradcam": gradcam, "hirescam": hirescam,
     "gradcam_elementwise": gradcam_elementwise, "gradcampp": gradcampp, "xgradcam": xgradcam,
     "layercam": layercam, "eigencam": eigencam, "eigengradcam": eigengradcam,
     "chefer_attention_gradcam": chefer_attention_gradcam, "attention_rollout": attention_rollout,
     "gradient_rollout": gradient_rollout, "legrad_style": legrad_style,
+    "transition_attention_maps": transition_attention_maps, "beyond_intuition_head": beyond_intuition_head,
+    "beyond_intuition_token": beyond_intuition_token, "vit_cx": vit_cx, "albef_itm_gradcam": albef_itm_gradcam,
 }
 
 
@@ -219,13 +317,116 @@ def citation(recipe: Recipe) -> str:
         >>> citation(attention_rollout()).startswith("Abnar")
         True
     """
+    name = preset_name(recipe)
+    return CITATIONS[name] if name else ""
+
+
+def preset_name(recipe: Recipe) -> str:
+    """The name of the preset that ``recipe`` equals at its default arguments, or "".
+
+    Example:
+        >>> preset_name(transition_attention_maps())
+        'transition_attention_maps'
+    """
     for name, preset in _default_recipes(tuple(PRESETS.items())):
         if preset == recipe:
-            return CITATIONS[name]
+            return name
     return ""
+
+
+def preset_text(recipe: Recipe) -> str:
+    """What the checklist says of the preset ``recipe`` equals: "this is <name> (<citation>)", or "". The
+    presets of 0.1 keep their citation alone, which the 0.1 contract fixes.
+
+    Example:
+        >>> preset_text(vit_cx())[:19]
+        'this is vit_cx (Xie'
+    """
+    name = preset_name(recipe)
+    if not name:
+        return ""
+    return CITATIONS[name] if name in V0_1_PRESETS else f"this is {name} ({CITATIONS[name]})"
 
 
 @functools.lru_cache(maxsize=4)
 def _default_recipes(presets: tuple) -> tuple[tuple[str, Recipe], ...]:
     # Keyed by the table's entries, so a preset added at run time is seen; a report asks this for every map.
     return tuple((name, make()) for name, make in presets)
+
+
+PGC = "https://github.com/jacobgil/pytorch-grad-cam"
+_F1_LAST = "F1, the output of blocks[-1].norm1 (the last block)"
+_LOGIT = "the logit of the top-1 class"
+_PATCH_POOL = "class token dropped (reshape_transform); channel weights pooled over the patch tokens"
+_PER_TOKEN = "class token dropped (reshape_transform); per token, no pooling"
+_RASTER = "row-major patch grid, ReLU, min-max, bilinear resize to the input"
+_ROLL_TOKENS = "the CLS query row; patch keys on the grid"
+
+
+def _pgc(paper: str, aggregation: str, tokens: str = _PATCH_POOL, target: str = _LOGIT) -> dict[str, str]:
+    return {"paper": paper, "code": PGC, "site": _F1_LAST, "target": target, "tokens": tokens,
+            "aggregation": aggregation, "reconstruction": _RASTER}
+
+
+#: Each preset in the audit's five categories (site, target, tokens, aggregation, reconstruction), with its paper
+#: and official code (a URL or "none"); ``docs/presets.md`` is generated from it (scripts/presets_table.py).
+TAXONOMY: dict[str, dict[str, str]] = {
+    "pytorch_grad_cam_vit": _pgc("Gildenblat et al., pytorch-grad-cam (library, ViT tutorial)",
+                                 "gradcam: alpha_k = mean_t G[t,k], map = sum_k alpha_k A[t,k]"),
+    "gradcam": _pgc("Selvaraju et al. 2017, ICCV", "gradcam: alpha_k = mean_t G[t,k], map = sum_k alpha_k A[t,k]"),
+    "hirescam": _pgc("Draelos & Carin 2020, arXiv:2011.08891", "hirescam: map = sum_k G[t,k] A[t,k]", _PER_TOKEN),
+    "gradcam_elementwise": _pgc("none (pytorch-grad-cam GradCAMElementWise)",
+                                "map = sum_k relu(G[t,k] A[t,k])", _PER_TOKEN),
+    "gradcampp": _pgc("Chattopadhay et al. 2018, WACV", "Grad-CAM++ second-order channel weights"),
+    "xgradcam": _pgc("Fu et al. 2020, BMVC", "alpha_k = sum_t G A / (sum_t A + 1e-7)"),
+    "layercam": _pgc("Jiang et al. 2021, IEEE TIP", "map = sum_k relu(G[t,k]) A[t,k]", _PER_TOKEN),
+    "eigencam": _pgc("Muhammad & Yeasin 2020, IJCNN", "first principal component of A (sign fixed)", _PER_TOKEN,
+                     "none (gradient-free)"),
+    "eigengradcam": _pgc("none (pytorch-grad-cam EigenGradCAM)", "first principal component of G * A", _PER_TOKEN),
+    "chefer_attention_gradcam": {
+        "paper": "Chefer, Gur & Wolf 2021, CVPR (the Grad-CAM baseline)",
+        "code": "https://github.com/hila-chefer/Transformer-Explainability", "site": "F2, the last block",
+        "target": _LOGIT, "tokens": "the CLS query row; head weights pooled over patch keys",
+        "aggregation": "heads weighted by their mean gradient, mean over heads, then ReLU", "reconstruction": _RASTER},
+    "attention_rollout": {
+        "paper": "Abnar & Zuidema 2020, ACL", "code": "https://github.com/samiraabnar/attention_flow",
+        "site": "F2, every block", "target": "none (no gradient)", "tokens": _ROLL_TOKENS,
+        "aggregation": "R = prod_l (0.5 mean_h A_l + 0.5 I)", "reconstruction": _RASTER},
+    "gradient_rollout": {
+        "paper": "Chefer, Gur & Wolf 2021b, ICCV", "code": "https://github.com/hila-chefer/Transformer-MM-Explainability",
+        "site": "F2, every block", "target": _LOGIT, "tokens": _ROLL_TOKENS,
+        "aggregation": "R <- R + mean_h(relu(G_l * A_l)) R from R = I", "reconstruction": _RASTER},
+    "legrad_style": {
+        "paper": "after Bousselham et al. 2024 (LeGrad)", "code": "https://github.com/WalBouss/LeGrad",
+        "site": "F2, every block", "target": _LOGIT, "tokens": "mean over all query rows (before the ReLU)",
+        "aggregation": "relu(G) per head, mean over heads, summed over layers", "reconstruction": _RASTER},
+    "transition_attention_maps": {
+        "paper": "Yuan et al. 2021, NeurIPS XAI4Debugging workshop",
+        "code": "https://github.com/XianrenYty/Transition_Attention_Maps",
+        "site": "F2 of the last 8 blocks; integrated gradient of the last attention (vc.score, 20 steps)",
+        "target": _LOGIT, "tokens": _ROLL_TOKENS,
+        "aggregation": "mean_h A_L (mean_h A_l + I)... times mean_h relu(IG)", "reconstruction": _RASTER},
+    "beyond_intuition_head": {
+        "paper": "Chen et al. 2023, TMLR (BT-H)", "code": "https://github.com/jiaminchen-1031/transformerinterp",
+        "site": "F2 and its gradient from block L-9; integrated gradient of the last attention (vc.score)",
+        "target": _LOGIT, "tokens": _ROLL_TOKENS,
+        "aggregation": "R <- R + (sum_h I_h A_h) R, I_h = mean|A_h^T G_h| normalised; times mean_h relu(IG)",
+        "reconstruction": _RASTER},
+    "beyond_intuition_token": {
+        "paper": "Chen et al. 2023, TMLR (BT-T)", "code": "https://github.com/jiaminchen-1031/transformerinterp",
+        "site": "F2 and |v W_o| / |z| from block L-7; integrated gradient of the last attention (vc.score)",
+        "target": _LOGIT, "tokens": _ROLL_TOKENS,
+        "aggregation": "R <- R + mean_h(A_l) diag(|v W_o|/|z|) R; times mean_h relu(IG), |R|",
+        "reconstruction": _RASTER},
+    "vit_cx": {
+        "paper": "Xie et al. 2023, IJCAI", "code": "https://github.com/vaynexie/CausalX-ViT",
+        "site": _F1_LAST + "; masked inputs scored by vc.score",
+        "target": "the softmax probability of the top-1 class", "tokens": "class token dropped; every channel a mask",
+        "aggregation": "clustered channel masks weighted by their causal impact score with noise",
+        "reconstruction": "masks resized bilinearly before clustering; no ReLU; min-max"},
+    "albef_itm_gradcam": {
+        "paper": "Li et al. 2021, NeurIPS (ALBEF)", "code": "https://github.com/salesforce/ALBEF",
+        "site": "xattn: cross-attention of text layer 8 over image patches",
+        "target": "the ITM 'match' logit (class 1)", "tokens": "the first text row ([CLS]/[ENC]); patch keys",
+        "aggregation": "mean over heads of A * relu(G)", "reconstruction": _RASTER},
+}

@@ -32,6 +32,8 @@ SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES)
 HEAD_SITES = ("F2", "F3", "xattn")
 #: Variables written by ``vc.score`` (model-in-the-loop weightings), one per kind of perturbation.
 SCORE_VARIABLES = ("score", "ablation")
+#: Other variables ``vc.score`` writes: integrated gradients (TAM, Beyond Intuition) and ViT-CX mask scores.
+LOOP_VARIABLES = ("attn_grad_ig", "value_ratio", "vitcx_cluster", "vitcx_score")
 SITE_MEANINGS = {
     "F1": "LayerNorm output before attention",
     "F2": "softmax attention per head",
@@ -91,6 +93,17 @@ VARIABLES: dict[str, Entry] = {
                    "not scored)"),
     "ablation": Entry(("layer", "site", "target", "channel"),
                       "Ablation-CAM: target score with each channel zeroed at the site (vc.score; NaN: not scored)"),
+    "attn_grad_ig": Entry(("target", "head", "query", "key"),
+                          "integrated gradient of the last block's attention: mean of d target / d attn at alpha x "
+                          "over alpha in linspace(0, 1, ig_steps) (vc.score; TAM, Beyond Intuition)"),
+    "value_ratio": Entry(("layer", "token"),
+                         "Beyond Intuition token-wise: |v W_o| / |z| per token, v the values of all heads, W_o the "
+                         "output projection, z the block input (vc.score)"),
+    "vitcx_cluster": Entry(("channel",), "ViT-CX: the mask (cluster) each channel of F1 at vitcx_layer belongs to "
+                                         "(vc.score)"),
+    "vitcx_score": Entry(("target", "vitcx_mask"),
+                         "ViT-CX: p_c(masked input + noise) - p_c(input + noise) per mask (vc.score; NaN: not a "
+                         "class target)"),
     "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
     "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
 }
