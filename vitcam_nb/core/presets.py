@@ -322,15 +322,26 @@ def citation(recipe: Recipe) -> str:
 
 
 def preset_name(recipe: Recipe) -> str:
-    """The name of the preset that ``recipe`` equals at its default arguments, or "".
+    """The name of the preset that ``recipe`` equals at its default arguments (a preset added after 0.1: at any
+    blocks), or "".
 
     Example:
         >>> preset_name(transition_attention_maps())
         'transition_attention_maps'
     """
-    for name, preset in _default_recipes(tuple(PRESETS.items())):
+    defaults = _default_recipes(tuple(PRESETS.items()))
+    for name, preset in defaults:
         if preset == recipe:
             return name
+    # The presets added after 0.1 name their method whatever blocks they run on (start_layer, layer).
+    for name, preset in defaults:
+        if name in V0_1_PRESETS or preset.site != recipe.site:
+            continue
+        try:
+            if preset.replace(layer=recipe.layer) == recipe:
+                return name
+        except RecipeError:  # the blocks do not fit this preset's form (a tuple for a one-block preset)
+            continue
     return ""
 
 
@@ -345,7 +356,10 @@ def preset_text(recipe: Recipe) -> str:
     name = preset_name(recipe)
     if not name:
         return ""
-    return CITATIONS[name] if name in V0_1_PRESETS else f"this is {name} ({CITATIONS[name]})"
+    if name in V0_1_PRESETS:
+        return CITATIONS[name]
+    blocks = "" if PRESETS[name]().layer == recipe.layer else f", on blocks {recipe.layer!r}"
+    return f"this is {name} ({CITATIONS[name]}){blocks}"
 
 
 @functools.lru_cache(maxsize=4)

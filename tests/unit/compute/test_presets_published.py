@@ -234,6 +234,11 @@ def test_every_new_preset_is_named_in_its_checklist():
     checklist = json.loads(vc.cam(tr, vc.presets.vit_cx()).attrs["checklist"])
     assert checklist["recipe"]["preset"] == f"this is vit_cx ({vc.presets.CITATIONS['vit_cx']})"
     assert "ViT-CX" in checklist["aggregation"]["weighting"]
+    # A preset added after 0.1 is named on any blocks, and the checklist says which.
+    tam = vc.presets.transition_attention_maps(start_layer=-2)
+    assert vc.presets.preset_text(tam).endswith("on blocks (-2, -1)")
+    assert vc.presets.preset_text(vc.presets.vit_cx(layer=0)).startswith("this is vit_cx (")
+    assert vc.presets.preset_text(vc.Recipe(layer=3)) == ""  # a 0.1 preset only at its defaults, as in 0.1
     # A 0.1 preset keeps the citation alone (the 0.1 contract fixes its checklist text).
     assert vc.presets.preset_text(vc.presets.attention_rollout()) == vc.presets.CITATIONS["attention_rollout"]
 
