@@ -5,8 +5,8 @@ measures them), or the reason it does not apply to the model (a vision-language 
 A preset is used at its default arguments with the image's true class; layer tuples counted from the end are
 clipped to the model's blocks (``transition_attention_maps``' last 8 blocks are all 6 of shapes-vit), and the
 recipe actually used is in the table. Presets that read model outputs (integrated gradients, ViT-CX scores,
-Score-CAM) get them from ``vc.score`` at its defaults. A whole-image map (ViT-CX) orders the deletion by its mean
-over each patch.
+Score-CAM) get them from ``vc.score`` at its defaults. The deletion is ordered by the token-grid map; a whole-image
+map (ViT-CX) by its mean over each patch.
 
 Example:
     >>> table = report_presets(n_images=2, names=["attention_rollout", "albef_itm_gradcam"])  # doctest: +SKIP
@@ -87,6 +87,17 @@ def _cells(up: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     return up[: h // gh * gh, : w // gw * gw].reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3))
 
 
+def _grid_map(tr: Any, recipe: Recipe, up: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """The token-grid map that orders the deletion, as the known-answer report does (upsample "none"); a
+    whole-image method without a grid map (ViT-CX) is averaged over each patch."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateMapWarning)
+            return kind_for(tr, recipe).cam(tr, recipe.replace(upsample="none")).values.astype(np.float64)
+    except RecipeError:
+        return _cells(up, grid)
+
+
 def _prepare(names: Sequence[str], num_layers: int) -> tuple[dict[str, Recipe], dict[str, str]]:
     recipes, skipped = {}, {}
     for name in names:
@@ -162,7 +173,7 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             if bad:
                 auc.setdefault(name, []).append(float("nan"))
                 continue
-            rank = pixel_rank(_cells(values, grid), (h, w), "morf")
+            rank = pixel_rank(_grid_map(tr, recipe, values, grid), (h, w), "morf")
             curve = perturbation_scores(scorer, model_input(model, tr)[0], [rank], counts, kind="deletion",
                                         substrate=substrate, target=label, batch_size=batch_size, seed=seed,
                                         nli_noise=0.01, blur_sigma=5.0 * np.sqrt(h * w) / 224.0, progress=False,
