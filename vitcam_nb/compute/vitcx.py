@@ -48,8 +48,6 @@ def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
     if "vitcx_score" not in trace.variables:
         raise RecipeError(f"weighting: vitcx needs the mask scores this trace does not hold; add them with "
                           f"{score_call(recipe)}")
-    if recipe.target != "prob":
-        raise RecipeError("target: ViT-CX scores softmax probabilities; use target='prob'")
     if recipe.upsample != "bilinear":
         raise RecipeError("upsample: ViT-CX's masks are resized bilinearly before clustering; leave upsample at "
                           "'bilinear'")
@@ -107,6 +105,7 @@ class VitcxKind(TraceKind):
         return describe(recipe, trace)
 
 
-register_weighting(Weighting("vitcx", FORMULA, _not_here, uses_gradient=False, title="ViT-CX"), replace=True)
+register_weighting(Weighting("vitcx", FORMULA, _not_here, uses_gradient=False, title="ViT-CX", scores="vitcx_score",
+                             scored_target="prob"), replace=True)
 VITCX = VitcxKind()
 TRACE_KINDS.register(VITCX.name, VITCX, first=True, replace=True)

@@ -241,9 +241,12 @@ class Recipe:
         if self.site not in TOKEN_SITES:
             raise RecipeError(f"site: {name} scores the channels of a token site {list(TOKEN_SITES)}, not "
                               f"{self.site!r}")
-        if self.target != "logit":
+        scored = WEIGHTINGS.get(name).scored_target
+        if self.target != scored and scored == "logit":
             raise RecipeError(f"target: {name} uses the stored scores of the logit z_c; prob and logprob of a "
                               "perturbed input are not derivable from them. Use target='logit'")
+        if self.target != scored:
+            raise RecipeError(f"target: {name} scores perturbed inputs by {scored!r}; use target={scored!r}")
         if name == "gscorecam" and self.k is None:
             raise RecipeError("k: gscorecam keeps the top-k channels by gradient; set k (e.g. k=300 as in "
                               "Chen et al. 2022, at most the channels of the site)")

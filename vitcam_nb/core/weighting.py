@@ -42,6 +42,7 @@ class Weighting:
     ``title``: how the checklist names the method in prose (default: the name).
     ``scores``: the trace variable of model outputs the weighting reads (``"score"`` or ``"ablation"``, written by
     ``vc.score``); its kernel is then a :data:`ScoredKernel`. Empty for weightings computed from A and G alone.
+    ``scored_target``: the target the stored outputs are scores of ("logit"; ViT-CX scores "prob").
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -56,6 +57,7 @@ class Weighting:
     all_channels: bool = False
     title: str = ""
     scores: str = ""
+    scored_target: str = "logit"
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")
