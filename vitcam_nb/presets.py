@@ -7,10 +7,16 @@ Example:
     'F1'
 """
 
+from __future__ import annotations
+
+from vitcam_nb.core.preset_taxonomy import TAXONOMY
 from vitcam_nb.core.presets import (
     CITATIONS,
     PRESETS,
+    albef_itm_gradcam,
     attention_rollout,
+    beyond_intuition_head,
+    beyond_intuition_token,
     chefer_attention_gradcam,
     citation,
     eigencam,
@@ -24,15 +30,39 @@ from vitcam_nb.core.presets import (
     layercam,
     legrad_style,
     names,
+    preset_name,
+    preset_text,
     pytorch_grad_cam_vit,
+    transition_attention_maps,
+    vit_cx,
     xgradcam,
 )
+from vitcam_nb.core.presets_attention import agcam, attcat, grad_eclip, grad_eclip_paper, grad_sam, legrad
 
-__all__ = ["CITATIONS", "PRESETS", "attention_rollout", "chefer_attention_gradcam", "citation", "eigencam",
-           "eigengradcam", "get", "gradcam", "gradcam_elementwise", "gradcampp", "gradient_rollout", "hirescam",
-           "layercam", "legrad_style", "names", "pytorch_grad_cam_vit", "xgradcam"]
+__all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gradcam", "attcat", "attention_rollout",
+           "beyond_intuition_head", "beyond_intuition_token", "chefer_attention_gradcam", "citation", "eigencam",
+           "eigengradcam", "get", "grad_eclip", "grad_eclip_paper", "grad_sam", "gradcam", "gradcam_elementwise",
+           "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad", "legrad_style", "markdown_table",
+           "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "transition_attention_maps", "vit_cx",
+           "xgradcam"]
 
-# The published attention-gradient methods (issue #20, part A) and their taxonomy.
-from vitcam_nb.core.presets import TAXONOMY, agcam, attcat, grad_eclip, grad_eclip_paper, grad_sam, legrad  # noqa: E402
+#: The columns of the preset table: the paper, its official code, then the audit's five categories.
+COLUMNS = ("paper", "code", "site", "target", "tokens", "aggregation", "reconstruction")
 
-__all__ += ["TAXONOMY", "agcam", "attcat", "grad_eclip", "grad_eclip_paper", "grad_sam", "legrad"]
+
+def markdown_table() -> str:
+    """The preset table of ``docs/presets.md``: one row per preset in :data:`TAXONOMY` (scripts/presets_table.py
+    writes it; a test keeps the page equal to it).
+
+    Example:
+        >>> markdown_table().splitlines()[0]
+        '| preset | paper | official code | site | target | token rule | aggregation | spatial reconstruction |'
+    """
+    head = ["preset", "paper", "official code", "site", "target", "token rule", "aggregation",
+            "spatial reconstruction"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name in names():
+        row = TAXONOMY.get(name, {})
+        cells = [f"`{name}`"] + [row.get(c, "?").replace("|", "\\|") for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

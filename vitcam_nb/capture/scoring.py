@@ -33,6 +33,7 @@ import xarray as xr
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.capture.hooks import eval_mode, removable_hooks
+from vitcam_nb.capture.integrated import loop_scorer
 from vitcam_nb.capture.runtime import on_device
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.provenance import array_sha256, weights_sha256
@@ -258,6 +259,9 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
         progress: show a tqdm bar (default: when there are more than 4 batches).
         targets: the target the trace was made with when it is not class logits (e.g.
             ``vc.targets.region(mask, 3)``); its scores on the traced input must be the trace's.
+        fields: recipe fields; for the integrated-gradient rollouts (``layer_fusion`` "transition", "bt_head",
+            "bt_token") also ``steps`` (20), for ViT-CX (``weighting="vitcx"``) ``distance_threshold`` (0.1),
+            ``noise`` (0.1) and ``seed`` (0) (see :mod:`vitcam_nb.capture.integrated`, :mod:`~.vitcx`).
 
     Example:
         >>> import numpy as np, timm, vitcam_nb as vc
@@ -271,6 +275,9 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    scorer = loop_scorer(recipes_or_method, fields)
+    if scorer is not None:  # integrated gradients (TAM, Beyond Intuition) and ViT-CX: capture.integrated
+        return scorer(trace, model, image, batch_size=batch_size, device=device, progress=progress, targets=targets)
     recipes = _recipes(recipes_or_method, fields)
     adapter = find_adapter(model)
     if image is None:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitcam_nb.compute.integrated import integrated_rollout
 from vitcam_nb.compute.kernels import relu
 from vitcam_nb.compute.pipeline import combine, query_rows
 from vitcam_nb.compute.spatial import normalise, to_grid
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe
 
 __all__ = ["fuse", "fuse_layers", "rollout"]
 
@@ -36,6 +37,8 @@ def rollout(view: TraceView, recipe: Recipe, layer_pos: list[int]) -> np.ndarray
         >>> rollout(TraceView.of(tr), vc.presets.attention_rollout(), [0, 1]).shape
         (4, 4)
     """
+    if recipe.layer_fusion in INTEGRATED_ROLLOUTS:
+        return integrated_rollout(view, recipe, layer_pos)
     layer_pos = sorted(set(layer_pos), key=lambda p: int(view.layers[p]))
     attn = view.arrays["attn"][layer_pos].astype(np.float64)
     n = attn.shape[-1]

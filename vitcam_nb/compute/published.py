@@ -33,7 +33,7 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
-from vitcam_nb.core.presets import CITATIONS
+from vitcam_nb.core.presets_attention import ATTENTION_CITATIONS as CITATIONS
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.weighting import Weighting, register_weighting
 

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.presets import citation
+from vitcam_nb.core.presets import preset_text
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
 from vitcam_nb.core.weighting import WEIGHTINGS
 
@@ -42,6 +42,13 @@ FUSION_TEXT = {
     "max": "per-layer maps (ReLU, normalised, upsampled), pixelwise maximum over layers",
     "rollout": "attention rollout R = prod_l (0.5 mean_h A_l + 0.5 I) (Abnar & Zuidema 2020)",
     "grad_rollout": "gradient-weighted rollout R <- R + mean_h(relu(G_l * A_l)) R from R = I (Chefer et al. 2021b)",
+    "transition": "transition attention map: S = mean_h A_last (mean_h A_l + I) ... over the earlier listed blocks, "
+                  "times W = mean_h relu(IG), IG the integrated gradient of the last block's attention (Yuan et al. "
+                  "2021)",
+    "bt_head": "Beyond Intuition head-wise: R <- R + (sum_h I_h A_h) R from R = I, I_h = mean |A_h^T G_h| normalised "
+               "over heads, times W = mean_h relu(IG) (Chen et al. 2023)",
+    "bt_token": "Beyond Intuition token-wise: R <- R + mean_h(A_l) diag(|v W_o| / |z|) R from R = I, then W = mean_h "
+                "relu(IG) times |R| (Chen et al. 2023)",
 }
 
 
@@ -179,7 +186,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
                               "max": "divided by the maximum per layer and again after fusion",
                               "none": "none (raw values)"}[recipe.normalize],
         },
-        "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": citation(recipe) or "none"},
+        "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": preset_text(recipe) or "none"},
     })
     if attrs:
         checklist["model and input"] = {

@@ -21,7 +21,7 @@ import xarray as xr
 
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.core.schema import ATTENTION_SITE, SCORE_VARIABLES, SUPPORTED_SCHEMAS
+from vitcam_nb.core.schema import ATTENTION_SITE, LOOP_VARIABLES, SCORE_VARIABLES, SUPPORTED_SCHEMAS
 
 __all__ = ["TraceView", "clear_views"]
 
@@ -97,7 +97,8 @@ class TraceView:
             raise TraceError(f"trace: missing {missing}; it does not follow the vitcam_nb schema")
         arrays = {k: trace.variables[k].values for k in ("act", "grad", "attn", "attn_grad", "logits",
                                                          "target_class", "site", "attn_window", "attn_window_grad",
-                                                         "attn_window_key", *SCORE_VARIABLES) if k in trace.variables}
+                                                         "attn_window_key", *SCORE_VARIABLES, *LOOP_VARIABLES)
+                  if k in trace.variables}
         kinds = trace.variables["token_kind"].values
         patch = np.flatnonzero(kinds == "patch")
         gh, gw = int(trace.attrs["grid_h"]), int(trace.attrs["grid_w"])

@@ -38,7 +38,25 @@ CITATIONS: dict[str, str] = {
                         "Bi-Modal and Encoder-Decoder Transformers, ICCV",
     "legrad_style": "after Bousselham et al. 2024, LeGrad: relu of the gradient w.r.t. the attention maps, "
                     "averaged over heads and query rows, summed over layers (rows averaged before the ReLU here)",
+    "transition_attention_maps": "Yuan et al. 2021, Explaining Information Flow Inside Vision Transformers Using "
+                                 "Markov Chain, NeurIPS XAI4Debugging workshop; official code "
+                                 "github.com/XianrenYty/Transition_Attention_Maps (start_layer=4, steps=20)",
+    "beyond_intuition_head": "Chen et al. 2023, Beyond Intuition: Rethinking Token Attributions inside Transformers, "
+                             "TMLR, head-wise (BT-H); official code github.com/jiaminchen-1031/transformerinterp "
+                             "(beyond_intuition_headwise, start_layer=4, steps=20)",
+    "beyond_intuition_token": "Chen et al. 2023, Beyond Intuition: Rethinking Token Attributions inside Transformers, "
+                              "TMLR, token-wise (BT-T); official code github.com/jiaminchen-1031/transformerinterp "
+                              "(beyond_intuition_tokenwise, start_layer=6, steps=20)",
+    "vit_cx": "Xie et al. 2023, ViT-CX: Causal Explanation of Vision Transformers, IJCAI; official code "
+              "github.com/vaynexie/CausalX-ViT (target layer blocks[-1].norm1, distance_threshold=0.1, noise 0.1)",
+    "albef_itm_gradcam": "Li et al. 2021, Align before Fuse (ALBEF), NeurIPS; official visualisation "
+                         "github.com/salesforce/ALBEF (visualization.ipynb): ITM score, cross-attention of text "
+                         "layer 8, mean over heads of A * relu(G), the [CLS] text row",
 }
+#: The presets 0.1 shipped: their checklists keep the citation alone (the 0.1 contract fixes that text).
+V0_1_PRESETS = ("pytorch_grad_cam_vit", "gradcam", "hirescam", "gradcam_elementwise", "gradcampp", "xgradcam",
+                "layercam", "eigencam", "eigengradcam", "chefer_attention_gradcam", "attention_rollout",
+                "gradient_rollout", "legrad_style")
 
 
 def pytorch_grad_cam_vit(layer: int = -1, site: str = "F1") -> Recipe:
@@ -181,12 +199,92 @@ def legrad_style() -> Recipe:
                   layer_fusion="sum")
 
 
+def _from_end(start_layer: int | str, name: str) -> tuple[int, ...] | str:
+    """Blocks ``start_layer..-1`` (negative: counted from the end), or "all" for ``start_layer`` 0 or "all"."""
+    if start_layer in (0, "all"):
+        return "all"
+    if not isinstance(start_layer, int) or isinstance(start_layer, bool) or start_layer > 0:
+        raise RecipeError(f"start_layer: {name} counts blocks from the end (e.g. -8: the last 8 blocks; 0 or "
+                          f"'all': every traced block), got {start_layer!r}")
+    return tuple(range(start_layer, 0))
+
+
+def transition_attention_maps(start_layer: int | str = -8) -> Recipe:
+    """Transition Attention Maps (Yuan et al. 2021), as the official code computes them: the CLS row of the
+    head-mean attention of the last block times ``(mean_h A_l + I)`` of the earlier blocks down to
+    ``start_layer``, times the CLS row of ``mean_h relu(IG)``, IG the integrated gradient (20 steps, zero
+    baseline) of the last attention. The default -8 is the official ``start_layer=4`` of a 12-block ViT-B. Needs
+    ``vc.score(tr, model, recipe, image)`` first.
+
+    Example:
+        >>> transition_attention_maps(start_layer=-2).layer, transition_attention_maps().layer_fusion
+        ((-2, -1), 'transition')
+    """
+    return Recipe(site="F2", layer=_from_end(start_layer, "transition_attention_maps"), layer_fusion="transition")
+
+
+def beyond_intuition_head(start_layer: int | str = -9) -> Recipe:
+    """Beyond Intuition head-wise (BT-H, Chen et al. 2023), as the official ``beyond_intuition_headwise``:
+    ``R <- R + (sum_h I_h A_h) R`` over the blocks from ``start_layer``, ``I_h`` the normalised mean of
+    ``|A_h^T G_h|``, then ``mean_h relu(IG) * R`` at the CLS row. The official loop starts at block
+    ``start_layer - 1`` = 3 for its ``start_layer=4``: -9 on a 12-block ViT-B. Needs ``vc.score`` first.
+
+    Example:
+        >>> beyond_intuition_head().layer[0], beyond_intuition_head().layer_fusion
+        (-9, 'bt_head')
+    """
+    return Recipe(site="F2", layer=_from_end(start_layer, "beyond_intuition_head"), layer_fusion="bt_head")
+
+
+def beyond_intuition_token(start_layer: int | str = -7) -> Recipe:
+    """Beyond Intuition token-wise (BT-T, Chen et al. 2023), after the official ``beyond_intuition_tokenwise``:
+    ``R <- R + mean_h(A_l) diag(|v W_o| / |z|) R`` over the blocks from ``start_layer`` (official
+    ``start_layer=6``, loop from block 5: -7 on a 12-block ViT-B), then ``mean_h relu(IG) * |R|`` at the CLS row.
+    The official model file that defines ``vproj`` and ``get_input`` was not available to us: vitcam_nb reads
+    them as the values of all heads times the output projection's weight (no bias) and the block input.
+
+    Example:
+        >>> beyond_intuition_token(start_layer=0).layer
+        'all'
+    """
+    return Recipe(site="F2", layer=_from_end(start_layer, "beyond_intuition_token"), layer_fusion="bt_token")
+
+
+def vit_cx(layer: int = -1) -> Recipe:
+    """ViT-CX (Xie et al. 2023), as the official code: F1 maps of block ``layer`` clustered into masks, masked
+    inputs with noise scored by the softmax probability (``vc.score(tr, model, vc.presets.vit_cx(), image)``).
+    No ReLU (the official map is used as it comes), min-max normalised for display.
+
+    Example:
+        >>> vit_cx().weighting, vit_cx().target
+        ('vitcx', 'prob')
+    """
+    return Recipe(site="F1", layer=layer, weighting="vitcx", target="prob", relu="none")
+
+
+def albef_itm_gradcam(layer: int = 8, text_tokens: str | int = "cls") -> Recipe:
+    """The ALBEF/BLIP image-text matching Grad-CAM (Li et al. 2021): cross-attention of text layer ``layer``
+    (ALBEF's visualisation uses block 8 of its 12 text layers; LAVIS's BLIP demo uses 6), ``mean_h A * relu(G)``
+    of the ITM "match" logit (class 1), at the text row ``text_tokens``: "cls", the first ([CLS]/[ENC]) row,
+    is ALBEF's whole-image map; a position or a word gives its per-word maps (vitcam_nb's "all" averages A and
+    G over rows before the product, which is not ALBEF's per-word average).
+
+    Example:
+        >>> albef_itm_gradcam().layer, albef_itm_gradcam().text_tokens
+        (8, 'cls')
+    """
+    return Recipe(site="xattn", layer=layer, target="logit", class_=1, weighting="layercam", heads="mean_then_relu",
+                  text_tokens=text_tokens)
+
+
 PRESETS: dict[str, Callable[..., Recipe]] = {
     "pytorch_grad_cam_vit": pytorch_grad_cam_vit, "gradcam": gradcam, "hirescam": hirescam,
     "gradcam_elementwise": gradcam_elementwise, "gradcampp": gradcampp, "xgradcam": xgradcam,
     "layercam": layercam, "eigencam": eigencam, "eigengradcam": eigengradcam,
     "chefer_attention_gradcam": chefer_attention_gradcam, "attention_rollout": attention_rollout,
     "gradient_rollout": gradient_rollout, "legrad_style": legrad_style,
+    "transition_attention_maps": transition_attention_maps, "beyond_intuition_head": beyond_intuition_head,
+    "beyond_intuition_token": beyond_intuition_token, "vit_cx": vit_cx, "albef_itm_gradcam": albef_itm_gradcam,
 }
 
 
@@ -219,163 +317,52 @@ def citation(recipe: Recipe) -> str:
         >>> citation(attention_rollout()).startswith("Abnar")
         True
     """
-    for name, preset in _default_recipes(tuple(PRESETS.items())):
+    name = preset_name(recipe)
+    return CITATIONS[name] if name else ""
+
+
+def preset_name(recipe: Recipe) -> str:
+    """The name of the preset that ``recipe`` equals at its default arguments (a preset added after 0.1: at any
+    blocks), or "".
+
+    Example:
+        >>> preset_name(transition_attention_maps())
+        'transition_attention_maps'
+    """
+    defaults = _default_recipes(tuple(PRESETS.items()))
+    for name, preset in defaults:
         if preset == recipe:
-            return CITATIONS[name]
+            return name
+    # The presets added after 0.1 name their method whatever blocks they run on (start_layer, layer).
+    for name, preset in defaults:
+        if name in V0_1_PRESETS or preset.site != recipe.site:
+            continue
+        try:
+            if preset.replace(layer=recipe.layer) == recipe:
+                return name
+        except RecipeError:  # the blocks do not fit this preset's form (a tuple for a one-block preset)
+            continue
     return ""
+
+
+def preset_text(recipe: Recipe) -> str:
+    """What the checklist says of the preset ``recipe`` equals: "this is <name> (<citation>)", or "". The
+    presets of 0.1 keep their citation alone, which the 0.1 contract fixes.
+
+    Example:
+        >>> preset_text(vit_cx())[:19]
+        'this is vit_cx (Xie'
+    """
+    name = preset_name(recipe)
+    if not name:
+        return ""
+    if name in V0_1_PRESETS:
+        return CITATIONS[name]
+    blocks = "" if PRESETS[name]().layer == recipe.layer else f", on blocks {recipe.layer!r}"
+    return f"this is {name} ({CITATIONS[name]}){blocks}"
 
 
 @functools.lru_cache(maxsize=4)
 def _default_recipes(presets: tuple) -> tuple[tuple[str, Recipe], ...]:
     # Keyed by the table's entries, so a preset added at run time is seen; a report asks this for every map.
     return tuple((name, make()) for name, make in presets)
-
-
-# -- published attention-gradient methods (issue #20, part A) ------------------------------------------------
-# Computed by the "published" trace kind (vitcam_nb/compute/published.py) from the sites each method reads.
-CITATIONS.update({
-    "grad_sam": "Barkan et al. 2021, Grad-SAM: Explaining Transformers via Gradient Self-Attention Maps, CIKM "
-                "(no official code; token relevance = mean over keys of A * relu(dy/dA) as the AttCAT/Contrast-CAT "
-                "comparisons compute it, here read at the CLS row over patch keys)",
-    "attcat": "Qiang et al. 2022, AttCAT: Explaining Transformers via Attentive Class Activation Tokens, NeurIPS",
-    "agcam": "Leem & Seo 2024, Attention Guided CAM: Visual Explanations of Vision Transformer Guided by "
-             "Self-Attention, AAAI (official AGCAM.py)",
-    "legrad": "Bousselham et al. 2024, LeGrad: An Explainability Method for Vision Transformers via Feature "
-              "Formation Sensitivity (official wrapper; one read-out score per layer)",
-    "grad_eclip": "Zhao et al. 2024, Gradient-based Visual Explanation for Transformer-based CLIP, ICML (official "
-                  "generate_emap.py: last block recomputed single-head; cosine of q and k after out_proj)",
-    "grad_eclip_paper": "Zhao et al. 2024, Gradient-based Visual Explanation for Transformer-based CLIP, ICML (the "
-                        "paper's formula on the model's own multi-head attention: one q-k cosine per head)",
-})
-
-#: The five taxonomy categories of each published method (the audit's checklist filled in).
-TAXONOMY: dict[str, dict[str, str]] = {}
-
-
-def grad_sam(layer: int | tuple | str = "all", attn_rows: str = "cls") -> Recipe:
-    """Grad-SAM (Barkan et al. 2021): mean over layers and heads of ``A * relu(dy/dA)``, read at the CLS query
-    row over the patch keys (``attn_rows="mean"`` averages all query rows instead). No ReLU after the mean and no
-    normalisation beyond min-max of the final map.
-
-    Example:
-        >>> grad_sam().weighting, grad_sam().layer_fusion
-        ('gradsam', 'mean')
-    """
-    return Recipe(site="F2", layer=layer, weighting="gradsam", attn_rows=attn_rows, layer_fusion="mean",
-                  relu="none", normalize="minmax")
-
-
-def attcat(layer: int | tuple | str = "all", attn_rows: str = "mean") -> Recipe:
-    """AttCAT (Qiang et al. 2022): per block, the hidden state entering it times its gradient summed over channels,
-    weighted by the block's attention averaged over heads, summed over blocks; signed (no ReLU), min-max at the end.
-    The attention weight follows the AttCAT code as the Contrast-CAT comparison runs it (``att.mean(heads)
-    .mean(query rows)``); ``attn_rows="cls"`` gives the CLS-row reading of the paper's description. Needs sites
-    ``resid_pre`` and ``F2``.
-
-    Example:
-        >>> attcat().weighting
-        'attcat'
-    """
-    return Recipe(site="F2", layer=layer, weighting="attcat", attn_rows=attn_rows, layer_fusion="sum",
-                  relu="none", normalize="minmax")
-
-
-def agcam(layer: int | tuple | str = "all") -> Recipe:
-    """AG-CAM (Leem & Seo 2024, official ``AGCAM.py``): ``sigmoid`` of the pre-softmax attention scores of the CLS
-    row times ``relu`` of the gradient of the softmax attention, summed over heads and layers, patch keys; the
-    official demo then upsamples bilinearly and min-max normalises. Needs sites ``F2`` and ``attn_scores``.
-
-    Example:
-        >>> agcam().weighting
-        'agcam'
-    """
-    return Recipe(site="F2", layer=layer, weighting="agcam", layer_fusion="sum", relu="none", normalize="minmax")
-
-
-def legrad(layer: int | tuple | str = "all") -> Recipe:
-    """Exact LeGrad (Bousselham et al. 2024): for each block l, the gradient of that block's own read-out score
-    ``s_l`` (its output through the final norm, pooling and head) w.r.t. its attention, ReLU, mean over heads and
-    query rows, summed over blocks, min-max. Needs a trace with ``targets=vc.targets.layerwise(...)`` (timm
-    classifiers; open_clip towers with ``vectors=`` text embeddings) and site F2
-    (all blocks' scores come from the same batched backward). The official wrapper starts at a chosen layer:
-    pass the same blocks as ``layer``.
-
-    Example:
-        >>> legrad().weighting
-        'legrad'
-    """
-    return Recipe(site="F2", layer=layer, weighting="legrad", layer_fusion="sum", relu="none", normalize="minmax")
-
-
-def grad_eclip(layer: int | tuple | str = -1) -> Recipe:
-    """Grad-ECLIP as its official ``generate_emap.py`` computes it for CLIP: channel weights ``dcos/dF3`` at the class
-    token, times the patches' value vectors, times the min-max of ``cos(q_out_cls, k_out_patch)`` where ``q_out``,
-    ``k_out`` are q and k passed through the block's ``out_proj`` (as the code does), ReLU, summed over channels.
-    The code deviates from the paper: it recomputes the last block's attention as ONE head over all channels, so
-    the gradient flows through that single-head forward. Trace inside
-    ``vitcam_nb.adapters.single_head_attention(model)`` with sites F3, v, q_out, k_out to follow it (q_out/k_out:
-    open_clip towers); :func:`grad_eclip_paper` is the paper's multi-head formula.
-
-    Example:
-        >>> grad_eclip().site
-        'F3'
-    """
-    return Recipe(site="F3", layer=layer, weighting="grad_eclip", layer_fusion="sum" if layer == "all" or
-                  isinstance(layer, tuple) else "none", relu="none", normalize="minmax")
-
-
-def grad_eclip_paper(layer: int | tuple | str = -1) -> Recipe:
-    """Grad-ECLIP as the paper states it, on the model's own multi-head attention: per head ``h``, the min-max of
-    ``cos(q^h_cls, k^h_patch)`` weights that head's channels of ``dcos/dF3[cls] * v[patch]``; ReLU of the sum over
-    channels. Needs sites F3, q, k, v.
-
-    Example:
-        >>> grad_eclip_paper().weighting
-        'grad_eclip_paper'
-    """
-    return Recipe(site="F3", layer=layer, weighting="grad_eclip_paper", layer_fusion="sum" if layer == "all" or
-                  isinstance(layer, tuple) else "none", relu="none", normalize="minmax")
-
-
-PRESETS.update({"grad_sam": grad_sam, "attcat": attcat, "agcam": agcam, "legrad": legrad, "grad_eclip": grad_eclip,
-                "grad_eclip_paper": grad_eclip_paper})
-TAXONOMY.update({
-    "grad_sam": {"paper": CITATIONS["grad_sam"], "code": "none",
-                 "site": "F2 softmax attention and its gradient, every block",
-                 "target": "class logit (any vc target)",
-                 "tokens": "CLS query row, patch keys",
-                 "aggregation": "A * relu(dA), mean over heads, mean over layers",
-                 "reconstruction": "raster grid, bilinear upsampling, min-max"},
-    "attcat": {"paper": CITATIONS["attcat"], "code": "https://github.com/qiangyao1988/AttCAT",
-               "site": "hidden state entering each block (resid_pre) and its gradient; F2 attention",
-               "target": "class logit",
-               "tokens": "all tokens weighted; attention averaged over query rows; patch tokens mapped",
-               "aggregation": "sum_k h*dh per token times mean-head attention, summed over layers, signed",
-               "reconstruction": "raster grid, bilinear upsampling, min-max"},
-    "agcam": {"paper": CITATIONS["agcam"], "code": "https://github.com/LeemSaebom/Attention-Guided-CAM-Visual-"
-                                                    "Explanations-of-Vision-Transformer-Guided-by-Self-Attention",
-              "site": "pre-softmax scores (attn_scores) and the softmax attention's gradient, every block",
-              "target": "class logit",
-              "tokens": "CLS query row, patch keys",
-              "aggregation": "sigmoid(S) * relu(dA), summed over heads and layers",
-              "reconstruction": "raster grid, bilinear upsampling, min-max"},
-    "legrad": {"paper": CITATIONS["legrad"], "code": "https://github.com/WalBouss/LeGrad",
-               "site": "F2 softmax attention gradient of each block",
-               "target": "per block: its output through the final norm, pooling and head (vc.targets.layerwise)",
-               "tokens": "mean over all query rows, patch keys",
-               "aggregation": "relu(ds_l/dA_l), mean over heads and rows, summed over layers",
-               "reconstruction": "raster grid, bilinear upsampling, min-max"},
-    "grad_eclip": {"paper": CITATIONS["grad_eclip"], "code": "https://github.com/Cyang-Zhao/Grad-Eclip",
-                   "site": "last block: F3 gradient at CLS, values v, q and k through out_proj (q_out, k_out), "
-                           "single-head recompute",
-                   "target": "cosine of image and text embeddings (vc.targets.similarity / prompts)",
-                   "tokens": "CLS gradient and query; patch values and keys",
-                   "aggregation": "relu(sum_c g_c v_pc minmax cos(q_out_cls, k_out_p)), cosine over all channels",
-                   "reconstruction": "raster grid, bilinear upsampling, min-max"},
-    "grad_eclip_paper": {"paper": CITATIONS["grad_eclip_paper"], "code": "https://github.com/Cyang-Zhao/Grad-Eclip",
-                         "site": "last block: F3 gradient at CLS, values v, queries q and keys k (multi-head)",
-                         "target": "cosine of image and text embeddings",
-                         "tokens": "CLS gradient and query; patch values and keys",
-                         "aggregation": "relu(sum_h sum_(c in h) g_c v_pc minmax cos(q^h_cls, k^h_p))",
-                         "reconstruction": "raster grid, bilinear upsampling, min-max"},
-})

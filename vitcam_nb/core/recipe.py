@@ -29,8 +29,9 @@ from vitcam_nb.core.weighting import WEIGHTINGS, weighting_names
 if TYPE_CHECKING:
     from vitcam_nb.core.checklist import Checklist
 
-__all__ = ["ATTN_ROWS", "HEAD_RULES", "HEAD_SITES", "LATER_FIELDS", "LAYER_FUSIONS", "NORMALIZES", "RELUS",
-           "RESHAPES", "ROLLOUTS", "SITES", "STAGE_BLOCK", "TARGETS", "TOKEN_SITES", "UPSAMPLES", "WEIGHT_TOKENS",
+__all__ = ["ATTN_ROWS", "HEAD_RULES", "HEAD_SITES", "INTEGRATED_ROLLOUTS", "LATER_FIELDS", "LAYER_FUSIONS",
+           "NORMALIZES", "RELUS", "RESHAPES", "ROLLOUTS", "SITES", "STAGE_BLOCK", "TARGETS", "TOKEN_SITES", "UPSAMPLES",
+           "WEIGHT_TOKENS",
            "Recipe", "is_int", "pooled_weightings", "recipe_arguments", "weighting_names"]
 
 TARGETS = ("logit", "prob", "logprob")
@@ -39,11 +40,13 @@ RESHAPES = ("raster",)
 UPSAMPLES = ("bilinear", "bicubic", "nearest", "none")
 HEAD_RULES = ("channels", "mean_then_relu", "relu_then_mean", "max")
 ATTN_ROWS = ("cls", "mean", "patch_mean")
-LAYER_FUSIONS = ("none", "mean", "sum", "max", "rollout", "grad_rollout")
+LAYER_FUSIONS = ("none", "mean", "sum", "max", "rollout", "grad_rollout", "transition", "bt_head", "bt_token")
 RELUS = ("after", "none")
 NORMALIZES = ("minmax", "max", "none")
 
-ROLLOUTS = ("rollout", "grad_rollout")
+# The last three multiply the rollout by the integrated gradient of the last attention (stored by vc.score).
+INTEGRATED_ROLLOUTS = ("transition", "bt_head", "bt_token")
+ROLLOUTS = ("rollout", "grad_rollout", *INTEGRATED_ROLLOUTS)
 # Fields added after 0.1.0: left out of the canonical JSON while at their default, so older ids stay valid.
 LATER_FIELDS = ("text_tokens", "k")
 # A Swin-style block address "stage.block" (block may be negative, counted from the end of the stage).
@@ -64,7 +67,8 @@ _FIELDS_DOC = """
         gradient; the formulas are in the checklist and in ``vitcam_nb.compute.kernels``).
     heads: head aggregation on F2/F3: "channels", "mean_then_relu", "relu_then_mean", "max" or a head index.
     attn_rows: F2 query rows: "cls", "mean", "patch_mean".
-    layer_fusion: "none", "mean", "sum", "max", "rollout", "grad_rollout".
+    layer_fusion: "none", "mean", "sum", "max", "rollout", "grad_rollout"; "transition" (TAM), "bt_head",
+        "bt_token" (Beyond Intuition) read the integrated gradients ``vc.score`` stores.
     relu: "after" (ReLU on each layer map) or "none".
     normalize: "minmax", "max" or "none".
     text_tokens: site "xattn" only: text query rows, "all" (mean over the text tokens), "cls" (the first,
@@ -228,12 +232,18 @@ class Recipe:
             if self.layer_fusion == "rollout" and (self.target != "logit" or self.class_ != "top1"):
                 raise RecipeError("target: attention rollout uses no gradient; leave target at 'logit' and "
                                   "class_ at 'top1'")
+            if self.layer_fusion in INTEGRATED_ROLLOUTS and self.target != "logit":
+                raise RecipeError(f"target: {self.layer_fusion} integrates the gradient of the logit along the path "
+                                  "alpha * x; prob and logprob are not derivable from it. Use target='logit'")
 
     def _check_scored(self, name: str) -> None:
         """A weighting read from vc.score's stored model outputs: token sites, the logit, no rollout."""
         if self.site not in TOKEN_SITES:
             raise RecipeError(f"site: {name} scores the channels of a token site {list(TOKEN_SITES)}, not "
                               f"{self.site!r}")
+        scored = WEIGHTINGS.get(name).scored_target
+        if scored != "logit" and self.target != scored:  # logits (with their logsumexp) give every target
+            raise RecipeError(f"target: {name} scores perturbed inputs by {scored!r}; use target={scored!r}")
         if name == "gscorecam" and self.target != "logit":
             raise RecipeError("target: gscorecam ranks channels by the gradient of the logit z_c; use "
                               "target='logit' (scorecam and ablationcam also take 'prob' and 'logprob')")

@@ -42,6 +42,8 @@ HEAD_SITES = ("F2", "F3", "xattn")
 #: Variables written by ``vc.score`` (model-in-the-loop weightings): one per kind of perturbation, and the
 #: logsumexp of every perturbed input's scores, from which its prob / logprob targets follow exactly.
 SCORE_VARIABLES = ("score", "ablation", "score_logsumexp", "ablation_logsumexp")
+#: Other variables ``vc.score`` writes: integrated gradients (TAM, Beyond Intuition) and ViT-CX mask scores.
+LOOP_VARIABLES = ("attn_grad_ig", "value_ratio", "vitcx_cluster", "vitcx_score")
 SITE_MEANINGS = {
     "F1": "LayerNorm output before attention",
     "F2": "softmax attention per head",
@@ -116,6 +118,17 @@ VARIABLES: dict[str, Entry] = {
     "ablation_logsumexp": Entry(("layer", "site", "channel"),
                                 "logsumexp over all scores with each channel zeroed, for prob / logprob targets "
                                 "(vc.score)"),
+    "attn_grad_ig": Entry(("target", "head", "query", "key"),
+                          "integrated gradient of the last block's attention: mean of d target / d attn at alpha x "
+                          "over alpha in linspace(0, 1, ig_steps) (vc.score; TAM, Beyond Intuition)"),
+    "value_ratio": Entry(("layer", "token"),
+                         "Beyond Intuition token-wise: |v W_o| / |z| per token, v the values of all heads, W_o the "
+                         "output projection, z the block input (vc.score)"),
+    "vitcx_cluster": Entry(("channel",), "ViT-CX: the mask (cluster) each channel of F1 at vitcx_layer belongs to "
+                                         "(vc.score)"),
+    "vitcx_score": Entry(("target", "vitcx_mask"),
+                         "ViT-CX: p_c(masked input + noise) - p_c(input + noise) per mask (vc.score; NaN: not a "
+                         "class target)"),
     "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
     "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
 }

@@ -45,6 +45,8 @@ class Weighting:
     ``vc.score``); its kernel is then a :data:`ScoredKernel`. Empty for weightings computed from A and G alone.
     ``method``: a whole published method computed by a trace kind of its own from several sites (e.g. AG-CAM), not
     a channel weighting of one site; sweeps over weightings (:func:`channel_weighting_names`) leave it out.
+    ``scored_target``: the target the stored outputs are scores of: "logit" (stored with their logsumexp, so
+    prob and logprob follow too) or one target only (ViT-CX stores "prob").
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -60,6 +62,7 @@ class Weighting:
     title: str = ""
     scores: str = ""
     method: bool = False
+    scored_target: str = "logit"
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")

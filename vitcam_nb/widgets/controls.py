@@ -18,6 +18,7 @@ from typing import Any
 
 from vitcam_nb.core.checklist import CATEGORIES
 from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.presets import CITATIONS, PRESETS
 from vitcam_nb.core.recipe import (
     ATTN_ROWS,
     HEAD_RULES,
@@ -37,7 +38,7 @@ from vitcam_nb.core.weighting import channel_weighting_names
 from vitcam_nb.widgets.facts import TraceFacts
 
 __all__ = ["COLORMAPS", "DEBOUNCE_MS", "SITE_TEXT", "applies", "as_recipe", "coerce_request", "controls",
-           "diff_fields"]
+           "diff_fields", "preset_menu"]
 
 COLORMAPS = ("jet", "viridis", "inferno", "gray")
 DEBOUNCE_MS = 30
@@ -124,7 +125,23 @@ def controls(facts: TraceFacts) -> dict[str, Any]:
         field.setdefault("label", field["name"])
         field["default"] = _DEFAULTS[field["name"]]
         field["when"] = rules.get(field["name"], [])
-    return {"fields": fields, "colormaps": list(COLORMAPS), "debounce_ms": DEBOUNCE_MS}
+    return {"fields": fields, "colormaps": list(COLORMAPS), "debounce_ms": DEBOUNCE_MS, "presets": preset_menu(facts)}
+
+
+def preset_menu(facts: TraceFacts) -> list[list]:
+    """The Explorer's preset menu: ``[name, label, recipe fields]`` for every preset whose site the trace has
+    (choosing one sets all its fields; presets that read ``vc.score`` outputs say so when they are missing).
+
+    Example:
+        >>> [row[0] for row in preset_menu(facts)][:2]  # doctest: +SKIP
+        ['pytorch_grad_cam_vit', 'gradcam']
+    """
+    menu = []
+    for name, make in PRESETS.items():
+        recipe = make()
+        if recipe.site in facts.sites:
+            menu.append([name, f"{name} · {CITATIONS[name].split(',')[0]}", recipe.to_dict()])
+    return menu
 
 
 def _holds(rules: list[dict[str, Any]], values: Mapping[str, Any]) -> bool:

@@ -18,7 +18,7 @@ import vitcam_nb as vc
 from vitcam_nb.core.recipe import (
     ATTN_ROWS,
     HEAD_RULES,
-    LAYER_FUSIONS,
+    INTEGRATED_ROLLOUTS,
     NORMALIZES,
     RELUS,
     TARGETS,
@@ -26,6 +26,9 @@ from vitcam_nb.core.recipe import (
     WEIGHT_TOKENS,
     pooled_weightings,
     weighting_names,
+)
+from vitcam_nb.core.recipe import (
+    LAYER_FUSIONS as ALL_FUSIONS,
 )
 from vitcam_nb.core.recipe import (
     SITES as RECIPE_SITES,
@@ -39,6 +42,8 @@ POOLED_WEIGHTINGS = pooled_weightings()
 # The published methods (method=True) read several sites each: tests/unit/compute/test_published.py.
 WEIGHTINGS = tuple(w for w in weighting_names()
                    if not WEIGHTING_TABLE.get(w).scores and not WEIGHTING_TABLE.get(w).method)
+# Likewise the rollouts weighted by vc.score's integrated gradients (tests/unit/compute/test_presets_published.py).
+LAYER_FUSIONS = tuple(f for f in ALL_FUSIONS if f not in INTEGRATED_ROLLOUTS)
 
 NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3
 # Block sites of a ViT; 'xattn' (cross-attention of vision-language models) is tested in tests/unit/model/test_blip.py.

@@ -27,8 +27,10 @@ function render({ model, el }) {
   const recipeId = h("code", { className: "vc-recipe-id" });
   const status = h("span", { className: "vc-status" });
   const picker = imagePicker();
+  const presetMenu = presetPicker();
   const header = h("div", { className: "vc-header" },
-    h("strong", { textContent: "vitcam_nb Explorer" }), picker, h("span", { textContent: " recipe " }), recipeId,
+    h("strong", { textContent: "vitcam_nb Explorer" }), picker, presetMenu, h("span", { textContent: " recipe " }),
+    recipeId,
     copyButton("copy recipe JSON", () => model.get("recipe_json")), status);
   const canvas = h("canvas", { className: "vc-canvas" });
   const bar = h("div", { className: "vc-colorbar-slot" });
@@ -68,6 +70,22 @@ function render({ model, el }) {
       status.textContent = "loading image…";
       model.set("image_request", { id: ++requests, index });
       model.save_changes();
+    });
+    return select;
+  }
+
+  // The preset menu: choosing a published method sets every field of its recipe in one request.
+  function presetPicker() {
+    const presets = options.presets || [];
+    if (!presets.length) return null;
+    const select = h("select", { className: "vc-preset-picker", attrs: { "aria-label": "preset" } });
+    select.append(h("option", { value: "", textContent: "preset…" }));
+    for (const [name, label] of presets) select.append(h("option", { value: name, textContent: label }));
+    select.addEventListener("change", () => {
+      const chosen = presets.find(([name]) => name === select.value);
+      select.value = "";
+      if (!chosen) return;
+      for (const [field, value] of Object.entries(chosen[2])) onControl(field, value, true);
     });
     return select;
   }

@@ -1,0 +1,205 @@
+"""The known-answer report of the published presets: every preset of ``vc.presets.names()`` on the bundled
+shapes model, its pointing game and deletion AUC (as :func:`~vitcam_nb.evaluate.report.report_known_answer`
+measures them), or the reason it does not apply to the model (a vision-language preset on a classifier).
+
+A preset is used at its default arguments with the image's true class; layer tuples counted from the end are
+clipped to the model's blocks (``transition_attention_maps``' last 8 blocks are all 6 of shapes-vit), and the
+recipe actually used is in the table. Presets that read model outputs (integrated gradients, ViT-CX scores,
+Score-CAM) get them from ``vc.score`` at its defaults. The deletion is ordered by the token-grid map; a whole-image
+map (ViT-CX) by its mean over each patch.
+
+Example:
+    >>> table = report_presets(n_images=2, names=["attention_rollout", "albef_itm_gradcam"])  # doctest: +SKIP
+    >>> table[["preset", "status"]].values.tolist()  # doctest: +SKIP
+    [['attention_rollout', 'ok'], ['albef_itm_gradcam', 'skipped: ...']]
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitcam_nb.capture.scoring import score as score_trace
+from vitcam_nb.capture.trace import trace
+from vitcam_nb.core import presets
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe, is_int
+from vitcam_nb.core.schema import EXTRA_SITES
+from vitcam_nb.core.weighting import WEIGHTINGS
+from vitcam_nb.data import shapes
+from vitcam_nb.evaluate.localisation import default_tolerance
+from vitcam_nb.evaluate.perturbation import Scorer, area_under_curve, model_input, perturbation_scores, pixel_rank
+from vitcam_nb.models import load_model
+
+__all__ = ["fit_to_model", "needs_scores", "report_presets"]
+
+_FAMILY_ONLY = {site: "needs a vision-language family with text cross-attention (BLIP/ALBEF); the model is an "
+                      "image classifier without it" for site in EXTRA_SITES}
+
+
+def fit_to_model(recipe: Recipe, num_layers: int) -> Recipe | None:
+    """``recipe`` with its layer tuple clipped to the model's blocks (None when nothing is left).
+
+    Example:
+        >>> fit_to_model(Recipe(site="F2", layer=(-8, -2, -1), layer_fusion="transition"), 6).layer
+        (-2, -1)
+    """
+    if not isinstance(recipe.layer, tuple):
+        if is_int(recipe.layer) and not -num_layers <= recipe.layer < num_layers:
+            return None
+        return recipe
+    kept = tuple(v for v in recipe.layer if is_int(v) and -num_layers <= v < num_layers)
+    return recipe.replace(layer=kept) if kept else None
+
+
+def needs_scores(recipe: Recipe) -> bool:
+    """Whether ``vc.score`` must run before ``vc.cam`` can compute ``recipe``.
+
+    Example:
+        >>> needs_scores(presets.vit_cx()), needs_scores(presets.gradcam())
+        (True, False)
+    """
+    return recipe.layer_fusion in INTEGRATED_ROLLOUTS or recipe.weighting == "vitcx" or \
+        bool(WEIGHTINGS.get(recipe.weighting).scores)
+
+
+def _pointing(up: np.ndarray, mask: np.ndarray, tol: float) -> float:
+    from scipy import ndimage
+
+    if np.ptp(up) <= 0:
+        return float("nan")
+    hit = ndimage.distance_transform_edt(~mask) <= tol
+    peaks = up == up.max()
+    return float((peaks & hit).sum() / peaks.sum())
+
+
+def _cells(up: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Mean of a full-resolution map over each patch: the token-grid order of a whole-image method."""
+    gh, gw = grid
+    h, w = up.shape
+    return up[: h // gh * gh, : w // gw * gw].reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3))
+
+
+def _grid_map(tr: Any, recipe: Recipe, up: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """The token-grid map that orders the deletion, as the known-answer report does (upsample "none"); a
+    whole-image method without a grid map (ViT-CX) is averaged over each patch."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DegenerateMapWarning)
+            return kind_for(tr, recipe).cam(tr, recipe.replace(upsample="none")).values.astype(np.float64)
+    except RecipeError:
+        return _cells(up, grid)
+
+
+def _prepare(names: Sequence[str], num_layers: int) -> tuple[dict[str, Recipe], dict[str, str]]:
+    recipes, skipped = {}, {}
+    for name in names:
+        recipe = presets.get(name)
+        if recipe.site in _FAMILY_ONLY:
+            skipped[name] = _FAMILY_ONLY[recipe.site]
+            continue
+        fitted = fit_to_model(recipe, num_layers)
+        if fitted is None:
+            skipped[name] = f"its blocks {recipe.layer!r} are not blocks of this {num_layers}-block model"
+            continue
+        recipes[name] = fitted
+    return recipes, skipped
+
+
+def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 100, seed: int = 0, *,
+                   names: Sequence[str] | None = None, deletion_steps: int = 16, substrate: str = "mean",
+                   score: str = "prob", batch_size: int = 512, out_dir: str | Path | None = None,
+                   progress: bool | None = None) -> Any:
+    """Pointing game and deletion AUC of every preset on ``n_images`` images of :func:`vitcam_nb.data.shapes`
+    (one row per preset; a preset that does not apply has ``status`` "skipped: <reason>"). With ``out_dir``,
+    writes ``presets.csv`` and ``presets.json`` (the settings) there.
+
+    Example:
+        >>> report_presets(n_images=20, out_dir="reports/known_answer")  # doctest: +SKIP
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    if isinstance(model, str):
+        model = load_model(model)
+    if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
+        raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
+    names = list(presets.names() if names is None else names)
+    images, labels, masks = shapes(n_images, seed)
+    scorer = Scorer(model, score)
+    recipes: dict[str, Recipe] = {}
+    skipped: dict[str, str] = {}
+    pg: dict[str, list[float]] = {}
+    auc: dict[str, list[float]] = {}
+    used: dict[str, Recipe] = {}
+    for i in tqdm(range(n_images), desc="preset report", disable=not (n_images > 4 if progress is None else progress)):
+        label = int(labels[i])
+        image = images[i]
+        tr = trace(model, image, targets=[label])
+        if not recipes and not skipped:
+            recipes, skipped = _prepare(names, int(tr.attrs["num_layers"]))
+        h, w = masks[i].shape
+        grid = (int(tr.attrs["grid_h"]), int(tr.attrs["grid_w"]))
+        tol = default_tolerance((h, w))
+        n_cells = grid[0] * grid[1]
+        step = max(1, int(np.ceil(n_cells / deletion_steps)))
+        counts = np.unique(np.append(np.arange(0, n_cells, step), n_cells))
+        for name, base in list(recipes.items()):
+            try:  # a gradient-free rollout keeps class_ at its default (its recipe refuses a class)
+                recipe = base.replace(class_=label)
+            except RecipeError:
+                recipe = base
+            try:
+                if needs_scores(recipe):
+                    tr = score_trace(tr, model, recipe, image, progress=False)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DegenerateMapWarning)
+                    up = kind_for(tr, recipe).cam(tr, recipe)
+            except (RecipeError, TraceError) as exc:  # the preset does not fit this model: say why, once
+                skipped[name] = str(exc).split("\n")[0]
+                del recipes[name]
+                continue
+            used[name] = base
+            values = up.values.astype(np.float64)
+            bad = bool(up.attrs.get("degenerate"))
+            pg.setdefault(name, []).append(float("nan") if bad else _pointing(values, masks[i], tol))
+            if bad:
+                auc.setdefault(name, []).append(float("nan"))
+                continue
+            rank = pixel_rank(_grid_map(tr, recipe, values, grid), (h, w), "morf")
+            curve = perturbation_scores(scorer, model_input(model, tr)[0], [rank], counts, kind="deletion",
+                                        substrate=substrate, target=label, batch_size=batch_size, seed=seed,
+                                        nli_noise=0.01, blur_sigma=5.0 * np.sqrt(h * w) / 224.0, progress=False,
+                                        desc="deletion")[0]
+            auc.setdefault(name, []).append(area_under_curve(curve, counts / n_cells))
+    rows = []
+    for name in names:
+        if name in skipped:
+            rows.append({"preset": name, "status": f"skipped: {skipped[name]}"})
+            continue
+        p, a = np.array(pg[name]), np.array(auc[name])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rows.append({"preset": name, "status": "ok", "pointing_game_all": float(np.nan_to_num(p).mean()),
+                         "pointing_game": float(np.nanmean(p)), "deletion_auc": float(np.nanmean(a)),
+                         "degenerate_frac": float(np.isnan(p).mean()), "n_images": int(np.sum(~np.isnan(p))),
+                         "recipe_id": used[name].id, "recipe": used[name].to_json()})
+    table = pd.DataFrame(rows)
+    table.attrs = {"model": str(getattr(model, "pretrained_cfg", {}).get("tag", type(model).__name__)),
+                   "n_images": n_images, "seed": seed, "deletion_steps": deletion_steps, "substrate": substrate,
+                   "score": score, "deletion_mode": "token (whole-image maps: mean over each patch)",
+                   "class": "true label of each image", "layers": "tuples counted from the end clipped to the model",
+                   "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)"}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "presets.csv", index=False)
+        (out / "presets.json").write_text(json.dumps(table.attrs, indent=2, default=str))
+    return table
