@@ -71,8 +71,9 @@ def report_known_answer(
     Args:
         model: the model or a bundled name (``vc.load_model``).
         n_images, seed: images from ``vitcam_nb.data.shapes(n_images, seed)``.
-        sites, weightings, targets: the variants (weightings default: all of the taxonomy but gscorecam, whose
-            ``k`` has no default; Score-CAM and Ablation-CAM run ``vc.score`` on every image, site and layer).
+        sites, weightings, targets: the variants (weightings default: every channel weighting but gscorecam,
+            whose ``k`` has no default, and ViT-CX, which scores one target only (its preset); Score-CAM and
+            Ablation-CAM run ``vc.score`` on every image, site and layer).
         device: run on this device (a deep copy of the model is moved there; the model passed in is
             left where it is). The full report scores about 10^4 inputs per image: use a GPU for a few
             hundred images.
@@ -98,7 +99,10 @@ def report_known_answer(
         raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
     if isinstance(deletion_steps, bool) or not isinstance(deletion_steps, int) or deletion_steps < 1:
         raise ValueError(f"deletion_steps: expected a positive int, got {deletion_steps!r}")
-    weightings = list([w for w in channel_weighting_names() if w != "gscorecam"] if weightings is None else weightings)
+    if weightings is None:
+        weightings = [w for w in channel_weighting_names()
+                      if w != "gscorecam" and WEIGHTINGS.get(w).scored_target == "logit"]
+    weightings = list(weightings)
     scored = [w for w in weightings if WEIGHTINGS.get(w).scores]
     targets = list(targets)
     images, labels, masks = shapes(n_images, seed)
