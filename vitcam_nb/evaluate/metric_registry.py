@@ -153,10 +153,11 @@ def on_maps(fn: Callable[..., float], *, mask: bool = False, grid: bool = False
     return run
 
 
-def on_model_maps(fn: Callable[..., Any], *, attr: str = "auc", grid: bool = True, **settings: Any
-                  ) -> Callable[[MetricInputs], list[float]]:
+def on_model_maps(fn: Callable[..., Any], *, attr: str = "auc", grid: bool = True, key: str = "faithfulness",
+                  **settings: Any) -> Callable[[MetricInputs], list[float]]:
     """Adapt a model-calling ``fn(model, trace, saliency, target, **settings)`` (token-grid map by default) to the
-    registry's signature; a DataArray result scores its ``attrs[attr]``. Calls hold the model lock.
+    registry's signature; a DataArray result scores its ``attrs[attr]``. The score card's ``settings[key]`` are
+    added to ``settings`` (e.g. ``{"faithfulness": {"step": 4}}``). Calls hold the model lock.
 
     Example:
         >>> f = on_model_maps(lambda model, tr, m, target: float(m.mean()) + target)
@@ -166,13 +167,14 @@ def on_model_maps(fn: Callable[..., Any], *, attr: str = "auc", grid: bool = Tru
     def run(inputs: MetricInputs) -> list[float]:
         out = []
         maps = inputs.grids if grid else inputs.maps
+        kw = {**settings, **inputs.settings.get(key, {})}
         for recipe, m in zip(inputs.recipes, maps, strict=True):
             if m is None:
                 out.append(np.nan)
                 continue
             target = recipe.class_ if isinstance(recipe.class_, int) else inputs.target
             with MODEL_LOCK:
-                value = fn(inputs.model, inputs.trace, m, target, **settings)
+                value = fn(inputs.model, inputs.trace, m, target, **kw)
             out.append(float(value.attrs[attr]) if isinstance(value, xr.DataArray) else float(value))
         return out
 

@@ -43,8 +43,10 @@ def robustness_metric(name: str):
 
         def compute() -> dict:
             out: dict = {}
-            for cls in dict.fromkeys(int(r.class_) for r in inputs.recipes):
-                idx = [i for i, r in enumerate(inputs.recipes) if int(r.class_) == cls]
+            fallback = inputs.target if inputs.target is not None else int(np.argmax(inputs.trace["logits"].values))
+            per = [r.class_ if isinstance(r.class_, int) else fallback for r in inputs.recipes]  # rollout: no class
+            for cls in dict.fromkeys(per):
+                idx = [i for i, c in enumerate(per) if c == cls]
                 with MODEL_LOCK:
                     arr = robustness(inputs.model, inputs.trace, [inputs.recipes[i] for i in idx], target=cls,
                                      seed=inputs.seed, **opts)

@@ -146,6 +146,11 @@ def _traces(model: torch.nn.Module, inputs: torch.Tensor, target: int, recipes: 
     return out
 
 
+def _for_class(recipe: Recipe, target: int) -> Recipe:
+    """The recipe explaining ``target``; attention rollout uses no class and stays as it is."""
+    return recipe if recipe.layer_fusion == "rollout" else recipe.replace(class_=target)
+
+
 def _all_maps(traces: list[xr.Dataset], recipes: list[Recipe]) -> list[np.ndarray]:
     """For each recipe its maps on every trace ``(n_traces, ...)``; recipes equal but for an int layer share one
     gallery over the layers per trace (the same maps as ``cam``, computed together)."""
@@ -193,7 +198,7 @@ def robustness(
 
     Args:
         model: the model (as for :func:`vitcam_nb.trace_many`); image: as for :func:`model_input`.
-        recipes: the recipes to score (their ``class_`` is replaced by ``target``).
+        recipes: the recipes to score (their ``class_`` is replaced by ``target``; attention rollout has none).
         n, radius, seed: perturbations (see :func:`perturb`); target: the class explained.
         metrics: names from :data:`ROBUSTNESS_METRICS`.
         batch_size: inputs per forward/backward pass of the tracing.
@@ -223,7 +228,7 @@ def robustness(
         raise ValueError(f"target: expected a class index in 0..{n_classes - 1} or None, got {target!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-    fixed = [r.replace(class_=int(target)) for r in recipes]
+    fixed = [_for_class(r, int(target)) for r in recipes]
     traces = _traces(model, torch.cat([x, xs]), int(target), fixed, int(batch_size))
     rows = []
     for maps in _all_maps(traces, fixed):
@@ -233,8 +238,8 @@ def robustness(
     changed = int((logits[1:].argmax(1) != logits[0].argmax()).sum())
     return xr.DataArray(
         np.array(rows), dims=("recipe", "metric"),
-        coords={"recipe": [r.replace(class_=int(target)).id for r in recipes], "metric": list(metrics),
-                "recipe_json": ("recipe", [r.replace(class_=int(target)).to_json() for r in recipes])},
+        coords={"recipe": [r.id for r in fixed], "metric": list(metrics),
+                "recipe_json": ("recipe", [r.to_json() for r in fixed])},
         name="robustness",
         attrs={"n_perturbations": int(n), "radius": float(radius), "seed": int(seed), "target": int(target),
                "perturbation": "uniform noise U(-radius, radius) per element of the normalised input, "

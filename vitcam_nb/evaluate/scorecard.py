@@ -70,6 +70,8 @@ def bootstrap_interval(values: np.ndarray, n_boot: int = 1000, seed: int = 0, le
 
 
 def _resolve_class(recipe: Recipe, trace: xr.Dataset, target: str) -> Recipe:
+    if recipe.layer_fusion == "rollout":  # attention rollout uses no class
+        return recipe
     if target == "label":
         label = trace.attrs.get("image_label", -1)
         if label is None or int(label) < 0:
@@ -106,7 +108,7 @@ def image_scores(trace: xr.Dataset, recipes: Sequence[Recipe], metrics: Sequence
     recipes = [_resolve_class(r, trace, target) for r in recipes]
     if mask is None and "mask" in trace:
         mask = np.asarray(trace["mask"].values, bool)
-    classes = {r.class_ for r in recipes}
+    classes = {r.class_ for r in recipes if r.layer_fusion != "rollout"}
     inputs = MetricInputs(
         trace=trace, recipes=recipes, maps=[_map(trace, r) for r in recipes],
         grids=[_map(trace, r.replace(upsample="none")) for r in recipes], mask=mask, model=model,
