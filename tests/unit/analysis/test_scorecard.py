@@ -138,3 +138,20 @@ def test_bad_input_is_refused_naming_the_argument(setup):
     trs = [vc.image_trace(ds, 0)]
     with pytest.raises(ValueError, match="masks"):
         ev.scorecard([t.drop_vars("mask") for t in trs], recipes, ["pointing_game"], progress=False)
+
+
+def test_attention_rollout_keeps_its_class_free_recipe():
+    """Rollout uses no class: the card scores the preset as given (a label target does not change it), and its
+    robustness equals vc.evaluate.robustness of that recipe."""
+    torch.manual_seed(1)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                              num_classes=2).eval()
+    img = np.random.default_rng(4).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    tr = vc.trace(model, img, targets="top2", sites=["F1", "F2"])
+    tr.attrs["image_label"] = 1
+    rollout = vc.presets.get("attention_rollout")
+    card = ev.scorecard([tr], [rollout, vc.presets.get("gradcam")], ["sparseness", "max_sensitivity"], model=model,
+                        target="label", settings={"robustness": {"n": 2}}, n_boot=5, progress=False)
+    assert card["values"].values[0, 0, 0] == pytest.approx(_gini(np.asarray(vc.cam(tr, rollout).values, float)))
+    direct = ev.robustness(model, tr, [rollout], n=2, target=1, metrics=["max_sensitivity"])
+    assert card["values"].values[0, 0, 1] == pytest.approx(float(direct.values[0, 0]), rel=1e-9)
