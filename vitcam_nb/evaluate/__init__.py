@@ -23,6 +23,9 @@ One job per module:
   stability of every recipe from one trace per perturbed input.
 * :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check;
   :mod:`~vitcam_nb.evaluate.randomisation_more`: smooth and efficient MPRT.
+* :mod:`~vitcam_nb.evaluate.scorecard`: every recipe x every registered metric
+  (:mod:`~vitcam_nb.evaluate.metric_registry`, filled by :mod:`~vitcam_nb.evaluate.metrics_builtin`) over many
+  images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard_plot`.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
@@ -72,6 +75,15 @@ from vitcam_nb.evaluate.localisation import (
     relevance_rank_accuracy,
     topk_intersection,
 )
+from vitcam_nb.evaluate.metric_registry import (
+    CATEGORIES,
+    METRICS,
+    MetricInputs,
+    metric_names,
+    on_maps,
+    on_model_maps,
+    register_metric,
+)
 from vitcam_nb.evaluate.perturbation import model_input
 from vitcam_nb.evaluate.randomisation_more import discrete_entropy, efficient_mprt, smooth_mprt
 from vitcam_nb.evaluate.report import report_known_answer
@@ -83,6 +95,8 @@ from vitcam_nb.evaluate.sanity import (
     randomise_parts,
     randomised_logit,
 )
+from vitcam_nb.evaluate.scorecard import bootstrap_interval, scorecard
+from vitcam_nb.evaluate.scorecard_plot import metric_agreement, plot_agreement, plot_scorecard
 from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
 from vitcam_nb.evaluate.sufficiency import sufficiency
 
@@ -97,16 +111,20 @@ __all__ = [
     "monotonicity_correlation",
     "faithfulness_correlation",
     "AGREEMENT_METRICS",
+    "CATEGORIES",
     "COMPLEXITY_METRICS",
     "LOCALISATION_METRICS",
+    "METRICS",
     "ROBUSTNESS_METRICS",
     "SIGNED_METRICS",
     "SUBSTRATES",
     "Ambiguity",
     "AmbiguityMany",
+    "MetricInputs",
     "MetricWarning",
     "ambiguity",
     "atlas",
+    "bootstrap_interval",
     "auroc",
     "complexity",
     "cosine",
@@ -118,19 +136,26 @@ __all__ = [
     "insertion",
     "lerf_morf_area",
     "localising_share",
+    "metric_agreement",
+    "metric_names",
     "model_input",
     "model_parts",
     "model_randomisation",
     "noisy_linear_imputation",
+    "on_maps",
+    "on_model_maps",
     "pearson",
     "perturb",
+    "plot_agreement",
     "plot_atlas",
     "plot_randomisation",
+    "plot_scorecard",
     "pointing_game",
     "randomise_parts",
     "randomised_logit",
     "rank_agreement",
     "recipe_labels",
+    "register_metric",
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
     "report_known_answer",
@@ -138,6 +163,7 @@ __all__ = [
     "road",
     "robustness",
     "robustness_scores",
+    "scorecard",
     "sign_agreement",
     "signed_rank_agreement",
     "sparseness",

@@ -1,8 +1,9 @@
 """Robustness: how much a map moves when the input moves a little, for every recipe at once.
 
-The kit traces each perturbed copy of the input once (:func:`~vitcam_nb.capture.trace_many.trace_many` over the
-original and ``n`` perturbed copies, one forward and one batched backward per input); every recipe's maps are then
-recomputed from the store with no model call, and the metrics are pure functions of the maps, inputs and logits
+The kit traces the original and each perturbed copy once, in memory (batched forward and backward passes of the
+tracer, only the sites and layers the recipes read; no store); every recipe's maps are then recomputed from those
+traces with no model call (recipes that differ only in their layer in one gallery call per trace), and the metrics
+are pure functions of the maps, inputs and logits
 (:func:`robustness_scores`). Quantus instead reruns the explainer per recipe and per perturbation.
 
 Perturbations are uniform noise ``U(-radius, radius)`` on every element of the normalised model input, drawn from
@@ -27,22 +28,23 @@ Example:
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 import xarray as xr
 
-from vitcam_nb.capture.reader import open_traces
-from vitcam_nb.capture.trace_many import trace_many
+from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.passes import run_pass
+from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import nan_because
 from vitcam_nb.evaluate.perturbation import Scorer, model_input
+from vitcam_nb.preprocess import prepare_input
 
 __all__ = ["ROBUSTNESS_METRICS", "perturb", "robustness", "robustness_scores"]
 
@@ -125,6 +127,56 @@ def robustness_scores(
     return out
 
 
+def _traces(model: torch.nn.Module, inputs: torch.Tensor, target: int, recipes: list[Recipe],
+            batch_size: int) -> list[xr.Dataset]:
+    """One in-memory single-image trace per input row, of only the sites and layers the recipes read."""
+    sites = sorted({r.site for r in recipes})
+    layers = None
+    if all(isinstance(r.layer, (int, tuple)) for r in recipes):
+        layers = sorted({int(v) for r in recipes for v in (r.layer if isinstance(r.layer, tuple) else (r.layer,))})
+    plan = TracePlan.for_store(model, int(target), sites=sites, layers=layers)
+    inner = plan.model
+    prepared = [prepare_input(inner, row.unsqueeze(0)) for row in inputs]
+    out: list[xr.Dataset] = []
+    with exclusive(inner), on_device(inner, plan.run_device):
+        for start in range(0, len(prepared), batch_size):
+            chunk = prepared[start:start + batch_size]
+            run = run_pass(plan, torch.cat([p.tensor for p in chunk]))
+            out += [assemble(plan, p, run.image(b), run) for b, p in enumerate(chunk)]
+    return out
+
+
+def _for_class(recipe: Recipe, target: int) -> Recipe:
+    """The recipe explaining ``target``; attention rollout uses no class and stays as it is."""
+    return recipe if recipe.layer_fusion == "rollout" else recipe.replace(class_=target)
+
+
+def _all_maps(traces: list[xr.Dataset], recipes: list[Recipe]) -> list[np.ndarray]:
+    """For each recipe its maps on every trace ``(n_traces, ...)``; recipes equal but for an int layer share one
+    gallery over the layers per trace (the same maps as ``cam``, computed together)."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(recipes):
+        key = r.replace(layer=0).id if isinstance(r.layer, int) else f"single:{i}"
+        groups.setdefault(key, []).append(i)
+    out: list[np.ndarray | None] = [None] * len(recipes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateMapWarning)
+        for members in groups.values():
+            first = recipes[members[0]]
+            if len(members) == 1:
+                out[members[0]] = np.stack([np.asarray(kind_for(t, first).cam(t, first).values, np.float64)
+                                            for t in traces])
+                continue
+            layers = [recipes[i].layer for i in members]
+            distinct = list(dict.fromkeys(layers))
+            per = np.stack([np.asarray(kind_for(t, first).gallery(t, first, {"layer": distinct}).values, np.float64)
+                            for t in traces])  # (trace, layer, ...)
+            per = per.reshape(len(traces), len(distinct), *per.shape[-2:])
+            for i, layer in zip(members, layers, strict=True):
+                out[i] = per[:, distinct.index(layer)]
+    return out  # type: ignore[return-value]
+
+
 def robustness(
     model: torch.nn.Module,
     image: object,
@@ -135,23 +187,21 @@ def robustness(
     seed: int = 0,
     target: int | None = None,
     metrics: Sequence[str] = ROBUSTNESS_METRICS,
-    path: str | Path | None = None,
     batch_size: int = 8,
-    progress: bool = False,
 ) -> xr.DataArray:
     """Robustness of every recipe to ``n`` seeded input perturbations, from one trace per perturbed input.
 
-    The original input and its ``n`` perturbed copies (:func:`perturb`) are traced once into a store
-    (``path``, default a temporary folder removed afterwards) for the one class ``target`` (default the class the
-    model predicts for the original input; the maps of the copies explain the same class). Every recipe's map is
-    then computed on each of the ``n + 1`` traces and scored by :func:`robustness_scores`.
+    The original input and its ``n`` perturbed copies (:func:`perturb`) are traced once, in memory, for the one
+    class ``target`` (default the class the model predicts for the original input; the maps of the copies explain
+    the same class). Every recipe's map is then computed on each of the ``n + 1`` traces and scored by
+    :func:`robustness_scores`.
 
     Args:
         model: the model (as for :func:`vitcam_nb.trace_many`); image: as for :func:`model_input`.
-        recipes: the recipes to score (their ``class_`` is replaced by ``target``).
+        recipes: the recipes to score (their ``class_`` is replaced by ``target``; attention rollout has none).
         n, radius, seed: perturbations (see :func:`perturb`); target: the class explained.
         metrics: names from :data:`ROBUSTNESS_METRICS`.
-        path: keep the store of the ``n + 1`` traces there; batch_size, progress: of the tracing.
+        batch_size: inputs per forward/backward pass of the tracing.
 
     Returns:
         DataArray ``(recipe, metric)`` (recipe ids as the ``recipe`` coordinate, the recipe JSON as ``recipe_json``);
@@ -176,30 +226,23 @@ def robustness(
         target = int(torch.argmax(logits[0]))
     elif isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not 0 <= target < n_classes:
         raise ValueError(f"target: expected a class index in 0..{n_classes - 1} or None, got {target!r}")
-    sites = sorted({r.site for r in recipes})
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Path(path) if path is not None else Path(tmp) / "robustness.zarr"
-        trace_many(model, [x[0], *xs], store, targets=int(target), sites=sites, batch_size=batch_size,
-                   progress=progress, overwrite=True)
-        ds = open_traces(store).load()  # the maps of every recipe read the same arrays: read them once
-        rows = []
-        for recipe in recipes:
-            r = recipe.replace(class_=int(target))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DegenerateMapWarning)
-                maps = np.asarray(kind_for(ds, r).cam(ds, r).values, np.float64)
-            s = robustness_scores(maps[0], maps[1:], x[0].numpy(), xs.numpy(), logits[0].numpy(),
-                                  logits[1:].numpy(), metrics)
-            rows.append([s[name] for name in metrics])
-        ds.close()
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    fixed = [_for_class(r, int(target)) for r in recipes]
+    traces = _traces(model, torch.cat([x, xs]), int(target), fixed, int(batch_size))
+    rows = []
+    for maps in _all_maps(traces, fixed):
+        s = robustness_scores(maps[0], maps[1:], x[0].numpy(), xs.numpy(), logits[0].numpy(), logits[1:].numpy(),
+                              metrics)
+        rows.append([s[name] for name in metrics])
     changed = int((logits[1:].argmax(1) != logits[0].argmax()).sum())
     return xr.DataArray(
         np.array(rows), dims=("recipe", "metric"),
-        coords={"recipe": [r.replace(class_=int(target)).id for r in recipes], "metric": list(metrics),
-                "recipe_json": ("recipe", [r.replace(class_=int(target)).to_json() for r in recipes])},
+        coords={"recipe": [r.id for r in fixed], "metric": list(metrics),
+                "recipe_json": ("recipe", [r.to_json() for r in fixed])},
         name="robustness",
         attrs={"n_perturbations": int(n), "radius": float(radius), "seed": int(seed), "target": int(target),
                "perturbation": "uniform noise U(-radius, radius) per element of the normalised input, "
                                "numpy default_rng(seed)",
-               "prediction_changed": changed, "traces": "one per input (original + perturbed), trace_many"},
+               "prediction_changed": changed, "traces": "one per input (original + perturbed), in memory"},
     )

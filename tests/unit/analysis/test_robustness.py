@@ -116,3 +116,23 @@ def test_model_calling_metrics_refuse_a_trace_of_other_weights():
     for fn in (ev.deletion, ev.insertion, ev.lerf_morf_area):
         with pytest.raises(ValueError, match="image: the trace was made with other weights"):
             fn(b, tr, sal, target=0, progress=False)
+
+
+def test_grouped_layers_equal_one_trace_and_cam_per_input():
+    """Recipes differing only in their layer share one gallery per in-memory trace; each equals vc.trace + vc.cam of
+    that input alone, scored by the NumPy formula of max-sensitivity."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3).eval()
+    x = torch.from_numpy(np.random.default_rng(3).normal(size=(1, 3, 32, 32)).astype(np.float32))
+    recipes = [vc.Recipe(site="F1", layer=layer, weighting=w) for w in ("gradcam", "layercam") for layer in (0, 2)]
+    recipes.append(vc.Recipe(site="F4", layer=1))
+    ours = ev.robustness(model, x, recipes, n=3, radius=0.1, seed=5, target=1, metrics=["max_sensitivity"],
+                         batch_size=2)
+    xs = ev.perturb(x, 3, 0.1, 5)
+    for i, recipe in enumerate(recipes):
+        maps = [np.asarray(vc.cam(vc.trace(model, xi[None], targets=1, sites=[recipe.site]), recipe.replace(class_=1))
+                           .values, np.float64) for xi in torch.cat([x, xs])]
+        expected = max(np.linalg.norm(m - maps[0]) / np.linalg.norm(maps[0]) for m in maps[1:])
+        assert ours.values[i, 0] == pytest.approx(expected, rel=1e-5)

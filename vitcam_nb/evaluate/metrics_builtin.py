@@ -1,0 +1,93 @@
+"""The kit's own metrics in the score-card registry (:mod:`~vitcam_nb.evaluate.metric_registry`): localisation
+against the mask, complexity of the map, faithfulness curves (token mode, the model called), robustness (one
+trace per perturbed copy for all recipes of an image) and the randomised-logit check.
+
+Example:
+    >>> from vitcam_nb.evaluate.metric_registry import metric_names
+    >>> metric_names("localisation")
+    ['pointing_game', 'energy_pointing_game', 'relevance_mass_accuracy', 'relevance_rank_accuracy', 'auroc']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS
+from vitcam_nb.evaluate.faithfulness import deletion, insertion
+from vitcam_nb.evaluate.localisation import LOCALISATION_METRICS
+from vitcam_nb.evaluate.metric_registry import (
+    METRICS,
+    MODEL_LOCK,
+    MetricInputs,
+    on_maps,
+    on_model_maps,
+    register_metric,
+)
+from vitcam_nb.evaluate.robustness import robustness
+from vitcam_nb.evaluate.sanity import randomised_logit
+
+__all__ = ["robustness_metric"]
+
+
+def robustness_metric(name: str):
+    """The registry function of robustness metric ``name``: one :func:`~vitcam_nb.evaluate.robustness` run per
+    image and class for all recipes and all robustness metrics (cached on the image), settings from
+    ``inputs.settings["robustness"]`` (``n``, ``radius``; the seed is the score card's).
+
+    Example:
+        >>> callable(robustness_metric("max_sensitivity"))
+        True
+    """
+    def run(inputs: MetricInputs) -> list[float]:
+        opts = dict(inputs.settings.get("robustness", {}))
+
+        def compute() -> dict:
+            out: dict = {}
+            fallback = inputs.target if inputs.target is not None else int(np.argmax(inputs.trace["logits"].values))
+            per = [r.class_ if isinstance(r.class_, int) else fallback for r in inputs.recipes]  # rollout: no class
+            for cls in dict.fromkeys(per):
+                idx = [i for i, c in enumerate(per) if c == cls]
+                with MODEL_LOCK:
+                    arr = robustness(inputs.model, inputs.trace, [inputs.recipes[i] for i in idx], target=cls,
+                                     seed=inputs.seed, **opts)
+                for row, i in enumerate(idx):
+                    out[i] = dict(zip(arr["metric"].values.tolist(), arr.values[row].tolist(), strict=True))
+            return out
+
+        scores = inputs.cached("robustness", compute)
+        return [scores[i][name] if inputs.maps[i] is not None else np.nan for i in range(len(inputs.recipes))]
+
+    return run
+
+
+def _randomised_logit(inputs: MetricInputs) -> list[float]:
+    out = []
+    for recipe, m in zip(inputs.recipes, inputs.maps, strict=True):
+        if m is None or recipe.layer_fusion == "rollout":  # rollout does not depend on the class
+            out.append(np.nan)
+            continue
+        out.append(float(randomised_logit(inputs.trace, recipe, seed=inputs.seed, metrics=("spearman",)).values[0]))
+    return out
+
+
+def _register() -> None:
+    if "pointing_game" in METRICS:
+        return
+    for name, fn in LOCALISATION_METRICS.items():
+        register_metric(name, "localisation", on_maps(fn, mask=True), needs=("mask",),
+                        description=f"{name} of the upsampled map against the mask")
+    for name, fn in COMPLEXITY_METRICS.items():
+        register_metric(name, "complexity", on_maps(fn), higher_is_better=name == "sparseness",
+                        description=f"{name} of the upsampled map")
+    register_metric("deletion_auc", "faithfulness", on_model_maps(deletion, progress=False), needs=("model",),
+                    higher_is_better=False, description="deletion AUC, token mode, mean substrate, probability")
+    register_metric("insertion_auc", "faithfulness", on_model_maps(insertion, progress=False), needs=("model",),
+                    description="insertion AUC, token mode, blur substrate, probability")
+    for name in ("max_sensitivity", "avg_sensitivity"):
+        register_metric(name, "robustness", robustness_metric(name), needs=("model",), higher_is_better=False,
+                        description=f"{name}, uniform noise perturbations (vc.evaluate.robustness)")
+    register_metric("randomised_logit", "randomisation", _randomised_logit, higher_is_better=False,
+                    description="Spearman of the predicted class's map and another traced class's map")
+
+
+_register()

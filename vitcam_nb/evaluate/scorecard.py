@@ -1,0 +1,281 @@
+"""Score cards: every recipe x every registered metric over many images, as a mean with a seeded bootstrap 95 %
+interval and a count.
+
+Over a :func:`vitcam_nb.trace_many` store (opened with :func:`vitcam_nb.open_traces`) the work is one dask task
+per image (that image's chunks only, every recipe and metric inside the task), computed on the active
+``dask.distributed`` Client if there is one, else on dask's local scheduler, with a progress bar. Over a list of
+single traces it runs eagerly, image by image; both give the same numbers.
+
+The interval is a paired percentile bootstrap: ``n_boot`` resamples of the images drawn with replacement from
+``numpy.random.default_rng(seed)`` (the same resamples for every recipe and metric), the statistic the mean of the
+finite values of a resample; the interval is the 2.5th and 97.5th percentile of those means. ``count`` is the
+number of images with a finite value (a degenerate map or a NaN metric is left out).
+
+Example:
+    >>> import timm, numpy as np, vitcam_nb as vc
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    >>> trs = [vc.trace(m, np.random.default_rng(i).integers(0, 256, (32, 32, 3), np.uint8)) for i in range(3)]
+    >>> card = scorecard(trs, [vc.Recipe(layer=0), vc.Recipe(layer=1)], metrics=["sparseness"], progress=False)
+    >>> card["mean"].dims, card["count"].values.ravel().tolist()
+    (('recipe', 'metric'), [3, 3])
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+import vitcam_nb.evaluate.metrics_builtin  # noqa: F401  (fills the registry with the kit's metrics)
+from vitcam_nb.capture.reader import image_trace, is_store
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate._common import MetricWarning
+from vitcam_nb.evaluate.metric_registry import METRICS, Metric, MetricInputs
+
+__all__ = ["bootstrap_interval", "image_scores", "scorecard"]
+
+_TARGETS = ("recipe", "label")
+
+
+def bootstrap_interval(values: np.ndarray, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of the mean over the first axis (images), NaN values left out of each mean;
+    the same ``n_boot`` resamples (``default_rng(seed).integers(0, n, (n_boot, n))``) for every other position.
+
+    Example:
+        >>> lo, hi = bootstrap_interval(np.array([[0.0], [1.0], [2.0], [3.0]]), n_boot=200)
+        >>> bool(lo[0] < 1.5 < hi[0])
+        True
+    """
+    values = np.asarray(values, np.float64)
+    n = len(values)
+    if n == 0:
+        nan = np.full(values.shape[1:], np.nan)
+        return nan, nan.copy()
+    idx = np.random.default_rng(seed).integers(0, n, size=(int(n_boot), n))
+    means = np.empty((int(n_boot), *values.shape[1:]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample with no finite value: NaN mean
+        for b in range(int(n_boot)):
+            means[b] = np.nanmean(values[idx[b]], axis=0)
+        tail = (1.0 - level) / 2.0 * 100.0
+        lo, hi = np.nanpercentile(means, [tail, 100.0 - tail], axis=0)
+    return lo, hi
+
+
+def _resolve_class(recipe: Recipe, trace: xr.Dataset, target: str) -> Recipe:
+    if recipe.layer_fusion == "rollout":  # attention rollout uses no class
+        return recipe
+    if target == "label":
+        label = trace.attrs.get("image_label", -1)
+        if label is None or int(label) < 0:
+            raise ValueError("target: 'label' needs each image's ground-truth class (trace_many image_labels); "
+                             f"image {trace.attrs.get('image_index', '?')} has none")
+        return recipe.replace(class_=int(label))
+    if isinstance(recipe.class_, str):  # "topN": the N-th highest logit of this image
+        order = np.argsort(-np.asarray(trace["logits"].values, np.float64), kind="stable")
+        return recipe.replace(class_=int(order[int(recipe.class_[3:]) - 1]))
+    return recipe
+
+
+def _map(trace: xr.Dataset, recipe: Recipe) -> np.ndarray | None:
+    try:
+        out = kind_for(trace, recipe).cam(trace, recipe)
+    except RecipeError:
+        return None
+    return None if out.attrs.get("degenerate") else np.asarray(out.values, np.float64)
+
+
+def image_scores(trace: xr.Dataset, recipes: Sequence[Recipe], metrics: Sequence[Metric], *, mask: Any = None,
+                 model: Any = None, target: str = "recipe", seed: int = 0, settings: dict | None = None
+                 ) -> np.ndarray:
+    """Every metric of every recipe on one image's trace: ``(recipe, metric)``; NaN where a map is degenerate or
+    the trace cannot compute the recipe.
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8))
+        >>> image_scores(tr, [vc.Recipe(layer=0)], [METRICS.get("sparseness")]).shape
+        (1, 1)
+    """
+    recipes = [_resolve_class(r, trace, target) for r in recipes]
+    if mask is None and "mask" in trace:
+        mask = np.asarray(trace["mask"].values, bool)
+    classes = {r.class_ for r in recipes if r.layer_fusion != "rollout"}
+    inputs = MetricInputs(
+        trace=trace, recipes=recipes, maps=[_map(trace, r) for r in recipes],
+        grids=[_map(trace, r.replace(upsample="none")) for r in recipes], mask=mask, model=model,
+        target=int(next(iter(classes))) if len(classes) == 1 else None, seed=seed, settings=dict(settings or {}))
+    out = np.full((len(recipes), len(metrics)), np.nan)
+    for j, metric in enumerate(metrics):
+        out[:, j] = np.asarray(metric.func(inputs), np.float64)
+    return out
+
+
+def _metrics(metrics: Sequence[str] | None, has_mask: bool, model: Any) -> list[Metric]:
+    if metrics is None:
+        return [METRICS.get(n) for n in METRICS.names()
+                if (has_mask or "mask" not in METRICS.get(n).needs) and (model is not None or
+                                                                          "model" not in METRICS.get(n).needs)]
+    if isinstance(metrics, str) or not metrics:
+        raise ValueError(f"metrics: expected a non-empty list of metric names from {METRICS.names()}, got {metrics!r}")
+    chosen = [METRICS.get(n) for n in metrics]
+    for m in chosen:
+        if "model" in m.needs and model is None:
+            raise ValueError(f"model: metric {m.name!r} calls the model; pass model=")
+        if "mask" in m.needs and not has_mask:
+            raise ValueError(f"masks: metric {m.name!r} needs a ground-truth mask per image; pass masks= or trace "
+                             "the store with masks")
+    return chosen
+
+
+def _run(source: Any, n: int, masks: Sequence[Any] | None, kw: dict, progress: bool) -> np.ndarray:
+    from tqdm.auto import tqdm
+
+    def one(i: int, trace: xr.Dataset) -> np.ndarray:
+        return image_scores(trace, mask=None if masks is None else np.asarray(masks[i], bool), **kw)
+
+    if not is_store(source):
+        return np.stack([one(i, tr) for i, tr in enumerate(tqdm(source, desc="scorecard", disable=not progress))])
+    import dask
+
+    def task(block: xr.Dataset, i: int) -> np.ndarray:
+        return one(i, image_trace(block, 0))
+
+    tasks = [dask.delayed(task, pure=False)(source.isel(image=[i]), i) for i in range(n)]
+    client = _active_client()
+    if client is not None:
+        from distributed import as_completed
+
+        futures = client.compute(tasks)
+        for _ in tqdm(as_completed(futures), total=n, desc="scorecard", disable=not progress):
+            pass
+        return np.stack(client.gather(futures))
+    with _TaskBar({t.key for t in tasks}, progress):
+        return np.stack(dask.compute(*tasks))
+
+
+def _active_client() -> Any:
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+class _TaskBar:
+    """A tqdm bar over the image tasks of a local dask computation."""
+
+    def __init__(self, keys: set, show: bool) -> None:
+        from dask.callbacks import Callback
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(keys), desc="scorecard", disable=not show)
+        self.bar = bar
+
+        class _Posttask(Callback):
+            def _posttask(self, key, result, dsk, state, worker_id):  # noqa: ANN001
+                if key in keys:
+                    bar.update(1)
+
+        self.callback = _Posttask()
+
+    def __enter__(self) -> _TaskBar:
+        self.callback.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.callback.__exit__(*exc)
+        self.bar.close()
+
+
+def scorecard(
+    store_or_traces: Any,
+    recipes: Sequence[Recipe],
+    metrics: Sequence[str] | None = None,
+    *,
+    masks: Sequence[Any] | None = None,
+    model: Any = None,
+    target: str = "recipe",
+    n_boot: int = 1000,
+    seed: int = 0,
+    settings: dict | None = None,
+    progress: bool | None = None,
+) -> xr.Dataset:
+    """Score every recipe with every metric on every image: mean, bootstrap 95 % interval and count over images.
+
+    Args:
+        store_or_traces: a many-image Dataset (:func:`vitcam_nb.open_traces`; lazy, one dask task per image), or a
+            sequence of single traces (eager).
+        recipes: the recipes (distinct ids); their class is resolved per image (``"topN"``: the N-th highest logit)
+            or, with ``target="label"``, replaced by the image's ground-truth label.
+        metrics: names from the metric registry (``vc.evaluate.METRICS.names()``); default every registered metric
+            whose needs (mask, model) are met.
+        masks: one boolean mask per image at the input size (default the store's ``mask`` variable if any).
+        model: the model, for the metrics that call it (faithfulness, robustness).
+        n_boot, seed: bootstrap resamples and their seed (the seed also seeds seeded metrics).
+        settings: per-category or per-metric settings given to the metrics, e.g. ``{"robustness": {"n": 5}}``.
+        progress: progress bar (default: more than 4 images).
+
+    Returns:
+        Dataset over ``(recipe, metric)``: ``mean``, ``low``, ``high``, ``count`` and the per-image ``values``
+        ``(image, recipe, metric)``; coordinates ``category``, ``higher_is_better`` (per metric) and
+        ``recipe_json``; attrs the settings. ``card.scorecard.plot()`` and ``card.scorecard.agreement()`` (see
+        :mod:`~vitcam_nb.evaluate.scorecard_plot`).
+
+    Example:
+        >>> card = scorecard(vc.open_traces("t.zarr"), [vc.presets.get("gradcam")], model=m)  # doctest: +SKIP
+    """
+    recipes = list(recipes)
+    if not recipes or not all(isinstance(r, Recipe) for r in recipes):
+        raise ValueError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
+    ids = [r.id for r in recipes]
+    if len(set(ids)) != len(ids):
+        raise ValueError("recipes: two recipes are the same recipe (equal ids); give each once")
+    if target not in _TARGETS:
+        raise ValueError(f"target: expected one of {_TARGETS}, got {target!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot: expected a positive int, got {n_boot!r}")
+    lazy = is_store(store_or_traces)
+    source = store_or_traces if lazy else ([store_or_traces] if isinstance(store_or_traces, xr.Dataset)
+                                           else list(store_or_traces))
+    n = int(source.sizes["image"]) if lazy else len(source)
+    if n == 0:
+        raise ValueError("store_or_traces: no images")
+    if masks is not None and len(masks) != n:
+        raise ValueError(f"masks: expected one mask per image ({n}), got {len(masks)}")
+    has_mask = masks is not None or ("mask" in source if lazy else all("mask" in t for t in source))
+    chosen = _metrics(metrics, has_mask, model)
+    kw = {"recipes": recipes, "metrics": chosen, "model": model, "target": target, "seed": int(seed),
+          "settings": settings}
+    with warnings.catch_warnings():
+        # Why a value is NaN is counted, not printed once per image: the tasks' warnings would flood the output.
+        for cat in (MetricWarning, DegenerateMapWarning, RuntimeWarning):
+            warnings.simplefilter("ignore", cat)
+        values = _run(source, n, masks, kw, n > 4 if progress is None else bool(progress))
+        mean = np.nanmean(values, axis=0)
+    low, high = bootstrap_interval(values, n_boot, seed)
+    image_ids = source["image"].values if lazy else np.arange(n)
+    return xr.Dataset(
+        {"mean": (("recipe", "metric"), mean), "low": (("recipe", "metric"), low),
+         "high": (("recipe", "metric"), high),
+         "count": (("recipe", "metric"), np.isfinite(values).sum(axis=0)),
+         "values": (("image", "recipe", "metric"), values)},
+        coords={"recipe": ids, "metric": [m.name for m in chosen], "image": image_ids,
+                "category": ("metric", [m.category for m in chosen]),
+                "higher_is_better": ("metric", [m.higher_is_better for m in chosen]),
+                "recipe_json": ("recipe", [r.to_json() for r in recipes])},
+        attrs={"n_images": n, "n_boot": int(n_boot), "seed": int(seed), "level": 0.95, "target": target,
+               "interval": "paired percentile bootstrap of the mean over images (default_rng(seed))",
+               "settings": json.dumps(settings or {}, sort_keys=True), "lazy": int(lazy)},
+    )
