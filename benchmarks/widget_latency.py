@@ -9,7 +9,8 @@ and colouring, to the end of the canvas draw; the widget records it in ``data-la
 A second Explorer on the same trace keeps its neighbour prefetch on (the first has ``prefetch=False``, so each of
 its changes is a kernel round trip): each of its samples is a press whose view the page already holds,
 timed from the input event to the end of the draw from the page's cache (``data-last-cached-paint-ms``);
-before the next press the benchmark waits for the kernel's answer and the prefetch of the next neighbours.
+before the next press the benchmark waits for the kernel's answer, the prefetch of the next neighbours and
+their drawing off screen (the page does that while idle; a quicker press paints the cached map in full).
 
 Run:  ``python benchmarks/widget_latency.py [--quick]``  -> prints JSON
 ``{"widget_repaint_median_ms": ..., "n": ...}`` (plus p90, min, max, the draw time alone and the setup).
@@ -82,6 +83,8 @@ def _cached_samples(page, n: int, warmup: int) -> tuple[list[float], int]:
     slider.focus()
     layers = int(slider.get_attribute("max")) + 1
     page.wait_for_function(_WAIT_CACHED, arg=["prefetchCount", 0], timeout=120_000)
+    page.wait_for_function("() => document.querySelectorAll('.vc-explorer')[1].dataset.prerenderPending === '0'",
+                           timeout=60_000)
     position, step = layers - 1, -1
     samples, misses = [], 0
     for i in range(warmup + n):
@@ -99,6 +102,8 @@ def _cached_samples(page, n: int, warmup: int) -> tuple[list[float], int]:
         elif i >= warmup:
             misses += 1
         page.wait_for_function(_WAIT_CACHED, arg=["prefetchCount", prev_pre], timeout=60_000)
+        page.wait_for_function("() => document.querySelectorAll('.vc-explorer')[1].dataset.prerenderPending === '0'",
+                               timeout=60_000)
     return samples, misses
 
 

@@ -30,6 +30,7 @@ function render({ model, el }) {
   const cache = new Map();
   const CACHE_SIZE = 64;
   let shownFromCache = null;
+  let pending = 0;
   const keyOf = (d) => JSON.stringify(Object.keys(d).sort().map((k) => [k, d[k]]));
   const fromModel = (k) => (k === "grid" ? floatsOf(model.get("grid")) : model.get(k));
 
@@ -128,22 +129,56 @@ function render({ model, el }) {
 
   function onCustom(msg, buffers) {
     if (!msg || msg.kind !== "prefetch") return;
-    msg.entries.forEach((entry, i) => remember(keyOf(entry.draft), { ...entry, grid: floatsOf(buffers[i]) }));
+    msg.entries.forEach((entry, i) => {
+      const cached = { ...entry, grid: floatsOf(buffers[i]) };
+      remember(keyOf(entry.draft), cached);
+      pending += 1;
+      root.dataset.prerenderPending = String(pending);
+      setTimeout(() => { // one per task: a control event is never queued behind them all
+        prerender(cached);
+        pending -= 1;
+        root.dataset.prerenderPending = String(pending);
+      }, 0);
+    });
     root.dataset.cacheSize = String(cache.size);
     root.dataset.prefetchCount = String(Number(root.dataset.prefetchCount || 0) + 1);
   }
 
+  // What a painted overlay depends on besides the map: a prerendered one is reused only while these hold.
+  const displayKey = (shown) => JSON.stringify([model.get("size"), model.get("colormap"), model.get("opacity"),
+    shown.upsample, shown.normalize, model.get("image_shape")]);
+
+  function overlayOptions(shown) {
+    const [ih, iw] = model.get("image_shape");
+    const scale = Math.max(1, Math.ceil(model.get("size") / Math.max(iw, 1)));
+    return { width: iw * scale, height: ih * scale, mode: shown.upsample, normalize: shown.normalize,
+      cmap: model.get("colormap"), opacity: model.get("opacity") };
+  }
+
+  // A prefetched view is drawn off screen while the page is idle, so showing it is one drawImage.
+  function prerender(entry) {
+    const shown = JSON.parse(entry.recipe_json);
+    const off = document.createElement("canvas");
+    const [gh, gw] = entry.grid_shape;
+    const range = paintOverlay(off, image, entry.grid, gh, gw, overlayOptions(shown));
+    entry.rendered = { key: displayKey(shown), canvas: off, range };
+  }
+
   function paint(get = fromModel) {
     const [gh, gw] = get("grid_shape");
-    const [ih, iw] = model.get("image_shape");
     const grid = get("grid");
     const shown = JSON.parse(get("recipe_json") || "{}");
-    const scale = Math.max(1, Math.ceil(model.get("size") / Math.max(iw, 1)));
+    const rendered = get === fromModel ? null : get("rendered");
     const drawStart = performance.now();
-    const [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, {
-      width: iw * scale, height: ih * scale, mode: shown.upsample, normalize: shown.normalize,
-      cmap: model.get("colormap"), opacity: model.get("opacity"),
-    });
+    let lo, hi;
+    if (rendered && rendered.key === displayKey(shown)) {
+      canvas.width = rendered.canvas.width;
+      canvas.height = rendered.canvas.height;
+      canvas.getContext("2d").drawImage(rendered.canvas, 0, 0);
+      [lo, hi] = rendered.range;
+    } else {
+      [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, overlayOptions(shown));
+    }
     canvas.style.width = `${model.get("size")}px`;
     bar.replaceChildren(colorbar(model.get("colormap"), lo, hi));
     root.dataset.lastDrawMs = (performance.now() - drawStart).toFixed(2);
