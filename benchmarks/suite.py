@@ -43,7 +43,10 @@ TARGETS = {
 }
 OFFICIAL_MODEL = workloads.VIT_BASE
 ITEM_NUMBER = {"trace_cost": 1, "single_variant": 2, "gallery": 3, "memory": 4}
-ITEMS = (*ITEM_NUMBER, "widget", "trace_many")
+ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html")
+#: Items with their own module and JSON file (benchmarks/<NAME>.json), run through that module's command line.
+OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
+                  "export_html": ("benchmarks.export_html", "EXPORT_HTML.json")}
 
 
 @dataclass
@@ -839,6 +842,12 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
         results["widget_latency"] = bench_widget(cfg)
     if "trace_many" in cfg.items:
         results["trace_many"] = bench_trace_many(cfg)
+    for item, (module, name) in OWN_FILE_ITEMS.items():
+        if item in cfg.items:
+            cfg.log(f"  {item}: python -m {module} (writes benchmarks/{name})")
+            out = Path(__file__).resolve().parent / name
+            argv = ["--out", str(out)] + (["--quick"] if cfg.quick and item == "export_html" else [])
+            results[item] = {"status": "ok" if _module_main(module)(argv) == 0 else "error", "file": str(out)}
     results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     results["wall_s"] = time.perf_counter() - started
     results["items"] = list(cfg.items)
@@ -854,6 +863,12 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
         committed.with_suffix(".md").write_text(report.markdown(merged))
     cfg.log(f"done in {results['wall_s']:.0f} s; wrote {cfg.out / 'latest.json'}")
     return results
+
+
+def _module_main(module: str) -> Callable[[list[str]], int]:
+    import importlib
+
+    return importlib.import_module(module).main
 
 
 def _settle() -> None:
