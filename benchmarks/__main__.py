@@ -16,6 +16,8 @@ def parse_args(argv: list[str] | None = None) -> suite.Config:
     Example:
         >>> parse_args(["--quick"]).models
         ('tiny_vit', 'shapes-vit')
+        >>> parse_args(["--items", "gallery"]).items
+        ('gallery',)
     """
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     p.add_argument("--quick", action="store_true",
@@ -35,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> suite.Config:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
     p.add_argument("--widget", action=argparse.BooleanOptionalAction, default=None,
                    help="run item 5, widget latency in a real browser (default: on, off with --quick)")
+    p.add_argument("--items", nargs="+", default=None, choices=suite.ITEMS, metavar="ITEM",
+                   help=f"run only these items ({' '.join(suite.ITEMS)}); a full-mode run merges them into the "
+                        "committed RESULTS.json (each merged item records its own date and command)")
     p.add_argument("--no-results-copy", action="store_true",
                    help="full mode: do not overwrite the committed benchmarks/RESULTS.json / RESULTS.md")
     args = p.parse_args(argv)
@@ -65,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> suite.Config:
         threads=args.threads if args.threads is not None else (1 if quick else 0),
         command=command,
         results_copy=not args.no_results_copy,
+        items=tuple(args.items) if args.items else None,
     )
 
 

@@ -330,6 +330,9 @@ def notes(results: dict) -> list[str]:
         'Quick'
     """
     out = []
+    for upd in results.get("partial_updates", []):
+        out.append(f"{upd['item']} is from a later run limited to some items ({upd['created']}, `{upd['command']}`); "
+                   "the other items are from the run this report is dated by.")
     if results["quick"]:
         out.append("Quick mode: tiny model and few repeats; it checks that the suite runs, the timings are not claims.")
     load = results["machine"].get("load_average_start")

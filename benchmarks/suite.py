@@ -43,6 +43,10 @@ TARGETS = {
 }
 OFFICIAL_MODEL = workloads.VIT_BASE
 ITEM_NUMBER = {"trace_cost": 1, "single_variant": 2, "gallery": 3, "memory": 4}
+ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html")
+#: Items with their own module and JSON file (benchmarks/<NAME>.json), run through that module's command line.
+OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
+                  "export_html": ("benchmarks.export_html", "EXPORT_HTML.json")}
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Config:
     threads: int = 0
     command: str = "python -m benchmarks"
     results_copy: bool = True
+    items: tuple[str, ...] | None = None
     log: Callable[[str], None] = field(default=lambda msg: print(msg, file=sys.stderr, flush=True))
 
 
@@ -718,17 +723,20 @@ def bench_model(name: str, cfg: Config) -> dict:
     k = min(cfg.k, int(w.model.num_classes))
     has_tc = peers.torchcam_available()
     cfg.log(f"  {name}: {w.description}")
-    out: dict = {"status": "ok", "description": w.description, "k": k}
-    t0 = time.perf_counter()
-    cfg.log("  1. trace cost")
-    out["trace_cost"] = bench_trace_cost(w, cfg, k)
-    out["item_wall_s"] = {"trace_cost": time.perf_counter() - t0}
+    out: dict = {"status": "ok", "description": w.description, "k": k, "item_wall_s": {}}
+    if cfg.items is None or "trace_cost" in cfg.items:
+        t0 = time.perf_counter()
+        cfg.log("  1. trace cost")
+        out["trace_cost"] = bench_trace_cost(w, cfg, k)
+        out["item_wall_s"]["trace_cost"] = time.perf_counter() - t0
     tr = vc.trace(w.model, w.x.detach().cpu(), targets=f"top{k}", device=cfg.device)
     peer_models = _peer_models(w.model, has_tc)
     _settle()
     for item, fn in (("single_variant", lambda: bench_single_variant(w, tr, peer_models, cfg)),
                      ("gallery", lambda: bench_gallery(w, tr, peer_models, cfg)),
                      ("memory", lambda: bench_memory(w, tr, cfg, k))):
+        if cfg.items is not None and item not in cfg.items:
+            continue
         if item == "memory":
             peer_models.clear()
             gc.collect()
@@ -766,12 +774,15 @@ def run(cfg: Config) -> dict:
     cfg.log(f"vitcam_nb benchmarks ({'quick' if cfg.quick else 'full'}) on {cfg.device}; "
             f"load average {results['machine']['load_average_start']}")
     _settle()
+    model_items = cfg.items is None or any(i in ITEM_NUMBER for i in cfg.items)
     with warnings.catch_warnings():
         from vitcam_nb.core.errors import DegenerateMapWarning
 
         warnings.simplefilter("ignore", DegenerateMapWarning)
-        for name in cfg.models:
+        for name in cfg.models if model_items else ():
             results["models"][name] = bench_model(name, cfg)
+    if cfg.items is not None:
+        return _run_items(cfg, results, started)
     cfg.log("  5. widget latency")
     results["widget_latency"] = bench_widget(cfg)
     results["trace_many"] = bench_trace_many(cfg)
@@ -791,6 +802,73 @@ def run(cfg: Config) -> dict:
         (here / "RESULTS.md").write_text(markdown)
     cfg.log(f"done in {results['wall_s']:.0f} s; wrote {cfg.out / 'latest.json'}")
     return results
+
+
+def merge_items(base: dict, part: dict) -> dict:
+    """``base`` (a full run's results) with the items of a partial run ``part`` replacing its own; each merged
+    item is listed under ``partial_updates`` with the date and command that produced it.
+
+    Example:
+        >>> base = {"models": {"m": {"status": "ok", "gallery": {"x": 1}, "memory": {"y": 2}}}}
+        >>> part = {"created": "t", "command": "c", "models": {"m": {"status": "ok", "gallery": {"x": 3}}}}
+        >>> merged = merge_items(base, part)
+        >>> merged["models"]["m"]["gallery"], merged["models"]["m"]["memory"], merged["partial_updates"][0]["item"]
+        ({'x': 3}, {'y': 2}, 'm/gallery')
+    """
+    merged = json.loads(json.dumps(base, default=_json_default))
+    updates = merged.setdefault("partial_updates", [])
+    for name, res in part.get("models", {}).items():
+        if res.get("status") != "ok":
+            continue
+        target = merged["models"].setdefault(name, {"status": "ok"})
+        for item in ITEM_NUMBER:
+            if item in res:
+                target[item] = res[item]
+                updates.append({"item": f"{name}/{item}", "created": part["created"], "command": part["command"]})
+    for key in ("widget_latency", "trace_many"):
+        if key in part:
+            merged[key] = part[key]
+            updates.append({"item": key, "created": part["created"], "command": part["command"]})
+    return merged
+
+
+def _run_items(cfg: Config, results: dict, started: float) -> dict:
+    """The end of a run limited to ``cfg.items``: the partial results go to latest.json; in full mode they are
+    merged into the committed RESULTS.json / RESULTS.md (whose other items stay as their own run left them)."""
+    from benchmarks import report
+
+    if "widget" in cfg.items:
+        cfg.log("  5. widget latency")
+        results["widget_latency"] = bench_widget(cfg)
+    if "trace_many" in cfg.items:
+        results["trace_many"] = bench_trace_many(cfg)
+    for item, (module, name) in OWN_FILE_ITEMS.items():
+        if item in cfg.items:
+            cfg.log(f"  {item}: python -m {module} (writes benchmarks/{name})")
+            out = Path(__file__).resolve().parent / name
+            argv = ["--out", str(out)] + (["--quick"] if cfg.quick and item == "export_html" else [])
+            results[item] = {"status": "ok" if _module_main(module)(argv) == 0 else "error", "file": str(out)}
+    results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    results["wall_s"] = time.perf_counter() - started
+    results["items"] = list(cfg.items)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "latest.json").write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
+    committed = Path(__file__).resolve().parent / "RESULTS.json"
+    if not cfg.quick and cfg.results_copy and committed.is_file():
+        merged = merge_items(json.loads(committed.read_text()), results)
+        merged["targets"] = evaluate_targets(merged)
+        merged["derived"] = report.derived(merged)
+        merged["notes"] = report.notes(merged)
+        committed.write_text(json.dumps(merged, indent=2, default=_json_default) + "\n")
+        committed.with_suffix(".md").write_text(report.markdown(merged))
+    cfg.log(f"done in {results['wall_s']:.0f} s; wrote {cfg.out / 'latest.json'}")
+    return results
+
+
+def _module_main(module: str) -> Callable[[list[str]], int]:
+    import importlib
+
+    return importlib.import_module(module).main
 
 
 def _settle() -> None:

@@ -56,8 +56,13 @@ def extra_rows(results: dict, trace_many_path: Path) -> str:
         w = widget["result"]
         lines.append(f"- Widget repaint, control change in headless Chromium to repainted canvas "
                      f"(ViT-B/16 trace): median {w['widget_repaint_median_ms']:.1f} ms over {w['n']} changes "
-                     f"(p90 {w['p90_ms']:.1f} ms; target <= 100 ms: "
-                     f"{'holds' if w['widget_repaint_median_ms'] <= 100 else 'missed'}).")
+                     f"(p90 {w['p90_ms']:.1f} ms; target <= 50 ms: "
+                     f"{'holds' if w['widget_repaint_median_ms'] <= 50 else 'missed'}).")
+        if w.get("cached_repaint_median_ms") is not None:
+            lines.append(f"- Widget repaint of a view already in the page (neighbour prefetch): median "
+                         f"{w['cached_repaint_median_ms']:.1f} ms over {w['cached_n']} changes (p90 "
+                         f"{w['cached_p90_ms']:.1f} ms, {w['cached_misses']} not cached; target <= 16 ms: "
+                         f"{'holds' if w['cached_repaint_median_ms'] <= 16 else 'missed'}).")
     if trace_many_path.is_file():
         tm = json.loads(trace_many_path.read_text())
         t, m = tm["throughput"], tm["memory"]

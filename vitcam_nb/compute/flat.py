@@ -168,7 +168,8 @@ class FlatKind(TraceKind):
         sites = values.get("site", [base.site])
         shape = [len(values[f]) for f in fields]
         size = (view.height, view.width)
-        out = np.zeros((*shape, *((view.gh, view.gw) if base.upsample == "none" else size)), np.float32)
+        # Every cell is written below (degenerate ones as zeros), so the output need not be cleared first.
+        out = np.empty((*shape, *((view.gh, view.gw) if base.upsample == "none" else size)), np.float32)
         ids = np.empty(shape, object)
         reasons_out = np.full(shape, "", object)
         pos = {f: i for i, f in enumerate(fields)}

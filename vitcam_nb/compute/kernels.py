@@ -23,7 +23,7 @@ from vitcam_nb.capture.scoring import top_channels
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.weighting import WEIGHTINGS, Weighting, register_weighting
 
-__all__ = ["apply_head_rule", "relu", "token_maps"]
+__all__ = ["apply_head_rule", "relu", "token_maps", "zero_gradient_gives_zero_map"]
 
 Maps = tuple[np.ndarray, np.ndarray]
 
@@ -48,17 +48,16 @@ def _weighted(A: np.ndarray, alpha: np.ndarray, patch: Any, groups: int) -> Maps
     Ap = _group(A[..., patch, :], groups)
     alpha = _group(alpha, groups)
     maps = np.einsum("...tgd,...gd->...tg", Ap, alpha)
-    if Ap.ndim < 4:
-        return maps, np.einsum("...tgd,...gd->...tg", np.abs(Ap), np.abs(alpha))
-    # |A| one leading slice at a time into one buffer: a stack of layers' |A| would be tens of MB written and
-    # read back; the same einsum per slice (leading dimensions kept) gives the same values.
-    Ap, alpha = Ap.reshape(-1, *Ap.shape[-3:]), np.abs(alpha).reshape(-1, *alpha.shape[-2:])
-    scale = np.empty((Ap.shape[0], *maps.shape[-2:]), maps.dtype)
-    buf = np.empty((1, *Ap.shape[1:]), Ap.dtype)
+    # The scale only tells a real map from rounding noise, so it may sum in BLAS's order: |A| one leading slice
+    # at a time into one buffer (a stack of layers' |A| would be tens of MB written and read back), then a
+    # matrix product, several times faster than the einsum the map itself keeps (its bits are the contract's).
+    Ap, alpha = Ap.reshape(-1, *Ap.shape[-3:]), np.abs(alpha).reshape(-1, *alpha.shape[-2:], 1)
+    scale = np.empty((Ap.shape[0], groups, Ap.shape[-3], 1), maps.dtype)
+    buf = np.empty(Ap.shape[1:], Ap.dtype)
     for i in range(Ap.shape[0]):
-        np.abs(Ap[i:i + 1], out=buf)
-        scale[i:i + 1] = np.einsum("...tgd,...gd->...tg", buf, alpha[i:i + 1])
-    return maps, scale.reshape(maps.shape)
+        np.abs(Ap[i], out=buf)
+        np.matmul(buf.transpose(1, 0, 2), alpha[i], out=scale[i])
+    return maps, scale[..., 0].swapaxes(-1, -2).reshape(maps.shape)
 
 
 def gradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:
@@ -191,6 +190,22 @@ for _weighting in (
               "A[t,k] (Chen et al. 2022)", gscorecam, all_channels=True, title="gScore-CAM", scores="score"),
 ):
     register_weighting(_weighting, replace=True)
+
+
+#: Kernels whose map is zero wherever the gradients they read are zero (each term has a gradient factor).
+_ZERO_FROM_ZERO_GRADIENT = frozenset({gradcam, gradcampp, xgradcam, hirescam, gradcam_elementwise, layercam,
+                                      gradient, eigengradcam})
+
+
+def zero_gradient_gives_zero_map(weighting: str) -> bool:
+    """Whether the registered kernel of ``weighting`` returns zeros when the gradients it reads are all zero, so
+    that a map with a nonzero value proves them nonzero (no scan of the gradients is needed for it).
+
+    Example:
+        >>> zero_gradient_gives_zero_map("gradcam"), zero_gradient_gives_zero_map("eigencam")
+        (True, False)
+    """
+    return weighting in WEIGHTINGS and WEIGHTINGS.get(weighting).kernel in _ZERO_FROM_ZERO_GRADIENT
 
 
 def token_maps(A: np.ndarray, G: np.ndarray, weighting: str, wmask: np.ndarray, patch: np.ndarray,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from vitcam_nb.compute.kernels import apply_head_rule, relu, token_maps
+from vitcam_nb.compute.kernels import apply_head_rule, relu, token_maps, zero_gradient_gives_zero_map
 from vitcam_nb.compute.spatial import normalise, to_grid, upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import RecipeError
@@ -226,19 +226,22 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
         >>> maps.shape, bool(zero)
         ((4, 4), True)
     """
-    maps, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups, **stored)
-    if stored and np.isnan(maps).any():
+    raw, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups, **stored)
+    if stored and np.isnan(raw).any():
         raise RecipeError(f"weighting: {recipe.weighting} needs channel scores this trace does not hold at "
                           f"{recipe.site}, layer {recipe.layer}; add them with {score_call(recipe)}")
     rule = recipe.heads if groups > 1 or isinstance(recipe.heads, int) else "channels"
-    maps, scale = apply_head_rule(maps, scale, rule)
+    maps, scale = apply_head_rule(raw, scale, rule)
     weighting = WEIGHTINGS.get(recipe.weighting)
-    if not weighting.uses_gradient:
-        zero_grad = np.zeros(maps.shape[:-1], bool)
-    elif weighting.pools_tokens:
-        zero_grad = ~np.any(G[..., wmask, :] != 0, axis=(-2, -1))
-    else:
-        zero_grad = ~np.any(G[..., patch, :] != 0, axis=(-2, -1))
+    zero_grad = np.zeros(maps.shape[:-1], bool)
+    if weighting.uses_gradient:
+        tokens = wmask if weighting.pools_tokens else patch
+        # Scanning every gradient costs as much as the map; a nonzero map of such a kernel proves them nonzero.
+        unproven = ~np.any(np.abs(raw) > 0, axis=(-2, -1)) if zero_gradient_gives_zero_map(recipe.weighting) \
+            else np.ones(zero_grad.shape, bool)
+        G = np.broadcast_to(G, (*zero_grad.shape, *G.shape[-2:]))
+        for idx in map(tuple, np.argwhere(unproven)):
+            zero_grad[idx] = not np.any(G[idx][..., tokens, :] != 0)
     return to_grid(view, maps), to_grid(view, scale), zero_grad
 
 

@@ -31,6 +31,7 @@ from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, coerce_request, con
 from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.prefetch import prefetch_message
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
 from vitcam_nb.widgets.standalone import explorer_html, export_html
 from vitcam_nb.widgets.traits import Opacity, Pixels
@@ -100,6 +101,9 @@ class Explorer(anywidget.AnyWidget):
     response_id = t.Int(0).tag(sync=True)
     #: Incremented with every answer (from the browser's requests or from Python), so the page repaints.
     frame = t.Int(0).tag(sync=True)
+    #: Send the page the neighbouring views after each answer and paint cached views without a round trip
+    #: (off: every change waits for the kernel, as benchmarks of the round trip need).
+    prefetch = t.Bool(True).tag(sync=True)
 
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None, *, opacity: float = 0.5,
                  colormap: str = "jet", size: int = 360, index: int = 0, **kwargs: Any) -> None:
@@ -127,6 +131,7 @@ class Explorer(anywidget.AnyWidget):
         self._publish(first, response_id=0)
         self.observe(self._on_request, names="request")
         self.observe(self._on_image_request, names="image_request")
+        self.on_msg(self._on_custom)
 
     # -- Python API --------------------------------------------------------------------------------
     @property
@@ -292,6 +297,25 @@ class Explorer(anywidget.AnyWidget):
                 self.frame += 1
             return
         self._publish(result, response_id=max(rid, self.response_id))
+        self._prefetch()
+
+    def _on_custom(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        # The page asks once it is shown (messages sent before it exists would be lost).
+        if isinstance(content, Mapping) and content.get("kind") == "prefetch":
+            self._prefetch()
+
+    def _prefetch(self) -> None:
+        """Send the page the views one step away on the layer slider and the site list (after the answer, so
+        the shown view never waits for them)."""
+        if not self.prefetch:
+            return
+        try:
+            message, buffers = prefetch_message(self._trace, self._recipe, self._facts)
+        except Exception:  # a prefetch is an optimisation: the round trip still answers every change
+            self.log.warning("vitcam_nb Explorer: prefetch failed", exc_info=True)
+            return
+        if message["entries"]:
+            self.send(message, buffers)
 
     def _publish(self, result: GridResult, response_id: int) -> None:
         changed = result.recipe != self._recipe

@@ -6,6 +6,11 @@
 //   {id, index}; the kernel answers in one message with the new image, options, map (the recipe is kept)
 //   and `image_index` (the image shown), or with `error` (the image shown stays).
 // An answer whose response_id is older than the newest request sent is stale and never painted.
+// Prefetch: after each answer the kernel sends a custom message {kind: "prefetch", entries} (one grid buffer
+// per entry): the views one step away on the layer slider and the site list, each keyed by the draft the page
+// would send. A control change whose draft is cached paints at once from the cache; the request still goes
+// out (Python's recipe follows the page) and its answer, the same recipe, only refreshes the report.
+// data-last-cached-paint-ms: control event to the end of the draw of a cached view.
 // Timing hook for benchmarks: the root element's data-last-paint-latency-ms is the time from the first
 // control event of a request to the end of the canvas draw of its answer (kernel round trip included).
 
@@ -22,6 +27,12 @@ function render({ model, el }) {
   const changed = new Set();
   const started = new Map();
   let image = imageCanvas(model.get("image"), model.get("image_shape"));
+  const cache = new Map();
+  const CACHE_SIZE = 64;
+  let shownFromCache = null;
+  let pending = 0;
+  const keyOf = (d) => JSON.stringify(Object.keys(d).sort().map((k) => [k, d[k]]));
+  const fromModel = (k) => (k === "grid" ? floatsOf(model.get("grid")) : model.get(k));
 
   // -- layout ------------------------------------------------------------------------------------
   const recipeId = h("code", { className: "vc-recipe-id" });
@@ -94,12 +105,23 @@ function render({ model, el }) {
   // Slider input is debounced (a drag sends one request per pause); a select is sent at once, still
   // through a zero-delay timer so that changes made in the same task travel as one request.
   function onControl(field, value, discrete = false) {
+    const now = performance.now();
     draft = { ...draft, [field]: value };
     changed.add(field);
-    if (t0 === null) t0 = performance.now();
+    if (t0 === null) t0 = now;
+    const hit = model.get("prefetch") === false ? undefined : cache.get(keyOf(draft));
+    shownFromCache = null;
+    if (hit) {
+      draft = JSON.parse(hit.recipe_json);
+      showReport((k) => hit[k]);
+      paint((k) => hit[k]);
+      shownFromCache = hit.recipe_id;
+      root.dataset.lastCachedPaintMs = (performance.now() - now).toFixed(2);
+      root.dataset.cachedPaintCount = String(Number(root.dataset.cachedPaintCount || 0) + 1);
+    }
     controls.sync(draft);
     root.dataset.state = "pending";
-    status.textContent = "computing…";
+    status.textContent = hit ? "" : "computing…";
     clearTimeout(timer);
     timer = setTimeout(flush, discrete ? 0 : debounceMs);
   }
@@ -116,39 +138,87 @@ function render({ model, el }) {
   }
 
   // -- answers -----------------------------------------------------------------------------------
-  function paint() {
-    const [gh, gw] = model.get("grid_shape");
-    const [ih, iw] = model.get("image_shape");
-    const grid = floatsOf(model.get("grid"));
-    const shown = JSON.parse(model.get("recipe_json") || "{}");
-    const scale = Math.max(1, Math.ceil(model.get("size") / Math.max(iw, 1)));
-    const drawStart = performance.now();
-    const [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, {
-      width: iw * scale, height: ih * scale, mode: shown.upsample, normalize: shown.normalize,
-      cmap: model.get("colormap"), opacity: model.get("opacity"),
+  // A cached entry is painted through the same code as an answer: `get` reads either.
+  function remember(key, entry) {
+    cache.delete(key);
+    cache.set(key, entry);
+    if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value);
+  }
+
+  function onCustom(msg, buffers) {
+    if (!msg || msg.kind !== "prefetch") return;
+    msg.entries.forEach((entry, i) => {
+      const cached = { ...entry, grid: floatsOf(buffers[i]) };
+      remember(keyOf(entry.draft), cached);
+      pending += 1;
+      root.dataset.prerenderPending = String(pending);
+      setTimeout(() => { // one per task: a control event is never queued behind them all
+        prerender(cached);
+        pending -= 1;
+        root.dataset.prerenderPending = String(pending);
+      }, 0);
     });
+    root.dataset.cacheSize = String(cache.size);
+    root.dataset.prefetchCount = String(Number(root.dataset.prefetchCount || 0) + 1);
+  }
+
+  // What a painted overlay depends on besides the map: a prerendered one is reused only while these hold.
+  const displayKey = (shown) => JSON.stringify([model.get("size"), model.get("colormap"), model.get("opacity"),
+    shown.upsample, shown.normalize, model.get("image_shape")]);
+
+  function overlayOptions(shown) {
+    const [ih, iw] = model.get("image_shape");
+    const scale = Math.max(1, Math.ceil(model.get("size") / Math.max(iw, 1)));
+    return { width: iw * scale, height: ih * scale, mode: shown.upsample, normalize: shown.normalize,
+      cmap: model.get("colormap"), opacity: model.get("opacity") };
+  }
+
+  // A prefetched view is drawn off screen while the page is idle, so showing it is one drawImage.
+  function prerender(entry) {
+    const shown = JSON.parse(entry.recipe_json);
+    const off = document.createElement("canvas");
+    const [gh, gw] = entry.grid_shape;
+    const range = paintOverlay(off, image, entry.grid, gh, gw, overlayOptions(shown));
+    entry.rendered = { key: displayKey(shown), canvas: off, range };
+  }
+
+  function paint(get = fromModel) {
+    const [gh, gw] = get("grid_shape");
+    const grid = get("grid");
+    const shown = JSON.parse(get("recipe_json") || "{}");
+    const rendered = get === fromModel ? null : get("rendered");
+    const drawStart = performance.now();
+    let lo, hi;
+    if (rendered && rendered.key === displayKey(shown)) {
+      canvas.width = rendered.canvas.width;
+      canvas.height = rendered.canvas.height;
+      canvas.getContext("2d").drawImage(rendered.canvas, 0, 0);
+      [lo, hi] = rendered.range;
+    } else {
+      [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, overlayOptions(shown));
+    }
     canvas.style.width = `${model.get("size")}px`;
     bar.replaceChildren(colorbar(model.get("colormap"), lo, hi));
     root.dataset.lastDrawMs = (performance.now() - drawStart).toFixed(2);
     root.dataset.paintCount = String(Number(root.dataset.paintCount) + 1);
   }
 
-  function showReport() {
-    const error = model.get("error");
-    recipeId.textContent = model.get("recipe_id");
-    root.dataset.recipeId = model.get("recipe_id");
+  function showReport(get = fromModel) {
+    const error = get("error") || "";
+    recipeId.textContent = get("recipe_id");
+    root.dataset.recipeId = get("recipe_id");
     errorBox.hidden = !error;
-    errorBox.textContent = error ? `Not applied: ${error} (still showing recipe ${model.get("recipe_id")})` : "";
+    errorBox.textContent = error ? `Not applied: ${error} (still showing recipe ${get("recipe_id")})` : "";
     root.dataset.error = error ? "true" : "false";
-    const degenerate = model.get("degenerate");
+    const degenerate = get("degenerate");
     degenerateBox.hidden = !degenerate;
     degenerateBox.textContent = degenerate ? `Degenerate variant: the map is all zeros because ${degenerate}` : "";
     root.dataset.degenerate = degenerate ? "true" : "false";
-    const notes = model.get("notes");
+    const notes = get("notes");
     notesBox.hidden = !notes;
     notesBox.textContent = notes ? `Left out of the layer fusion (degenerate): ${notes}` : "";
-    methods.textContent = model.get("methods");
-    checklistSlot.replaceChildren(checklistTable(model.get("checklist")));
+    methods.textContent = get("methods");
+    checklistSlot.replaceChildren(checklistTable(get("checklist")));
     status.textContent = error ? "refused" : "";
     root.dataset.state = error ? "error" : "ready";
   }
@@ -166,7 +236,15 @@ function render({ model, el }) {
     }
     showReport();
     if (picker) picker.value = String(model.get("image_index")); // a refused image: back to the one shown
-    if (!error) paint();
+    if (!error) {
+      remember(keyOf(JSON.parse(model.get("recipe_json"))), {
+        recipe_json: model.get("recipe_json"), recipe_id: model.get("recipe_id"), grid: fromModel("grid"),
+        grid_shape: model.get("grid_shape"), checklist: model.get("checklist"), methods: model.get("methods"),
+        degenerate: model.get("degenerate"), notes: model.get("notes"),
+      });
+      if (model.get("recipe_id") !== shownFromCache) paint(); // a cached view is already on the canvas
+    }
+    shownFromCache = null;
     if (started.has(rid)) {
       const ms = performance.now() - started.get(rid);
       root.dataset.lastPaintLatencyMs = ms.toFixed(2);
@@ -180,6 +258,7 @@ function render({ model, el }) {
   }
 
   const onImage = () => {
+    cache.clear(); // another image of a store: every cached map belongs to the previous one
     image = imageCanvas(model.get("image"), model.get("image_shape"));
     paint();
   };
@@ -197,6 +276,7 @@ function render({ model, el }) {
     if (picker) picker.value = String(model.get("image_index"));
   };
   model.on("change:frame", onAnswer);
+  model.on("msg:custom", onCustom);
   model.on("change:image", onImage);
   model.on("change:opacity", onDisplay);
   model.on("change:colormap", onDisplay);
@@ -208,9 +288,11 @@ function render({ model, el }) {
   showReport();
   paint();
   root.dataset.ready = "true";
+  if (typeof model.send === "function") model.send({ kind: "prefetch" }); // the exported page has no kernel
   return () => {
     clearTimeout(timer);
     model.off("change:frame", onAnswer);
+    model.off("msg:custom", onCustom);
     model.off("change:image", onImage);
     model.off("change:opacity", onDisplay);
     model.off("change:colormap", onDisplay);
