@@ -14,6 +14,7 @@ import numpy as np
 
 from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS
 from vitcam_nb.evaluate.faithfulness import deletion, insertion
+from vitcam_nb.evaluate.faithfulness_more import MODEL_FAITHFULNESS_METRICS
 from vitcam_nb.evaluate.localisation import LOCALISATION_METRICS
 from vitcam_nb.evaluate.metric_registry import (
     METRICS,
@@ -23,6 +24,7 @@ from vitcam_nb.evaluate.metric_registry import (
     on_model_maps,
     register_metric,
 )
+from vitcam_nb.evaluate.randomisation_more import efficient_mprt
 from vitcam_nb.evaluate.robustness import robustness
 from vitcam_nb.evaluate.sanity import randomised_logit
 
@@ -70,6 +72,19 @@ def _randomised_logit(inputs: MetricInputs) -> list[float]:
     return out
 
 
+def _efficient_mprt(inputs: MetricInputs) -> list[float]:
+    opts = dict(inputs.settings.get("efficient_mprt", {}))
+    out = []
+    for recipe, m in zip(inputs.recipes, inputs.maps, strict=True):
+        if m is None or recipe.layer_fusion == "rollout":  # rollout uses no gradient and no class
+            out.append(np.nan)
+            continue
+        fixed = recipe if isinstance(recipe.class_, int) else recipe.replace(class_=inputs.target)
+        with MODEL_LOCK:
+            out.append(float(efficient_mprt(inputs.model, inputs.trace, fixed, seed=inputs.seed, **opts).values))
+    return out
+
+
 def _register() -> None:
     if "pointing_game" in METRICS:
         return
@@ -83,11 +98,16 @@ def _register() -> None:
                     higher_is_better=False, description="deletion AUC, token mode, mean substrate, probability")
     register_metric("insertion_auc", "faithfulness", on_model_maps(insertion, progress=False), needs=("model",),
                     description="insertion AUC, token mode, blur substrate, probability")
+    for name, fn in MODEL_FAITHFULNESS_METRICS.items():  # settings under their own name: each takes others
+        register_metric(name, "faithfulness", on_model_maps(fn, attr="value", key=name, progress=False),
+                        needs=("model",), description=f"{name} (vc.evaluate.{name}), token mode, probability")
     for name in ("max_sensitivity", "avg_sensitivity"):
         register_metric(name, "robustness", robustness_metric(name), needs=("model",), higher_is_better=False,
                         description=f"{name}, uniform noise perturbations (vc.evaluate.robustness)")
     register_metric("randomised_logit", "randomisation", _randomised_logit, higher_is_better=False,
                     description="Spearman of the predicted class's map and another traced class's map")
+    register_metric("efficient_mprt", "randomisation", _efficient_mprt, needs=("model",),
+                    description="relative rise of the map's entropy when every part of the model is randomised")
 
 
 _register()

@@ -155,3 +155,30 @@ def test_attention_rollout_keeps_its_class_free_recipe():
     assert card["values"].values[0, 0, 0] == pytest.approx(_gini(np.asarray(vc.cam(tr, rollout).values, float)))
     direct = ev.robustness(model, tr, [rollout], n=2, target=1, metrics=["max_sensitivity"])
     assert card["values"].values[0, 0, 1] == pytest.approx(float(direct.values[0, 0]), rel=1e-9)
+
+
+def test_model_faithfulness_and_efficient_mprt_are_registered_and_equal_their_direct_calls(setup):
+    model, ds, _, recipes = setup
+    names = ["faithfulness_correlation", "monotonicity_correlation", "irof", "saco", "efficient_mprt"]
+    assert all(ev.METRICS.get(n).needs == ("model",) for n in names)
+    traces = [vc.image_trace(ds, i) for i in range(2)]
+    settings = {"faithfulness_correlation": {"n_runs": 6, "subset_size": 3},
+                "efficient_mprt": {"trace_kwargs": {"sites": ["F1"]}}}
+    card = ev.scorecard(traces, recipes[:2], names, model=model, n_boot=10, settings=settings, progress=False)
+    for i, tr in enumerate(traces):
+        top1 = int(np.argmax(tr["logits"].values))
+        for j, r in enumerate(recipes[:2]):
+            fixed = r.replace(class_=top1)
+            grid = vc.cam(tr, fixed.replace(upsample="none")).values
+            direct = {
+                "faithfulness_correlation": ev.faithfulness_correlation(model, tr, grid, top1, n_runs=6, subset_size=3,
+                                                                        progress=False).attrs["value"],
+                "monotonicity_correlation": ev.monotonicity_correlation(model, tr, grid, top1,
+                                                                        progress=False).attrs["value"],
+                "irof": ev.irof(model, tr, grid, top1, progress=False).attrs["value"],
+                "saco": ev.saco(model, tr, grid, top1, progress=False).attrs["value"],
+                "efficient_mprt": float(ev.efficient_mprt(model, tr, fixed, trace_kwargs={"sites": ["F1"]}).values),
+            }
+            for k, name in enumerate(names):
+                np.testing.assert_allclose(card["values"].values[i, j, k], direct[name], rtol=1e-9, atol=1e-12,
+                                           err_msg=name)
