@@ -32,6 +32,9 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: What the presets read: F1 and F2 for the Grad-CAM family and the rollouts, F3, q, k, v, attn_scores and
+#: resid_pre for the published attention-gradient methods (Grad-SAM, AttCAT, AG-CAM, Grad-ECLIP's formula).
+SITES = ("F1", "F2", "F3", "q", "k", "v", "attn_scores", "resid_pre")
 #: The metrics of the committed report (reports/known_answer/scorecard.*).
 REPORT_METRICS = ("pointing_game", "energy_pointing_game", "relevance_mass_accuracy", "relevance_rank_accuracy",
                   "auroc", "sparseness", "complexity", "effective_complexity", "deletion_auc", "insertion_auc",
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     images, labels, masks = shapes(args.n_images, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         path = vc.trace_many(model, list(images), Path(tmp) / "shapes.zarr", targets=f"top{model.num_classes}",
-                             sites=["F1", "F2"], image_labels=[int(v) for v in labels], masks=list(masks),
+                             sites=list(SITES), image_labels=[int(v) for v in labels], masks=list(masks),
                              batch_size=32, progress=True)
         ds = vc.open_traces(path)
         names, recipes, aliases, skipped = presets_for(vc.image_trace(ds, 0))
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "command": "python scripts/known_answer_scorecard.py" + (" " + " ".join(argv) if argv else
                                                                  " " + " ".join(sys.argv[1:])).rstrip(),
-        "model": "shapes-vit", "n_images": args.n_images, "seed": args.seed, "target": "true label",
+        "model": "shapes-vit", "sites": list(SITES), "n_images": args.n_images, "seed": args.seed,
+        "target": "true label",
         "robustness": {"n": args.robustness_n, "radius": 0.2}, "n_boot": args.n_boot,
         "faithfulness": {"mode": "token", "step_cells": args.deletion_step, "score": "prob",
                          "deletion_substrate": "mean", "insertion_substrate": "blur"},

@@ -77,6 +77,11 @@ def _resolve_class(recipe: Recipe, trace: xr.Dataset, target: str) -> Recipe:
         if label is None or int(label) < 0:
             raise ValueError("target: 'label' needs each image's ground-truth class (trace_many image_labels); "
                              f"image {trace.attrs.get('image_index', '?')} has none")
+        traced = [int(c) for c in trace["target_class"].values] if "target_class" in trace.coords else []
+        if traced and int(label) not in traced:  # its map would need a gradient the trace does not hold
+            raise ValueError(f"target: 'label' explains image {trace.attrs.get('image_index', '?')}'s class "
+                             f"{int(label)}, which its trace does not hold (traced classes {traced}); trace with "
+                             "targets that include every label (e.g. 'topN' with N the number of classes)")
         return recipe.replace(class_=int(label))
     if isinstance(recipe.class_, str):  # "topN": the N-th highest logit of this image
         order = np.argsort(-np.asarray(trace["logits"].values, np.float64), kind="stable")

@@ -182,3 +182,19 @@ def test_model_faithfulness_and_efficient_mprt_are_registered_and_equal_their_di
             for k, name in enumerate(names):
                 np.testing.assert_allclose(card["values"].values[i, j, k], direct[name], rtol=1e-9, atol=1e-12,
                                            err_msg=name)
+
+
+def test_label_target_refuses_an_image_whose_label_was_not_traced(setup, tmp_path):
+    model, _, masks, recipes = setup
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    top1 = [int(model(torch.as_tensor(vc.preprocess.prepare_input(model, im).tensor)).argmax()) for im in images]
+    labels = [1 - top1[0], *top1[1:]]  # image 0's label is the class top1 did not trace
+    path = vc.trace_many(model, images, tmp_path / "t1.zarr", targets="top1", sites=["F1"], image_labels=labels,
+                         masks=list(masks[:3]), progress=False)
+    ds = vc.open_traces(path)
+    with pytest.raises(ValueError, match=r"^target: 'label' explains image 0's class .*traced classes \["):
+        ev.scorecard(ds, recipes[:1], ["sparseness"], target="label", n_boot=10, progress=False)
+    card = ev.scorecard(ds.isel(image=[1, 2]), recipes[:1], ["sparseness"], target="label", n_boot=10,
+                        progress=False)
+    assert int(card["count"].values[0, 0]) == 2
