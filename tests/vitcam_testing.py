@@ -226,10 +226,18 @@ def assert_rel_close(actual, expected, what: str, rel: float = REL) -> None:
 
 
 def plain_presets() -> list[str]:
-    """Presets computed from a trace of the default sites and class targets. The published methods of
-    ``vitcam_nb.compute.published`` read optional sites (attn_scores, q/k/v, resid_pre) or a layer-wise target, so a
-    plain trace refuses them; ``tests/unit/compute/test_published.py`` tests them on the traces they need."""
+    """Presets computed from a trace of the default sites and class targets, on a model of any depth. Left out:
+    the published methods of ``vitcam_nb.compute.published`` (they read optional sites or a layer-wise target;
+    tests/unit/compute/test_published.py), the presets that need ``vc.score`` (the integrated rollouts TAM and
+    Beyond Intuition, which also start a fixed number of blocks from the end, and ViT-CX;
+    tests/unit/compute/test_presets_published.py) and cross-attention presets (tests/unit/model/test_blip.py)."""
     import vitcam_nb as vc
     from vitcam_nb.compute.published import METHODS
+    from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS
+    from vitcam_nb.core.weighting import WEIGHTINGS
 
-    return [n for n in vc.presets.names() if vc.presets.get(n).weighting not in METHODS]
+    def plain(recipe: vc.Recipe) -> bool:
+        return (recipe.weighting not in METHODS and not WEIGHTINGS.get(recipe.weighting).scores
+                and recipe.layer_fusion not in INTEGRATED_ROLLOUTS and recipe.site != "xattn")
+
+    return [n for n in vc.presets.names() if plain(vc.presets.get(n))]

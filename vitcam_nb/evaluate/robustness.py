@@ -42,6 +42,7 @@ from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.evaluate._common import nan_because
 from vitcam_nb.evaluate.perturbation import Scorer, model_input
 from vitcam_nb.preprocess import prepare_input
@@ -127,10 +128,18 @@ def robustness_scores(
     return out
 
 
+def _traced_sites(trace: xr.Dataset) -> set[str]:
+    sites = {str(s) for s in trace["site"].values} if "site" in trace.coords else set()
+    return sites | {site for var, site in (("attn", "F2"), ("attn_scores", "attn_scores")) if var in trace}
+
+
 def _traces(model: torch.nn.Module, inputs: torch.Tensor, target: int, recipes: list[Recipe],
-            batch_size: int) -> list[xr.Dataset]:
+            batch_size: int, source: object) -> list[xr.Dataset]:
     """One in-memory single-image trace per input row, of only the sites and layers the recipes read."""
-    sites = sorted({r.site for r in recipes})
+    sites = {r.site for r in recipes}
+    if isinstance(source, xr.Dataset) and any(WEIGHTINGS.get(r.weighting).method for r in recipes):
+        sites |= _traced_sites(source)  # a published method reads several sites: those the user traced
+    sites = sorted(sites)
     layers = None
     if all(isinstance(r.layer, (int, tuple)) for r in recipes):
         layers = sorted({int(v) for r in recipes for v in (r.layer if isinstance(r.layer, tuple) else (r.layer,))})
@@ -229,7 +238,7 @@ def robustness(
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     fixed = [_for_class(r, int(target)) for r in recipes]
-    traces = _traces(model, torch.cat([x, xs]), int(target), fixed, int(batch_size))
+    traces = _traces(model, torch.cat([x, xs]), int(target), fixed, int(batch_size), image)
     rows = []
     for maps in _all_maps(traces, fixed):
         s = robustness_scores(maps[0], maps[1:], x[0].numpy(), xs.numpy(), logits[0].numpy(), logits[1:].numpy(),

@@ -136,3 +136,22 @@ def test_grouped_layers_equal_one_trace_and_cam_per_input():
                            .values, np.float64) for xi in torch.cat([x, xs])]
         expected = max(np.linalg.norm(m - maps[0]) / np.linalg.norm(maps[0]) for m in maps[1:])
         assert ours.values[i, 0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_published_method_on_a_trace_is_retraced_with_the_sites_that_trace_holds():
+    """AttCAT reads resid_pre and F2: robustness of a trace holding them traces the copies with them too, and
+    equals vc.trace (same sites) + vc.cam per input, scored by the NumPy formula."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2).eval()
+    x = torch.from_numpy(np.random.default_rng(4).normal(size=(1, 3, 32, 32)).astype(np.float32))
+    sites = ["F1", "F2", "resid_pre"]
+    tr = vc.trace(model, x, targets=1, sites=sites)
+    recipe = vc.presets.attcat().replace(class_=1)
+    ours = ev.robustness(model, tr, [recipe], n=2, radius=0.1, seed=2, target=1, metrics=["max_sensitivity"])
+    x0, _ = ev.model_input(model, tr)  # the input a trace stands for: its stored image, preprocessed
+    maps = [np.asarray(vc.cam(vc.trace(model, xi[None], targets=1, sites=sites), recipe).values, np.float64)
+            for xi in torch.cat([x0, ev.perturb(x0, 2, 0.1, 2)])]
+    expected = max(np.linalg.norm(m - maps[0]) / np.linalg.norm(maps[0]) for m in maps[1:])
+    assert ours.values[0, 0] == pytest.approx(expected, rel=1e-5)
