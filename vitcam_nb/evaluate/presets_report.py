@@ -6,7 +6,9 @@ A preset is used at its default arguments with the image's true class; layer tup
 clipped to the model's blocks (``transition_attention_maps``' last 8 blocks are all 6 of shapes-vit), and the
 recipe actually used is in the table. Presets that read model outputs (integrated gradients, ViT-CX scores,
 Score-CAM) get them from ``vc.score`` at its defaults. The deletion is ordered by the token-grid map; a whole-image
-map (ViT-CX) by its mean over each patch.
+map (ViT-CX) by its mean over each patch. Each image is traced at every site the model offers (the published
+attention-gradient methods read q, k, v, attn_scores, resid_pre), and once more with one read-out score per block
+for LeGrad (``vc.targets.layerwise``).
 
 Example:
     >>> table = report_presets(n_images=2, names=["attention_rollout", "albef_itm_gradcam"])  # doctest: +SKIP
@@ -37,6 +39,7 @@ from vitcam_nb.data import shapes
 from vitcam_nb.evaluate.localisation import default_tolerance
 from vitcam_nb.evaluate.perturbation import Scorer, area_under_curve, model_input, perturbation_scores, pixel_rank
 from vitcam_nb.models import load_model
+from vitcam_nb.targets.layerwise import layerwise
 
 __all__ = ["fit_to_model", "needs_scores", "report_presets"]
 
@@ -139,10 +142,16 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
     pg: dict[str, list[float]] = {}
     auc: dict[str, list[float]] = {}
     used: dict[str, Recipe] = {}
+    sites: list[str] | None = None
     for i in tqdm(range(n_images), desc="preset report", disable=not (n_images > 4 if progress is None else progress)):
         label = int(labels[i])
         image = images[i]
-        tr = trace(model, image, targets=[label])
+        if sites is None:  # every site the model offers: the published methods read optional ones
+            attrs = trace(model, image, targets=[label], sites=["F1"], layers=[-1]).attrs
+            sites = [s for key in ("model_sites", "model_optional_sites") for s in str(attrs.get(key, "")).split(",")
+                     if s]
+        tr = trace(model, image, targets=[label], sites=sites)
+        by_block = None  # LeGrad's trace: one read-out score per block, made when a preset needs it
         if not recipes and not skipped:
             recipes, skipped = _prepare(names, int(tr.attrs["num_layers"]))
         h, w = masks[i].shape
@@ -157,11 +166,14 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             except RecipeError:
                 recipe = base
             try:
+                if recipe.weighting == "legrad" and by_block is None:
+                    by_block = trace(model, image, targets=layerwise(label), sites=["F2"])
                 if needs_scores(recipe):
                     tr = score_trace(tr, model, recipe, image, progress=False)
+                src = by_block if recipe.weighting == "legrad" else tr
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DegenerateMapWarning)
-                    up = kind_for(tr, recipe).cam(tr, recipe)
+                    up = kind_for(src, recipe).cam(src, recipe)
             except (RecipeError, TraceError) as exc:  # the preset does not fit this model: say why, once
                 skipped[name] = str(exc).split("\n")[0]
                 del recipes[name]
@@ -173,7 +185,7 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             if bad:
                 auc.setdefault(name, []).append(float("nan"))
                 continue
-            rank = pixel_rank(_grid_map(tr, recipe, values, grid), (h, w), "morf")
+            rank = pixel_rank(_grid_map(src, recipe, values, grid), (h, w), "morf")
             curve = perturbation_scores(scorer, model_input(model, tr)[0], [rank], counts, kind="deletion",
                                         substrate=substrate, target=label, batch_size=batch_size, seed=seed,
                                         nli_noise=0.01, blur_sigma=5.0 * np.sqrt(h * w) / 224.0, progress=False,
@@ -196,7 +208,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    "n_images": n_images, "seed": seed, "deletion_steps": deletion_steps, "substrate": substrate,
                    "score": score, "deletion_mode": "token (whole-image maps: mean over each patch)",
                    "class": "true label of each image", "layers": "tuples counted from the end clipped to the model",
-                   "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)"}
+                   "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)",
+                   "sites": ",".join(sites or []), "legrad": "a second trace, targets=vc.targets.layerwise(label)"}
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -29,3 +29,27 @@ def test_a_preset_scores_what_the_known_answer_report_gives_its_recipe_and_other
 def test_layer_tuples_are_clipped_to_the_model():
     assert fit_to_model(vc.presets.transition_attention_maps(), 6).layer == (-6, -5, -4, -3, -2, -1)
     assert fit_to_model(vc.presets.vit_cx(layer=-7), 6) is None
+
+
+def test_published_methods_get_the_sites_and_layerwise_trace_they_read():
+    from scipy import ndimage
+
+    from vitcam_nb.data import shapes
+    from vitcam_nb.evaluate.localisation import default_tolerance
+
+    names = ["legrad", "agcam", "attcat"]
+    table = report_presets(n_images=2, seed=3, names=names, deletion_steps=4, progress=False).set_index("preset")
+    assert (table["status"] == "ok").all(), table["status"].to_dict()
+    model = vc.load_model("shapes-vit")
+    images, labels, masks = shapes(2, 3)
+    for name, sites, targets in (("legrad", ["F2"], lambda c: vc.targets.layerwise(c)),
+                                 ("agcam", ["F2", "attn_scores"], lambda c: [c]),
+                                 ("attcat", ["F2", "resid_pre"], lambda c: [c])):
+        hits = []
+        for image, label, mask in zip(images, labels, masks, strict=True):
+            tr = vc.trace(model, image, targets=targets(int(label)), sites=sites)
+            up = vc.cam(tr, vc.presets.get(name).replace(class_=int(label))).values
+            near = ndimage.distance_transform_edt(~mask) <= default_tolerance(mask.shape)
+            peaks = up == up.max()
+            hits.append((peaks & near).sum() / peaks.sum())
+        assert np.isclose(table.loc[name, "pointing_game"], np.mean(hits)), name
