@@ -47,7 +47,9 @@ class HfUperNetSwinAdapter(HfSwinAdapter):
     family = "hf_upernet_swin"
     classes = ("UperNetForSemanticSegmentation",)
     base_prefix = "backbone.swin"
-    #: UperNet's image processor (SegformerImageProcessor): ImageNet statistics, bilinear resize, no crop.
+    #: UperNet's image processor (SegformerImageProcessor): ImageNet statistics, bilinear resize, no crop. The data
+    #: config uses them at the backbone config's image_size; the published checkpoints' processor resizes to
+    #: 512 x 512 instead, so pass ``processor=`` to ``vc.trace`` to preprocess exactly as they do.
     processor_defaults: dict[str, Any] = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD, "interpolation": "bilinear",
                                           "crop_pct": 1.0, "crop_mode": "squash"}
 
