@@ -186,6 +186,14 @@ def test_model_returned_unchanged_also_in_train_mode_with_frozen_backbone():
     assert (model.config._attn_implementation_internal, model.backbone.config._attn_implementation_internal) == impls
 
 
+def test_class_targets_are_refused_with_the_dense_ones():
+    model = make_upernet()
+    before = snapshot(model)
+    with pytest.raises(vc.TraceError, match=r"class targets need logits.*segmentation model.*targets\.region\(mask"):
+        vc.trace(model, make_image(), targets="top1", sites=["F1"])
+    assert_unchanged(before, model)
+
+
 def test_another_backbone_is_refused_with_what_is_supported():
     torch.manual_seed(0)
     convnext = transformers.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1],
