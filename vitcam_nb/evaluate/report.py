@@ -18,6 +18,7 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.schema import TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, channel_weighting_names
 from vitcam_nb.data import shapes
 from vitcam_nb.evaluate.localisation import default_tolerance
@@ -123,7 +124,7 @@ def report_known_answer(
         layers = [int(v) for v in tr["layer"].values]
         if scored:  # the forward passes Score-CAM / Ablation-CAM read, stored in this image's trace
             tr = score_channels(tr, model, [Recipe(weighting=w, site=s, layer=layer, class_=label) for w in scored
-                                            for s in sites for layer in layers], images[i],
+                                            for s in sites if s in TOKEN_SITES for layer in layers], images[i],
                                 batch_size=batch_size, progress=False)
         gh, gw = int(tr.attrs["grid_h"]), int(tr.attrs["grid_w"])
         n_cells = gh * gw
@@ -133,11 +134,13 @@ def report_known_answer(
         pgs, degs, grid_all = [], [], []
         names = []
         for weighting in weightings:
+            # Score-CAM and Ablation-CAM score the channels of token sites; F2 is a matrix per head
+            on = [s for s in sites if s in TOKEN_SITES] if WEIGHTINGS.get(weighting).scores else list(sites)
             for target in targets if WEIGHTINGS.get(weighting).uses_gradient else targets[:1]:
                 base = Recipe(class_=label, weighting=weighting, target=target)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DegenerateMapWarning)
-                    vary = {"layer": layers, "site": list(sites)}
+                    vary = {"layer": layers, "site": on}
                     up = kind_for(tr, base).gallery(tr, base, vary)
                     grid = kind_for(tr, base).gallery(tr, base.replace(upsample="none"), vary)
                 bad = up["degenerate"].values.ravel() != ""
@@ -146,7 +149,7 @@ def report_known_answer(
                 pgs.append(pg)
                 degs.append(bad)
                 grid_all.append(grid.values.reshape(-1, gh, gw))
-                names += [(site, layer, weighting, target) for layer in layers for site in sites]
+                names += [(site, layer, weighting, target) for layer in layers for site in on]
         # one batched deletion run per image over the distinct removal orders of all variants
         bad_all, grid_all = np.concatenate(degs), np.concatenate(grid_all)
         ranks, keys, index = [], {}, np.full(len(bad_all), -1)

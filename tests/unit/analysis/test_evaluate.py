@@ -574,6 +574,16 @@ def test_report_known_answer_small(tmp_path):
     assert table.attrs["deletion_step"] == 4 and table.attrs["substrate"] == "mean"
 
 
+def test_report_scores_channels_at_token_sites_only():
+    """The default sites include F2, a matrix per head: Score-CAM rows are at the token sites alone."""
+    table, _ = ev.report_known_answer(_tiny_shapes_vit(), n_images=1, seed=0, sites=("F1", "F2"),
+                                      weightings=("gradcam", "scorecam"), targets=("logit",), deletion_steps=4,
+                                      progress=False)
+    assert set(table[table.weighting == "scorecam"].site) == {"F1"}
+    assert set(table[table.weighting == "gradcam"].site) == {"F1", "F2"}
+    assert len(table) == 2 * 3  # 2 layers x (gradcam at 2 sites + scorecam at 1)
+
+
 def test_deletion_on_the_bundled_model_removes_the_evidence_first():
     model = _bundled_model()
     if model is None:
