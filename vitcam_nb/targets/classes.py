@@ -103,7 +103,9 @@ class ClassTargets(Target):
         """Refuse classes outside a head of ``n`` classes (``n = 0``: no head)."""
         if n <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits. For an "
-                             "embedding model use targets=vitcam_nb.targets.similarity(vectors, labels)")
+                             "embedding model use targets=vitcam_nb.targets.similarity(vectors, labels); for a "
+                             "segmentation model (a (B, C, H, W) output) targets=vitcam_nb.targets.region(mask, "
+                             "class_)")
         if self.spec == "top5" and self.k is not None and self.k > n:
             self.k = n  # the default means "up to five": a 3-class head traces its 3 classes
         if self.k is not None and self.k > n:

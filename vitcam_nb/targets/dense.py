@@ -24,6 +24,7 @@ import torch
 from vitcam_nb.core.errors import TraceError, user_stacklevel
 from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.classes import model_logits
 
 __all__ = ["DenseScores", "Region", "dense", "region"]
 
@@ -31,6 +32,7 @@ REDUCES = ("sum", "mean")
 
 
 def _dense_output(out: object, n: int) -> torch.Tensor:
+    out = model_logits(out)  # a Hugging Face segmenter returns its (B, C, H, W) map as ``.logits``
     if not isinstance(out, torch.Tensor) or out.ndim != 4 or out.shape[0] != n or not out.is_floating_point():
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise TraceError(f"model: a dense target needs a ({n}, classes, H, W) float output, got {shape}")
