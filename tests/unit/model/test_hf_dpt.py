@@ -202,3 +202,37 @@ def test_refusals_are_clear_and_leave_the_model_as_it_was():
     depth = transformers.DPTForDepthEstimation(model.config.__class__(**{**model.config.to_dict(), "is_hybrid": False}))
     with pytest.raises(TypeError, match="DPTForDepthEstimation"):
         find_adapter(depth)
+
+
+def test_scorecam_on_dpt_matches_pytorch_grad_cam_semantic_segmentation_target():
+    """vc.score + vc.cam against pytorch-grad-cam's ScoreCAM with SemanticSegmentationTarget on the same model
+    (wrapped to return the ``.logits`` tensor pytorch-grad-cam expects), after its normalisation."""
+    pytest.importorskip("pytorch_grad_cam")
+    from pytorch_grad_cam import ScoreCAM
+    from pytorch_grad_cam.utils.model_targets import SemanticSegmentationTarget
+
+    model, x, mask = build(), make_input(), make_mask()
+    target = vc.targets.region(mask, CLASS)
+    recipe = vc.Recipe(site="F1", layer=-1, weighting="scorecam", class_=CLASS)
+    tr = vc.trace(model, x, targets=target, sites=["F1"], layers=[-1])
+    tr = vc.score(tr, model, recipe, x, targets=target, batch_size=8, progress=False)
+    ours = vc.cam(tr, recipe).values.astype(np.float64)
+
+    class Logits(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values):
+            return self.inner(pixel_values=pixel_values).logits
+
+    def reshape(t):
+        return t[:, 1:, :].reshape(t.size(0), 4, 4, t.size(2)).permute(0, 3, 1, 2)
+
+    wrapped = Logits(copy.deepcopy(model)).eval()
+    layer = wrapped.inner.get_submodule(LAYERS)[-1].layernorm_before
+    with ScoreCAM(model=wrapped, target_layers=[layer], reshape_transform=reshape) as cam:
+        cam.batch_size = 8
+        theirs = cam(input_tensor=x, targets=[SemanticSegmentationTarget(CLASS, mask.astype(np.float32))])[0]
+    assert np.ptp(theirs) > 0.5
+    assert np.abs(ours - theirs.astype(np.float64)).max() <= 1e-4
