@@ -47,6 +47,7 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_swin", "vitcam_nb.adapters.hf_swin:HfSwinAdapter", "transformers"),
     ("hf_swinv2", "vitcam_nb.adapters.hf_swin:HfSwinv2Adapter", "transformers"),
     ("hf_upernet_swin", "vitcam_nb.adapters.hf_upernet:HfUperNetSwinAdapter", "transformers"),
+    ("hf_dpt", "vitcam_nb.adapters.hf_dpt:HfDptAdapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

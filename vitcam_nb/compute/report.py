@@ -66,27 +66,57 @@ def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
     return ("blocks " if len(values) > 1 else "block ") + text
 
 
-def _target_text(recipe: Recipe) -> tuple[str, str]:
+def _dense_scalar(attrs: Any, cls: str) -> tuple[str, str] | None:
+    """(what s_c is, what the scores s_j of all classes are) for a dense target, or None for classifier-like
+    targets (their 0.1 text names the raw logit z_c). A region trace made before ``target_reduce`` was recorded
+    says its reduce as the first word of ``target_scores``."""
+    kind = str(attrs.get("target_kind", "class"))
+    if kind == "region":
+        reduce = str(attrs.get("target_reduce", "") or str(attrs.get("target_scores", "")).split(" ", 1)[0])
+        if reduce not in ("sum", "mean"):
+            reduce = "sum (or mean, see scores)"
+        norm = " / sum_yx m[y,x]" if reduce == "mean" else ""
+        return (f"the region score s_c of {cls}: the {reduce} of its logits over the region, s_c = sum_yx m[y,x] "
+                f"z_c[y,x]{norm} (m the region mask, z_c[y,x] the class's dense pre-softmax logits)",
+                f"the region scores s_j of all classes, s_j = sum_yx m[y,x] z_j[y,x]{norm} (m the region mask, "
+                "z_j[y,x] the dense pre-softmax logits of class j)")
+    if kind == "dense":
+        return (f"the user score s_c of {cls}: score c of the target's function of the dense output",
+                "the user scores s_j the target's function computes from the dense output")
+    return None
+
+
+def _target_text(recipe: Recipe, attrs: Any = None) -> tuple[str, str]:
     cls = f"class {recipe.class_}" if is_int(recipe.class_) else \
         f"the class ranked {recipe.class_[3:]} by logit ({recipe.class_})"
     if recipe.layer_fusion == "rollout":
         return "none: attention rollout uses no gradient", "not applicable"
-    scalar = {"logit": "the raw logit z_c (pre-softmax)",
-              "prob": "the softmax probability p_c",
-              "logprob": "the log-probability log p_c"}[recipe.target]
-    how = "direct: stored gradient of z_c" if recipe.target == "logit" else (
-        "derived exactly from the stored gradients: dp_c = p_c (dz_c - dE), E = sum_j p_j z_j with p detached"
-        if recipe.target == "prob" else "derived exactly: dlog p_c = dz_c - dE, E = sum_j p_j z_j, p detached")
+    dense = _dense_scalar(attrs or {}, cls)
+    z = "s" if dense else "z"
+    if dense:  # what was differentiated is the target's score of the dense output, not a classifier logit
+        one, every = dense
+        scalar = {"logit": one,
+                  "prob": f"the softmax probability p_c = softmax(s)_c of {cls} over {every}",
+                  "logprob": f"the log-probability log p_c = log softmax(s)_c of {cls} over {every}"}[recipe.target]
+    else:
+        scalar = {"logit": "the raw logit z_c (pre-softmax)",
+                  "prob": "the softmax probability p_c",
+                  "logprob": "the log-probability log p_c"}[recipe.target] + f" of {cls}"
+    how = f"direct: stored gradient of {z}_c" if recipe.target == "logit" else (
+        f"derived exactly from the stored gradients: dp_c = p_c (d{z}_c - dE), E = sum_j p_j {z}_j with p detached"
+        if recipe.target == "prob" else f"derived exactly: dlog p_c = d{z}_c - dE, E = sum_j p_j {z}_j, p detached")
     weighting = WEIGHTINGS.get(recipe.weighting)
     if weighting.scores:
         how = f"no gradient: {weighting.title} weights are model outputs on perturbed inputs, stored in the trace's " \
               f"{weighting.scores!r} variable by vc.score"
+        if dense:
+            how += f" (the target's score {z}_c of each perturbed input)"
         if weighting.uses_gradient:
-            how = f"the stored gradient of z_c selects the top-{recipe.k} channels; {how}"
-        return f"{scalar} of {cls}", how
+            how = f"the stored gradient of {z}_c selects the top-{recipe.k} channels; {how}"
+        return scalar, how
     if not weighting.uses_gradient:
         return f"none: {weighting.title or weighting.name} uses no gradient", "not applicable"
-    return f"{scalar} of {cls}", how
+    return scalar, how
 
 
 def _stage_modules(template: str, layer: Any, stages: list[list[int]]) -> str:
@@ -125,7 +155,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         module = module.replace("{layer}", str(recipe.layer % int(attrs["num_layers"])))
     elif module:
         module = module.replace("{layer}", "<l>") + " for each block l listed"
-    scalar, how = _target_text(recipe)
+    scalar, how = _target_text(recipe, attrs)
     prefix = int(attrs.get("num_prefix_tokens", -1))
     if trace is not None and "token_kind" in getattr(trace, "coords", {}):
         kinds = [str(k) for k in trace["token_kind"].values[:prefix]] if prefix > 0 else []

@@ -102,6 +102,9 @@ class Region(Target):
     def settings(self) -> dict:
         return {"kind": self.kind, "class": self.class_, "reduce": self.reduce, "mask": array_sha256(self.mask)}
 
+    def attrs(self) -> dict[str, object]:
+        return {**super().attrs(), "target_reduce": self.reduce}
+
 
 class DenseScores(Target):
     """Scores a user function computes from the dense output: ``fn(out) -> (B,)`` or ``(B, N)``.
