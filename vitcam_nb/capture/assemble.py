@@ -187,6 +187,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
                 "sites": site_ids, "dtype": plan.dtype, "schema": SCHEMA_VERSION}
     if not isinstance(target, ClassTargets):  # class-target trace ids stay what they were before other targets
         settings["target"] = target.settings()
+    if run.single_head:  # only then: every other trace id stays what it was
+        settings["single_head"] = list(run.single_head)
     h, w = size
     attrs = {
         "schema_version": SCHEMA_VERSION,
@@ -221,6 +223,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         **target.attrs(),
         **adapter.describe(model),
     }
+    if run.single_head:
+        attrs["single_head_attention"] = ",".join(str(b) for b in run.single_head)
     if plan.wrappers:
         attrs["model_wrapper"] = (f"looked through {' then '.join(plan.wrappers)}; the model inside was traced "
                                   "(the wrapper was not called)")
