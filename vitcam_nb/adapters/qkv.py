@@ -52,14 +52,14 @@ def _plain_timm_attention(attn: object) -> bool:
 
 
 def timm_qkv_sites(blocks: list[torch.nn.Module]) -> dict[str, SiteSpec]:
-    """The sites ``q``, ``k``, ``v`` and ``attn_scores`` of timm blocks whose attention is a plain ``Attention``
-    (empty otherwise: asking for them is then refused with the sites the model has).
+    """The sites ``q``, ``k``, ``v``, ``q_out``, ``k_out`` and ``attn_scores`` of timm blocks whose attention is a
+    plain ``Attention`` (empty otherwise: asking for them is then refused with the sites the model has).
 
     Example:
         >>> import timm
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
-        >>> sorted(timm_qkv_sites(list(m.blocks)))
-        ['attn_scores', 'k', 'q', 'v']
+        >>> list(timm_qkv_sites(list(m.blocks)))
+        ['q', 'k', 'v', 'q_out', 'k_out', 'attn_scores']
     """
     if not blocks or not all(_plain_timm_attention(getattr(b, "attn", None)) for b in blocks):
         return {}
@@ -67,9 +67,10 @@ def timm_qkv_sites(blocks: list[torch.nn.Module]) -> dict[str, SiteSpec]:
                                                  "qkv projection output)")
              for i, (s, name) in enumerate(zip(QKV_SITES, ("queries (before the 1/sqrt(d) scale)", "keys",
                                                             "values")))}
+    sites.update(projected_qk_sites("attn", "proj"))
     sites[SCORES_SITE] = SiteSpec("attn", SCORES_IO, "pre-softmax attention scores per head, scale * q k^T "
                                                      "recomputed from q_norm and k_norm outputs during the pass")
-    return {**sites, **projected_qk_sites("attn", "proj")}
+    return sites
 
 
 def projected_qk_sites(attention: str, out_proj: str, spec: Callable[..., SiteSpec] = SiteSpec) -> dict[str, SiteSpec]:

@@ -141,7 +141,12 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     for site, name in ((ATTENTION_SITE, "attn"), (SCORES_SITE, "attn_scores")):
         if site not in site_ids:
             continue
-        n_heads = int(acts[(layer_ids[0], site)].shape[1])
+        heads = {layer: int(acts[(layer, site)].shape[1]) for layer in layer_ids}
+        if len(set(heads.values())) > 1:  # single_head_attention on some of the traced blocks only
+            raise TraceError(f"sites: {site} has {heads} heads per block; one trace stores one head count, so trace "
+                             f"{site} at the blocks run as one head (vitcam_nb.adapters.single_head_attention) "
+                             "separately from the others (layers=[...])")
+        n_heads = heads[layer_ids[0]]
         shape = (n_heads, n_tokens, n_tokens)
         attn = np.empty((len(layer_ids), *shape), store_dtype)
         attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
