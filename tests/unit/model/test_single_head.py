@@ -29,12 +29,12 @@ def _close(a, b, rtol=RTOL):
     assert float(np.abs(np.asarray(a, np.float64) - b).max()) <= rtol * max(float(np.abs(b).max()), 1e-30)
 
 
-def _clip_vit(depth=2):
+def _clip_vit(depth=2, num_classes=0):
     """A tiny random timm CLIP image tower (the architecture of vit_base_patch16_clip_224: pre-norm, class token,
     qkv bias), as an embedding model (num_classes=0)."""
     torch.manual_seed(0)
     return _randomise(timm.create_model("vit_base_patch16_clip_224", pretrained=False, img_size=32, patch_size=8,
-                                        depth=depth, embed_dim=16, num_heads=2, num_classes=0).eval())
+                                        depth=depth, embed_dim=16, num_heads=2, num_classes=num_classes).eval())
 
 
 def _randomise(model):
@@ -201,3 +201,18 @@ def test_hf_clip_q_out_k_out():
                 _np(a.out_proj.weight), _np(a.out_proj.bias))
                for a in (lay.self_attn for lay in model.vision_model.encoder.layers)]
     _check_projected(tr, norms, weights)
+
+
+def test_trace_many_records_single_head_and_refuses_resuming_outside(tmp_path):
+    m = _clip_vit(num_classes=3)  # trace_many traces class targets
+    images = [np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8) for i in range(3)]
+    kw = {"targets": "top1", "sites": ["F3"], "layers": [-1], "progress": False}
+    path = tmp_path / "s.zarr"
+    with vc.adapters.single_head_attention(m):
+        vc.trace_many(m, images[:2], path, **kw)
+        one = vc.trace(m, images[1], targets="top1", sites=["F3"], layers=[-1])
+    stored = vc.image_trace(vc.open_traces(path), 1)
+    assert stored.attrs["single_head_attention"] == "1" and stored.attrs["trace_id"] == one.attrs["trace_id"]
+    _close(stored["grad"].values, one["grad"].values)  # batched with another image: last bits may differ
+    with pytest.raises(vc.TraceFileError, match="another model or settings"):
+        vc.trace_many(m, images, path, **kw)  # the model as it is: not the single-head model the store holds
