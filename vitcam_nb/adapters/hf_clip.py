@@ -18,6 +18,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import HfSiteSpec, HfVitAdapter
+from vitcam_nb.adapters.qkv import projected_qk_sites
 from vitcam_nb.core.schema import QKV_SITES
 
 __all__ = ["HfClipAdapter", "HfSiglipAdapter", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD"]
@@ -45,16 +46,21 @@ class HfClipAdapter(HfVitAdapter):
                           "crop_pct": 1.0, "crop_mode": "center"}
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
-        """The sites of :class:`HfVitAdapter` and the optional per-head ``q``, ``k``, ``v`` (the outputs of
-        ``q_proj``, ``k_proj``, ``v_proj``: heads concatenated, queries before the scale).
+        """The sites of :class:`HfVitAdapter`, the optional per-head ``q``, ``k``, ``v`` (the outputs of
+        ``q_proj``, ``k_proj``, ``v_proj``: heads concatenated, queries before the scale) and ``q_out``/``k_out``
+        (those q and k through ``out_proj``, for Grad-ECLIP's code).
 
         Example:
             >>> HfClipAdapter().relative_sites("vision_model.encoder.layers")["v"].hook("")
             'vision_model.encoder.layers.{layer}.self_attn.v_proj:output'
+            >>> HfClipAdapter().relative_sites("vision_model.encoder.layers")["q_out"].hook("")
+            'vision_model.encoder.layers.{layer}.self_attn:projected:q'
         """
         return {**super().relative_sites(path),
                 **{s: HfSiteSpec(f"{self.attention}.{s}_proj", "output", f"attention {s} projection, heads "
-                                 "concatenated", path) for s in QKV_SITES}}
+                                 "concatenated", path) for s in QKV_SITES},
+                **projected_qk_sites(self.attention, self.out_proj,
+                                     lambda module, io, meaning: HfSiteSpec(module, io, meaning, path))}
 
     def pooling(self, model: torch.nn.Module) -> str:
         projected = hasattr(model, "visual_projection")

@@ -17,19 +17,29 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import operator
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from vitcam_nb.adapters.base import SiteSpec
-from vitcam_nb.core.schema import QKV_SITES, SCORES_SITE
+from vitcam_nb.core.schema import PROJECTED_QK_SITES, QKV_SITES, SCORES_SITE
 
-__all__ = ["SCORES_IO", "SPLIT_IO", "single_head_attention", "split_qkv", "timm_qkv_sites"]
+__all__ = ["PROJECTED_IO", "SCORES_IO", "SPLIT_IO", "projected_hooks", "projected_qk_sites", "single_head_attention",
+           "single_head_layers", "split_qkv", "timm_qkv_sites"]
 
 #: The ``io`` of a site whose tensor the capture recomputes from the attention's q and k (no module holds it).
 SCORES_IO = "scores"
 #: ``SPLIT_IO + site`` reads the q, k or v third of a fused qkv projection's output (``output:q``, ...).
 SPLIT_IO = "output:"
+#: ``PROJECTED_IO + "q"`` (or ``"k"``) on an attention module reads q (k), heads concatenated, through the module's
+#: output projection (``proj`` or ``out_proj``), computed on the side from the projection output that holds it.
+PROJECTED_IO = "projected:"
+
+# attention module -> how many single_head_attention contexts hold it (weak: a deleted model leaves no entry)
+_SINGLE_HEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _plain_timm_attention(attn: object) -> bool:
@@ -42,14 +52,14 @@ def _plain_timm_attention(attn: object) -> bool:
 
 
 def timm_qkv_sites(blocks: list[torch.nn.Module]) -> dict[str, SiteSpec]:
-    """The sites ``q``, ``k``, ``v`` and ``attn_scores`` of timm blocks whose attention is a plain ``Attention``
-    (empty otherwise: asking for them is then refused with the sites the model has).
+    """The sites ``q``, ``k``, ``v``, ``q_out``, ``k_out`` and ``attn_scores`` of timm blocks whose attention is a
+    plain ``Attention`` (empty otherwise: asking for them is then refused with the sites the model has).
 
     Example:
         >>> import timm
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
-        >>> sorted(timm_qkv_sites(list(m.blocks)))
-        ['attn_scores', 'k', 'q', 'v']
+        >>> list(timm_qkv_sites(list(m.blocks)))
+        ['q', 'k', 'v', 'q_out', 'k_out', 'attn_scores']
     """
     if not blocks or not all(_plain_timm_attention(getattr(b, "attn", None)) for b in blocks):
         return {}
@@ -57,9 +67,54 @@ def timm_qkv_sites(blocks: list[torch.nn.Module]) -> dict[str, SiteSpec]:
                                                  "qkv projection output)")
              for i, (s, name) in enumerate(zip(QKV_SITES, ("queries (before the 1/sqrt(d) scale)", "keys",
                                                             "values")))}
+    sites.update(projected_qk_sites("attn", "proj"))
     sites[SCORES_SITE] = SiteSpec("attn", SCORES_IO, "pre-softmax attention scores per head, scale * q k^T "
                                                      "recomputed from q_norm and k_norm outputs during the pass")
     return sites
+
+
+def projected_qk_sites(attention: str, out_proj: str, spec: Callable[..., SiteSpec] = SiteSpec) -> dict[str, SiteSpec]:
+    """The sites ``q_out`` and ``k_out`` on the attention module at ``attention`` (block-relative path) whose
+    output projection is ``out_proj``; ``spec`` makes each site (a family's own SiteSpec with its extra fields).
+
+    Example:
+        >>> projected_qk_sites("attn", "proj")["k_out"].hook("blocks.{layer}")
+        'blocks.{layer}.attn:projected:k'
+    """
+    return {site: spec(attention, PROJECTED_IO + site[0], f"{name}, heads concatenated, through {out_proj} (values "
+                       "only: not on the path to the output)")
+            for site, name in zip(PROJECTED_QK_SITES, ("queries (before the scale)", "keys"))}
+
+
+def projected_hooks(attn: torch.nn.Module, which: str, keep: Callable[[torch.Tensor], None]) -> list:
+    """Forward hooks that pass ``which`` (``"q"`` or ``"k"``) through ``attn``'s output projection to ``keep``:
+    timm's fused ``qkv`` third then ``proj``, or Hugging Face's ``q_proj``/``k_proj`` output then ``out_proj``.
+    Returns the handles to remove.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+        >>> got = []
+        >>> _ = projected_hooks(m.blocks[0].attn, "k", got.append)
+        >>> _ = m(torch.zeros(1, 3, 224, 224))
+        >>> tuple(got[0].shape)
+        (1, 197, 192)
+    """
+    if isinstance(getattr(attn, "qkv", None), torch.nn.Linear):
+        source, proj = attn.qkv, attn.proj
+
+        def take(out: torch.Tensor) -> torch.Tensor:
+            return split_qkv(which, out)
+    else:
+        source, proj = getattr(attn, f"{which}_proj"), attn.out_proj
+
+        def take(out: torch.Tensor) -> torch.Tensor:
+            return out
+
+    def hook(_m: torch.nn.Module, _i: object, out: torch.Tensor) -> None:
+        keep(F.linear(take(out), proj.weight, proj.bias))
+
+    return [source.register_forward_hook(hook)]
 
 
 def split_qkv(site: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -74,37 +129,84 @@ def split_qkv(site: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor[..., i * width:(i + 1) * width]
 
 
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from vitcam_nb.adapters.registry import find_adapter
+    from vitcam_nb.adapters.wrappers import unwrap
+
+    try:
+        adapter = find_adapter(model)
+    except TypeError:  # a wrapper (torch.compile, DataParallel, ...): the model inside is the one traced
+        model = unwrap(model)[0]
+        adapter = find_adapter(model)
+    return adapter.attention_modules(model)
+
+
 @contextlib.contextmanager
 def single_head_attention(model: torch.nn.Module, layers: Sequence[int] = (-1,)) -> Iterator[None]:
     """Run the attention of ``layers`` as ONE head over all channels (scale ``1/sqrt(width)``) while the context
     is open, as Grad-ECLIP's official ``generate_emap.py`` recomputes CLIP's last block; restored on exit.
 
     Trace inside it for the ``grad_eclip`` preset to match that code (the gradient then flows through the
-    single-head forward). Works for attention modules with ``num_heads``/``head_dim``/``scale`` attributes
-    (timm, open_clip's explicit attention during a trace, Hugging Face CLIP).
+    single-head forward). A trace taken inside records the blocks in its attribute ``single_head_attention``
+    (and its trace id then differs from the unmodified model's); ``grad_eclip`` refuses a trace without them.
+    Works for attention modules with ``num_heads``/``head_dim``/``scale`` attributes (timm, open_clip's explicit
+    attention during a trace, Hugging Face CLIP).
+
+    Args:
+        model: the model (or a wrapper around it) to change for the duration of the context.
+        layers: block indices (negative counts from the end).
 
     Example:
         >>> import timm
-        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2)
         >>> with single_head_attention(m):
-        ...     m.blocks[0].attn.num_heads, m.blocks[0].attn.head_dim
-        (1, 192)
-        >>> m.blocks[0].attn.num_heads
-        3
+        ...     m.blocks[1].attn.num_heads, m.blocks[1].attn.head_dim, single_head_layers(m)
+        (1, 192, (1,))
+        >>> m.blocks[1].attn.num_heads, single_head_layers(m)
+        (3, ())
     """
-    from vitcam_nb.adapters.registry import find_adapter
-
-    modules = find_adapter(model).attention_modules(model)
-    saved: list[tuple[object, str, object]] = []
+    modules = _attention_modules(model)
+    n = len(modules)
     try:
-        for layer in layers:
-            attn = modules[layer]
+        bad = [layer for layer in layers if not -n <= operator.index(layer) < n]
+    except TypeError:
+        bad = list(layers)
+    if bad or not layers:
+        raise ValueError(f"layers: expected block indices in [-{n}, {n - 1}] (this model has "
+                         f"{n} attention blocks), got {list(layers)!r}")
+    # -1 and n-1 name the same block: change it once
+    chosen = list(dict.fromkeys(modules[operator.index(layer)] for layer in layers))
+    saved: list[tuple[object, str, object]] = []
+    marked: list[torch.nn.Module] = []
+    try:
+        for attn in chosen:
             width = int(attn.num_heads) * int(attn.head_dim)
             for name, value in (("num_heads", 1), ("head_dim", width), ("scale", width ** -0.5)):
                 if hasattr(attn, name):
                     saved.append((attn, name, getattr(attn, name)))
                     setattr(attn, name, value)
+            _SINGLE_HEAD[attn] = _SINGLE_HEAD.get(attn, 0) + 1
+            marked.append(attn)
         yield
     finally:
         for attn, name, value in reversed(saved):
             setattr(attn, name, value)
+        for attn in marked:
+            _SINGLE_HEAD[attn] -= 1
+            if not _SINGLE_HEAD[attn]:
+                del _SINGLE_HEAD[attn]
+
+
+def single_head_layers(model: torch.nn.Module, modules: Sequence[torch.nn.Module] | None = None) -> tuple[int, ...]:
+    """The blocks of ``model`` whose attention runs as one head now (inside :func:`single_head_attention`);
+    ``modules``: the model's attention modules, when the caller already has them.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=3)
+        >>> with single_head_attention(m, layers=(0, -1)):
+        ...     single_head_layers(m)
+        (0, 2)
+    """
+    modules = _attention_modules(model) if modules is None else modules
+    return tuple(i for i, attn in enumerate(modules) if _SINGLE_HEAD.get(attn, 0) > 0)

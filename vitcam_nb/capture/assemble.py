@@ -141,7 +141,12 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     for site, name in ((ATTENTION_SITE, "attn"), (SCORES_SITE, "attn_scores")):
         if site not in site_ids:
             continue
-        n_heads = int(acts[(layer_ids[0], site)].shape[1])
+        heads = {layer: int(acts[(layer, site)].shape[1]) for layer in layer_ids}
+        if len(set(heads.values())) > 1:  # single_head_attention on some of the traced blocks only
+            raise TraceError(f"sites: {site} has {heads} heads per block; one trace stores one head count, so trace "
+                             f"{site} at the blocks run as one head (vitcam_nb.adapters.single_head_attention) "
+                             "separately from the others (layers=[...])")
+        n_heads = heads[layer_ids[0]]
         shape = (n_heads, n_tokens, n_tokens)
         attn = np.empty((len(layer_ids), *shape), store_dtype)
         attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
@@ -187,6 +192,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
                 "sites": site_ids, "dtype": plan.dtype, "schema": SCHEMA_VERSION}
     if not isinstance(target, ClassTargets):  # class-target trace ids stay what they were before other targets
         settings["target"] = target.settings()
+    if run.single_head:  # only then: every other trace id stays what it was
+        settings["single_head"] = list(run.single_head)
     h, w = size
     attrs = {
         "schema_version": SCHEMA_VERSION,
@@ -221,6 +228,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         **target.attrs(),
         **adapter.describe(model),
     }
+    if run.single_head:
+        attrs["single_head_attention"] = ",".join(str(b) for b in run.single_head)
     if plan.wrappers:
         attrs["model_wrapper"] = (f"looked through {' then '.join(plan.wrappers)}; the model inside was traced "
                                   "(the wrapper was not called)")

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
-from vitcam_nb.adapters.qkv import SCORES_IO, SPLIT_IO, split_qkv
+from vitcam_nb.adapters.qkv import PROJECTED_IO, SCORES_IO, SPLIT_IO, projected_hooks, split_qkv
 from vitcam_nb.capture.scores import score_hooks
 from vitcam_nb.core.errors import TraceError
 
@@ -142,6 +142,8 @@ class Capture:
         elif io.startswith(SPLIT_IO):  # one third of a fused qkv output: kept, and the output rebuilt from it
             handles.append(module.register_forward_hook(lambda _m, _i, out: self._third(key, io[len(SPLIT_IO):],
                                                                                          out)))
+        elif io.startswith(PROJECTED_IO):  # q or k through the output projection, computed on the side (q_out/k_out)
+            handles.extend(projected_hooks(module, io[len(PROJECTED_IO):], lambda t: self._keep(key, t)))
         elif io == SCORES_IO:  # no module holds the pre-softmax scores: recomputed from q and k in the pass
             handles.extend(score_hooks(module, lambda t: self._keep(key, t)))
         else:

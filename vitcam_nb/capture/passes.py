@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
+from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import (
@@ -77,6 +78,8 @@ class PassResult:
     ctx: TraceContext
     deterministic: int
     deterministic_settings: str
+    #: blocks whose attention ran as one head (inside ``vitcam_nb.adapters.single_head_attention``)
+    single_head: tuple[int, ...] = ()
 
     def image(self, b: int) -> ImagePass:
         """Image ``b``'s share (views of the batch tensors)."""
@@ -201,4 +204,5 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
                 act, g = adapter.arrange_traced(ctx, k[1], k[0], act), adapter.arrange_traced(ctx, k[1], k[0], g)
             acts[k], grad_by_key[k] = act, g
     return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=cap.grid, ctx=ctx,
-                      deterministic=det, deterministic_settings=det_settings)
+                      deterministic=det, deterministic_settings=det_settings,
+                      single_head=single_head_layers(model, adapter.attention_modules(model)))

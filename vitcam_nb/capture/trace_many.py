@@ -28,6 +28,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.adapters.hf_processor import processor_facts
+from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import check_budget, check_max_bytes
 from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
@@ -93,6 +94,9 @@ def store_settings(plan: TracePlan, processor: object = None) -> dict:
     }
     if processor is not None:  # only then: stores written without one keep their settings id
         settings["processor"] = processor_facts(processor)
+    single = single_head_layers(plan.model, plan.adapter.attention_modules(plan.model))
+    if single:  # inside vitcam_nb.adapters.single_head_attention: resuming outside it is another model
+        settings["single_head"] = list(single)
     return settings
 
 

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -31,13 +32,13 @@ from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.spatial import normalise, to_grid, upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import RecipeError, user_stacklevel
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.presets_attention import ATTENTION_CITATIONS as CITATIONS
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.weighting import Weighting, register_weighting
 
-__all__ = ["CITATION_OF", "METHODS", "PUBLISHED", "PublishedKind"]
+__all__ = ["CITATION_OF", "METHODS", "PUBLISHED", "PublishedKind", "eclip_heads_text", "single_head_blocks"]
 
 
 def _needs(trace: xr.Dataset, recipe: Recipe, names: tuple[str, ...], sites: tuple[str, ...] = ()) -> None:
@@ -137,14 +138,76 @@ def _eclip(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[i
     return np.asarray(out)
 
 
+def single_head_blocks(trace: Any) -> list[int]:
+    """The blocks a trace ran as one head (it was made inside ``vitcam_nb.adapters.single_head_attention``).
+
+    Example:
+        >>> import xarray as xr
+        >>> single_head_blocks(xr.Dataset(attrs={"single_head_attention": "10,11"})), single_head_blocks(None)
+        ([10, 11], [])
+    """
+    text = str(getattr(trace, "attrs", {}).get("single_head_attention", ""))
+    return [int(b) for b in text.split(",") if b]
+
+
+def _blocks(view: TraceView, layer_pos: list[int]) -> list[int]:
+    return [int(view.layers[p]) for p in layer_pos]
+
+
 def grad_eclip(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
-    """relu(sum_c dF3[cls,c] v[p,c] minmax_p cos(q_out_cls, k_out_p)), q_out/k_out: q and k through out_proj."""
+    """relu(sum_c dF3[cls,c] v[p,c] minmax_p cos(q_out_cls, k_out_p)), q_out/k_out: q and k through out_proj;
+    refused unless the trace ran the recipe's blocks as one head, as the official code does."""
+    _needs(trace, recipe, (), ("F3", "q_out", "k_out", "v"))
+    multi = [b for b in _blocks(view, layer_pos) if b not in single_head_blocks(trace)]
+    if multi:
+        raise RecipeError(
+            f"weighting: grad_eclip follows Grad-ECLIP's generate_emap.py, which recomputes block(s) {multi} as ONE "
+            f"head; this trace ran them with the model's own {view.attrs.get('num_heads', '?')} heads (it was not "
+            "made inside vitcam_nb.adapters.single_head_attention), so its map would not be the official one. "
+            f"Trace again inside `with vc.adapters.single_head_attention(model, layers={tuple(multi)}):`, or use "
+            "grad_eclip_paper (the paper's per-head formula on the model as it is)")
     return _eclip(view, trace, recipe, layer_pos, 1, ("q_out", "k_out"))
 
 
 def grad_eclip_paper(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
-    """relu(sum_h sum_{c in h} dF3[cls,c] v[p,c] minmax_p cos(q^h_cls, k^h_p)): one cosine per head."""
+    """relu(sum_h sum_{c in h} dF3[cls,c] v[p,c] minmax_p cos(q^h_cls, k^h_p)): one cosine per head; warns when
+    the trace ran the recipe's blocks as one head (the gradient is then the changed model's)."""
+    single = [b for b in _blocks(view, layer_pos) if b in single_head_blocks(trace)]
+    if single:
+        warnings.warn(f"grad_eclip_paper: this trace ran block(s) {single} as ONE head (made inside "
+                      "vitcam_nb.adapters.single_head_attention), so the gradient is the changed model's, not the "
+                      "paper's multi-head model's; trace outside that context for the paper's version, or use "
+                      "grad_eclip (the official code's)", UserWarning, stacklevel=user_stacklevel())
     return _eclip(view, trace, recipe, layer_pos, int(view.attrs.get("num_heads", 1)), ("q", "k"))
+
+
+def eclip_heads_text(recipe: Recipe, trace: Any) -> str:
+    """The checklist's heads line for Grad-ECLIP: whether the recipe's blocks ran as one head in the trace.
+
+    Example:
+        >>> import xarray as xr, vitcam_nb as vc
+        >>> eclip_heads_text(vc.presets.grad_eclip(), None)[:40]
+        'one head over all channels, as generate_'
+    """
+    code = recipe.weighting == "grad_eclip"
+    if not isinstance(trace, xr.Dataset) or "layer" not in trace.coords:
+        return ("one head over all channels, as generate_emap.py (trace inside vitcam_nb.adapters."
+                "single_head_attention)" if code else "one cosine per head of the model's own attention")
+    view = TraceView.of(trace)
+    blocks = _blocks(view, view.layer_positions(recipe.layer))
+    single = [b for b in blocks if b in single_head_blocks(trace)]
+    listed = ",".join(str(b) for b in single)
+    if single and code:
+        return (f"one head over all channels: the trace ran block(s) {listed} as ONE head (made inside "
+                "vitcam_nb.adapters.single_head_attention), as generate_emap.py recomputes CLIP's last block")
+    if single:
+        return (f"one cosine per head, but the trace ran block(s) {listed} as ONE head (made inside "
+                "vitcam_nb.adapters.single_head_attention): the gradient is the changed model's, not the paper's")
+    own = f"the model's own {view.attrs.get('num_heads', '?')} heads (not a single-head trace)"
+    if code:
+        return (f"{own}: NOT the official code's single-head block, so grad_eclip refuses this trace (trace "
+                "inside vitcam_nb.adapters.single_head_attention)")
+    return f"one cosine per head of {own}"
 
 
 Method = Callable[[TraceView, xr.Dataset, Recipe, list[int]], np.ndarray]
@@ -231,6 +294,8 @@ class PublishedKind(TraceKind):
         # The method's formula fixes heads, layer sums and ReLUs; only the final map is normalised.
         _, formula, title = METHODS[recipe.weighting]
         out["aggregation"]["heads"] = "as the method's formula states (see weighting)"
+        if recipe.weighting in ("grad_eclip", "grad_eclip_paper"):
+            out["aggregation"]["heads"] = eclip_heads_text(recipe, trace)
         out["aggregation"]["layer fusion"] = (f"{recipe.layer_fusion} over the listed blocks inside the formula; no "
                                               "per-layer ReLU or normalisation")
         out["spatial reconstruction"]["normalisation"] = f"{recipe.normalize} once, after upsampling"

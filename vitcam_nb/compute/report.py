@@ -232,6 +232,10 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         }
         if attrs.get("model_wrapper"):
             checklist["model and input"]["wrapper"] = str(attrs["model_wrapper"])
+        if attrs.get("single_head_attention"):  # the model was changed for the trace: every map should say so
+            checklist["model and input"]["single-head attention"] = (
+                f"block(s) {attrs['single_head_attention']} ran as ONE head over all channels (traced inside "
+                "vitcam_nb.adapters.single_head_attention), not with the model's own heads")
     return checklist
 
 

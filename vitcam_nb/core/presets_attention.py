@@ -96,7 +96,9 @@ def grad_eclip(layer: int | tuple | str = -1) -> Recipe:
     The code deviates from the paper: it recomputes the last block's attention as ONE head over all channels, so
     the gradient flows through that single-head forward. Trace inside
     ``vitcam_nb.adapters.single_head_attention(model)`` with sites F3, v, q_out, k_out to follow it (q_out/k_out:
-    open_clip towers); :func:`grad_eclip_paper` is the paper's multi-head formula.
+    open_clip towers, timm ViTs with plain attention such as the CLIP ones, Hugging Face CLIP); the trace records
+    the single-head blocks, the checklist says so, and a trace made outside that context is refused (its map would
+    not be the official one). :func:`grad_eclip_paper` is the paper's multi-head formula.
 
     Example:
         >>> grad_eclip().site

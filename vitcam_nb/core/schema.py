@@ -180,6 +180,9 @@ ATTRIBUTES: dict[str, Entry] = {
     "model_optional_sites": Entry((), "optional sites (q, k, v, q_out, k_out, attn_scores) this model also has, "
                                       "read only when asked for"),
     "hook_<site>": Entry((), "module path template and input/output read for the site"),
+    "single_head_attention": Entry((), "blocks (comma-separated) whose attention ran as ONE head over all channels "
+                                       "(traced inside vitcam_nb.adapters.single_head_attention, as Grad-ECLIP's "
+                                       "code); absent otherwise. Part of the trace id only when present"),
 }
 
 # -- hierarchical traces (Swin) ------------------------------------------------------------------------

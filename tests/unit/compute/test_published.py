@@ -7,6 +7,7 @@ own on the model, never through vitcam_nb: maps on the patch grid (``upsample="n
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -313,3 +314,128 @@ def test_legrad_open_clip_equals_reference():
         acc = acc + torch.relu(g).mean(1).mean(1)[0]
     np.testing.assert_allclose(tr["logits"].values, torch.stack([r[c] for r in read]).detach().numpy(), rtol=1e-5)
     _close(vc.cam(tr, vc.presets.legrad().replace(**RAW)).values, _grid(acc.detach().numpy()))
+
+
+# -- Grad-ECLIP's code on timm CLIP-style ViTs and Hugging Face CLIP; the single-head record -------------------
+def _random(model):
+    """Unit-scale random weights, norm weights near one and non-zero biases (a missing bias term would show)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(noise / np.sqrt(p[0].numel()) if p.ndim >= 2 else noise / 4 + float(name.endswith("weight")))
+    return model.eval()
+
+
+def _timm_clip():
+    torch.manual_seed(0)
+    return _random(timm.create_model("vit_base_patch16_clip_224", pretrained=False, img_size=32, patch_size=8,
+                                     depth=2, embed_dim=16, num_heads=2, num_classes=0))
+
+
+def _hf_clip():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, image_size=32, patch_size=8, projection_dim=8)
+    torch.manual_seed(0)
+    return _random(transformers.CLIPVisionModelWithProjection(cfg))
+
+
+def _last_input(model, last_of, *args, **kwargs):
+    """A copy of the model and the residual stream entering its last block (``last_of(copy)``), from my own
+    pre-hook during a forward of the unchanged copy (the earlier blocks are the same in the single-head model)."""
+    m = copy.deepcopy(model)
+    got = {}
+
+    def pre(_m, a, kw):
+        got["t"] = (a[0] if a else kw["hidden_states"]).detach()
+
+    last_of(m).register_forward_pre_hook(pre, with_kwargs=True)
+    with torch.no_grad():
+        m(*args, **kwargs)
+    return m, got["t"]
+
+
+def _eclip_code(t, qkv, out_proj, rest, read, text):
+    """generate_emap.py's grad_eclip on a last block recomputed as ONE head: ``qkv(h)`` the block's q, k, v from
+    its input ``t``, ``rest(t, o)`` the block output from the attention output ``o``, ``read`` the embedding."""
+    q, k, v = qkv(t)
+    o = torch.softmax(q @ k.transpose(-2, -1) / np.sqrt(q.shape[-1]), -1) @ v
+    emb = read(rest(t, o))
+    c = torch.nn.functional.normalize(emb, dim=-1)[0] @ torch.nn.functional.normalize(text, dim=-1)
+    (grad,) = torch.autograd.grad(c, [o])
+    qo, ko = out_proj(q)[0], out_proj(k)[0]
+    cos = torch.nn.functional.normalize(ko[1:], dim=-1) @ torch.nn.functional.normalize(qo[0], dim=-1)
+    lam = (cos - cos.min()) / (cos.max() - cos.min())
+    return torch.relu((grad[0, 0] * v[0, 1:]).sum(-1) * lam).detach().numpy().reshape(4, 4)
+
+
+def test_grad_eclip_timm_clip_equals_official_code():
+    model = _timm_clip()
+    text = torch.randn(16, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with vc.adapters.single_head_attention(model):
+        tr = vc.trace(model, x, targets=vc.targets.similarity(text[None]), sites=["F3", "q_out", "k_out", "v"],
+                      layers=[-1])
+    m, t = _last_input(model, lambda c: c.blocks[-1], x)
+    last = m.blocks[-1]
+
+    def rest(t, o):
+        t2 = t + last.ls1(last.attn.proj(o))
+        return t2 + last.ls2(last.mlp(last.norm2(t2)))
+
+    ref = _eclip_code(t, lambda t: last.attn.qkv(last.norm1(t)).chunk(3, -1), last.attn.proj, rest,
+                      lambda t2: m.forward_head(m.norm(t2)), text)
+    _close(vc.cam(tr, vc.presets.grad_eclip().replace(**RAW)).values, ref)
+
+
+def test_grad_eclip_hf_clip_equals_official_code():
+    model = _hf_clip()
+    text = torch.randn(8, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with vc.adapters.single_head_attention(model):
+        tr = vc.trace(model, x, targets=vc.targets.similarity(text[None]), sites=["F3", "q_out", "k_out", "v"],
+                      layers=[-1])
+    m, t = _last_input(model, lambda c: c.vision_model.encoder.layers[-1], pixel_values=x)
+    lay = m.vision_model.encoder.layers[-1]
+    a = lay.self_attn
+
+    def rest(t, o):
+        t2 = t + a.out_proj(o)
+        return t2 + lay.mlp(lay.layer_norm2(t2))
+
+    def read(t2):
+        return m.visual_projection(m.vision_model.post_layernorm(t2[:, 0]))
+
+    ref = _eclip_code(t, lambda t: (p(lay.layer_norm1(t)) for p in (a.q_proj, a.k_proj, a.v_proj)), a.out_proj,
+                      rest, read, text)
+    _close(vc.cam(tr, vc.presets.grad_eclip().replace(**RAW)).values, ref)
+
+
+def test_grad_eclip_refuses_a_trace_not_made_single_head_and_the_checklist_says_which():
+    model = _timm_clip()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    target = vc.targets.similarity(torch.randn(1, 16, generator=torch.Generator().manual_seed(5)))
+    sites = ["F3", "q", "k", "q_out", "k_out", "v"]
+    plain = vc.trace(model, x, targets=target, sites=sites)
+    with vc.adapters.single_head_attention(model):
+        single = vc.trace(model, x, targets=target, sites=sites)
+    code, paper = vc.presets.grad_eclip(), vc.presets.grad_eclip_paper()
+    with pytest.raises(RecipeError, match=r"recomputes block\(s\) \[1\] as ONE head.*own 2 heads.*"
+                                          r"single_head_attention\(model, layers=\(1,\)\)"):
+        vc.cam(plain, code)
+    # every block of the recipe must have run as one head: block 0 did not
+    with pytest.raises(RecipeError, match=r"block\(s\) \[0\] as ONE head"):
+        vc.cam(single, vc.presets.grad_eclip(layer="all"))
+    with pytest.warns(UserWarning, match=r"grad_eclip_paper: this trace ran block\(s\) \[1\] as ONE head"):
+        vc.cam(single, paper)
+    m = vc.cam(single, code)
+    heads = json.loads(m.attrs["checklist"])["aggregation"]["heads"]
+    assert heads.startswith("one head over all channels: the trace ran block(s) 1 as ONE head")
+    assert "block(s) 1 as ONE head" in m.attrs["methods"]
+    assert json.loads(m.attrs["checklist"])["model and input"]["single-head attention"].startswith("block(s) 1 ")
+    assert code.checklist(plain)["aggregation"]["heads"].startswith("the model's own 2 heads (not a single-head "
+                                                                    "trace): NOT the official code's")
+    listed = json.loads(vc.cam(plain, paper).attrs["checklist"])
+    assert listed["aggregation"]["heads"] == "one cosine per head of the model's own 2 heads (not a single-head trace)"
+    assert "single-head attention" not in listed["model and input"]

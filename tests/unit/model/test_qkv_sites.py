@@ -73,7 +73,8 @@ def test_timm_qkv_and_scores(kwargs):
                for i, b in enumerate(m.blocks)}
     _check(tr, weights, 2)
     assert tr.attrs["hook_attn_scores"] == "blocks.{layer}.attn:scores"
-    assert tr.attrs["model_optional_sites"] == "q,k,v,attn_scores" and "q" not in tr.attrs["model_sites"].split(",")
+    assert tr.attrs["model_optional_sites"] == "q,k,v,q_out,k_out,attn_scores"
+    assert "q" not in tr.attrs["model_sites"].split(",")
     assert m.blocks[0].attn.attn_drop._forward_pre_hooks == {} and m.blocks[0].attn.q_norm._forward_hooks == {}
 
 
