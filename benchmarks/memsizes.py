@@ -1,13 +1,15 @@
 """Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
 memory of the pass, for the issue's three cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
-five held-out ones (other target counts, float16 storage, one layer and site, other widths), random-init timm
-models (no download), each in a fresh process, one at a time. Writes ``benchmarks/MEMORY.json`` and, with ``--readme``,
-the README table between ``<!-- memory:start -->`` and ``<!-- memory:end -->``.
+five held-out ones (other target counts, float16 storage, one layer and site, other widths), and a hierarchical
+Swin-T at 224 px, random-init timm models (no download), each in a fresh process, one at a time. Writes
+``benchmarks/MEMORY.json`` and, with ``--readme``, the README table between ``<!-- memory:start -->`` and
+``<!-- memory:end -->``.
 
 Usage::
 
     python -m benchmarks.memsizes                 # measure every case (several GB each), write MEMORY.json
     python -m benchmarks.memsizes --case vitb224  # one case, printed as JSON
+    python -m benchmarks.memsizes --case swint224 --write  # one case (fresh process), its row put in MEMORY.json
     python -m benchmarks.memsizes --readme        # README table from MEMORY.json
 """
 
@@ -32,6 +34,9 @@ CASES = {
     "vitb224_last_f1": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"layers": [-1], "sites": ["F1"]}),
     "vits224_top3_f1f2": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"sites": ["F1", "F2"]}),
     "vitt384_top10": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {}),
+    # hierarchical: four stage grids, windowed attention stored per window with its key coordinate
+    "swint224": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top5", {}),
+    "swint224_top2_f3f6": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top2", {"sites": ["F3", "F6"]}),
 }
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 
@@ -88,12 +93,26 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _fresh(case: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.memsizes")
     p.add_argument("--case", choices=sorted(CASES))
     p.add_argument("--readme", action="store_true")
+    p.add_argument("--write", action="store_true", help="with --case: measure in a fresh process, replace its row")
     args = p.parse_args(argv)
+    if args.case and args.write:
+        row = _fresh(args.case)
+        rows = [r for r in json.loads(OUT.read_text()) if r["case"] != args.case] if OUT.exists() else []
+        by_case = {r["case"]: r for r in [*rows, row]}
+        OUT.write_text(json.dumps([by_case[c] for c in CASES if c in by_case], indent=1) + "\n")
+        print(json.dumps(row))
+        return 0
     if args.case:
         print(json.dumps(measure(args.case)))
         return 0
@@ -109,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for case in CASES:  # one fresh process each, one after the other: each needs several GB
-        out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case], cwd=ROOT,
-                             capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(_fresh(case))
         print(json.dumps(rows[-1]), flush=True)
     OUT.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

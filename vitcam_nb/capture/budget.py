@@ -9,10 +9,16 @@ with parameters frozen, about six token-by-channel tensors, the MLP's hidden inp
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
 compute dtype; in between, the backward's transients (one attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for eight cases and
+plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for ten cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
-The estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); hierarchical (Swin) and
-cross-attention (BLIP) models are not estimated and not budget-checked.
+
+The shapes come from :mod:`vitcam_nb.capture.budget_shapes`: flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA);
+hierarchical Swin (timm V1/V2, Hugging Face Swin/Swinv2), summed per block over its stage's grid, with F2 stored
+per window (``attn_window``, its gradients and the int64 ``attn_window_key``; the pass holds the padded windows,
+and putting a windowed site back in raster order copies it while the windowed original is still held); BLIP, the
+vision tower plus the text encoder and the cross-attention ``xattn`` over the text the target names
+(:func:`vitcam_nb.targets.itm`). Any other model, or a BLIP target that does not state its text, is not
+estimated (:func:`estimate` raises) and passes :func:`check_budget` unchecked.
 
 Example:
     >>> import timm
@@ -28,6 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
+from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.core.errors import TraceError
@@ -127,13 +134,26 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
                          for b in shapes.blocks) + shapes.extra_graph + _text_graph(text)) * compute
     transient = k * batch * max(b.heads * b.rows * b.keys + b.tokens * b.hidden for b in shapes.blocks) * compute
     held = captured * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
-    # The backward's transients come on top of either: the graph is released only once the backward is done.
-    peak = _PEAK_FIXED + parts["other"] + transient + max(graph + captured * compute / store, held)
+    # The backward's transients come on top of the graph (released only once the backward is done) and of the
+    # held tensors. After the backward, a windowed site (Swin's F2, F3, attn_out) is put back in raster order
+    # into a copy while the pass still holds its windowed original and gradients: that copy replaces them.
+    copy = (k + 1) * batch * _windowed_elements(shapes, traced, sites) * compute
+    peak = _PEAK_FIXED + parts["other"] + max(graph + captured * compute / store + transient,
+                                              held + max(transient, copy))
     tokens = [b.tokens for b in shapes.blocks]
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()},
             "tokens": tokens[0] if len(set(tokens)) == 1 else [g[0] * g[1] for g in shapes.grids],
             "targets": k - 1, "input_size": [int(hw[0]), int(hw[1])]}
+
+
+def _windowed_elements(shapes: Shapes, traced: list[BlockShape], sites: list[str]) -> int:
+    """Elements of one image's windowed sites as the blocks compute them (padded windows)."""
+    if not shapes.windowed:
+        return 0
+    per_site = {ATTENTION_SITE: lambda b: b.heads * b.rows * b.keys, "F3": lambda b: b.rows * b.head_width,
+                "attn_out": lambda b: b.rows * b.width}
+    return sum(per_site[s](b) for s in sites if s in WINDOWED for b in traced)
 
 
 def _text_graph(text: TextShape | None) -> int:
