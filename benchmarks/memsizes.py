@@ -11,6 +11,7 @@ Usage::
     python -m benchmarks.memsizes --case vitb224  # one case, printed as JSON
     python -m benchmarks.memsizes --case swint224 --write  # one case (fresh process), its row put in MEMORY.json
     python -m benchmarks.memsizes --readme        # README table from MEMORY.json
+    python -m benchmarks.memsizes --blip 224      # random-init BLIP-base ITM at 224 px (not in MEMORY.json), JSON
 """
 
 from __future__ import annotations
@@ -51,8 +52,6 @@ def _kib(field: str) -> int:
 
 def measure(case: str) -> dict:
     """One case in this process: the estimate, then the trace with its peak resident memory rise."""
-    import time
-
     import numpy as np
     import timm
     import torch
@@ -66,6 +65,17 @@ def measure(case: str) -> dict:
     model = timm.create_model(name, pretrained=False, **kwargs).eval()
     image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     est = vc.estimate(model, image, targets, **options)
+    return {"case": case, "model": label, "timm_name": name, "input": size, "targets": targets,
+            "options": ", ".join(f"{k}={v!r}" for k, v in options.items()), **_traced_peak(model, image, targets,
+                                                                                          est, **options)}
+
+
+def _traced_peak(model: object, image: object, targets: object, est: dict, **options: object) -> dict:
+    """Trace once, measuring the resident-memory rise from here; the Dataset and the estimate beside it."""
+    import time
+
+    import vitcam_nb as vc
+
     gc.collect()
     before = _kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -74,11 +84,32 @@ def measure(case: str) -> dict:
     tr = vc.trace(model, image, targets, max_bytes=float("inf"), **options)
     seconds = time.perf_counter() - start
     peak = (_kib("VmHWM") - before) * 1024
-    return {"case": case, "model": label, "timm_name": name, "input": size, "targets": targets,
-            "options": ", ".join(f"{k}={v!r}" for k, v in options.items()), "seconds": round(seconds, 1),
-            "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
+    return {"seconds": round(seconds, 1), "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
             "estimate_dataset_bytes": est["dataset_bytes"], "estimate_peak_bytes": est["peak_bytes"],
             "peak_over_dataset": round(peak / tr.nbytes, 2), "torch_threads": 1}
+
+
+def measure_blip(size: int) -> dict:
+    """A random-init BLIP-base ITM (transformers' default config, vision input ``size``) and a 12-token text,
+    all sites, in this process."""
+    import numpy as np
+    import timm
+    import torch
+    import transformers
+
+    import vitcam_nb as vc
+
+    torch.set_num_threads(1)
+    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")  # lazy imports, not the trace's memory
+    torch.manual_seed(0)
+    model = transformers.BlipForImageTextRetrieval(transformers.BlipConfig(vision_config={"image_size": size})).eval()
+    ids = torch.tensor([[101, *range(2000, 2010), 102]])
+    target = vc.targets.itm(ids, torch.ones_like(ids))
+    image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    est = vc.estimate(model, image, target)
+    return {"case": f"blip{size}", "model": "BLIP-base ITM", "input": size, "targets": "itm (12 tokens)",
+            **_traced_peak(model, image, target, est)}
 
 
 def table(rows: list[dict]) -> str:
@@ -105,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", choices=sorted(CASES))
     p.add_argument("--readme", action="store_true")
     p.add_argument("--write", action="store_true", help="with --case: measure in a fresh process, replace its row")
+    p.add_argument("--blip", type=int, metavar="SIZE")
     args = p.parse_args(argv)
+    if args.blip:
+        print(json.dumps(measure_blip(args.blip)))
+        return 0
     if args.case and args.write:
         row = _fresh(args.case)
         rows = [r for r in json.loads(OUT.read_text()) if r["case"] != args.case] if OUT.exists() else []
