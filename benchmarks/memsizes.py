@@ -1,14 +1,17 @@
 """Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
 memory of the pass, for the issue's three cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
-five held-out ones (other target counts, float16 storage, one layer and site, other widths), random-init timm
-models (no download), each in a fresh process, one at a time. Writes ``benchmarks/MEMORY.json`` and, with ``--readme``,
-the README table between ``<!-- memory:start -->`` and ``<!-- memory:end -->``.
+five held-out ones (other target counts, float16 storage, one layer and site, other widths), and a hierarchical
+Swin-T at 224 px, random-init timm models (no download), each in a fresh process, one at a time. Writes
+``benchmarks/MEMORY.json`` and, with ``--readme``, the README table between ``<!-- memory:start -->`` and
+``<!-- memory:end -->``.
 
 Usage::
 
     python -m benchmarks.memsizes                 # measure every case (several GB each), write MEMORY.json
     python -m benchmarks.memsizes --case vitb224  # one case, printed as JSON
+    python -m benchmarks.memsizes --case swint224 --write  # one case (fresh process), its row put in MEMORY.json
     python -m benchmarks.memsizes --readme        # README table from MEMORY.json
+    python -m benchmarks.memsizes --blip 224      # random-init BLIP-base ITM at 224 px (not in MEMORY.json), JSON
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ CASES = {
     "vitb224_last_f1": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"layers": [-1], "sites": ["F1"]}),
     "vits224_top3_f1f2": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"sites": ["F1", "F2"]}),
     "vitt384_top10": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {}),
+    # hierarchical: four stage grids, windowed attention stored per window with its key coordinate
+    "swint224": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top5", {}),
+    "swint224_top2_f3f6": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top2", {"sites": ["F3", "F6"]}),
 }
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 
@@ -46,8 +52,6 @@ def _kib(field: str) -> int:
 
 def measure(case: str) -> dict:
     """One case in this process: the estimate, then the trace with its peak resident memory rise."""
-    import time
-
     import numpy as np
     import timm
     import torch
@@ -61,6 +65,17 @@ def measure(case: str) -> dict:
     model = timm.create_model(name, pretrained=False, **kwargs).eval()
     image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     est = vc.estimate(model, image, targets, **options)
+    return {"case": case, "model": label, "timm_name": name, "input": size, "targets": targets,
+            "options": ", ".join(f"{k}={v!r}" for k, v in options.items()), **_traced_peak(model, image, targets,
+                                                                                          est, **options)}
+
+
+def _traced_peak(model: object, image: object, targets: object, est: dict, **options: object) -> dict:
+    """Trace once, measuring the resident-memory rise from here; the Dataset and the estimate beside it."""
+    import time
+
+    import vitcam_nb as vc
+
     gc.collect()
     before = _kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -69,11 +84,32 @@ def measure(case: str) -> dict:
     tr = vc.trace(model, image, targets, max_bytes=float("inf"), **options)
     seconds = time.perf_counter() - start
     peak = (_kib("VmHWM") - before) * 1024
-    return {"case": case, "model": label, "timm_name": name, "input": size, "targets": targets,
-            "options": ", ".join(f"{k}={v!r}" for k, v in options.items()), "seconds": round(seconds, 1),
-            "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
+    return {"seconds": round(seconds, 1), "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
             "estimate_dataset_bytes": est["dataset_bytes"], "estimate_peak_bytes": est["peak_bytes"],
             "peak_over_dataset": round(peak / tr.nbytes, 2), "torch_threads": 1}
+
+
+def measure_blip(size: int) -> dict:
+    """A random-init BLIP-base ITM (transformers' default config, vision input ``size``) and a 12-token text,
+    all sites, in this process."""
+    import numpy as np
+    import timm
+    import torch
+    import transformers
+
+    import vitcam_nb as vc
+
+    torch.set_num_threads(1)
+    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")  # lazy imports, not the trace's memory
+    torch.manual_seed(0)
+    model = transformers.BlipForImageTextRetrieval(transformers.BlipConfig(vision_config={"image_size": size})).eval()
+    ids = torch.tensor([[101, *range(2000, 2010), 102]])
+    target = vc.targets.itm(ids, torch.ones_like(ids))
+    image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    est = vc.estimate(model, image, target)
+    return {"case": f"blip{size}", "model": "BLIP-base ITM", "input": size, "targets": "itm (12 tokens)",
+            **_traced_peak(model, image, target, est)}
 
 
 def table(rows: list[dict]) -> str:
@@ -88,12 +124,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _fresh(case: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.memsizes")
     p.add_argument("--case", choices=sorted(CASES))
     p.add_argument("--readme", action="store_true")
+    p.add_argument("--write", action="store_true", help="with --case: measure in a fresh process, replace its row")
+    p.add_argument("--blip", type=int, metavar="SIZE")
     args = p.parse_args(argv)
+    if args.blip:
+        print(json.dumps(measure_blip(args.blip)))
+        return 0
+    if args.case and args.write:
+        row = _fresh(args.case)
+        rows = [r for r in json.loads(OUT.read_text()) if r["case"] != args.case] if OUT.exists() else []
+        by_case = {r["case"]: r for r in [*rows, row]}
+        OUT.write_text(json.dumps([by_case[c] for c in CASES if c in by_case], indent=1) + "\n")
+        print(json.dumps(row))
+        return 0
     if args.case:
         print(json.dumps(measure(args.case)))
         return 0
@@ -109,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for case in CASES:  # one fresh process each, one after the other: each needs several GB
-        out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case], cwd=ROOT,
-                             capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(_fresh(case))
         print(json.dumps(rows[-1]), flush=True)
     OUT.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

@@ -9,10 +9,16 @@ with parameters frozen, about six token-by-channel tensors, the MLP's hidden inp
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
 compute dtype; in between, the backward's transients (one attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for eight cases and
+plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for ten cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
-The estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); hierarchical (Swin) and
-cross-attention (BLIP) models are not estimated and not budget-checked.
+
+The shapes come from :mod:`vitcam_nb.capture.budget_shapes`: flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA);
+hierarchical Swin (timm V1/V2, Hugging Face Swin/Swinv2), summed per block over its stage's grid, with F2 stored
+per window (``attn_window``, its gradients and the int64 ``attn_window_key``; the pass holds the padded windows,
+and putting a windowed site back in raster order copies it while the windowed original is still held); BLIP, the
+vision tower plus the text encoder and the cross-attention ``xattn`` over the text the target names
+(:func:`vitcam_nb.targets.itm`). Any other model, or a BLIP target that does not state its text, is not
+estimated (:func:`estimate` raises) and passes :func:`check_budget` unchecked.
 
 Example:
     >>> import timm
@@ -24,13 +30,15 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
+from vitcam_nb.adapters.swin import WINDOWED
+from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 from vitcam_nb.preprocess import data_config, prepare_input
 from vitcam_nb.targets.classes import ClassTargets
 
@@ -90,48 +98,105 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         >>> estimate_plan(TracePlan.for_trace(m, "top1", sites=["F2"], layers=[0]), (224, 224))["parts"]["attn"]
         465708
     """
-    model, adapter = plan.model, plan.adapter
-    facts = adapter.describe(model)
-    pe = getattr(model, "patch_embed", None)
-    if (getattr(adapter, "hierarchical", False) or plan.extra_sites or pe is None or "embed_dim" not in facts
-            or "num_heads" not in facts):
-        raise TraceError(f"model: the memory estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA); "
-                         f"this {adapter.family} model is not estimated")
-    ph, pw = (int(v) for v in pe.patch_size)
-    rounding = math.ceil if getattr(pe, "dynamic_img_pad", False) else math.floor
-    grid = rounding(hw[0] / ph) * rounding(hw[1] / pw)
-    tokens = len(adapter.prefix_kinds(model)) + grid
-    width, heads = int(facts["embed_dim"]), int(facts["num_heads"])
-    head_width = heads * int(facts.get("head_dim", width // heads))
+    shapes = model_shapes(plan, hw)
     store = 2 if plan.dtype == "float16" else 4
     compute = torch.finfo(plan.compute_dtype).bits // 8
     k = _n_targets(plan) + 1
-    n_layers = len(plan.layer_ids)
-    token_sites = [s for s in plan.site_ids if s != "F2"]
-    channels = sum(head_width if s == "F3" else width for s in token_sites)
-    act = batch * n_layers * tokens * channels * store
-    attn = batch * n_layers * heads * tokens * tokens * store if "F2" in plan.site_ids else 0
-    n_classes = int(getattr(model, "num_classes", 0) or 0)
-    labels = plan.class_labels or []
-    # Coordinates: each token axis (token; query and key with F2) carries an index, a kind (4-byte unicode,
-    # five characters) and a patch row and column; y and x index the image; classes carry an index and a label.
-    token_axes = 3 if "F2" in plan.site_ids else 1
-    other = (batch * (n_classes * 4 + hw[0] * hw[1] * 3) + token_axes * tokens * 44 + 8 * (hw[0] + hw[1])
-             + len(labels) * 4 * max((len(s) for s in labels), default=0) + n_classes * 8
-             + 8 * (n_layers + heads) + k * 128)
-    parts = {"act": act, "grad": k * act, "attn": attn, "attn_grad": k * attn, "other": other}
+    traced = [shapes.blocks[i] for i in plan.layer_ids]
+    sites = plan.site_ids
+    token_sites = [s for s in sites if s not in (ATTENTION_SITE, SCORES_SITE) and s not in plan.extra_sites]
+    matrices = sum(s in sites for s in (ATTENTION_SITE, SCORES_SITE))  # (head, query, key) sites
+
+    def channels(b: BlockShape) -> int:
+        return sum(b.head_width if s == "F3" else b.width for s in token_sites)
+
+    act = batch * sum(b.tokens * channels(b) for b in traced) * store
+    attn = batch * sum(b.heads * b.tokens * b.keys for b in traced) * store
+    # The pass holds the windows padded to a window multiple; the Dataset only the raster tokens.
+    attn_pass = batch * sum(b.heads * b.rows * b.keys for b in traced) * store
+    parts = {"act": act, "grad": k * act, "attn": 0, "attn_grad": 0}
+    if shapes.windowed and ATTENTION_SITE in sites:
+        parts.update(attn_window=attn, attn_window_grad=k * attn,
+                     attn_window_key=sum(b.tokens * b.keys for b in traced) * 8)
+    elif ATTENTION_SITE in sites:
+        parts.update(attn=attn, attn_grad=k * attn)
+    if SCORES_SITE in sites:
+        parts.update(attn_scores=attn, attn_scores_grad=k * attn)
+    text = shapes.text
+    xattn = 0
+    if text is not None and "xattn" in sites:
+        xattn = batch * text.xattn_layers * text.xattn_heads * text.tokens * text.keys * store
+        parts.update(xattn=xattn, xattn_grad=k * xattn)
+    parts["other"] = _coordinates(plan, shapes, hw, batch, k, token_sites)
     dataset = sum(parts.values())
-    blocks = adapter.blocks(model)
-    fc1 = getattr(getattr(blocks[0], "mlp", None), "fc1", None)
-    hidden = int(getattr(fc1, "out_features", 4 * width))
-    held = (act + attn) * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
-    graph = batch * len(blocks) * (tokens * (_GRAPH_TC * width + hidden) + heads * tokens * tokens) * compute
-    transient = k * batch * (heads * tokens * tokens + tokens * hidden) * compute
-    # The backward's transients come on top of either: the graph is released only once the backward is done.
-    peak = _PEAK_FIXED + other + transient + max(graph + (act + attn) * compute / store, held)
+    captured = act + matrices * attn_pass + xattn  # in the store dtype, as the pass captures them
+    graph = batch * (sum(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
+                         for b in shapes.blocks) + shapes.extra_graph + _text_graph(text)) * compute
+    transient = k * batch * max(b.heads * b.rows * b.keys + b.tokens * b.hidden for b in shapes.blocks) * compute
+    held = captured * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
+    # The backward's transients come on top of the graph (released only once the backward is done) and of the
+    # held tensors. After the backward, a windowed site (Swin's F2, F3, attn_out) is put back in raster order
+    # into a copy while the pass still holds its windowed original and gradients: that copy replaces them.
+    copy = (k + 1) * batch * _windowed_elements(shapes, traced, sites) * compute
+    peak = _PEAK_FIXED + parts["other"] + max(graph + captured * compute / store + transient,
+                                              held + max(transient, copy))
+    tokens = [b.tokens for b in shapes.blocks]
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
-            "parts": {n: int(v) for n, v in parts.items()}, "tokens": tokens, "targets": k - 1,
-            "input_size": [int(hw[0]), int(hw[1])]}
+            "parts": {n: int(v) for n, v in parts.items()},
+            "tokens": tokens[0] if len(set(tokens)) == 1 else [g[0] * g[1] for g in shapes.grids],
+            "targets": k - 1, "input_size": [int(hw[0]), int(hw[1])]}
+
+
+def _windowed_elements(shapes: Shapes, traced: list[BlockShape], sites: list[str]) -> int:
+    """Elements of one image's windowed sites as the blocks compute them (padded windows)."""
+    if not shapes.windowed:
+        return 0
+    per_site = {ATTENTION_SITE: lambda b: b.heads * b.rows * b.keys, "F3": lambda b: b.rows * b.head_width,
+                "attn_out": lambda b: b.rows * b.width}
+    return sum(per_site[s](b) for s in sites if s in WINDOWED for b in traced)
+
+
+def _text_graph(text: TextShape | None) -> int:
+    """Elements autograd keeps in the text encoder: per layer, the self-attention as in a vision block, the
+    cross-attention's queries, keys and values over the vision tokens with its probabilities, the MLP."""
+    if text is None:
+        return 0
+    n = text.tokens
+    per_layer = (_GRAPH_TC * n * text.width + text.heads * n * n + n * text.hidden
+                 + 4 * n * text.width + 2 * text.keys * text.width)
+    return text.layers * per_layer + text.xattn_layers * text.xattn_heads * n * text.keys
+
+
+def _coordinates(plan: TracePlan, shapes: Shapes, hw: tuple[int, int], batch: int, k: int,
+                 token_sites: list[str]) -> int:
+    """Bytes of the logits, the image and the coordinates: each token axis carries an index, a kind (4-byte
+    unicode, five characters) and a patch row and column; y and x index the image; classes carry an index and a
+    label; a Swin stage is a Dataset of its own with its token axis."""
+    labels = plan.class_labels or getattr(plan.target, "labels", None) or []
+    n_classes = int(getattr(plan.model, "num_classes", 0) or 0) or len(labels)
+    blocks = [shapes.blocks[i] for i in plan.layer_ids]
+    heads = max(b.heads for b in blocks)
+    out = (batch * (n_classes * 4 + hw[0] * hw[1] * 3) + 8 * (hw[0] + hw[1]) + n_classes * 8 + k * 128
+           + len(labels) * 4 * max((len(s) for s in labels), default=0))
+    matrices = ATTENTION_SITE in plan.site_ids or SCORES_SITE in plan.site_ids
+    if not shapes.windowed:
+        tokens = blocks[0].tokens
+        out += (3 if matrices else 1) * tokens * 44 + 8 * (len(blocks) + heads)
+    else:
+        for stage in sorted({b.stage for b in blocks}):
+            members = [b for b in blocks if b.stage == stage]
+            b = members[0]
+            out += 8 * len(members) + b.tokens * 44 + (8 * b.width if token_sites else 0)
+            # nbytes counts again in every stage the root's index coordinates it inherits (class, y, x, rgb, target)
+            out += 8 * (n_classes + hw[0] + hw[1]) + 12 + 56 * k
+            if ATTENTION_SITE in plan.site_ids:  # head, query and window-key indices
+                out += 8 * (b.heads + b.tokens + b.keys)
+    text = shapes.text
+    if text is not None and "xattn" in plan.site_ids:
+        # xattn layer, head, text token (index, string, mask) and, when F2 did not write them, the key axis
+        out += (8 * (text.xattn_layers + text.xattn_heads) + text.tokens * (16 + 4 * text.token_chars)
+                + (0 if matrices else 44 * text.keys))
+    return out
 
 
 def estimate(model: torch.nn.Module, image: object = None, targets: object = "top5", *,
@@ -216,6 +281,9 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
     if batch > 1:
         ways.append((total(plan, 1), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
+    # trace_many stores flat layouts only (TracePlan.for_store): a Swin or BLIP user is not sent there.
+    if not getattr(plan.adapter, "hierarchical", False) and not plan.extra_sites:
+        hint += "; vitcam_nb.trace_many writes many images to disk batch by batch"
     raise TraceError(f"max_bytes: this trace needs about {_gb(need['peak_bytes'])} at peak (Dataset "
                      f"{_gb(need['dataset_bytes'])}), over the budget of {_gb(limit)} ({what}). Cheapest ways down: "
-                     f"{hint}; vitcam_nb.trace_many writes many images to disk batch by batch. Or raise max_bytes=")
+                     f"{hint}. Or raise max_bytes=")

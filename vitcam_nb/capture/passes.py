@@ -190,7 +190,9 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         keys = list(cap.tensors)
         # Parameters are frozen, so a site that does not depend on the image has no graph: its gradient is zero.
         needed = [k for k in keys if cap.tensors[k].requires_grad]
-        per_layer = {k[0]: cap.tensors[k] for k in needed}  # one release per block: each costs page faults later
+        # One release per block (each costs page faults later); an extra site's layers (BLIP's text layers) share
+        # the block numbers and would take the vision blocks' places.
+        per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
         with releasing_during_backward(list(per_layer.values())):
             got = dict(zip(needed, _batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
         release_freed_memory()

@@ -47,7 +47,7 @@ def weights_sha256(model: torch.nn.Module) -> str:
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy of the largest tensor
     digest = h.hexdigest()
     _WEIGHTS_CACHE[model] = (signature, digest)
     return digest
