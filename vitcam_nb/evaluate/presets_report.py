@@ -8,7 +8,8 @@ recipe actually used is in the table. Presets that read model outputs (integrate
 Score-CAM) get them from ``vc.score`` at its defaults. The deletion is ordered by the token-grid map; a whole-image
 map (ViT-CX) by its mean over each patch. Each image is traced at every site the model offers (the published
 attention-gradient methods read q, k, v, attn_scores, resid_pre), and once more with one read-out score per block
-for LeGrad (``vc.targets.layerwise``).
+for LeGrad (``vc.targets.layerwise``) and, for Grad-ECLIP's code version, inside
+:func:`~vitcam_nb.adapters.single_head_attention` (its official code runs the block as one head).
 
 Example:
     >>> table = report_presets(n_images=2, names=["attention_rollout", "albef_itm_gradcam"])  # doctest: +SKIP
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitcam_nb.adapters.qkv import single_head_attention
 from vitcam_nb.capture.scoring import score as score_trace
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
@@ -151,7 +153,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             sites = [s for key in ("model_sites", "model_optional_sites") for s in str(attrs.get(key, "")).split(",")
                      if s]
         tr = trace(model, image, targets=[label], sites=sites)
-        by_block = None  # LeGrad's trace: one read-out score per block, made when a preset needs it
+        # LeGrad's trace (one read-out score per block) and Grad-ECLIP's (its blocks run as one head), made when needed
+        by_block = one_head = None
         if not recipes and not skipped:
             recipes, skipped = _prepare(names, int(tr.attrs["num_layers"]))
         h, w = masks[i].shape
@@ -168,9 +171,14 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             try:
                 if recipe.weighting == "legrad" and by_block is None:
                     by_block = trace(model, image, targets=layerwise(label), sites=["F2"])
+                if recipe.weighting == "grad_eclip" and one_head is None:  # its official code's single-head block
+                    blocks = list(recipe.layer) if isinstance(recipe.layer, tuple) else [recipe.layer]
+                    with single_head_attention(model, layers=blocks):
+                        one_head = trace(model, image, targets=[label], sites=["F3", "v", "q_out", "k_out"],
+                                         layers=blocks)
                 if needs_scores(recipe):
                     tr = score_trace(tr, model, recipe, image, progress=False)
-                src = by_block if recipe.weighting == "legrad" else tr
+                src = {"legrad": by_block, "grad_eclip": one_head}.get(recipe.weighting, tr)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DegenerateMapWarning)
                     up = kind_for(src, recipe).cam(src, recipe)
@@ -209,7 +217,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    "score": score, "deletion_mode": "token (whole-image maps: mean over each patch)",
                    "class": "true label of each image", "layers": "tuples counted from the end clipped to the model",
                    "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)",
-                   "sites": ",".join(sites or []), "legrad": "a second trace, targets=vc.targets.layerwise(label)"}
+                   "sites": ",".join(sites or []), "legrad": "a second trace, targets=vc.targets.layerwise(label)",
+                   "grad_eclip": "a third trace inside vc.adapters.single_head_attention(model, its blocks)"}
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -32,22 +32,27 @@ def test_layer_tuples_are_clipped_to_the_model():
 
 
 def test_published_methods_get_the_sites_and_layerwise_trace_they_read():
+    import contextlib
+
     from scipy import ndimage
 
     from vitcam_nb.data import shapes
     from vitcam_nb.evaluate.localisation import default_tolerance
 
-    names = ["legrad", "agcam", "attcat"]
+    names = ["legrad", "agcam", "attcat", "grad_eclip"]
     table = report_presets(n_images=2, seed=3, names=names, deletion_steps=4, progress=False).set_index("preset")
     assert (table["status"] == "ok").all(), table["status"].to_dict()
     model = vc.load_model("shapes-vit")
     images, labels, masks = shapes(2, 3)
-    for name, sites, targets in (("legrad", ["F2"], lambda c: vc.targets.layerwise(c)),
-                                 ("agcam", ["F2", "attn_scores"], lambda c: [c]),
-                                 ("attcat", ["F2", "resid_pre"], lambda c: [c])):
+    one_head = lambda: vc.adapters.single_head_attention(model, layers=[-1])  # noqa: E731
+    for name, sites, targets, context in (("legrad", ["F2"], lambda c: vc.targets.layerwise(c), contextlib.nullcontext),
+                                          ("agcam", ["F2", "attn_scores"], lambda c: [c], contextlib.nullcontext),
+                                          ("attcat", ["F2", "resid_pre"], lambda c: [c], contextlib.nullcontext),
+                                          ("grad_eclip", ["F3", "v", "q_out", "k_out"], lambda c: [c], one_head)):
         hits = []
         for image, label, mask in zip(images, labels, masks, strict=True):
-            tr = vc.trace(model, image, targets=targets(int(label)), sites=sites)
+            with context():
+                tr = vc.trace(model, image, targets=targets(int(label)), sites=sites)
             up = vc.cam(tr, vc.presets.get(name).replace(class_=int(label))).values
             near = ndimage.distance_transform_edt(~mask) <= default_tolerance(mask.shape)
             peaks = up == up.max()
