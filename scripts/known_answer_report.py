@@ -3,6 +3,8 @@
 Usage::
 
     python scripts/known_answer_report.py --n-images 300 --seed 0 --out known_answer_report [--device cuda]
+    python scripts/known_answer_report.py --n-images 200 --seed 5150 --deletion-steps 4 --sites F1 \
+        --weightings scorecam ablationcam --targets logit --out reports/known_answer/scored   # a subset
 
 Writes ``known_answer_report.csv`` (one row per site x layer x weighting x target variant),
 ``known_answer_report.png`` and ``known_answer_report.json`` (the settings) to ``--out``.
@@ -33,9 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default="known_answer_report")
+    parser.add_argument("--sites", nargs="+", default=None, help="sites (default F1..F6)")
+    parser.add_argument("--weightings", nargs="+", default=None, help="weightings (default every channel weighting)")
+    parser.add_argument("--targets", nargs="+", default=None, help="targets (default logit, prob, logprob)")
     args = parser.parse_args(argv)
+    variants = {k: tuple(v) for k, v in (("sites", args.sites), ("weightings", args.weightings),
+                                         ("targets", args.targets)) if v is not None}
     table, _ = report_known_answer(
-        args.model, n_images=args.n_images, seed=args.seed, deletion_steps=args.deletion_steps,
+        args.model, n_images=args.n_images, seed=args.seed, deletion_steps=args.deletion_steps, **variants,
         substrate=args.substrate, score=args.score, batch_size=args.batch_size, device=args.device,
         out_dir=args.out, progress=True,
     )
