@@ -44,11 +44,14 @@ _SINGLE_HEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _plain_timm_attention(attn: object) -> bool:
     """timm's own ``Attention`` class (not BEiT's or EVA's, whose q/k/v biases bypass the ``qkv`` module), with no
-    query/key normalisation, so the ``qkv`` output is exactly the q, k and v the scores are made of."""
+    query/key normalisation, so the ``qkv`` output is exactly the q, k and v the scores are made of, and with no
+    output norm or gate (``scale_norm``, ``gated``), so ``proj`` applied to q or k is what ``q_out``/``k_out`` say."""
     from timm.models.vision_transformer import Attention
 
     return (type(attn) is Attention and isinstance(getattr(attn, "qkv", None), torch.nn.Linear)
-            and isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.k_norm, torch.nn.Identity))
+            and isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.k_norm, torch.nn.Identity)
+            and isinstance(getattr(attn, "norm", torch.nn.Identity()), torch.nn.Identity)
+            and getattr(attn, "gate", None) is None)
 
 
 def timm_qkv_sites(blocks: list[torch.nn.Module]) -> dict[str, SiteSpec]:

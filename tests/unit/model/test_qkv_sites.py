@@ -96,6 +96,11 @@ def test_optional_sites_are_off_by_default_and_refused_where_absent():
                            num_heads=2, embed_dim=16, num_classes=3, qk_norm=True).eval()
     with pytest.raises(TraceError, match="sites: a site this model does not have 'attn_scores'"):
         vc.trace(qk, _image(), targets=[0], sites=["attn_scores"])
+    # an output norm before proj: proj(q) would not be the block's q_out, so the sites are not offered
+    normed = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
+                               num_heads=2, embed_dim=16, num_classes=3, scale_attn_norm=True).eval()
+    with pytest.raises(TraceError, match="sites: a site this model does not have 'q_out'"):
+        vc.trace(normed, _image(), targets=[0], sites=["q_out"])
 
 
 def test_open_clip_qkv_and_scores():
