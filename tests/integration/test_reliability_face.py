@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import traitlets
 from vitcam_testing import make_model
 
@@ -94,3 +95,19 @@ def test_gallery_and_compare_on_a_store_point_to_image_trace_and_the_explorer(tm
         with pytest.raises(TypeError, match=r"^trace: .* got a trace_many store; pass vitcam_nb.image_trace"):
             make()
     vc.Explorer(store)
+
+
+def test_a_prob_map_of_a_saturated_softmax_says_so():
+    model = make_model("vit", num_classes=3)
+    with torch.no_grad():  # class 0's logit exceeds the others by ~1e3: its probability is exactly 1 in float32
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.tensor([1000.0, 0.0, 0.0]))
+        model.head.weight[0].fill_(1e-3)  # the logit still depends on the features
+    tr = vc.trace(model, TR["image"].values, targets=[0])
+    z = tr["logits"].values.astype(np.float32)
+    assert np.float32(1) / np.exp(z - z.max()).sum() == np.float32(1)  # saturated, by NumPy
+    for target in ("prob", "logprob"):
+        with pytest.warns(vc.DegenerateMapWarning):
+            m = vc.cam(tr, vc.Recipe(target=target, class_=0))
+        assert m.attrs["degenerate"].startswith(f"target '{target}': the softmax is saturated")
+    assert not vc.cam(tr, vc.Recipe(target="logit", class_=0)).attrs.get("degenerate")

@@ -245,6 +245,11 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
     return to_grid(view, maps), to_grid(view, scale), zero_grad
 
 
+def _saturated(logits: np.ndarray) -> bool:
+    z = np.asarray(logits, np.float32).ravel()
+    return bool(np.float32(1.0) / np.sum(np.exp(z - z.max())) == np.float32(1.0))
+
+
 def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.ndarray,
                    zero_grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ReLU, degeneracy check, per-layer normalisation. Returns (maps, reasons) with reasons '' if fine.
@@ -267,6 +272,9 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
     if recipe.target in ("prob", "logprob") and int(view.arrays["logits"].shape[-1]) == 1:
         why_zero = (f"target {recipe.target!r}: a softmax over one score is constant, so its gradient is zero; use "
                     "target='logit' on a one-logit model")
+    elif recipe.target in ("prob", "logprob") and _saturated(view.arrays["logits"]):
+        why_zero = (f"target {recipe.target!r}: the softmax is saturated (one score exceeds the others by so much "
+                    "that its probability is 1 in float32), so its gradient is exactly zero; use target='logit'")
     reasons = np.where(zero_grad, why_zero,
                        np.where(constant, "the map is constant (after the ReLU nothing is left, or only "
                                           "rounding noise remains)", ""))
