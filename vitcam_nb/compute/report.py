@@ -66,10 +66,10 @@ def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
     return ("blocks " if len(values) > 1 else "block ") + text
 
 
-def _dense_scalar(attrs: Any, cls: str) -> tuple[str, str] | None:
-    """(what s_c is, what the scores s_j of all classes are) for a dense target, or None for classifier-like
-    targets (their 0.1 text names the raw logit z_c). A region trace made before ``target_reduce`` was recorded
-    says its reduce as the first word of ``target_scores``."""
+def _target_scalar(attrs: Any, cls: str) -> tuple[str, str] | None:
+    """(what s_c is, what the scores s_j of all classes are) for a target other than a classifier's logits, or
+    None for class targets (their 0.1 text names the raw logit z_c). A region trace made before ``target_reduce``
+    was recorded says its reduce as the first word of ``target_scores``."""
     kind = str(attrs.get("target_kind", "class"))
     if kind == "region":
         reduce = str(attrs.get("target_reduce", "") or str(attrs.get("target_scores", "")).split(" ", 1)[0])
@@ -83,6 +83,9 @@ def _dense_scalar(attrs: Any, cls: str) -> tuple[str, str] | None:
     if kind == "dense":
         return (f"the user score s_c of {cls}: score c of the target's function of the dense output",
                 "the user scores s_j the target's function computes from the dense output")
+    if kind != "class":  # similarity, image-text matching, layer-wise or a user's target: its own description
+        scores = str(attrs.get("target_scores", "")) or f"the {kind} target's scores"
+        return f"the target score s_c of {cls} ({scores})", f"the target's scores s_j ({scores})"
     return None
 
 
@@ -91,7 +94,7 @@ def _target_text(recipe: Recipe, attrs: Any = None) -> tuple[str, str]:
         f"the class ranked {recipe.class_[3:]} by logit ({recipe.class_})"
     if recipe.layer_fusion == "rollout":
         return "none: attention rollout uses no gradient", "not applicable"
-    dense = _dense_scalar(attrs or {}, cls)
+    dense = _target_scalar(attrs or {}, cls)
     z = "s" if dense else "z"
     if dense:  # what was differentiated is the target's score of the dense output, not a classifier logit
         one, every = dense

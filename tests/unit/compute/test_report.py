@@ -103,3 +103,18 @@ def test_classification_trace_keeps_the_raw_logit_text():
     got = json.loads(vc.cam(tr, vc.Recipe()).attrs["checklist"])["gradient target"]
     assert got["scalar"].startswith("the raw logit z_c (pre-softmax) of ")
     assert got["derivation"] == "direct: stored gradient of z_c"
+
+
+def test_a_similarity_trace_names_its_target_score_not_a_logit():
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
+                              num_classes=0)
+    target = vc.targets.similarity(torch.randn(2, model.num_features, generator=torch.Generator().manual_seed(0)),
+                                   ["a", "b"])
+    tr = vc.trace(model, np.zeros((32, 32, 3), np.uint8), targets=target)
+    got = json.loads(vc.cam(tr, vc.Recipe(layer=0, class_=1)).attrs["checklist"])["gradient target"]
+    assert got["scalar"] == f"the target score s_c of class 1 ({tr.attrs['target_scores']})"
+    assert got["scalar"].startswith("the target score s_c of class 1 (cosine similarity")
+    assert "logit" not in got["scalar"]
+    assert got["derivation"] == "direct: stored gradient of s_c"
