@@ -92,6 +92,8 @@ class HfSwinAdapter(SwinAdapter):
 
     family = "hf_swin"
     block_template = "encoder.layers.{stage}.blocks.{block}"
+    #: whether a V1 layer keeps its window on a grid not larger than it (padding) instead of clamping the window
+    pads_windows = False
     classes: tuple[str, ...] = ("SwinModel", "SwinForImageClassification", "SwinForMaskedImageModeling")
     base_prefix = "swin"
     site_rows: dict[str, tuple[str, str, str]] = _V1_SITES

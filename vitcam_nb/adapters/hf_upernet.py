@@ -45,6 +45,7 @@ class HfUperNetSwinAdapter(HfSwinAdapter):
     """
 
     family = "hf_upernet_swin"
+    pads_windows = True  # the backbone runs its layers with always_partition=True
     classes = ("UperNetForSemanticSegmentation",)
     base_prefix = "backbone.swin"
     #: UperNet's image processor (SegformerImageProcessor): ImageNet statistics, bilinear resize, no crop. The data

@@ -124,7 +124,7 @@ def _swin(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
     model, adapter = plan.model, plan.adapter
     hf = isinstance(adapter, HfSwinAdapter)
     if hf:
-        patch = int(model.config.patch_size)
+        patch = int(adapter.vision_config(model).patch_size)  # a UperNet's own config is its head's
         # Hugging Face pads the image to a patch multiple; a stage's patch merging comes at its end.
         h, w = math.ceil(hw[0] / patch), math.ceil(hw[1] / patch)
         stages = list(adapter.backbone(model).encoder.layers)
@@ -148,7 +148,7 @@ def _swin(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
             facts = adapter.block_facts(model, layer)
             if not hf:
                 wh, ww = (int(v) for v in blk.window_size)
-            elif adapter.is_v2(model):
+            elif adapter.is_v2(model) or adapter.pads_windows:
                 wh = ww = int(blk.window_size)
             else:  # a Swin V1 layer clamps its window to the grid when the grid is not larger (set at run time)
                 wh = ww = min(h, w) if min(h, w) <= int(blk.window_size) else int(blk.window_size)

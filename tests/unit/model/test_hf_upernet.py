@@ -206,3 +206,15 @@ def test_another_backbone_is_refused_with_what_is_supported():
                                         r"backbone \(SwinBackbone"):
         vc.trace(model, torch.randn(1, 3, 32, 32), targets=vc.targets.region(np.ones((32, 32)), 0))
     assert_unchanged(before, model)
+
+
+@pytest.mark.parametrize("sites", [["F1"], ["F2", "F3"], list(MODULES)])
+def test_the_memory_estimate_reads_the_backbone_config_and_padded_windows(sites):
+    model, x, mask = make_upernet(), make_image(), make_mask()
+    est = vc.estimate(model, x, vc.targets.region(mask, CLASS), sites=sites)
+    tr = vc.trace(model, x, targets=vc.targets.region(mask, CLASS), sites=sites)
+    assert abs(est["dataset_bytes"] / tr.nbytes - 1) < 0.01
+    # the padded window of the last stage (grid smaller than the window): every key of the full window is stored
+    if "F2" in sites:
+        assert est["parts"]["attn_window"] == tr.children[list(tr.children)[-1]]["attn_window"].nbytes + \
+            tr.children[list(tr.children)[0]]["attn_window"].nbytes
