@@ -36,7 +36,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.vitcx import VITCX_OPTIONS, score_vitcx
 from vitcam_nb.core.errors import RecipeError, TraceError
-from vitcam_nb.core.provenance import array_sha256, weights_sha256
+from vitcam_nb.core.provenance import check_traced_source
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe
 from vitcam_nb.core.schema import VARIABLES
 from vitcam_nb.preprocess import prepare_input
@@ -109,14 +109,7 @@ def check_traced(trace: Any, model: torch.nn.Module, x: torch.Tensor) -> None:
     if str(trace.attrs.get("target_kind", "class")) != "class":
         raise TraceError(f"targets: this pass scores the trace's classes along the path alpha * x; the trace's "
                          f"targets are {trace.attrs.get('target_kind')!r}, not class logits")
-    have, want = weights_sha256(model), str(trace.attrs.get("weights_sha256", ""))
-    if have != want:
-        raise TraceError(f"model: its weights (sha256 {have[:12]}…) are not those the trace was made with "
-                         f"({want[:12]}…); pass the traced model")
-    got = array_sha256(x)
-    if got != str(trace.attrs.get("input_sha256", "")):
-        raise TraceError(f"image: its model input (sha256 {got[:12]}…) is not the traced input "
-                         f"({str(trace.attrs.get('input_sha256'))[:12]}…); pass the image the trace was made from")
+    check_traced_source(trace.attrs, model, x)
 
 
 def traced_classes(trace: xr.Dataset) -> list[int]:

@@ -36,7 +36,7 @@ from vitcam_nb.capture.hooks import eval_mode, removable_hooks
 from vitcam_nb.capture.integrated import loop_scorer
 from vitcam_nb.capture.runtime import on_device
 from vitcam_nb.core.errors import RecipeError, TraceError
-from vitcam_nb.core.provenance import array_sha256, weights_sha256
+from vitcam_nb.core.provenance import check_traced_source
 from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.schema import SCORE_VARIABLES, VARIABLES
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -207,14 +207,7 @@ def _check(trace: Any, model: Any, adapter: Adapter, x: torch.Tensor, batch_size
             type(adapter).arrange_traced is not Adapter.arrange_traced:
         raise TraceError(f"model: vc.score reads and zeroes sites in the model's own (batch, token, channel) layout; "
                          f"the {adapter.family} adapter rearranges its sites, which vc.score does not support")
-    have, want = weights_sha256(model), str(trace.attrs.get("weights_sha256", ""))
-    if have != want:
-        raise TraceError(f"model: its weights (sha256 {have[:12]}…) are not those the trace was made with "
-                         f"({want[:12]}…); the scores would belong to another model. Pass the traced model")
-    got = array_sha256(x)
-    if got != str(trace.attrs.get("input_sha256", "")):
-        raise TraceError(f"image: its model input (sha256 {got[:12]}…) is not the traced input "
-                         f"({str(trace.attrs.get('input_sha256'))[:12]}…); pass the image the trace was made from")
+    check_traced_source(trace.attrs, model, x, "the scores would belong to another model: ")
     if not is_int(batch_size) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1 (channels per forward pass), got {batch_size!r}")
 

@@ -19,6 +19,8 @@ import weakref
 import numpy as np
 import torch
 
+from vitcam_nb.core.errors import TraceError
+
 _WEIGHTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -113,3 +115,21 @@ def settings_id(settings: dict) -> str:
     """
     text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_traced_source(attrs: dict, model: torch.nn.Module, x: torch.Tensor, consequence: str = "") -> None:
+    """Refuse (``TraceError``) a model or a model input other than those a trace with ``attrs`` was made from:
+    what is computed from them would belong to another model or image. ``consequence`` says what, in the message.
+
+    Example:
+        >>> m = torch.nn.Linear(2, 2); x = torch.zeros(1, 2)
+        >>> check_traced_source({"weights_sha256": weights_sha256(m), "input_sha256": array_sha256(x)}, m, x)
+    """
+    have, want = weights_sha256(model), str(attrs.get("weights_sha256", ""))
+    if have != want:
+        raise TraceError(f"model: its weights (sha256 {have[:12]}…) are not those the trace was made with "
+                         f"({want[:12]}…); {consequence}pass the traced model")
+    got, traced = array_sha256(x), str(attrs.get("input_sha256", ""))
+    if got != traced:
+        raise TraceError(f"image: its model input (sha256 {got[:12]}…) is not the traced input ({traced[:12]}…); "
+                         "pass the image the trace was made from")
