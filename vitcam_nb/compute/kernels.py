@@ -47,17 +47,21 @@ def _weighted(A: np.ndarray, alpha: np.ndarray, patch: Any, groups: int) -> Maps
     """map[t, g] = sum_{k in g} alpha_k A[t, k] over the patch tokens."""
     Ap = _group(A[..., patch, :], groups)
     alpha = _group(alpha, groups)
-    maps = np.einsum("...tgd,...gd->...tg", Ap, alpha)
-    # The scale only tells a real map from rounding noise, so it may sum in BLAS's order: |A| one leading slice
-    # at a time into one buffer (a stack of layers' |A| would be tens of MB written and read back), then a
-    # matrix product, several times faster than the einsum the map itself keeps (its bits are the contract's).
-    Ap, alpha = Ap.reshape(-1, *Ap.shape[-3:]), np.abs(alpha).reshape(-1, *alpha.shape[-2:], 1)
+    lead = np.broadcast_shapes(Ap.shape[:-3], alpha.shape[:-2])
+    Ap = np.broadcast_to(Ap, (*lead, *Ap.shape[-3:])).reshape(-1, *Ap.shape[-3:])
+    alpha = np.broadcast_to(alpha, (*lead, *alpha.shape[-2:])).reshape(-1, *alpha.shape[-2:])
+    maps = np.empty((Ap.shape[0], *Ap.shape[-3:-1]), np.result_type(Ap, alpha))
     scale = np.empty((Ap.shape[0], groups, Ap.shape[-3], 1), maps.dtype)
     buf = np.empty(Ap.shape[1:], Ap.dtype)
+    # One leading slice (a layer's tokens, under a megabyte) at a time, so the scale reads it from cache right
+    # after the map did: a trace's sites are tens of MB, and a second pass over them costs a memory read.
+    # The map keeps einsum's summation order (its bits are the contract's); the scale only tells a real map
+    # from rounding noise, so it may sum in BLAS's order, a matrix product several times faster.
     for i in range(Ap.shape[0]):
+        np.einsum("tgd,gd->tg", Ap[i], alpha[i], out=maps[i])
         np.abs(Ap[i], out=buf)
-        np.matmul(buf.transpose(1, 0, 2), alpha[i], out=scale[i])
-    return maps, scale[..., 0].swapaxes(-1, -2).reshape(maps.shape)
+        np.matmul(buf.transpose(1, 0, 2), np.abs(alpha[i])[..., None], out=scale[i])
+    return maps.reshape(*lead, *maps.shape[-2:]), scale[..., 0].swapaxes(-1, -2).reshape(*lead, *maps.shape[-2:])
 
 
 def gradcam(A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int) -> Maps:

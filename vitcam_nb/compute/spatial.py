@@ -48,7 +48,8 @@ def _normalise_inplace(x: np.ndarray, hi: np.ndarray, lo: np.ndarray | None) -> 
     ok = span > 0
     np.divide(x, np.where(ok, span, 1), out=x)
     if not ok.all():
-        x[np.broadcast_to(~ok, x.shape)] = 0
+        # Index whole maps by their leading position: a full-size boolean mask costs as much as the division.
+        x[~ok[..., 0, 0]] = 0
     return x
 
 
