@@ -172,6 +172,32 @@ def test_degenerate_variant_shows_a_notice(page):
     assert dataset(page)["degenerate"] == "true"
 
 
+def test_a_slider_step_is_sent_at_once_and_steps_while_it_is_in_flight_wait(page):
+    # Steps made in one task and read back after the page's microtasks, so no timing is involved: an idle page
+    # sends a step at the end of the task (no 30 ms debounce); a step made while that request is unanswered
+    # waits for the debounce, and only the last such step is sent.
+    page.wait_for_function("() => document.querySelector('.vc-explorer').dataset.state === 'ready'")
+    page.wait_for_timeout(100)  # longer than the debounce since the last send
+    before, first, second = explorer(page).evaluate("""async (root) => {
+      const slider = root.querySelector("input[data-field='layer']");
+      const step = (v) => { slider.value = String(v); slider.dispatchEvent(new Event("input", { bubbles: true })); };
+      const settle = async () => { for (let i = 0; i < 3; i++) await Promise.resolve(); };
+      const before = Number(root.dataset.requestId || 0);
+      step(0);
+      await settle();
+      const first = Number(root.dataset.requestId);
+      step(1);
+      step(2);
+      await settle();
+      return [before, first, Number(root.dataset.requestId)];
+    }""")
+    assert first == before + 1 and second == first
+    page.wait_for_function("() => { const r = document.querySelector('.vc-explorer');"
+                           " return r.dataset.state === 'ready' && r.dataset.lastPaintRequest === r.dataset.requestId"
+                           " && r.querySelector(\"input[data-field='layer']\").value === '2'; }", timeout=30_000)
+    assert int(dataset(page)["requestId"]) == first + 1  # the two steps in flight travelled as one request
+
+
 def test_gallery_click_opens_an_explorer(page):
     cell = page.locator(".vc-gallery button.vc-cell[data-row='1'][data-col='2']")
     want = vc.Recipe(layer=1, site="F4")

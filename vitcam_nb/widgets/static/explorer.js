@@ -1,5 +1,5 @@
 // vitcam_nb Explorer view. Protocol with the kernel (vitcam_nb/widgets/explorer.py):
-//   page -> kernel: `request` = {id, recipe, changed}   (debounced; ids increase)
+//   page -> kernel: `request` = {id, recipe, changed}   (sent at once when idle, else debounced; ids increase)
 //   kernel -> page: recipe_json, grid (float32 LE bytes), grid_shape, checklist, methods, recipe_id,
 //                   degenerate, notes, error, response_id (the request answered), frame (+1 per answer)
 //   with a many-image store: `images` ([label, position] per image); the picker sends `image_request` =
@@ -12,7 +12,9 @@
 // out (Python's recipe follows the page) and its answer, the same recipe, only refreshes the report.
 // data-last-cached-paint-ms: control event to the end of the draw of a cached view.
 // Timing hook for benchmarks: the root element's data-last-paint-latency-ms is the time from the first
-// control event of a request to the end of the canvas draw of its answer (kernel round trip included).
+// control event of a request to the end of the canvas draw of its answer (kernel round trip included), split
+// into data-last-wait-ms (event to send: the debounce), data-last-round-trip-ms (send to the answer's arrival)
+// and the rest (report and draw; data-last-draw-ms is the draw alone).
 
 function render({ model, el }) {
   const options = model.get("options");
@@ -23,6 +25,8 @@ function render({ model, el }) {
   let draft = JSON.parse(model.get("recipe_json") || "{}");
   let latest = model.get("response_id");
   let timer = null;
+  let queued = false; // a send is queued for the end of the current task
+  let lastSent = -Infinity;
   let t0 = null;
   const changed = new Set();
   const started = new Map();
@@ -102,8 +106,10 @@ function render({ model, el }) {
   }
 
   // -- requests ----------------------------------------------------------------------------------
-  // Slider input is debounced (a drag sends one request per pause); a select is sent at once, still
-  // through a zero-delay timer so that changes made in the same task travel as one request.
+  // A change made while the page is idle (every request answered, none sent in the last debounce interval) is
+  // sent at once, so a key press on a slider costs one round trip; slider input that follows while a request is
+  // in flight is debounced (a drag sends one request per pause, not one per pixel). A select is always sent at
+  // once. A send at once waits for the end of the current task, so that changes made in it travel as one request.
   function onControl(field, value, discrete = false) {
     const now = performance.now();
     draft = { ...draft, [field]: value };
@@ -122,14 +128,24 @@ function render({ model, el }) {
     controls.sync(draft);
     root.dataset.state = "pending";
     status.textContent = hit ? "" : "computing…";
+    if (queued) return; // the send queued for the end of this task carries this change too
+    const idle = timer === null && model.get("response_id") >= latest && now - lastSent >= debounceMs;
     clearTimeout(timer);
-    timer = setTimeout(flush, discrete ? 0 : debounceMs);
+    timer = null;
+    if (discrete || idle) {
+      queued = true;
+      queueMicrotask(flush); // a zero-delay timer would wait for the next frame (measured: 12 ms)
+    } else {
+      timer = setTimeout(flush, debounceMs);
+    }
   }
 
   function flush() {
     timer = null;
+    queued = false;
+    lastSent = performance.now();
     latest = Math.max(latest, model.get("response_id")) + 1;
-    started.set(latest, t0);
+    started.set(latest, [t0, lastSent]);
     t0 = null;
     root.dataset.requestId = String(latest);
     model.set("request", { id: latest, recipe: draft, changed: [...changed] });
@@ -224,6 +240,7 @@ function render({ model, el }) {
   }
 
   function onAnswer() {
+    const arrived = performance.now();
     const rid = model.get("response_id");
     if (rid < latest) {
       root.dataset.staleDropped = String(Number(root.dataset.staleDropped || 0) + 1);
@@ -246,8 +263,10 @@ function render({ model, el }) {
     }
     shownFromCache = null;
     if (started.has(rid)) {
-      const ms = performance.now() - started.get(rid);
-      root.dataset.lastPaintLatencyMs = ms.toFixed(2);
+      const [first, sent] = started.get(rid);
+      root.dataset.lastPaintLatencyMs = (performance.now() - first).toFixed(2);
+      root.dataset.lastWaitMs = (sent - first).toFixed(2);
+      root.dataset.lastRoundTripMs = (arrived - sent).toFixed(2);
       root.dataset.lastPaintRequest = String(rid);
       for (const key of [...started.keys()]) if (key <= rid) started.delete(key);
     }
