@@ -2,9 +2,15 @@
 an Explorer on a ViT-B/16 trace (timm ``vit_base_patch16_224``, random init, 224x224 input).
 
 Each sample is one press of an arrow key on the Explorer's layer slider (a real input event), timed by
-the page itself: from ``performance.now()`` at the input event, through the 30 ms debounce, the kernel
-round trip (``vc.cam(tr, recipe, grid=True)`` and the binary grid message) and the bilinear upsampling
-and colouring, to the end of the canvas draw; the widget records it in ``data-last-paint-latency-ms``.
+the page itself: from ``performance.now()`` at the input event, through the send (at once: the page is idle
+between presses; slider input is debounced only while a request is in flight), the kernel round trip
+(``vc.cam(tr, recipe, grid=True)`` and the binary grid message), the report and the bilinear upsampling and
+colouring, to the end of the canvas draw; the widget records it in ``data-last-paint-latency-ms``, with the
+wait to send and the round trip apart.
+
+The presses run twice, on a JupyterLab server with the ``vitcam_nb_nodelay`` extension (as a pip install of
+vitcam_nb enables it) and on the same server without it: stock jupyter_server leaves Nagle's algorithm on its
+websockets, and about half of the kernel's answers then wait ~40 ms for the browser's delayed acknowledgement.
 
 A second Explorer on the same trace keeps its neighbour prefetch on (the first has ``prefetch=False``, so each of
 its changes is a kernel round trip): each of its samples is a press whose view the page already holds,
@@ -107,8 +113,59 @@ def _cached_samples(page, n: int, warmup: int) -> tuple[list[float], int]:
     return samples, misses
 
 
+def _round_trips(page, n: int, warmup: int) -> dict[str, list[float]]:
+    """Presses on the first Explorer's layer slider (no prefetch): each one's latency, draw, wait and round trip."""
+    slider = page.locator(".vc-explorer input[data-field='layer']").first
+    slider.focus()
+    layers = int(slider.get_attribute("max")) + 1
+    position, step = layers - 1, -1
+    out: dict[str, list[float]] = {"latency": [], "draw": [], "wait": [], "round_trip": []}
+    attrs = {"latency": "data-last-paint-latency-ms", "draw": "data-last-draw-ms", "wait": "data-last-wait-ms",
+             "round_trip": "data-last-round-trip-ms"}
+    for i in range(warmup + n):
+        if not 0 <= position + step < layers:
+            step = -step
+        position += step
+        prev = _request_id(page)
+        page.keyboard.press("ArrowLeft" if step < 0 else "ArrowRight")
+        page.wait_for_function(_WAIT_PAINTED, arg=[prev, 0], timeout=60_000)
+        if i >= warmup:
+            root_el = page.locator(".vc-explorer").first
+            for key, attr in attrs.items():
+                out[key].append(float(root_el.get_attribute(attr)))
+    return out
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    samples = sorted(samples)
+    return {"median_ms": round(statistics.median(samples), 2),
+            "p90_ms": round(samples[min(len(samples) - 1, int(0.9 * len(samples)))], 2),
+            "min_ms": round(samples[0], 2), "max_ms": round(samples[-1], 2)}
+
+
+def _session(h: ModuleType, tmp: str, nodelay: bool, n: int, warmup: int, cached: bool) -> dict:
+    """One JupyterLab server (with or without the vitcam_nb_nodelay extension) and its samples."""
+    root = Path(tmp) / f"root-{'nodelay' if nodelay else 'stock'}"
+    root.mkdir()
+    cells = [NOTEBOOK_CELL, CACHED_CELL] if cached else [NOTEBOOK_CELL]
+    h.write_notebook(root / "latency.ipynb", cells)
+    with h.LabServer(root, nodelay=nodelay) as lab, h.browser_page() as page:
+        h.open_notebook(page, lab, "latency.ipynb")
+        h.run_cell(page, 0)
+        page.wait_for_selector(".vc-explorer[data-ready='true']", timeout=300_000)
+        if cached:
+            h.run_cell(page, 1)
+            page.wait_for_function("() => document.querySelectorAll(\".vc-explorer[data-ready='true']\").length == 2",
+                                   timeout=300_000)
+        trips = _round_trips(page, n, warmup)
+        hits, misses = _cached_samples(page, n, warmup) if cached else ([], 0)
+    return {"trips": trips, "cached": hits, "misses": misses}
+
+
 def run(quick: bool = False) -> dict:
-    """Measure the median control-change-to-repaint latency of the Explorer on a ViT-B/16 trace.
+    """Measure the median control-change-to-repaint latency of the Explorer on a ViT-B/16 trace, on a JupyterLab
+    server with the ``vitcam_nb_nodelay`` extension (as a pip install of vitcam_nb enables it) and on one
+    without it (stock jupyter_server, Nagle's algorithm on its websockets).
 
     ``quick``: 10 samples instead of 40 (the ViT-B trace in the kernel dominates either way, ~30 s on
     two CPU cores). Returns ``{"widget_repaint_median_ms": float | None, "n": int, ...}``.
@@ -123,51 +180,32 @@ def run(quick: bool = False) -> dict:
         return {"widget_repaint_median_ms": None, "n": 0, "skipped": reason}
     n = 10 if quick else 40
     warmup = 3
-    samples: list[float] = []
-    draws: list[float] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vitcam-latency-") as tmp:
-        root = Path(tmp) / "root"
-        root.mkdir()
-        h.write_notebook(root / "latency.ipynb", [NOTEBOOK_CELL, CACHED_CELL])
-        with h.LabServer(root) as lab, h.browser_page() as page:
-            h.open_notebook(page, lab, "latency.ipynb")
-            h.run_cell(page, 0)
-            page.wait_for_selector(".vc-explorer[data-ready='true']", timeout=300_000)
-            h.run_cell(page, 1)
-            page.wait_for_function("() => document.querySelectorAll(\".vc-explorer[data-ready='true']\").length == 2",
-                                   timeout=300_000)
-            slider = page.locator(".vc-explorer input[data-field='layer']").first
-            slider.focus()
-            layers = int(slider.get_attribute("max")) + 1
-            position, step = layers - 1, -1
-            for i in range(warmup + n):
-                if not 0 <= position + step < layers:
-                    step = -step
-                position += step
-                prev = _request_id(page)
-                page.keyboard.press("ArrowLeft" if step < 0 else "ArrowRight")
-                page.wait_for_function(_WAIT_PAINTED, arg=[prev, 0], timeout=60_000)
-                root_el = page.locator(".vc-explorer").first
-                ms = float(root_el.get_attribute("data-last-paint-latency-ms"))
-                if i >= warmup:
-                    samples.append(ms)
-                    draws.append(float(root_el.get_attribute("data-last-draw-ms")))
-            cached, misses = _cached_samples(page, n, warmup)
-    samples.sort()
-    cached.sort()
+        shipped = _session(h, tmp, nodelay=True, n=n, warmup=warmup, cached=True)
+        stock = _session(h, tmp, nodelay=False, n=n, warmup=warmup, cached=False)
+    trips, cached = shipped["trips"], sorted(shipped["cached"])
+    latency = _summary(trips["latency"])
+    stock_latency = _summary(stock["trips"]["latency"])
     return {
-        "widget_repaint_median_ms": round(statistics.median(samples), 2),
-        "n": len(samples),
-        "p90_ms": round(samples[min(len(samples) - 1, int(0.9 * len(samples)))], 2),
-        "min_ms": round(samples[0], 2),
-        "max_ms": round(samples[-1], 2),
-        "draw_median_ms": round(statistics.median(draws), 2),
+        "widget_repaint_median_ms": latency["median_ms"],
+        "n": len(trips["latency"]),
+        "p90_ms": latency["p90_ms"],
+        "min_ms": latency["min_ms"],
+        "max_ms": latency["max_ms"],
+        "draw_median_ms": round(statistics.median(trips["draw"]), 2),
+        "wait_median_ms": round(statistics.median(trips["wait"]), 2),
+        "round_trip_median_ms": round(statistics.median(trips["round_trip"]), 2),
+        "server": "JupyterLab with the vitcam_nb_nodelay server extension (kernel websockets without Nagle's delay)",
+        "stock_server_median_ms": stock_latency["median_ms"],
+        "stock_server_p90_ms": stock_latency["p90_ms"],
+        "stock_server_round_trip_median_ms": round(statistics.median(stock["trips"]["round_trip"]), 2),
+        "stock_server": "the same JupyterLab with the extension turned off (stock jupyter_server)",
         "control": "layer slider (ArrowLeft/ArrowRight key press), F1, vit_base_patch16_224 random init, 224x224",
-        "includes": "30 ms debounce + kernel round trip + upsample/colour/draw",
+        "includes": "wait to send (none when idle) + kernel round trip + report, upsample/colour/draw",
         "cached_repaint_median_ms": round(statistics.median(cached), 2) if cached else None,
         "cached_n": len(cached),
-        "cached_misses": misses,
+        "cached_misses": shipped["misses"],
         "cached_p90_ms": round(cached[min(len(cached) - 1, int(0.9 * len(cached)))], 2) if cached else None,
         "cached_max_ms": round(cached[-1], 2) if cached else None,
         "cached_includes": "prefetching Explorer: input event to the end of the draw from the page's cache",

@@ -75,8 +75,9 @@ class LabServer:
         ...     print(lab.url("lab"))
     """
 
-    def __init__(self, root: Path, startup_timeout: float = 90.0) -> None:
+    def __init__(self, root: Path, startup_timeout: float = 90.0, nodelay: bool | None = None) -> None:
         self.root = Path(root)
+        self.nodelay = nodelay
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.startup_timeout = startup_timeout
@@ -103,6 +104,8 @@ class LabServer:
                "--ServerApp.open_browser=False", "--allow-root", f"--LabApp.user_settings_dir={settings}",
                f"--LabApp.workspaces_dir={state / 'workspaces'}", "--LabApp.news_url=",
                "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate"]
+        if self.nodelay is not None:  # on or off whatever the installed configuration says
+            cmd.append(f"--ServerApp.jpserver_extensions=vitcam_nb_nodelay={self.nodelay}")
         log = open(self.log_path, "w")  # noqa: SIM115 (kept open for the server's lifetime)
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
