@@ -8,7 +8,8 @@ is one change of a select (site, weighting, target, class in turn), timed by the
 the end of the canvas draw (``data-last-paint-latency-ms``, the same hook as the kernel widget's benchmark).
 
 Run:  ``python -m benchmarks.export_html [--quick] [--out benchmarks/EXPORT_HTML.json]``
-(``--quick``: shapes-vit only). The README's export section is written from the JSON by ``--readme``.
+(``--quick``: shapes-vit and the repaint only; an existing ``--out`` keeps its ViT-B/16 sizes, with their
+date). The README's export section is written from the JSON by ``--readme``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _repaint(path: Path, samples: int = 40) -> dict:
     reason = chromium_missing_reason()
     if reason:
         return {"n": 0, "reason": reason}
-    times, draws = [], []
+    times, draws, refused = [], [], 0
     with browser_page() as page:
         page.goto(path.as_uri())
         page.wait_for_function("document.body.dataset.loaded === 'true'", timeout=60_000)
@@ -59,14 +60,24 @@ def _repaint(path: Path, samples: int = 40) -> dict:
             name, values = fields[i % len(fields)]
             root = page.locator(".vc-explorer")
             before = root.get_attribute("data-paint-count")
-            page.locator(f"select[data-field='{name}']").select_option(value=values[(i // len(fields) + 1)
-                                                                                  % len(values)])
-            page.wait_for_function("(n) => document.querySelector('.vc-explorer').dataset.paintCount !== n",
+            control = page.locator(f"select[data-field='{name}']")
+            previous = control.input_value()
+            control.select_option(value=values[(i // len(fields) + 1) % len(values)])
+            page.wait_for_function("(n) => { const r = document.querySelector('.vc-explorer');"
+                                   " return r.dataset.paintCount !== n || r.dataset.error === 'true'; }",
                                    arg=before, timeout=10_000)
+            if root.get_attribute("data-error") == "true":
+                # A recipe the export holds as a refusal (e.g. Score-CAM on a trace without vc.score's outputs):
+                # not a repaint; go back to the shown recipe.
+                refused += 1
+                control.select_option(value=previous)
+                page.wait_for_function("() => document.querySelector('.vc-explorer').dataset.error === 'false'",
+                                       timeout=10_000)
+                continue
             if i >= 4:  # the first changes warm the JIT
                 times.append(float(root.get_attribute("data-last-paint-latency-ms")))
                 draws.append(float(root.get_attribute("data-last-draw-ms")))
-    return {"n": len(times), "median_ms": round(statistics.median(times), 2),
+    return {"n": len(times), "refused_changes_skipped": refused, "median_ms": round(statistics.median(times), 2),
             "p90_ms": round(float(np.percentile(times, 90)), 2), "draw_median_ms": round(statistics.median(draws), 2)}
 
 
@@ -104,14 +115,17 @@ def _shapes(out: dict, tmp: Path) -> None:
 def readme_section(result: dict) -> str:
     """The README lines of a result."""
     s = result["shapes_vit"]
-    lines = [f"Exported explorer (`python -m benchmarks.export_html{'' if 'vit_b16' in result else ' --quick'}`, "
+    quick = "vit_b16" not in result or result.get("vit_b16_date", result["date"]) != result["date"]
+    lines = [f"Exported explorer (`python -m benchmarks.export_html{' --quick' if quick else ''}`, "
              f"{result['date']}): shapes-vit, default axes: "
              f"{s['uint8']['mb']} MB as uint8, {s['float16']['mb']} MB as float16 (budget 3 MB); one site and the "
              f"last layer: {s['narrow']['mb']} MB."]
     if "vit_b16" in result:
         v = result["vit_b16"]
+        when = f" (measured {result['vit_b16_date']})" if result.get("vit_b16_date", result["date"]) != \
+            result["date"] else ""
         lines.append(f"ViT-B/16, default axes: {v['uint8']['mb']} MB as uint8 (budget 25 MB), written in "
-                     f"{v['uint8']['export_s']} s; one site and the last layer: {v['narrow']['mb']} MB.")
+                     f"{v['uint8']['export_s']} s; one site and the last layer: {v['narrow']['mb']} MB{when}.")
     r = result["repaint"]
     if r.get("n"):
         lines.append(f"In-page repaint after a control change (headless Chromium, median of {r['n']}): "
@@ -128,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.readme:
         result = run(args.quick, args.vitb_only)
-        if args.vitb_only and Path(args.out).exists():
-            result = {**json.loads(Path(args.out).read_text()), "vit_b16": result["vit_b16"]}
+        previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        if args.vitb_only and previous:
+            result = {**previous, "vit_b16": result["vit_b16"], "vit_b16_date": result["date"]}
+        elif args.quick and "vit_b16" in previous:  # shapes-vit and the repaint again; ViT-B/16 as measured then
+            result = {**result, "vit_b16": previous["vit_b16"],
+                      "vit_b16_date": previous.get("vit_b16_date", previous["date"])}
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
     result = json.loads(Path(args.out).read_text())
