@@ -4,6 +4,10 @@ interleaved in one run; the ratio busy/as-is is the load cost (target <= 1.3).
 
 Run:  ``python -m benchmarks.load [--rounds N] [--out benchmarks/LOAD.json]``  (prints the JSON).
 On a machine that other jobs already load, "as is" is not quiet: the JSON records the load averages.
+
+The busy process is a separate interpreter started with ``subprocess`` (no fork of this process), as another
+user's job on a shared machine would be: forking the measuring process shuts down OpenBLAS's thread pools (its
+fork handler), and the pools it then starts again spin beside the gallery, which a neighbour never causes.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -24,11 +28,16 @@ from benchmarks import workloads
 VARY = {"layer": "all", "site": ["F1", "F3", "F4", "F5", "F6"]}
 
 
-def _spin(stop) -> None:
-    x = 0
-    while not stop.is_set():
-        for _ in range(100_000):
-            x += 1
+def busy_process() -> subprocess.Popen:
+    """Start one CPU-bound Python process (a bare loop), the load of one occupied core.
+
+    Example:
+        >>> p = busy_process(); p.poll() is None
+        True
+        >>> p.kill(); p.wait() != 0
+        True
+    """
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 def _burst(fn, n: int) -> tuple[float, float]:
@@ -59,15 +68,15 @@ def run(rounds: int = 5, burst: int = 5, model: str = workloads.VIT_BASE) -> dic
     quiet, busy = [], []
     for r in range(rounds):
         for loaded in ((False, True) if r % 2 == 0 else (True, False)):
-            stop = mp.Event()
-            spinner = mp.Process(target=_spin, args=(stop,), daemon=True) if loaded else None
-            if spinner:
-                spinner.start()
-                time.sleep(0.3)
-            (busy if loaded else quiet).append(_burst(gallery, burst))
-            if spinner:
-                stop.set()
-                spinner.join()
+            spinner = busy_process() if loaded else None
+            try:
+                if spinner:
+                    time.sleep(0.3)
+                (busy if loaded else quiet).append(_burst(gallery, burst))
+            finally:
+                if spinner:
+                    spinner.kill()
+                    spinner.wait()
     ratios = [b[0] / q[0] for q, b in zip(quiet, busy)]
     return {
         "model": model, "maps": int(tr.sizes["layer"]) * len(VARY["site"]), "rounds": rounds, "burst": burst,
