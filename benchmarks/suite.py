@@ -331,6 +331,33 @@ def _phase_table(rounds: list[dict]) -> dict:
             "n": len(rounds)}
 
 
+def fault_costs(candidates: dict[str, Callable[[], object]], calls: int = 2) -> dict:
+    """Minor page faults and system CPU seconds per call (medians over ``calls``, one candidate after the other):
+    what handing freed memory back to the system during a pass costs when its pages are faulted in again.
+    ``resource`` is POSIX-only; elsewhere the result is empty.
+
+    Example:
+        >>> fault_costs({"noop": lambda: None}, calls=1)["noop"]["minor_faults"] >= 0
+        True
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return {}
+    out = {}
+    for name, fn in candidates.items():
+        faults, system = [], []
+        for _ in range(calls):
+            gc.collect()
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            fn()
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            faults.append(after.ru_minflt - before.ru_minflt)
+            system.append(after.ru_stime - before.ru_stime)
+        out[name] = {"minor_faults": int(statistics.median(faults)), "system_s": statistics.median(system)}
+    return out
+
+
 def bench_trace_cost(w: workloads.Workload, cfg: Config, k: int) -> dict:
     """Item 1: trace() against one forward + K+1 single-target gradient passes, side by side."""
     import vitcam_nb as vc
@@ -364,6 +391,7 @@ def bench_trace_cost(w: workloads.Workload, cfg: Config, k: int) -> dict:
     cfg.log(f"    trace {statistics.median(s['trace']):.3f} s, baseline {statistics.median(s['baseline_autograd']):.3f}"
             f" s, ratio {ratio:.3f}")
     breakdown = _breakdown(model, x_trace, k, dev, max(1, min(cfg.repeats, 3)))
+    faults = fault_costs({name: candidates[name] for name in ("trace", "baseline_autograd")})
     return {
         "k": k,
         "n_targets": k + 1,
@@ -377,6 +405,7 @@ def bench_trace_cost(w: workloads.Workload, cfg: Config, k: int) -> dict:
         "ratio_vs_forward": paired_ratio(s["trace"], s["forward"]),
         "first_trace": cold,
         "breakdown": breakdown,
+        "page_faults": faults,
         "baseline_description": (
             f"one forward with hooks on F1..F6 of every block (fused_attn=False, as F2 needs), then {k + 1} "
             "torch.autograd.grad calls (top-K logits and the expected logit), each w.r.t. all hooked tensors "

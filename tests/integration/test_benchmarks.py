@@ -127,6 +127,40 @@ def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
     assert "holds" in module.load_row(path)
 
 
+def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    g = {"vc_gallery": {"median_s": 0.0125}, "torchcam_one_pass": {"median_s": 0.9},
+         "pytorch_grad_cam_one_pass": {"median_s": 0.8}, "speedup_vs_torchcam_one_pass": 72.0,
+         "speedup_vs_pytorch_grad_cam_one_pass": 64.0}
+    results = {"created": "2026-11-30T10:00:00", "models": {"m": {"gallery": g}},
+               "partial_updates": [{"item": "m/gallery", "created": "2026-12-01T09:00:00"}]}
+    row = module.gallery_row(results, "m")
+    # pytorch-grad-cam is the faster peer here (0.8 s), so its paired ratio is the one judged.
+    assert "12.5 ms (target <= 20 ms: holds)" in row and "(pytorch-grad-cam) ×64 (target >= 100×: missed)" in row
+    assert "measured 2026-12-01" in row
+    g.update(vc_gallery={"median_s": 0.025}, speedup_vs_pytorch_grad_cam_one_pass=120.0)
+    row = module.gallery_row(results, "m")
+    assert "25.0 ms (target <= 20 ms: missed)" in row and "×120 (target >= 100×: holds)" in row
+    assert module.gallery_row({**results, "quick": True}, "m") == ""
+
+
+def test_trace_faults_row_states_both_counts_and_is_empty_without_them() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pf = {"trace": {"minor_faults": 340123, "system_s": 0.81}, "baseline_autograd": {"minor_faults": 3776,
+                                                                                    "system_s": 0.03}}
+    row = module.trace_faults_row({"models": {"m": {"trace_cost": {"page_faults": pf}}}}, "m")
+    assert "340,123 minor page faults and 0.81 s" in row and "the baseline 3,776 and 0.03 s" in row
+    assert module.trace_faults_row({"models": {"m": {"trace_cost": {}}}}, "m") == ""
+
+
 def test_ambiguity_row_states_the_largest_description_within_500_recipes_and_the_verdict(tmp_path: Path) -> None:
     import importlib.util
 
