@@ -92,12 +92,13 @@ def _layer_site_block(view: TraceView, rec: Recipe, layers: list, sites: list, s
             raise RecipeError("vary: heads applies to F2/F3 only; vary sites with heads='channels'")
         by_site: dict[bool, list[tuple[int, int]]] = {}
         for i in token_idx:
-            # F3 may group channels into heads; other token sites never do, so compute F3 on its own.
-            by_site.setdefault(sites[i] == "F3", []).append((i, view.sites.index(sites[i])))
+            # A head rule groups F3's channels into heads, other token sites never: F3 then goes on its own.
+            by_site.setdefault(sites[i] == "F3" and rec.heads != "channels", []).append((i, view.sites.index(sites[i])))
         for members in by_site.values():
             cols = [i for i, _ in members]
             raw, scale, zero = raw_maps(view, rec, layer_pos, [sp for _, sp in members])
             maps, why = finish_layers(view, rec, raw, scale, zero)
+            # One site's maps (a few MB at 224 px) per call: the normalisation's passes then stay in cache.
             for k, col in enumerate(cols):
                 upsample_into(block[:, col], maps[:, k], rec.upsample, rec.normalize, view.pad)
             reasons[:, cols] = why
