@@ -110,12 +110,18 @@ def test_update_readme_perf_replaces_only_between_markers(quick_run: tuple[dict,
     assert readme.read_text() == "# no markers\n"
 
 
-def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
+def _readme_perf_script():
+    """scripts/update_readme_perf.py as a module (scripts/ is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
+    module = _readme_perf_script()
     entry = {"model": "m", "maps": 60, "rounds": 3, "as_is_median_s": 0.02, "busy_median_s": 0.03,
              "busy_over_as_is": 1.5, "target": 1.3, "load_average_start": [1.0, 0.5, 0.25], "cpus": 2,
              "date": "2026-11-30", "command": "python -m benchmarks.load"}
@@ -128,11 +134,7 @@ def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
 
 
 def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _readme_perf_script()
     g = {"vc_gallery": {"median_s": 0.0125}, "torchcam_one_pass": {"median_s": 0.9},
          "pytorch_grad_cam_one_pass": {"median_s": 0.8}, "speedup_vs_torchcam_one_pass": 72.0,
          "speedup_vs_pytorch_grad_cam_one_pass": 64.0}
@@ -149,11 +151,7 @@ def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -
 
 
 def test_trace_faults_row_states_both_counts_and_is_empty_without_them() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _readme_perf_script()
     pf = {"trace": {"minor_faults": 340123, "system_s": 0.81}, "baseline_autograd": {"minor_faults": 3776,
                                                                                     "system_s": 0.03}}
     row = module.trace_faults_row({"models": {"m": {"trace_cost": {"page_faults": pf}}}}, "m")
@@ -162,11 +160,7 @@ def test_trace_faults_row_states_both_counts_and_is_empty_without_them() -> None
 
 
 def test_ambiguity_row_states_the_largest_description_within_500_recipes_and_the_verdict(tmp_path: Path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("update_readme_perf", ROOT / "scripts" / "update_readme_perf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _readme_perf_script()
     rows = [{"description": "small", "recipes": 66, "design": "exact: a", "first_call_s": 0.1, "median_repeat_s": 0.1},
             {"description": "five hundred", "recipes": 500, "design": "exact: b", "first_call_s": 1.234,
              "median_repeat_s": 1.1},
