@@ -178,7 +178,7 @@ class FlatKind(TraceKind):
         for combo in itertools.product(*(range(len(values[f])) for f in others)):
             changes = {f: values[f][i] for f, i in zip(others, combo)}
             try:
-                rec = base.replace(**changes)
+                rec = base.replace(**changes) if changes else base
                 recipes, rec_ids = _recipe_grid(rec, tuple(layers), tuple(sites), has_cls, "site" in values)
             except RecipeError as exc:
                 raise RecipeError(f"vary: the combination {changes} is not a valid recipe: {exc}") from exc

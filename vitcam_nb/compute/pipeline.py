@@ -248,7 +248,7 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
             else np.ones(zero_grad.shape, bool)
         G = np.broadcast_to(G, (*zero_grad.shape, *G.shape[-2:]))
         for idx in map(tuple, np.argwhere(unproven)):
-            zero_grad[idx] = not np.any(G[idx][..., tokens, :] != 0)
+            zero_grad[idx] = not np.any(G[idx][..., tokens, :])  # truth of a float: nonzero (NaN too)
     return to_grid(view, maps), to_grid(view, scale), zero_grad
 
 
