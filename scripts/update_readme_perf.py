@@ -94,7 +94,7 @@ def gallery_row(results: dict, model: str = "vit_base_patch16_224") -> str:
         ...      "speedup_vs_torchcam_one_pass": 90.0, "speedup_vs_pytorch_grad_cam_one_pass": 137.5,
         ...      "speedup_vs_pytorch_grad_cam_loop": 7500.0}
         >>> row = gallery_row({"models": {"m": {"gallery": g}}, "created": "2026-12-01T10:00:00"}, "m")
-        >>> "8.0 ms (target <= 20 ms: holds)" in row, "(torchcam) ×90 (target >= 100×: missed)" in row
+        >>> "8.0 ms (target <= 20 ms: holds)" in row, "(torchcam) ×90.0 (target >= 100×: missed)" in row
         (True, True)
     """
     g = results.get("models", {}).get(model, {}).get("gallery")
@@ -115,7 +115,7 @@ def gallery_row(results: dict, model: str = "vit_base_patch16_224") -> str:
             f"×{g['speedup_vs_pytorch_grad_cam_loop']:,.0f}") if "pytorch_grad_cam_loop" in g else ""
     return (f"- Gallery against the peers ({model}, 60 maps, same run): `vc.gallery` {ours * 1e3:.1f} ms (target "
             f"<= 20 ms: {'holds' if ours <= 0.020 else 'missed'}); {others}{loop}. Against the fastest peer's one "
-            f"pass ({fastest.removesuffix('_one_pass').replace('_', '-')}) ×{ratio:.0f} (target >= 100×: "
+            f"pass ({fastest.removesuffix('_one_pass').replace('_', '-')}) ×{ratio:.1f} (target >= 100×: "
             f"{'holds' if ratio >= 100 else 'missed'}); medians of per-round ratios, measured {when}.")
 
 

@@ -142,11 +142,11 @@ def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -
                "partial_updates": [{"item": "m/gallery", "created": "2026-12-01T09:00:00"}]}
     row = module.gallery_row(results, "m")
     # pytorch-grad-cam is the faster peer here (0.8 s), so its paired ratio is the one judged.
-    assert "12.5 ms (target <= 20 ms: holds)" in row and "(pytorch-grad-cam) ×64 (target >= 100×: missed)" in row
+    assert "12.5 ms (target <= 20 ms: holds)" in row and "(pytorch-grad-cam) ×64.0 (target >= 100×: missed)" in row
     assert "measured 2026-12-01" in row
     g.update(vc_gallery={"median_s": 0.025}, speedup_vs_pytorch_grad_cam_one_pass=120.0)
     row = module.gallery_row(results, "m")
-    assert "25.0 ms (target <= 20 ms: missed)" in row and "×120 (target >= 100×: holds)" in row
+    assert "25.0 ms (target <= 20 ms: missed)" in row and "×120.0 (target >= 100×: holds)" in row
     assert module.gallery_row({**results, "quick": True}, "m") == ""
 
 
