@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import xarray as xr
 
 import vitcam_nb as vc
 
@@ -135,16 +134,12 @@ with warnings.catch_warnings():
 """
 
 
-def _retraced_here() -> xr.Dataset:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return FIXTURES.flat_trace()
-
-
 def test_retracing_on_this_cpu_matches_the_0_1_file_up_to_rounding():
     # Any instruction set: every value within one float16 step, or float32 noise on the variable's scale (a sum
     # that cancels to near zero keeps the absolute, not the relative, error of its terms).
-    new, old = _retraced_here(), vc.load(DATA / "flat.nc")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        new, old = FIXTURES.flat_trace(), vc.load(DATA / "flat.nc")
     assert new.attrs["trace_id"] == old.attrs["trace_id"]
     for name in old.variables:
         a, b = new[name].values, old[name].values

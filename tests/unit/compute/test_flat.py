@@ -719,6 +719,18 @@ def test_gallery_layers_and_sites_equal_individual_cams(real, base):
         assert any(issubclass(w.category, vc.DegenerateMapWarning) for w in rec)
 
 
+@pytest.mark.parametrize("sites", [["F1", "F3", "F4", "F5", "F6"], ["F6", "F4", "F1"], ["F3", "F5"]])
+def test_gallery_maps_are_bitwise_the_cams_whichever_way_the_sites_are_batched(real, sites):
+    # Consecutive stored sites go through the pipeline as one view, others one site at a time; every map must
+    # be the one vc.cam computes for its recipe alone, bit for bit.
+    _, _, tr = real
+    g = _quiet(vc.gallery, tr, vc.Recipe(), vary={"layer": "all", "site": sites})
+    for layer in range(3):
+        for site in sites:
+            m = _quiet(vc.cam, tr, vc.Recipe(layer=layer, site=site))
+            np.testing.assert_array_equal(g.sel(layer=layer, site=site).values, m.values, err_msg=f"{site}@{layer}")
+
+
 def test_gallery_other_fields(real):
     _, _, tr = real
     vary = {"weighting": ["gradcam", "layercam", "eigencam"], "target": ["logit", "prob", "logprob"],
