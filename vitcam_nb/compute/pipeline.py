@@ -17,9 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from vitcam_nb.compute.kernels import apply_head_rule, relu, token_maps, zero_gradient_gives_zero_map
+from vitcam_nb.compute.kernels import (
+    apply_head_rule,
+    channel_token_maps,
+    relu,
+    token_maps,
+    zero_gradient_gives_zero_map,
+)
 from vitcam_nb.compute.spatial import normalise, to_grid, upsample
-from vitcam_nb.compute.view import TraceView
+from vitcam_nb.compute.view import ActivationNorms, TraceView
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE
@@ -205,7 +211,8 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
             # (each map's arithmetic is the same as alone; fewer, larger numpy calls).
             A = view.arrays["act"][layers, sites].astype(np.float32, copy=False)
             G = combine(view.arrays["grad"], weights, (layers, sites)) if "grad" in view.arrays else np.zeros_like(A)
-            return grid_maps(view, recipe, A, G, wmask, patch, groups)
+            norms = view.activation_norms(groups, layers, sites)
+            return grid_maps(view, recipe, A, G, wmask, patch, groups, norms=norms)
         per_site = []
         # One site at a time: a site of the stored (layer, site, ...) array is a view, where a list of sites
         # would be a fancy-indexed copy of every activation and gradient read.
@@ -213,16 +220,20 @@ def raw_maps(view: TraceView, recipe: Recipe, layer_pos: list[int], site_pos: li
             A = view.arrays["act"][layers, sp].astype(np.float32, copy=False)
             G = combine(view.arrays["grad"], weights, (layers, sp)) if "grad" in view.arrays else np.zeros_like(A)
             stored = _stored(view, recipe, weights, cls, (layers, sp))
-            per_site.append(grid_maps(view, recipe, A, G, wmask, patch, groups, **stored))
+            per_site.append(grid_maps(view, recipe, A, G, wmask, patch, groups,
+                                      norms=view.activation_norms(groups, layers, sp), **stored))
         return tuple(np.stack(parts, axis=1) for parts in zip(*per_site))
     return grid_maps(view, recipe, A, G, wmask, patch, groups, **stored)
 
 
-def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any,
-               groups: int, **stored: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wmask: Any, patch: Any, groups: int,
+              norms: ActivationNorms | None = None, **stored: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weighting and head rule over (..., token, channel) A and G: maps and scales on the grid, and whether
     the gradients the formula reads were all zero. ``stored``: the model outputs a scored weighting reads
     (a map that needs a channel ``vc.score`` has not scored is refused with the call that scores it).
+    ``norms``: the cached activation norms of A's cells (:meth:`TraceView.activation_norms`). A channel-weighted
+    map then fills them the first time, and later uses them to bound its scale, made exact where
+    :func:`finish_layers` could not decide on the bound, so its verdicts are the exact scale's.
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -233,12 +244,28 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
         >>> maps.shape, bool(zero)
         ((4, 4), True)
     """
-    raw, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups, **stored)
+    channel = None if norms is None else channel_token_maps(A, G, recipe.weighting, wmask, patch, groups,
+                                                            norms.get(), **stored)
+    bounded = channel is not None and channel[2] is None
+    if channel is None:
+        raw, scale = token_maps(A, G, recipe.weighting, wmask, patch, groups, **stored)
+    else:
+        raw, scale, new_norms = channel
+        if new_norms is not None:
+            norms.put(new_norms)
     if stored and np.isnan(raw).any():
         raise RecipeError(f"weighting: {recipe.weighting} needs channel scores this trace does not hold at "
                           f"{recipe.site}, layer {recipe.layer}; add them with {score_call(recipe)}")
     rule = recipe.heads if groups > 1 or isinstance(recipe.heads, int) else "channels"
     maps, scale = apply_head_rule(raw, scale, rule)
+    if bounded:
+        # A map clearing the bound is real whatever the exact scale; a flat one (span 0) is constant whatever
+        # it. Between the two, the kernel's exact scale decides, as it would have without the bound.
+        span = _span(recipe, maps, -1)
+        for idx in map(tuple, np.argwhere(~(span > view.rtol * scale.max(axis=-1)) & (span != 0))):
+            part = {k: v[idx] if isinstance(v, np.ndarray) else v for k, v in stored.items()}
+            scale[idx] = apply_head_rule(*token_maps(A[idx], G[idx], recipe.weighting, wmask, patch, groups, **part),
+                                         rule)[1]
     weighting = WEIGHTINGS.get(recipe.weighting)
     zero_grad = np.zeros(maps.shape[:-1], bool)
     if weighting.uses_gradient:
@@ -250,6 +277,12 @@ def grid_maps(view: TraceView, recipe: Recipe, A: np.ndarray, G: np.ndarray, wma
         for idx in map(tuple, np.argwhere(unproven)):
             zero_grad[idx] = not np.any(G[idx][..., tokens, :])  # truth of a float: nonzero (NaN too)
     return to_grid(view, maps), to_grid(view, scale), zero_grad
+
+
+def _span(recipe: Recipe, raw: np.ndarray, axes: int | tuple[int, ...]) -> np.ndarray:
+    """max - min of each map after the recipe's ReLU: what the degeneracy check compares with the scale."""
+    maps = relu(raw) if recipe.relu == "after" else raw
+    return maps.max(axis=axes) - maps.min(axis=axes)
 
 
 def _saturated(logits: np.ndarray) -> bool:
@@ -271,7 +304,7 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
         (np.float32(1.0), 'the map is cons')
     """
     maps = relu(raw) if recipe.relu == "after" else raw
-    span = maps.max(axis=(-2, -1)) - maps.min(axis=(-2, -1))
+    span = _span(recipe, raw, (-2, -1))
     ref = scale.max(axis=(-2, -1))
     constant = span <= view.rtol * ref
     why_zero = ("gradients are exactly zero at these tokens (the target does not depend on them: with CLS "

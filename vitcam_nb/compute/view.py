@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, LOOP_VARIABLES, SCORE_VARIABLES, SUPPORTED_SCHEMAS
 
-__all__ = ["TraceView", "clear_views"]
+__all__ = ["ActivationNorms", "TraceView", "clear_views"]
 
 _VIEWS: dict[int, tuple[weakref.ref, TraceView]] = {}
 
@@ -35,6 +35,36 @@ def clear_views() -> None:
         >>> clear_views()
     """
     _VIEWS.clear()
+
+
+@dataclass
+class ActivationNorms:
+    """Per-token sums of ``|act|`` over each channel group at the patch tokens of some (layer, site) cells of a
+    trace, (layer, site, patch token, group) float32: kept with the trace's view, as they depend on the trace
+    alone, and they bound the magnitude scale of every channel-weighted map on those cells
+    (``vitcam_nb.compute.kernels.channel_token_maps``). ``values`` and ``known`` are the view's whole cache;
+    ``layers`` and ``sites`` select the cells.
+
+    Example:
+        >>> cache = ActivationNorms(np.zeros((2, 1, 3, 1), np.float32), np.zeros((2, 1), bool), slice(0, 1), 0)
+        >>> print(cache.get()); cache.put(np.ones((1, 3, 1), np.float32)); cache.get()[..., 0]
+        None
+        array([[1., 1., 1.]], dtype=float32)
+    """
+
+    values: np.ndarray
+    known: np.ndarray
+    layers: slice | np.ndarray
+    sites: slice | int
+
+    def get(self) -> np.ndarray | None:
+        """The norms of the cells, or None until every one of them is known."""
+        return self.values[self.layers, self.sites] if self.known[self.layers, self.sites].all() else None
+
+    def put(self, norms: np.ndarray) -> None:
+        """Keep the norms of the cells, computed with a map on them."""
+        self.values[self.layers, self.sites] = norms
+        self.known[self.layers, self.sites] = True
 
 
 @dataclass
@@ -63,6 +93,7 @@ class TraceView:
     num_layers: int
     rtol: float
     signature: tuple
+    norms: dict = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def _signature(trace: xr.Dataset) -> tuple:
@@ -134,6 +165,23 @@ class TraceView:
         size = str(self.attrs.get("patch_size", "1"))
         ph, pw = (int(v) for v in size.split("x")) if "x" in size else (int(size), int(size))
         return max(0, self.gh * ph - self.height), max(0, self.gw * pw - self.width)
+
+    def activation_norms(self, groups: int, layers: slice | np.ndarray, sites: slice | int) -> ActivationNorms:
+        """The cached activation norms of the stored ``layers`` and ``sites`` (positions), by ``groups``
+        channel groups: see :class:`ActivationNorms`.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+            >>> view = TraceView.of(vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8)))
+            >>> print(view.activation_norms(1, slice(0, 2), 0).get())
+            None
+        """
+        if groups not in self.norms:
+            act = self.arrays["act"]
+            self.norms[groups] = (np.empty((*act.shape[:2], self.patch.size, groups), np.float32),
+                                  np.zeros(act.shape[:2], bool))
+        return ActivationNorms(*self.norms[groups], layers, sites)
 
     def token_index(self, kind: str, field: str) -> int:
         where = np.flatnonzero(self.kinds == kind)

@@ -47,6 +47,10 @@ class Weighting:
     a channel weighting of one site; sweeps over weightings (:func:`channel_weighting_names`) leave it out.
     ``scored_target``: the target the stored outputs are scores of: "logit" (stored with their logsumexp, so
     prob and logprob follow too) or one target only (ViT-CX stores "prob").
+    ``channel_weights``: for a map of the form ``sum_k alpha_k A[t,k]``, the function ``alpha(A, G, wmask, patch,
+    **stored) -> (..., channel)`` its kernel applies. Given it, a map on a trace can bound its magnitude scale
+    from activation norms cached per trace instead of summing ``|alpha_k| |A[t,k]|`` again, and asks the kernel
+    for the exact scale only where the bound cannot tell a real map from rounding noise.
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -63,6 +67,7 @@ class Weighting:
     scores: str = ""
     method: bool = False
     scored_target: str = "logit"
+    channel_weights: Callable[..., np.ndarray] | None = None
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")
@@ -85,6 +90,8 @@ def register_weighting(weighting: Weighting, *, replace: bool = False) -> None:
         raise TypeError(f"weighting: expected a vitcam_nb.core.weighting.Weighting, got {type(weighting).__name__}")
     if not callable(weighting.kernel):
         raise TypeError(f"weighting: the kernel of {weighting.name!r} is not callable")
+    if weighting.channel_weights is not None and not callable(weighting.channel_weights):
+        raise TypeError(f"weighting: the channel_weights of {weighting.name!r} is not callable")
     WEIGHTINGS.register(weighting.name, weighting, replace=replace)
 
 
