@@ -18,9 +18,10 @@ ITEMS = {
     "single_variant": ["recipe", "recipe_id", "class", "what", "vc_cam", "vc_cam_cold_caches", "pytorch_grad_cam",
                        "speedup_vs_pytorch_grad_cam", "speedup_vs_pytorch_grad_cam_cold_caches", "agreement",
                        "timing_note"],
-    "gallery": ["variants", "layers", "sites", "recipe", "vc_gallery", "pytorch_grad_cam_loop",
-                "pytorch_grad_cam_one_pass", "speedup_vs_pytorch_grad_cam_loop",
-                "speedup_vs_pytorch_grad_cam_one_pass", "agreement", "f3_hook", "timing_note"],
+    "gallery": ["variants", "layers", "sites", "recipe", "vc_gallery", "vc_gallery_cold_caches",
+                "pytorch_grad_cam_loop", "pytorch_grad_cam_one_pass", "speedup_vs_pytorch_grad_cam_loop",
+                "speedup_vs_pytorch_grad_cam_one_pass", "speedup_vs_pytorch_grad_cam_one_pass_cold_caches",
+                "agreement", "f3_hook", "timing_note"],
     "memory": ["stored_bytes", "stored_data_bytes", "tensor_bytes", "stored_bytes_ratio", "per_variable_bytes",
                "netcdf_bytes", "netcdf_over_stored", "save_netcdf_s", "load_netcdf_s", "peak_trace",
                "peak_baseline"],
@@ -147,6 +148,10 @@ def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -
     g.update(vc_gallery={"median_s": 0.025}, speedup_vs_pytorch_grad_cam_one_pass=120.0)
     row = module.gallery_row(results, "m")
     assert "25.0 ms (target <= 20 ms: missed)" in row and "×120.0 (target >= 100×: holds)" in row
+    assert "first gallery" not in row  # no cold-cache measurement in these results
+    g.update(vc_gallery_cold_caches={"median_s": 0.031}, speedup_vs_pytorch_grad_cam_one_pass_cold_caches=25.8)
+    assert "The first gallery on a trace" in module.gallery_row(results, "m")
+    assert "31.0 ms, ×25.8." in module.gallery_row(results, "m")
     assert module.gallery_row({**results, "quick": True}, "m") == ""
 
 
