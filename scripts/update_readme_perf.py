@@ -164,7 +164,8 @@ def against_row(against_path: Path) -> str:
     return (f"- Redesign against {a['base']['version']} ({a['base']['commit'][:7]}), side by side on {a['model']}, "
             f"{threads} thread{'' if threads == 1 else 's'}: {ratios} (new/old, medians of "
             f"{a['settings']['rounds']} per-round ratios; target ≤ {a['threshold']:.2f}: {a['verdict']}). "
-            f"From `{a['command']}` (benchmarks/AGAINST.json).")
+            f"Measured {a['created'][:10]} on {a['machine']['cpu_model']}, from `{a['command']}` "
+            "(benchmarks/AGAINST.json; what a ratio above the target comes from: benchmarks/README.md).")
 
 
 def load_row(load_path: Path) -> str:

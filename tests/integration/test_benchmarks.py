@@ -134,6 +134,21 @@ def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
     assert "holds" in module.load_row(path)
 
 
+def test_against_row_states_each_ratio_the_verdict_the_date_and_the_machine(tmp_path: Path) -> None:
+    module = _readme_perf_script()
+    entry = {"model": "m", "base": {"version": "0.1.0", "commit": "e4ec999c1b42"}, "threshold": 1.1,
+             "settings": {"threads": 1, "rounds": 5}, "verdict": "does not hold", "command": "python -m x",
+             "created": "2026-12-01T13:26:51+00:00", "machine": {"cpu_model": "AMD EPYC"},
+             "items": {"trace": {"ratio": 1.381}, "one_variant": {"ratio": 1.149}, "gallery": {"ratio": 0.338}}}
+    path = tmp_path / "AGAINST.json"
+    path.write_text(json.dumps(entry))
+    row = module.against_row(path)
+    assert "trace ×1.38, one variant ×1.15, gallery ×0.34" in row and "target ≤ 1.10: does not hold" in row
+    assert "Measured 2026-12-01 on AMD EPYC" in row
+    path.write_text(json.dumps({**entry, "quick": True}))
+    assert module.against_row(path) == ""
+
+
 def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -> None:
     module = _readme_perf_script()
     g = {"vc_gallery": {"median_s": 0.0125}, "torchcam_one_pass": {"median_s": 0.9},
