@@ -69,13 +69,14 @@ def fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], rec
         ...             layer_fusion="mean"))[1]
         ['layer 3: no gradient', 'layer 4: no gradient']
     """
-    fused = fuse(maps, recipe.layer_fusion)
+    # One layer fuses to itself under every rule (x / 1 is x): a copy costs less than the reduction.
+    fused = maps[0].copy() if len(maps) == 1 else fuse(maps, recipe.layer_fusion)
     notes = [f"{label} {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]
     if len(notes) < len(layer_ids) and np.ptp(fused) <= 0:
         notes.append("the fused map is constant")
     if notes and (len(notes) >= len(layer_ids) or np.ptp(fused) <= 0):
         return np.zeros_like(fused), notes, []
-    return normalise(fused, recipe.normalize), [], notes
+    return normalise(fused, recipe.normalize, inplace=True), [], notes  # fused is a fresh array of ours
 
 
 def fuse(maps: np.ndarray, how: str) -> np.ndarray:
