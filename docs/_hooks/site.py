@@ -1,12 +1,17 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``): the tutorial notebooks, which live in ``notebooks/``
-outside ``docs/``, become pages; and when ``vitcam_nb.export_html`` exists (issue #23, part 1) a page embeds an
-Explorer exported from a trace of the bundled shapes-vit model. Without it the page is left out, with no
-placeholder.
+outside ``docs/``, become pages; and when ``vitcam_nb.export_html`` exists a page embeds an Explorer exported
+from a trace of the bundled shapes-vit model. Without it the page is left out, with no placeholder.
+
+The notebooks are executed here, not by mkdocs-jupyter (``VITCAM_DOCS_EXECUTE=false`` uses the outputs stored
+with them): ``scripts/notebooks.py`` runs each one without storing widget state and keeps each widget's static
+picture in place of its live view, so a page needs no widget manager from the network and shows every figure.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -33,6 +38,18 @@ def _title(path: Path) -> str:
     return path.stem
 
 
+def _execute() -> bool:
+    return os.environ.get("VITCAM_DOCS_EXECUTE", "true").lower() not in ("0", "false", "no")
+
+
+def _notebook_runner() -> Any:
+    """``scripts/notebooks.py`` (a script of this checkout, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("vitcam_docs_notebooks", ROOT / "scripts" / "notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _export_html() -> Any:
     """``vitcam_nb.export_html`` if this checkout has it, else None."""
     import vitcam_nb
@@ -53,8 +70,15 @@ def on_config(config: Any) -> Any:
 @event_priority(100)  # before mkdocs-jupyter, which converts the notebooks it finds among the files
 def on_files(files: Files, config: Any) -> Files:
     """Add the notebooks (and, with ``export_html``, the exported Explorer and its page) to the site's files."""
+    src = ROOT
+    if _execute():
+        src = Path(_TMP.name) / "executed"
+        (src / "notebooks").mkdir(parents=True, exist_ok=True)
+        runner = _notebook_runner()
+        for path in NOTEBOOKS:
+            runner.execute(path, out=src / "notebooks" / path.name)
     for path in NOTEBOOKS:
-        files.append(File(f"notebooks/{path.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
+        files.append(File(f"notebooks/{path.name}", src_dir=str(src), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))
     export_html = _export_html()
     if export_html is not None:
