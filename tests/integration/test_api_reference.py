@@ -4,6 +4,7 @@ submodule (``vc.evaluate``, ``vc.targets``, ``vc.presets``, ...) exports, has a 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
@@ -38,13 +39,19 @@ def _exports(module) -> set[str]:
     return {n for n in names if not n.startswith("_")}
 
 
+def _shadowed(module, name: str) -> bool:
+    """A name that is also a submodule's (``vc.evaluate.scorecard``): the reference generator documents the
+    submodule there, so the function needs an entry of its own."""
+    return importlib.util.find_spec(f"{module.__name__}.{name}") is not None if hasattr(module, "__path__") else False
+
+
 def _documented() -> tuple[set[int], set[str]]:
     objects, modules = set(), set()
     for entry in ENTRIES:
         obj = _resolve(entry)
         if inspect.ismodule(obj):
             modules.add(obj.__name__)
-            objects |= {id(getattr(obj, n)) for n in _exports(obj)}
+            objects |= {id(getattr(obj, n)) for n in _exports(obj) if not _shadowed(obj, n)}
         objects.add(id(obj))
     return objects, modules
 
@@ -61,9 +68,8 @@ def test_every_public_name_has_a_reference_entry():
     for name in sorted(set(vc.__all__) - {"__version__"}):
         obj = getattr(vc, name)
         if inspect.ismodule(obj):
-            if obj.__name__ not in modules:
-                missing += [f"vc.{name}.{n}" for n in sorted(_exports(obj))
-                            if id(getattr(obj, n)) not in objects and callable(getattr(obj, n))]
+            missing += [f"vc.{name}.{n}" for n in sorted(_exports(obj))
+                        if id(getattr(obj, n)) not in objects and callable(getattr(obj, n))]
         elif id(obj) not in objects:
             missing.append(f"vc.{name}")
     assert not missing, f"add these to docs/api.md: {missing}"

@@ -1,5 +1,8 @@
-"""The documentation site (issue #23): ``mkdocs build --strict`` passes, and the built site fetches nothing
-from the network — no script, stylesheet, font, image or frame from another host, no dynamic import of one."""
+"""The documentation site: ``mkdocs build --strict`` passes with the notebooks executed, every tutorial page shows
+its figures (widgets as their static pictures, no live view waiting for a widget manager), and the built site
+fetches nothing from the network — checked twice: no script, stylesheet, font, image or frame from another host
+in the HTML and CSS, and every page loaded in Chromium makes no request to another host, including the ones a
+script would build at run time."""
 
 from __future__ import annotations
 
@@ -17,31 +20,49 @@ pytest.importorskip("mkdocs_jupyter")
 pytest.importorskip("mkdocstrings_handlers.python")
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "ui"))
+from lab_harness import browser_page, chromium_missing_reason  # noqa: E402
+
 # Attributes and calls that make a browser fetch something (an <a href> is a link a reader may follow).
 FETCHES = re.compile(r"""<(?:script|link|img|iframe|source|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*["']?(https?:)?//"""
                      r"""|import\(\s*["']https?://|@import\s+(?:url\()?["']?https?://|url\(\s*["']?https?://""",
                      flags=re.I)
+WIDGET_MANAGER = re.compile(r"html-manager|embed-amd|unpkg\.com|jsdelivr", flags=re.I)
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "VITCAM_DOCS_EXECUTE": "false", "NO_MKDOCS_2_WARNING": "1",
+    env = {**os.environ, "VITCAM_DOCS_EXECUTE": "true", "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
 
 def test_pages_are_built(site):
     assert (site / "index.html").is_file() and (site / "architecture.html").is_file()
+    assert (site / "evaluation.html").is_file() and (site / "images" / "vit_block_sites.svg").is_file()
     api = (site / "api.html").read_text()
     assert "vitcam_nb.api.cam" in api or "cam(" in api
+    for name in ("export_html", "ambiguity", "score", "estimate", "scorecard", "from_pytorch_grad_cam",
+                 "register_adapter", "register_weighting", "prompts"):
+        assert f'id="vitcam_nb.' in api and re.search(rf'id="vitcam_nb\.[\w.]*\b{name}"', api), name
     # Doctests render as code (the "Example:" sections), not as prose.
     assert "<p>&gt;&gt;&gt;" not in api and "<p>>>>" not in api
     notebooks = sorted(p.stem for p in (site / "notebooks").glob("*.html"))
     assert notebooks == sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_tutorial_pages_show_their_executed_figures(site):
+    for page in sorted((site / "notebooks").glob("*.html")):
+        html = page.read_text()
+        assert "data:image/png;base64," in html, f"{page.name}: no figure"
+        assert "application/vnd.jupyter.widget-view+json" not in html, f"{page.name}: a live widget view"
+        assert not WIDGET_MANAGER.search(html), f"{page.name}: loads a widget manager"
+    quick = (site / "notebooks" / "01_quickstart.html").read_text()
+    assert quick.count("data:image/png;base64,") >= 3  # overlay, the Explorer's picture, the gallery
 
 
 def test_nothing_is_fetched_from_the_network(site):
@@ -51,6 +72,25 @@ def test_nothing_is_fetched_from_the_network(site):
             for m in FETCHES.finditer(path.read_text(errors="replace")):
                 offending.append(f"{path.relative_to(site)}: {m.group(0)[:120]}")
     assert not offending, offending[:10]
+
+
+def test_no_page_requests_another_host_in_a_browser(site):
+    reason = chromium_missing_reason()
+    if reason:
+        if os.environ.get("VITCAM_REQUIRE_BROWSER"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    pages = sorted(site.glob("*.html")) + sorted((site / "notebooks").glob("*.html"))
+    pages += [site / "assets" / "explorer.html"] if (site / "assets" / "explorer.html").is_file() else []
+    requested = []
+    with browser_page() as page:
+        page.on("request", lambda req: requested.append((page.url, req.url)))
+        for path in pages:
+            page.goto(path.as_uri(), wait_until="load")
+            page.wait_for_timeout(300)  # let scripts that build URLs after load run
+    foreign = [(p, u) for p, u in requested if not u.startswith(("file:", "data:", "blob:", "about:"))]
+    assert len({p for p, _ in requested}) >= len(pages) - 1
+    assert not foreign, foreign[:10]
 
 
 def test_the_explorer_page_exists_only_with_export_html(site):
