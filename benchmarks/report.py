@@ -297,9 +297,25 @@ def _compact(value: object) -> str:
     return json.dumps(value, indent=1, default=str)
 
 
+def measured_table(results: dict, official_only: bool = False) -> str:
+    """The measured figures as a markdown table, without the targets and verdicts (those are in RESULTS.md).
+
+    Example:
+        >>> print(measured_table({"targets": []}))
+        | what | model | measured (wall) | same from CPU time |
+        |---|---|---|---|
+    """
+    lines = ["| what | model | measured (wall) | same from CPU time |", "|---|---|---|---|"]
+    for row in results["targets"]:
+        if official_only and not row["official"]:
+            continue
+        lines.append(f"| {row['what']} | {row['model']} | {_value(row)} | {_cpu_value(row)} |")
+    return "\n".join(lines)
+
+
 def readme_table(results: dict) -> str:
-    """The README's performance section body: the official targets (all rows if none are official), the
-    machine and the command to reproduce.
+    """The README's performance section body: the measured figures of the official items (all rows if none are
+    official), the machine and the command to reproduce.
 
     Example:
         >>> r = {"created": "2026-01-01", "command": "python -m benchmarks", "quick": False, "device": "cpu",
@@ -309,10 +325,10 @@ def readme_table(results: dict) -> str:
         True
     """
     official = any(row["official"] for row in results["targets"])
-    lines = [targets_table(results, official_only=official), "",
+    lines = [measured_table(results, official_only=official), "",
              f"Measured {results['created'][:10]} on {machine_line(results)}; {versions_line(results)}. "
-             "Ratios are medians of per-round ratios from interleaved runs in one process; verdicts are on wall "
-             "time, the CPU-time column shows what a busy machine does to it. Reproduce with "
+             "Ratios are medians of per-round ratios from interleaved runs in one process; the CPU-time column "
+             "shows what a busy machine does to the wall time. Reproduce with "
              f"`{results['command']}`; details, peers (pytorch-grad-cam, torchcam) and the memory figures are in "
              "[benchmarks/RESULTS.md](benchmarks/RESULTS.md)."]
     if results["quick"]:

@@ -102,12 +102,14 @@ def test_update_readme_perf_replaces_only_between_markers(quick_run: tuple[dict,
     assert proc.returncode == 0, proc.stderr
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n<!-- perf:start -->\n") and text.endswith("<!-- perf:end -->\nafter\n")
-    assert "old table" not in text and "| target |" in text
+    # The README states measured figures; targets and verdicts stay in benchmarks/RESULTS.md.
+    assert "old table" not in text and "| what | model | measured (wall) |" in text
+    assert "holds" not in text and "missed" not in text and "**no**" not in text
     assert subprocess.run([*script, "--check"], env=_env(), timeout=120).returncode == 0
 
     readme.write_text("# no markers\n")
     proc = subprocess.run(script, capture_output=True, text=True, env=_env(), timeout=120)
-    assert proc.returncode == 1 and "| target |" in proc.stdout and "markers" in proc.stderr
+    assert proc.returncode == 1 and "| what |" in proc.stdout and "markers" in proc.stderr
     assert readme.read_text() == "# no markers\n"
 
 
@@ -121,7 +123,7 @@ def _readme_perf_script():
     return module
 
 
-def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
+def test_load_row_states_the_ratio_without_a_verdict(tmp_path: Path) -> None:
     module = _readme_perf_script()
     entry = {"model": "m", "maps": 60, "rounds": 3, "as_is_median_s": 0.02, "busy_median_s": 0.03,
              "busy_over_as_is": 1.5, "target": 1.3, "load_average_start": [1.0, 0.5, 0.25], "cpus": 2,
@@ -129,12 +131,11 @@ def test_load_row_states_the_ratio_and_verdict(tmp_path: Path) -> None:
     path = tmp_path / "LOAD.json"
     path.write_text(json.dumps(entry))
     row = module.load_row(path)
-    assert "20.0 ms" in row and "30.0 ms" in row and "×1.50" in row and "missed" in row
-    path.write_text(json.dumps({**entry, "busy_over_as_is": 1.2}))
-    assert "holds" in module.load_row(path)
+    assert "20.0 ms" in row and "30.0 ms" in row and "×1.50" in row
+    assert "missed" not in row and "target" not in row
 
 
-def test_against_row_states_each_ratio_the_verdict_the_date_and_the_machine(tmp_path: Path) -> None:
+def test_against_row_states_each_ratio_the_date_and_the_machine(tmp_path: Path) -> None:
     module = _readme_perf_script()
     entry = {"model": "m", "base": {"version": "0.1.0", "commit": "e4ec999c1b42"}, "threshold": 1.1,
              "settings": {"threads": 1, "rounds": 5}, "verdict": "does not hold", "command": "python -m x",
@@ -143,13 +144,13 @@ def test_against_row_states_each_ratio_the_verdict_the_date_and_the_machine(tmp_
     path = tmp_path / "AGAINST.json"
     path.write_text(json.dumps(entry))
     row = module.against_row(path)
-    assert "trace ×1.38, one variant ×1.15, gallery ×0.34" in row and "target ≤ 1.10: does not hold" in row
+    assert "trace ×1.38, one variant ×1.15, gallery ×0.34" in row and "does not hold" not in row
     assert "Measured 2026-12-01 on AMD EPYC" in row
     path.write_text(json.dumps({**entry, "quick": True}))
     assert module.against_row(path) == ""
 
 
-def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -> None:
+def test_gallery_row_compares_with_the_fastest_peer() -> None:
     module = _readme_perf_script()
     g = {"vc_gallery": {"median_s": 0.0125}, "torchcam_one_pass": {"median_s": 0.9},
          "pytorch_grad_cam_one_pass": {"median_s": 0.8}, "speedup_vs_torchcam_one_pass": 72.0,
@@ -157,12 +158,12 @@ def test_gallery_row_compares_with_the_fastest_peer_and_states_both_verdicts() -
     results = {"created": "2026-11-30T10:00:00", "models": {"m": {"gallery": g}},
                "partial_updates": [{"item": "m/gallery", "created": "2026-12-01T09:00:00"}]}
     row = module.gallery_row(results, "m")
-    # pytorch-grad-cam is the faster peer here (0.8 s), so its paired ratio is the one judged.
-    assert "12.5 ms (target <= 20 ms: holds)" in row and "(pytorch-grad-cam) ×64.0 (target >= 100×: missed)" in row
+    # pytorch-grad-cam is the faster peer here (0.8 s), so its paired ratio is the one stated.
+    assert "`vc.gallery` 12.5 ms;" in row and "(pytorch-grad-cam) ×64.0;" in row and "target" not in row
     assert "measured 2026-12-01" in row
     g.update(vc_gallery={"median_s": 0.025}, speedup_vs_pytorch_grad_cam_one_pass=120.0)
     row = module.gallery_row(results, "m")
-    assert "25.0 ms (target <= 20 ms: missed)" in row and "×120.0 (target >= 100×: holds)" in row
+    assert "25.0 ms" in row and "×120.0;" in row
     assert "first gallery" not in row  # no cold-cache measurement in these results
     g.update(vc_gallery_cold_caches={"median_s": 0.031}, speedup_vs_pytorch_grad_cam_one_pass_cold_caches=25.8)
     assert "The first gallery on a trace" in module.gallery_row(results, "m")
@@ -179,7 +180,7 @@ def test_trace_faults_row_states_both_counts_and_is_empty_without_them() -> None
     assert module.trace_faults_row({"models": {"m": {"trace_cost": {}}}}, "m") == ""
 
 
-def test_ambiguity_row_states_the_largest_description_within_500_recipes_and_the_verdict(tmp_path: Path) -> None:
+def test_ambiguity_row_states_the_largest_description_within_500_recipes(tmp_path: Path) -> None:
     module = _readme_perf_script()
     rows = [{"description": "small", "recipes": 66, "design": "exact: a", "first_call_s": 0.1, "median_repeat_s": 0.1},
             {"description": "five hundred", "recipes": 500, "design": "exact: b", "first_call_s": 1.234,
@@ -192,6 +193,4 @@ def test_ambiguity_row_states_the_largest_description_within_500_recipes_and_the
     path.write_text(json.dumps(entry))
     row = module.ambiguity_row(path)
     assert "500 recipes open" in row and '"five hundred"' in row and "1.23 s" in row and "66 recipes 0.10 s" in row
-    assert "too many" not in row and "holds" in row and "1.00/0.50/0.25" in row
-    path.write_text(json.dumps({**entry, "rows": [{**rows[1], "first_call_s": 2.5}]}))
-    assert "missed" in module.ambiguity_row(path)
+    assert "too many" not in row and "holds" not in row and "1.00/0.50/0.25" in row
