@@ -197,6 +197,10 @@ class StagesKind(TraceKind):
 
     name = "stages"
 
+    def resolve(self, trace: Any, recipe: Recipe) -> Recipe:
+        """Every layer as a global block index: ``"1.-1"`` and the block it names give one recipe."""
+        return resolve(trace, recipe)
+
     def accepts(self, trace: Any, recipe: Recipe | None) -> bool:
         return isinstance(trace, xr.DataTree)
 

@@ -207,6 +207,10 @@ class CrossAttentionKind(TraceKind):
 
     name = "xattn"
 
+    def layer_count(self, trace: Any) -> int:
+        """Site ``xattn`` indexes the cross-attention layers, not the vision blocks."""
+        return int(trace.sizes["xattn_layer"])
+
     def accepts(self, trace: Any, recipe: Recipe | None) -> bool:
         return isinstance(trace, xr.Dataset) and "image" not in trace.dims and recipe is not None \
             and recipe.site == "xattn"

@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.registry import Registry
 
 __all__ = ["TRACE_KINDS", "MapValues", "TraceKind", "kind_for"]
@@ -67,6 +67,26 @@ class TraceKind:
     def describe(self, recipe: Any, trace: Any) -> str:
         """The methods paragraph of ``recipe`` on ``trace``."""
         raise NotImplementedError
+
+    def layer_count(self, trace: Any) -> int:
+        """How many layers ``recipe.layer`` indexes on ``trace`` (its blocks; a kind with other layers says so)."""
+        return int(trace.attrs["num_layers"])
+
+    def resolve(self, trace: Any, recipe: Any) -> Any:
+        """``recipe`` with every relative layer index made absolute on ``trace`` (``"all"`` stays ``"all"``), so
+        that equivalent spellings become one recipe; refuses layers the trace does not have, as ``cam`` does."""
+        n = self.layer_count(trace)
+
+        def absolute(v: Any) -> int:
+            if isinstance(v, str) or not -n <= v < n:
+                raise RecipeError(f"layer: {v!r} is not a layer of this trace (allowed -{n}..{n - 1})")
+            return int(v) % n
+
+        if recipe.layer == "all":
+            return recipe
+        if isinstance(recipe.layer, tuple):
+            return recipe.replace(layer=tuple(absolute(v) for v in recipe.layer))
+        return recipe.replace(layer=absolute(recipe.layer))
 
 
 TRACE_KINDS: Registry[TraceKind] = Registry("trace kind")

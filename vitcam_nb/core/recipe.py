@@ -317,6 +317,58 @@ class Recipe:
         """
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
 
+    def to_string(self) -> str:
+        """The canonical one-line spelling: every field stated, in a fixed order; :meth:`parse` reads it back.
+
+        Example:
+            >>> r = Recipe(site="F4", layer=2, weighting="layercam")
+            >>> r.to_string().split()[0], Recipe.parse(r.to_string()) == r
+            ('F4@2', True)
+        """
+        from vitcam_nb.core.recipe_text import to_string
+
+        return to_string(self)
+
+    @classmethod
+    def parse(cls, text: str) -> Recipe:
+        """The recipe a line of text names: the canonical :meth:`to_string` form, or a shorter hand-written one
+        (fields in any order, missing ones at their defaults, a value of one field only without its key).
+
+        Example:
+            >>> Recipe.parse("F1@11 logit gradcam") == Recipe(site="F1", layer=11)
+            True
+        """
+        from vitcam_nb.core.recipe_text import parse
+
+        return parse(text)
+
+    def resolve(self, trace: Any) -> Recipe:
+        """This recipe with every relative layer made absolute on ``trace`` (``layer=-1`` on a 6-block model
+        becomes ``layer=5``; ``"all"`` stays), so equivalent spellings give one recipe and one
+        :meth:`canonical_id`. ``id`` itself hashes the recipe as written (a 0.1 contract).
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3)
+            >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1")
+            >>> Recipe(layer=-1).resolve(tr).layer, Recipe(layer=-1).canonical_id(tr) == Recipe(layer=2).id
+            (2, True)
+        """
+        return kind_for(_reportable(trace), self).resolve(trace, self)
+
+    def canonical_id(self, trace: Any) -> str:
+        """The id of :meth:`resolve` (trace): one id for every spelling of the same map on that trace.
+
+        Example:
+            >>> import timm, numpy as np, vitcam_nb as vc
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3)
+            >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1")
+            >>> Recipe(layer=(-1, 0), layer_fusion="mean").canonical_id(tr) == Recipe(layer=(2, 0),
+            ...                                                                  layer_fusion="mean").id
+            True
+        """
+        return self.resolve(trace).id
+
     def replace(self, **changes: Any) -> Recipe:
         """A copy with some fields changed (validated again).
 

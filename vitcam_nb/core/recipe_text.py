@@ -1,0 +1,161 @@
+"""A recipe as a short line of text a paper can print and a reader can paste back: every field stated, in one
+fixed order, so that one recipe has exactly one spelling and the spelling round-trips.
+
+The canonical form is the site and layer, then ``field=value`` for every other field::
+
+    F1@-1 target=logit class=top1 tokens=patch reshape=raster upsample=bilinear weighting=gradcam
+    heads=channels rows=cls fusion=none relu=after normalize=minmax
+
+``text_tokens`` (as ``text=``) is written for site ``xattn`` only, ``k`` for ``gscorecam`` only: elsewhere they
+must stay at their defaults. :func:`parse` also reads shorter, hand-written lines: fields may come in any order,
+missing fields take their defaults, and a value that belongs to one field only may stand alone
+(``F2@3 prob layercam none`` is not allowed: ``none`` fits several fields; ``F2@3 prob layercam`` is).
+
+Example:
+    >>> from vitcam_nb.core.recipe import Recipe
+    >>> r = Recipe(site="F4", layer=-2, weighting="layercam")
+    >>> parse(to_string(r)) == r
+    True
+    >>> parse("F1@11 logit gradcam").layer
+    11
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from vitcam_nb.core.errors import RecipeError
+
+if TYPE_CHECKING:
+    from vitcam_nb.core.recipe import Recipe
+
+__all__ = ["KEYS", "parse", "to_string"]
+
+#: Short key in the text -> recipe field, in the canonical order (site and layer come first as ``site@layer``).
+KEYS = {"target": "target", "class": "class_", "tokens": "weight_tokens", "reshape": "reshape",
+        "upsample": "upsample", "weighting": "weighting", "heads": "heads", "rows": "attn_rows",
+        "fusion": "layer_fusion", "relu": "relu", "normalize": "normalize", "text": "text_tokens", "k": "k"}
+_BARE = re.compile(r"[A-Za-z0-9_.,\-]+")
+
+
+def _value(value: Any) -> str:
+    """One value as text: ints and plain words bare, anything else as a JSON string."""
+    if isinstance(value, tuple):  # one block keeps a trailing comma, so it reads back as a tuple
+        return ",".join(_value(v) for v in value) + ("," if len(value) == 1 else "")
+    text = str(value)
+    if isinstance(value, int) or (_BARE.fullmatch(text) and not _looks_int(text)):
+        return text
+    return json.dumps(text)
+
+
+def _looks_int(text: str) -> bool:
+    return re.fullmatch(r"-?\d+", text) is not None
+
+
+def to_string(recipe: Recipe) -> str:
+    """The canonical one-line spelling of ``recipe`` (every field stated, fixed order).
+
+    Example:
+        >>> from vitcam_nb.core.recipe import Recipe
+        >>> to_string(Recipe(site="F2", layer=3, heads=1)).split()[:2]
+        ['F2@3', 'target=logit']
+    """
+    parts = [f"{recipe.site}@{_value(recipe.layer)}"]
+    for key, field in KEYS.items():
+        value = getattr(recipe, field)
+        if field == "text_tokens" and recipe.site != "xattn":
+            continue
+        if field == "k" and value is None:
+            continue
+        parts.append(f"{key}={_value(value)}")
+    return " ".join(parts)
+
+
+def _tokens(text: str) -> list[str]:
+    """Split on white space, keeping double-quoted values (JSON strings) whole."""
+    out, i = [], 0
+    pattern = re.compile(r'\s*((?:[^\s"]*"(?:[^"\\]|\\.)*")|[^\s]+)')
+    while i < len(text):
+        m = pattern.match(text, i)
+        if m is None or not m.group(1):
+            break
+        out.append(m.group(1))
+        i = m.end()
+    return out
+
+
+def _read(text: str, field: str) -> Any:
+    if text.startswith('"'):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise RecipeError(f"recipe text: {text!r} is not a well-formed quoted value") from exc
+    if field == "layer":
+        if text == "all":
+            return "all"
+        if "," in text:
+            return tuple(_read(v, "one_layer") for v in text.split(",") if v)
+        return _read(text, "one_layer")
+    if field == "k" and text == "None":
+        return None
+    return int(text) if _looks_int(text) else text
+
+
+def _bare_fields() -> dict[str, list[str]]:
+    """Each bare word -> the fields it is an allowed value of (a word of one field only may stand alone)."""
+    from vitcam_nb.core import recipe as module
+
+    choices = {"target": module.TARGETS, "weight_tokens": module.WEIGHT_TOKENS, "reshape": module.RESHAPES,
+               "upsample": module.UPSAMPLES, "weighting": module.weighting_names(), "heads": module.HEAD_RULES,
+               "attn_rows": module.ATTN_ROWS, "layer_fusion": module.LAYER_FUSIONS, "relu": module.RELUS,
+               "normalize": module.NORMALIZES}
+    words: dict[str, list[str]] = {}
+    for field, values in choices.items():
+        for v in values:
+            words.setdefault(v, []).append(field)
+    return words
+
+
+def parse(text: str) -> Recipe:
+    """The recipe a line of text names (see the module's docstring for the form); refuses anything else with a
+    :class:`~vitcam_nb.core.errors.RecipeError` naming the part it cannot read.
+
+    Example:
+        >>> parse("F2@-1 prob rows=mean").attn_rows
+        'mean'
+        >>> parse("F1@2 relu=none").relu
+        'none'
+    """
+    from vitcam_nb.core.recipe import Recipe
+
+    if not isinstance(text, str) or not text.strip():
+        raise RecipeError(f"recipe text: expected a line like 'F1@-1 target=logit weighting=gradcam', got {text!r}")
+    tokens = _tokens(text.strip())
+    head, *rest = tokens
+    site, at, layer = head.partition("@")
+    if not at or not site or not layer:
+        raise RecipeError(f"recipe text: the first word must be SITE@LAYER (e.g. 'F1@-1' or 'F2@all'), got {head!r}")
+    fields: dict[str, Any] = {"site": site, "layer": _read(layer, "layer")}
+    bare = _bare_fields()
+    for token in rest:
+        key, eq, value = token.partition("=")
+        if eq:
+            if key not in KEYS:
+                raise RecipeError(f"recipe text: unknown key {key!r}; keys are {list(KEYS)}")
+            field = KEYS[key]
+            parsed = _read(value, field)
+        elif re.fullmatch(r"top[1-9]\d*", token):
+            field, parsed = "class_", token
+        elif len(bare.get(token, [])) == 1:
+            field, parsed = bare[token][0], token
+        elif token in bare:
+            raise RecipeError(f"recipe text: {token!r} could be {bare[token]}; write it as key=value")
+        else:
+            raise RecipeError(f"recipe text: cannot read {token!r}; write fields as key=value with keys "
+                              f"{list(KEYS)}")
+        if field in fields:
+            raise RecipeError(f"recipe text: {field} is given twice ({token!r})")
+        fields[field] = parsed
+    return Recipe(**fields)
