@@ -263,10 +263,14 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
           targets: Target | None = None, **fields: Any) -> xr.Dataset:
     """Run the forward passes that Score-CAM, Ablation-CAM and gScore-CAM need and return the trace with them
     stored (``score`` / ``ablation``, dims (layer, site, target, channel)); ``vc.cam`` then needs no model.
+    Refused before any pass: a Swin (hierarchical) trace, a call inside ``torch.autocast``, a model that is not the
+    traced one.
 
     Args:
         trace: a single-image trace of ``model`` on ``image`` (class targets).
-        model: the traced model (its weights hash must be the trace's); returned exactly as it was.
+        model: the traced model, behaving as when traced: its weights hash must be the trace's, and its scores
+            on the traced input the trace's ``logits`` (another ``global_pool``, a forward hook or a patched
+            forward is refused, with both values); returned exactly as it was.
         recipes_or_method: a weighting name ("scorecam", "ablationcam", "gscorecam"; ``fields`` complete the
             recipe, e.g. ``layer=0, site="F4"``), a Recipe, or a list of Recipes. Every traced target is scored
             at once; gscorecam scores only its top-k channels.

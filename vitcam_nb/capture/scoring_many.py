@@ -113,7 +113,7 @@ def score_store(store: str | os.PathLike | xr.Dataset, model: torch.nn.Module, r
 
     Args:
         store: the store's path, or the Dataset :func:`vitcam_nb.open_traces` returned.
-        model: the traced model (its weights hash must be the store's).
+        model: the traced model (its weights hash must be the store's, its scores on each image the stored ones).
         recipes_or_method, batch_size, device, fields: as in :func:`vitcam_nb.capture.scoring.score`.
         images: the images given to ``trace_many``, in the same order (a list, an array, a folder, ...); each
             must hash to the input its image index was traced from.
