@@ -246,7 +246,7 @@ def refuse_unscorable(trace: Any) -> None:
         >>> refuse_unscorable(xr.Dataset())  # a flat trace outside autocast: nothing to say
     """
     if isinstance(trace, xr.DataTree):
-        raise TypeError("trace: this is a hierarchical (Swin) trace, a DataTree of stages; vc.score does not support "
+        raise TypeError("trace: got a DataTree, the form of a hierarchical (Swin) trace; vc.score does not support "
                         "Swin (hierarchical) traces: Score-CAM, Ablation-CAM, gScore-CAM, ViT-CX and the "
                         "integrated-gradient rollouts read and perturb one flat patch grid. vc.cam computes the "
                         "gradient and attention recipes of this trace without vc.score")
