@@ -172,10 +172,12 @@ def check_traced_scores(attrs: dict, traced: np.ndarray, scores: np.ndarray | to
         rtol = max(rtol, _OTHER_DEVICE_RTOL)
     finite = np.isfinite(want)
     tol = rtol * max(1.0, float(np.abs(want[finite]).max()) if finite.any() else 1.0)
-    same = (got == want) | (np.abs(got - want) <= tol)  # equal infinities count as equal, NaN never
+    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities count as equal below, NaN never
+        gap = np.abs(got - want)
+    same = (got == want) | (gap <= tol)
     if same.all():
         return
-    diff = np.where(same, 0.0, np.nan_to_num(np.abs(got - want), nan=np.inf))
+    diff = np.where(same, 0.0, np.nan_to_num(gap, nan=np.inf))
     i = int(np.argmax(diff))
     name = "class" if kind == "class" else "score"
     raise TraceError(f"{what}: on the traced input its scores are not the trace's logits: {name} {i} is "
