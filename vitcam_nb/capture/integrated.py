@@ -36,10 +36,11 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.vitcx import VITCX_OPTIONS, score_vitcx
 from vitcam_nb.core.errors import RecipeError, TraceError
-from vitcam_nb.core.provenance import check_traced_source
+from vitcam_nb.core.provenance import check_traced_scores, check_traced_source
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe
 from vitcam_nb.core.schema import VARIABLES
 from vitcam_nb.preprocess import prepare_input
+from vitcam_nb.targets.classes import ClassTargets
 
 __all__ = ["IG_OPTIONS", "check_traced", "loop_scorer", "score_integrated", "traced_classes", "value_ratios"]
 
@@ -215,6 +216,10 @@ def score_integrated(trace: xr.Dataset, model: torch.nn.Module, recipes: list[Re
     new: dict[str, Any] = {}
     with exclusive(model), on_device(model, run_device), eval_mode(model):
         xd = x.to(run_device, next(model.parameters()).dtype)
+        with torch.no_grad():  # the hashes do not fix the model's behaviour: its logits must be the trace's
+            logits = ClassTargets("top1").batch_scores(model, xd)[0]
+        check_traced_scores(trace.attrs, trace["logits"].values, logits, str(run_device),
+                            "the integrated gradient would belong to another model: ")
         if need_ig:
             ig = _integrated_gradient(model, xd, traced_classes(trace), last, steps, batch_size, run_device, show)
             new["attn_grad_ig"] = (VARIABLES["attn_grad_ig"].dims, ig,

@@ -6,7 +6,13 @@ target, channel), so that every recipe reading them is a pure computation of the
   (patch tokens on the grid, upsampled bilinearly with ``align_corners=True`` to the input size, min-max
   normalised with ``+1e-8``), as pytorch-grad-cam 1.5.7's ScoreCAM;
 - ``ablation[l, s, j, k]``: target j's score with channel k set to zero at every token of site s (a hook on
-  the site's module), as pytorch-grad-cam's AblationCAM with its ViT ablation layer when the minimum is zero.
+  the site's module). pytorch-grad-cam 1.5.7's AblationCAM with its ViT ablation layer does the same where the
+  site's activation minimum is 0; elsewhere (every LayerNorm site) it writes ``min - 1e7`` into the ablated
+  channel, which is not copied here.
+
+Before any of these passes, the model's scores on the traced input must be the trace's ``logits`` (whatever the
+target kind): equal weights and input hashes do not make the same model (another ``global_pool``, a forward
+hook or a patched forward change the output, not the weights).
 
 Channels not scored yet are NaN; a second call scores only what is missing.
 
@@ -34,9 +40,9 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.capture.hooks import eval_mode, removable_hooks
 from vitcam_nb.capture.integrated import loop_scorer
-from vitcam_nb.capture.runtime import on_device
+from vitcam_nb.capture.runtime import check_autocast, on_device
 from vitcam_nb.core.errors import RecipeError, TraceError
-from vitcam_nb.core.provenance import check_traced_source
+from vitcam_nb.core.provenance import check_traced_scores, check_traced_source
 from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.schema import SCORE_VARIABLES, VARIABLES
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -44,7 +50,7 @@ from vitcam_nb.preprocess import prepare_input
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import ClassTargets
 
-__all__ = ["pending", "score", "top_channels"]
+__all__ = ["pending", "refuse_unscorable", "score", "top_channels"]
 
 Job = dict[tuple[int, str, str], set[int]]
 
@@ -225,12 +231,31 @@ def _target(trace: xr.Dataset, targets: Target | None) -> Target:
 
 
 def _check_scores(target: Target, model: torch.nn.Module, x: torch.Tensor, trace: xr.Dataset) -> None:
-    """The target on the unperturbed input must give the trace's scores: same model, input and target."""
-    z = target.batch_scores(model, x)[0].double().cpu().numpy()
-    logits = trace["logits"].values.astype(np.float64)
-    if z.shape != logits.shape or np.abs(z - logits).max() > 1e-4 * max(1.0, np.abs(logits).max()):
-        raise TraceError("targets: on the traced input the target's scores are not the trace's logits; pass the "
-                         "target, model and image the trace was made with")
+    """The target on the unperturbed input must give the trace's scores: same model (its behaviour, not only its
+    weights), input and target."""
+    check_traced_scores(trace.attrs, trace["logits"].values, target.batch_scores(model, x)[0], str(x.device),
+                        "the scores would belong to another model: ")
+
+
+def refuse_unscorable(trace: Any) -> None:
+    """Refuse what no ``vc.score`` pass can score faithfully, before anything is read or run: a hierarchical (Swin)
+    trace, and a call inside ``torch.autocast`` (the scores would be computed in a lower precision than the
+    trace's ``compute_dtype`` records).
+
+    Example:
+        >>> refuse_unscorable(xr.Dataset())  # a flat trace outside autocast: nothing to say
+    """
+    if isinstance(trace, xr.DataTree):
+        raise TypeError("trace: got a DataTree, the form of a hierarchical (Swin) trace; vc.score does not support "
+                        "Swin (hierarchical) traces: Score-CAM, Ablation-CAM, gScore-CAM, ViT-CX and the "
+                        "integrated-gradient rollouts read and perturb one flat patch grid. vc.cam computes the "
+                        "gradient and attention recipes of this trace without vc.score")
+    try:
+        check_autocast()
+    except TraceError:
+        raise TraceError("model: torch.autocast is active; vc.score would compute the scores in a lower precision "
+                         "than the trace's compute_dtype records. Call vc.score outside the autocast block, or "
+                         "trace and score a model cast itself (model.half())") from None
 
 
 def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "scorecam", image: object = None, *,
@@ -238,10 +263,14 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
           targets: Target | None = None, **fields: Any) -> xr.Dataset:
     """Run the forward passes that Score-CAM, Ablation-CAM and gScore-CAM need and return the trace with them
     stored (``score`` / ``ablation``, dims (layer, site, target, channel)); ``vc.cam`` then needs no model.
+    Refused before any pass: a Swin (hierarchical) trace, a call inside ``torch.autocast``, a model that is not the
+    traced one.
 
     Args:
         trace: a single-image trace of ``model`` on ``image`` (class targets).
-        model: the traced model (its weights hash must be the trace's); returned exactly as it was.
+        model: the traced model, behaving as when traced: its weights hash must be the trace's, and its scores
+            on the traced input the trace's ``logits`` (another ``global_pool``, a forward hook or a patched
+            forward is refused, with both values); returned exactly as it was.
         recipes_or_method: a weighting name ("scorecam", "ablationcam", "gscorecam"; ``fields`` complete the
             recipe, e.g. ``layer=0, site="F4"``), a Recipe, or a list of Recipes. Every traced target is scored
             at once; gscorecam scores only its top-k channels.
@@ -266,6 +295,7 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
     """
     from tqdm.auto import tqdm
 
+    refuse_unscorable(trace)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     scorer = loop_scorer(recipes_or_method, fields)
@@ -295,8 +325,8 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
     with on_device(model, run_device), eval_mode(model), adapter.tracing(TraceContext(model)), torch.no_grad(), \
             tqdm(total=n_batches, desc="vc.score", disable=not show) as bar:
         xd = x.to(run_device, next(model.parameters()).dtype)
-        if not isinstance(target, ClassTargets):  # class logits are fixed by the weights and input hashes
-            _check_scores(target, model, xd, trace)
+        # One forward of the unperturbed input, every target kind: the hashes do not fix the model's behaviour.
+        _check_scores(target, model, xd, trace)
         for (layer, site, var), wanted in jobs.items():
             channels = sorted(wanted)
             masks = _masks(trace, layer, site, size, channels).to(run_device, xd.dtype) if var == "score" else None

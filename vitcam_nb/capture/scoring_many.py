@@ -2,7 +2,9 @@
 
 Each image's trace is read from the store (dask, only that image's chunks), scored by
 :func:`vitcam_nb.capture.scoring.score`, and its ``score`` / ``ablation`` values are written into the store at
-once, one image per chunk (zarr's chunk writes are atomic). An image whose scores are all stored already is
+once, one image per chunk (zarr's chunk writes are atomic). The call holds the store's lock (the one
+``trace_many`` takes) from before it reads the store until it returns: a store another call is writing is
+refused with the lock's ``TraceFileError`` and left as it is. An image whose scores are all stored already is
 skipped without preparing its input or calling the model, so a rerun after an interruption continues where it
 stopped. The store's arrays have a leading ``image`` dimension, NaN where nothing was scored; ``open_traces``
 and ``image_trace`` read them like every other variable.
@@ -29,9 +31,10 @@ import xarray as xr
 
 from vitcam_nb.capture.inputs import iter_items
 from vitcam_nb.capture.reader import image_trace, is_store, open_traces
-from vitcam_nb.capture.scoring import pending
+from vitcam_nb.capture.scoring import pending, refuse_unscorable
 from vitcam_nb.capture.scoring import score as score_one
 from vitcam_nb.capture.store import Store
+from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.schema import SCORE_VARIABLES, VARIABLES
 from vitcam_nb.targets.base import Target
@@ -61,32 +64,11 @@ def _array(st: Store, name: str, like: xr.Dataset) -> Any:
     return arr
 
 
-def score_store(store: str | os.PathLike | xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "scorecam",
-                images: Any = None, *, batch_size: int = 32, device: str | torch.device | None = None,
-                progress: bool | None = None, **fields: Any) -> xr.Dataset:
-    """Score every done image of a trace_many store and write the scores into it, image by image; returns the
-    store reopened with :func:`vitcam_nb.open_traces`. A rerun skips the images already scored.
-
-    Args:
-        store: the store's path, or the Dataset :func:`vitcam_nb.open_traces` returned.
-        model: the traced model (its weights hash must be the store's).
-        recipes_or_method, batch_size, device, fields: as in :func:`vitcam_nb.capture.scoring.score`.
-        images: the images given to ``trace_many``, in the same order (a list, an array, a folder, ...); each
-            must hash to the input its image index was traced from.
-        progress: a tqdm bar over images (default: on).
-
-    Example:
-        >>> import numpy as np, tempfile, timm, vitcam_nb as vc
-        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
-        >>> imgs = np.zeros((2, 32, 32, 3), np.uint8)
-        >>> p = vc.trace_many(m, imgs, tempfile.mkdtemp() + "/t.zarr", targets="top1", sites=["F4"], progress=False)
-        >>> ds = score_store(p, m, "scorecam", imgs, site="F4", progress=False)  # layer -1: block 1
-        >>> int(np.isnan(ds["score"].sel(layer=1)).sum()), int(np.isnan(ds["score"].sel(layer=0)).sum())
-        (0, 768)
-    """
+def _score_locked(store: Any, path: Path, model: torch.nn.Module, recipes_or_method: Any, images: Any,
+                  batch_size: int, device: Any, progress: bool | None, fields: dict) -> None:
+    """:func:`score_store`'s work, while the caller holds the store's lock."""
     from tqdm.auto import tqdm
 
-    path = _store_path(store)
     ds = open_traces(path)
     if isinstance(store, xr.Dataset) and not np.array_equal(store["image"].values, ds["image"].values):
         raise TypeError("trace: a selection of a store's images cannot be scored in place; pass the store's path "
@@ -121,6 +103,40 @@ def score_store(store: str | os.PathLike | xr.Dataset, model: torch.nn.Module, r
             bar.update(1)
     finally:
         bar.close()
+
+
+def score_store(store: str | os.PathLike | xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "scorecam",
+                images: Any = None, *, batch_size: int = 32, device: str | torch.device | None = None,
+                progress: bool | None = None, **fields: Any) -> xr.Dataset:
+    """Score every done image of a trace_many store and write the scores into it, image by image; returns the
+    store reopened with :func:`vitcam_nb.open_traces`. A rerun skips the images already scored.
+
+    Args:
+        store: the store's path, or the Dataset :func:`vitcam_nb.open_traces` returned.
+        model: the traced model (its weights hash must be the store's, its scores on each image the stored ones).
+        recipes_or_method, batch_size, device, fields: as in :func:`vitcam_nb.capture.scoring.score`.
+        images: the images given to ``trace_many``, in the same order (a list, an array, a folder, ...); each
+            must hash to the input its image index was traced from.
+        progress: a tqdm bar over images (default: on).
+
+    Example:
+        >>> import numpy as np, tempfile, timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> imgs = np.zeros((2, 32, 32, 3), np.uint8)
+        >>> p = vc.trace_many(m, imgs, tempfile.mkdtemp() + "/t.zarr", targets="top1", sites=["F4"], progress=False)
+        >>> ds = score_store(p, m, "scorecam", imgs, site="F4", progress=False)  # layer -1: block 1
+        >>> int(np.isnan(ds["score"].sel(layer=1)).sum()), int(np.isnan(ds["score"].sel(layer=0)).sum())
+        (0, 768)
+    """
+    refuse_unscorable(store)
+    path = _store_path(store)
+    lock = StoreLock(path)
+    if path.is_dir():  # no folder: open_traces says what is wrong with the path
+        lock.acquire()  # before anything is read: a store being written by trace_many is refused, unchanged
+    try:
+        _score_locked(store, path, model, recipes_or_method, images, batch_size, device, progress, fields)
+    finally:
+        lock.release()
     return open_traces(path)
 
 

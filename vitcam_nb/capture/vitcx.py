@@ -30,10 +30,11 @@ import xarray as xr
 from vitcam_nb.capture.hooks import eval_mode
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.core.errors import RecipeError, TraceError
-from vitcam_nb.core.provenance import array_sha256, weights_sha256
+from vitcam_nb.core.provenance import array_sha256, check_traced_scores, weights_sha256
 from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.schema import VARIABLES
 from vitcam_nb.preprocess import prepare_input
+from vitcam_nb.targets.classes import ClassTargets
 
 __all__ = ["VITCX_OPTIONS", "channel_masks", "cluster_labels", "cluster_masks", "feature_grid", "score_vitcx",
            "vitcx_map"]
@@ -181,29 +182,33 @@ def score_vitcx(trace: xr.Dataset, model: torch.nn.Module, recipes: list[Recipe]
         raise TraceError("image: its model input is not the traced input; pass the image the trace was made from")
     if str(trace.attrs.get("target_kind", "class")) != "class":
         raise TraceError("targets: ViT-CX scores class probabilities; this trace's targets are not classes")
-    size = (int(x.shape[-2]), int(x.shape[-1]))
-    per_channel = channel_masks(feature_grid(trace, layer, site), size)
-    labels = cluster_labels(per_channel, float(distance_threshold))
-    masks = torch.from_numpy(cluster_masks(per_channel, labels, size)).float()
-    n = masks.shape[0]
-    generator = torch.Generator().manual_seed(int(seed))
-    classes = [int(c) for c in trace["target_class"].values]
-    deltas = np.full((len(classes), n), np.nan, np.float32)
     run_device = torch.device(device) if device is not None else next(model.parameters()).device
-    show = bool(progress) if progress is not None else n > 4 * batch_size
-    with exclusive(model), on_device(model, run_device), eval_mode(model), torch.no_grad(), \
-            tqdm(total=-(-n // batch_size), desc="vc.score (ViT-CX)", disable=not show) as bar:
+    with exclusive(model), on_device(model, run_device), eval_mode(model), torch.no_grad():
         xd = x.to(run_device, next(model.parameters()).dtype)
-        for start in range(0, n, batch_size):
-            m = masks[start:start + batch_size, None].to(run_device, xd.dtype)
-            draw = torch.randn((m.shape[0], *xd.shape[1:]), generator=generator).to(run_device, xd.dtype)
-            outside = draw * float(noise) * (1 - m)
-            probs = torch.softmax(model(torch.cat([xd * m + outside, xd + outside])).double(), dim=1)
-            diff = (probs[:m.shape[0]] - probs[m.shape[0]:]).cpu().numpy()
-            for j, c in enumerate(classes):
-                if c >= 0:
-                    deltas[j, start:start + m.shape[0]] = diff[:, c]
-            bar.update(1)
+        # Before the clustering and the masked passes: the hashes do not fix the model's behaviour, its logits on
+        # the traced input must be the trace's.
+        check_traced_scores(trace.attrs, trace["logits"].values, ClassTargets("top1").batch_scores(model, xd)[0],
+                            str(run_device), "the ViT-CX scores would belong to another model: ")
+        size = (int(x.shape[-2]), int(x.shape[-1]))
+        per_channel = channel_masks(feature_grid(trace, layer, site), size)
+        labels = cluster_labels(per_channel, float(distance_threshold))
+        masks = torch.from_numpy(cluster_masks(per_channel, labels, size)).float()
+        n = masks.shape[0]
+        generator = torch.Generator().manual_seed(int(seed))
+        classes = [int(c) for c in trace["target_class"].values]
+        deltas = np.full((len(classes), n), np.nan, np.float32)
+        show = bool(progress) if progress is not None else n > 4 * batch_size
+        with tqdm(total=-(-n // batch_size), desc="vc.score (ViT-CX)", disable=not show) as bar:
+            for start in range(0, n, batch_size):
+                m = masks[start:start + batch_size, None].to(run_device, xd.dtype)
+                draw = torch.randn((m.shape[0], *xd.shape[1:]), generator=generator).to(run_device, xd.dtype)
+                outside = draw * float(noise) * (1 - m)
+                probs = torch.softmax(model(torch.cat([xd * m + outside, xd + outside])).double(), dim=1)
+                diff = (probs[:m.shape[0]] - probs[m.shape[0]:]).cpu().numpy()
+                for j, c in enumerate(classes):
+                    if c >= 0:
+                        deltas[j, start:start + m.shape[0]] = diff[:, c]
+                bar.update(1)
     attrs = {"vitcx_layer": layer, "vitcx_site": site, "distance_threshold": float(distance_threshold),
              "noise": float(noise), "seed": int(seed)}
     clean = trace.drop_vars([v for v in ("vitcx_cluster", "vitcx_score") if v in trace.variables])

@@ -234,7 +234,9 @@ for _weighting in (
               all_channels=True, title="Score-CAM", scores="score", channel_weights=_scorecam_alpha),
     Weighting("ablationcam", "alpha_k = (s - s_k) / s, s the target logit and s_k the logit with channel k set to "
               "zero at every token of the site (a hook on the site's module); map[t] = sum_k alpha_k A[t,k]; scores "
-              "from vc.score (Ramaswamy et al. 2020, as in pytorch-grad-cam 1.5.7 with its ViT ablation layer)",
+              "from vc.score (Ramaswamy et al. 2020). pytorch-grad-cam 1.5.7 with its ViT ablation layer does the "
+              "same only where the activation minimum is 0; elsewhere (every LayerNorm site, e.g. F1) it writes "
+              "min - 1e7 into the ablated channel, which is not copied here: the channel is always set to zero",
               ablationcam, uses_gradient=False, all_channels=True, title="Ablation-CAM", scores="ablation",
               channel_weights=_ablationcam_alpha),
     Weighting("gscorecam", "Score-CAM on the k channels with the largest gradient weight mean over patch tokens of "

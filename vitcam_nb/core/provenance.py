@@ -133,3 +133,55 @@ def check_traced_source(attrs: dict, model: torch.nn.Module, x: torch.Tensor, co
     if got != traced:
         raise TraceError(f"image: its model input (sha256 {got[:12]}…) is not the traced input ({traced[:12]}…); "
                          "pass the image the trace was made from")
+
+
+# Relative tolerance, of max(1, max |traced score|), between a trace's scores and the scores the same model gives
+# again on the same input: float32 kernels of another grad mode or attention path differ in the last bits; a
+# half-precision model, or another device type (CUDA's TF32 convolutions against the CPU), differs more.
+_SCORE_RTOL = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+_OTHER_DEVICE_RTOL = 1e-2
+
+
+def check_traced_scores(attrs: dict, traced: np.ndarray, scores: np.ndarray | torch.Tensor, device: str,
+                        consequence: str = "") -> None:
+    """Refuse (``TraceError``, both values in the message) a model whose scores on the traced input (``scores``,
+    computed on ``device``) are not the trace's (``traced``, its ``logits``): the weights and input hashes match,
+    but the model behaves otherwise than the traced one (another ``global_pool``, a forward hook, a patched
+    forward, another target), so what is computed from it would not belong to the trace.
+
+    Example:
+        >>> attrs = {"compute_dtype": "float32", "device": "cpu", "target_kind": "class"}
+        >>> check_traced_scores(attrs, np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-6]), "cpu")
+        >>> traced, other = np.array([1.0, 2.0]), np.array([1.0, 2.5])
+        >>> check_traced_scores(attrs, traced, other, "cpu")  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        ...
+        TraceError: model: on the traced input its scores are not the trace's logits: class 1 is 2.5 here, 2 ...
+    """
+    if isinstance(scores, torch.Tensor):
+        scores = scores.detach().double().cpu().numpy()
+    got, want = np.asarray(scores, np.float64).ravel(), np.asarray(traced, np.float64).ravel()
+    kind = str(attrs.get("target_kind", "class"))
+    what, fix = ("model", "model") if kind == "class" else ("model, targets", "model and target")
+    fix = f"{consequence}pass the {fix} exactly as traced"
+    if got.shape != want.shape:
+        raise TraceError(f"{what}: on the traced input it gives {got.size} scores, the trace holds {want.size} "
+                         f"logits; the model behaves otherwise than the traced one; {fix}")
+    rtol = _SCORE_RTOL.get(str(attrs.get("compute_dtype", "float32")), _SCORE_RTOL["float16"])
+    if str(attrs.get("device", device)).split(":")[0] != str(device).split(":")[0]:
+        rtol = max(rtol, _OTHER_DEVICE_RTOL)
+    finite = np.isfinite(want)
+    tol = rtol * max(1.0, float(np.abs(want[finite]).max()) if finite.any() else 1.0)
+    with np.errstate(invalid="ignore"):  # inf - inf: equal infinities count as equal below, NaN never
+        gap = np.abs(got - want)
+    same = (got == want) | (gap <= tol)
+    if same.all():
+        return
+    diff = np.where(same, 0.0, np.nan_to_num(gap, nan=np.inf))
+    i = int(np.argmax(diff))
+    name = "class" if kind == "class" else "score"
+    raise TraceError(f"{what}: on the traced input its scores are not the trace's logits: {name} {i} is "
+                     f"{got[i]:.6g} here, {want[i]:.6g} in the trace (|difference| {diff[i]:.3g} > tolerance "
+                     f"{tol:.3g}; {int((~same).sum())} of {got.size} scores differ); the model behaves otherwise "
+                     f"than the traced one (another global_pool, a forward hook, a patched forward or another "
+                     f"target); {fix}")

@@ -54,7 +54,8 @@ def test_a_rerun_scores_only_the_images_not_done(setup):
     try:
         ds = vc.score(ds, model, "scorecam", images, site="F1", batch_size=64, progress=False)
         n = ds.sizes["channel"]
-        assert calls == [n, n]  # images 1 and 2, one pass each over every channel; image 0 skipped
+        # images 1 and 2: a check pass of the unperturbed input, then one pass over every channel; image 0 skipped
+        assert calls == [1, n, 1, n]
         calls.clear()
         vc.score(path, model, "scorecam", images, site="F1", progress=False)
         assert calls == []

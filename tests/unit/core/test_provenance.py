@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,3 +21,26 @@ def test_refuses_other_weights_and_another_input_and_passes_the_traced_pair():
         check_traced_source(attrs, other, x, "the scores would belong to another model: ")
     with pytest.raises(TraceError, match=r"^image: its model input .* is not the traced input"):
         check_traced_source(attrs, model, x + 1)
+
+
+def test_traced_scores_within_float_tolerance_pass_and_others_are_refused_with_both_values():
+    from vitcam_nb.core.provenance import check_traced_scores
+
+    traced = np.array([0.5, -20.0, 3.0])
+    attrs = {"compute_dtype": "float32", "device": "cpu", "target_kind": "class"}
+    check_traced_scores(attrs, traced, traced + 1e-4 * 20 * 0.99, "cpu")  # 1e-4 of max(1, max |score|) = 2e-3
+    with pytest.raises(TraceError, match=r"^model: on the traced input its scores are not the trace's logits: class 2 "
+                                         r"is 3\.01 here, 3 in the trace \(\|difference\| 0\.01 > tolerance 0\.002; "
+                                         r"1 of 3 scores differ\).*; pass the model exactly as traced$"):
+        check_traced_scores(attrs, traced, traced + np.array([0, 0, 0.01]), "cpu")
+    check_traced_scores({**attrs, "compute_dtype": "float16"}, traced, traced + 0.1, "cpu")  # 1e-2 * 20
+    check_traced_scores({**attrs, "device": "cuda:0"}, traced, traced + 0.1, "cpu")  # another device type: 1e-2
+    with pytest.raises(TraceError, match=r"tolerance 0\.002"):  # cuda:0 and cuda:1: the same kind of kernels
+        check_traced_scores({**attrs, "device": "cuda:0"}, traced, traced + 0.1, "cuda:1")
+    with pytest.raises(TraceError, match=r"^model, targets: .*score 0 is nan here, 0\.5 in the trace.*pass the model "
+                                         r"and target exactly as traced$"):
+        check_traced_scores({**attrs, "target_kind": "region"}, traced, np.array([np.nan, -20.0, 3.0]), "cpu")
+    with pytest.raises(TraceError, match=r"^model: on the traced input it gives 2 scores, the trace holds 3 logits"):
+        check_traced_scores(attrs, traced, torch.zeros(2), "cpu")
+    inf = np.array([np.inf, 1.0])
+    check_traced_scores(attrs, inf, inf.copy(), "cpu")  # equal infinities are the same score
