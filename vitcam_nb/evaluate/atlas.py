@@ -352,9 +352,10 @@ def plot_atlas(
     lo = -1.0 if np.nanmin(values, initial=0.0) < 0 else 0.0
     cm = plt.get_cmap(cmap).with_extremes(bad="0.85")
     im = ax.imshow(np.ma.masked_invalid(mat), cmap=cm, vmin=lo, vmax=1.0, aspect="auto")
-    names = [labels[i] + (" (all zeros)" if i in blank else "") for i in order]
-    ax.set_xticks(range(n), names, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(n), names, fontsize=8)
+    # A blank row says why in its own cells; a blank column has no room for it, so its label does.
+    ax.set_xticks(range(n), [labels[i] + (" (all zeros)" if i in blank else "") for i in order], rotation=60,
+                  ha="right", fontsize=8)
+    ax.set_yticks(range(n), [labels[i] for i in order], fontsize=8)
     for row, i in enumerate(order):
         if i in blank:  # say why the row is empty instead of leaving it grey
             ax.text((n - 1) / 2, row, blank[i], ha="center", va="center", fontsize=7, color="0.15", clip_on=True)
@@ -379,7 +380,8 @@ def plot_atlas(
     if "n_images" in da.attrs:
         title += f", mean over {da.attrs['n_images']} images"
     if blank:
-        title += f"\n{len(blank)} variant(s) give an all-zero map, so no agreement is defined for them (last rows)"
+        title += (f"\n{len(blank)} variant(s) give an all-zero map, so no agreement is defined for them "
+                  "(last rows and columns)")
     top.set_title(title + ("\nclustered: variants that agree sit together" if link is not None else ""),
                   fontsize=10)
     return fig

@@ -143,7 +143,8 @@ def test_atlas_says_why_a_row_is_empty(shapes):
     assert np.isnan(at.values[3]).all()
     fig = evaluate.plot_atlas(at)
     ax = fig.axes[0]
-    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert [t.get_text() for t in ax.get_yticklabels()][-1] == "F6 last"
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks[-1] == "F6 last (all zeros)" and sum("(all zeros)" in t for t in ticks) == 1
     reason = vc.cam(tr, recipes["F6 last"]).attrs["degenerate"].split(" (")[0]
     row = [t for t in ax.texts if "map is all zeros" in t.get_text()]
