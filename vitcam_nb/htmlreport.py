@@ -18,7 +18,7 @@ import xarray as xr
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
 *{box-sizing:border-box}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,560px),1fr));gap:.8em}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,560px),1fr));gap:.8em;align-items:start}
 .card{display:flex;gap:1em;border:1px solid #ccc;border-radius:6px;padding:.7em;min-width:0}
 .card>div{min-width:0}.card>div:last-child{flex:1}
 .card.degenerate{border-color:#c00;background:#fff4f4}
@@ -93,8 +93,7 @@ def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: obje
     m = entry.cam_map
     reason = str(m.attrs.get("degenerate", ""))
     name = class_name(trace, m.attrs["recipe"]) if "recipe" in m.attrs else None
-    title = entry.label + (f"\nclass {name}" if name else "") + ("\nDEGENERATE: all zeros" if reason else "")
-    img = _png(overlay(trace, m, title=title, mask=mask))
+    img = _png(overlay(trace, m, title="", mask=mask))  # the card's heading names the map, in page-sized text
     scores = "".join(f"<li>{escape(k)}: {v:.3f}</li>" for k, v in entry.scores.items())
     badge = f"<p><span class='badge'>degenerate</span> {escape(reason)}</p>" if reason else ""
     checklist = json.loads(m.attrs["checklist"])
@@ -104,7 +103,8 @@ def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: obje
         f"<div class='card{' degenerate' if reason else ''}' data-recipe-id='{escape(m.attrs['recipe_id'])}'>"
         f"<div><img alt='{escape(entry.label)}' src='data:image/png;base64,{img}'>"
         f"<ul class='scores'>{scores}</ul></div>"
-        f"<div><h3>{escape(entry.label)} <span class='muted'>recipe {escape(m.attrs['recipe_id'])}</span></h3>"
+        f"<div><h3>{escape(entry.label)}{escape(f' · class {name}' if name else '')} "
+        f"<span class='muted'>recipe {escape(m.attrs['recipe_id'])}</span></h3>"
         f"{badge}<details><summary>methods paragraph</summary>"
         f"<p class='muted'>{escape(str(m.attrs.get('methods', '')))}</p></details>"
         f"<details><summary>checklist ({len(checklist)} categories)</summary>"

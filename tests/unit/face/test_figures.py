@@ -192,6 +192,7 @@ def test_report_shows_provenance_once_and_folds_checklists(shapes):
     assert all(escape(str(v)) in html for v in shared.values())
     cards = re.findall(r"<div class='card[^']*' data-recipe-id='([0-9a-f]{12})'>(.*?)</div></div>", html, re.S)
     assert [rid for rid, _ in cards] == [r.id for r in recipes.values()]
-    for _, body in cards:
+    for (_, body), label in zip(cards, recipes, strict=True):
+        assert f"<h3>{label} · class {escape(_top_class(tr))} <span" in body
         assert re.search(r"<details><summary>checklist \(\d+ categories\)</summary><table class='checklist'>", body)
         assert "model and input" not in body
