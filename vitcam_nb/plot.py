@@ -139,7 +139,8 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
     values = np.asarray(cam_map.values, dtype=np.float32)
     h, w = img.shape[:2]
     # A min-max map (and an all-zero one) is drawn on its 0..1 scale, so its colour bar reads the same everywhere.
-    scaled = '"normalize":"minmax"' in str(cam_map.attrs.get("recipe", "")) or not values.any()
+    recipe = cam_map.attrs.get("recipe")
+    scaled = (bool(recipe) and _recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
     ax.imshow(img)
     im = ax.imshow(values, cmap=cmap, alpha=alpha, extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest",
                    vmin=0 if scaled else None, vmax=1 if scaled else None)

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import vitcam_nb as vc  # noqa: E402
 from vitcam_nb import evaluate, htmlreport, plot  # noqa: E402
+from vitcam_nb.demo import _scores  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::vitcam_nb.DegenerateMapWarning",
                                         "ignore::vitcam_nb.evaluate.MetricWarning")
@@ -196,3 +197,21 @@ def test_report_shows_provenance_once_and_folds_checklists(shapes):
         assert f"<h3>{label} · class {escape(_top_class(tr))} <span" in body
         assert re.search(r"<details><summary>checklist \(\d+ categories\)</summary><table class='checklist'>", body)
         assert "model and input" not in body
+
+
+def test_demo_scores_show_energy_pointing_game_only_where_it_differs(shapes):
+    tr, mask = shapes
+    m = vc.cam(tr, vc.Recipe(site="F4", layer=0))
+    v = m.values.astype(np.float64)
+    mass = v[mask].sum() / v.sum()  # min-max map: minimum 0, so both scores are this share of the map's sum
+    scores = _scores(m, mask)
+    assert list(scores) == ["pointing game", "relevance mass"]
+    assert scores["relevance mass"] == pytest.approx(mass, rel=1e-6)
+    signed = vc.cam(tr, vc.Recipe(site="F4", layer=0, relu="none", normalize="none"))
+    s = signed.values.astype(np.float64)
+    assert s.min() < 0
+    scores = _scores(signed, mask)
+    assert list(scores) == ["pointing game", "energy pointing game", "relevance mass"]
+    e = (s - s.min()) / np.ptp(s)
+    assert scores["energy pointing game"] == pytest.approx(e[mask].sum() / e.sum(), rel=1e-6)
+    assert scores["relevance mass"] == pytest.approx(np.maximum(s, 0)[mask].sum() / np.maximum(s, 0).sum(), rel=1e-6)
