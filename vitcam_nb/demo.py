@@ -116,7 +116,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
         g = gallery(tr, Recipe(), vary={"layer": "all", "site": "all"})
-    fig = plot.grid(tr, g)
+    fig = plot.grid(tr, g, mask=mask)
     paths["gallery"] = out / "gallery.png"
     fig.savefig(paths["gallery"], dpi=80)
     plt.close(fig)
@@ -140,9 +140,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
             m = cam(tr, recipe)
         scores = {}
         if mask is not None and mask.shape == m.shape and not m.attrs["degenerate"]:
-            scores = {"pointing game": evaluate.pointing_game(m, mask),
-                      "energy pointing game": evaluate.energy_pointing_game(m, mask),
-                      "relevance mass": evaluate.relevance_mass_accuracy(m, mask)}
+            scores = _scores(m, mask)
         entries.append(htmlreport.ReportEntry(label, m, scores))
     steps.update()
 
@@ -152,13 +150,17 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
              "Which variant to use is your choice; this report makes each choice visible. Cite a map by its "
              "recipe id and paste its methods paragraph."]
     if mask is not None:
-        notes.append("Scores compare each map with the known evidence mask of the bundled image.")
-    figures = {"Gallery: every layer x site (gradcam, logit, top-1)": plt.imread(paths["gallery"]),
+        notes.append("Scores compare each map with the known evidence mask of the bundled image (outlined in cyan). "
+                     "For a non-negative map with minimum 0, as min-max normalised maps are, the energy pointing "
+                     "game and the relevance mass are the same formula (the share of the map's sum inside the "
+                     "mask): a card shows one 'relevance mass' where the two are equal, both where they differ.")
+    figures = {"Gallery: every block x site (gradcam, logit, top-1)": plt.imread(paths["gallery"]),
                "Agreement atlas (Spearman on the token grid)": plt.imread(paths["atlas"])}
     steps.set_postfix_str("explorer")
     explorer = explorer_html(tr, progress=progress)
     html = htmlreport.render(tr, entries, title=f"vitcam_nb demo: {model}", notes=notes,
-                             figures={k: _image_figure(v) for k, v in figures.items()}, interactive=explorer)
+                             figures={k: _image_figure(v) for k, v in figures.items()}, interactive=explorer,
+                             mask=mask)
     paths["report"] = out / "report.html"
     paths["report"].write_text(html, encoding="utf-8")
     paths["recipes"] = out / "recipes.json"
@@ -166,6 +168,17 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     steps.update()
     steps.close()
     return paths
+
+
+def _scores(m: object, mask: np.ndarray) -> dict[str, float]:
+    """Pointing game and relevance mass; the energy pointing game too only where it differs from the relevance
+    mass (it equals it for a non-negative map with minimum 0)."""
+    scores = {"pointing game": evaluate.pointing_game(m, mask)}
+    energy, mass = evaluate.energy_pointing_game(m, mask), evaluate.relevance_mass_accuracy(m, mask)
+    if not np.isclose(energy, mass, rtol=1e-9, atol=1e-12, equal_nan=True):
+        scores["energy pointing game"] = energy
+    scores["relevance mass"] = mass
+    return scores
 
 
 def _image_figure(pixels: np.ndarray):

@@ -14,16 +14,27 @@ from html import escape
 
 import xarray as xr
 
+# Cards flow in a grid that fits the window; long unbroken strings (hashes, JSON) wrap instead of widening it.
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
-.card{display:flex;gap:1.2em;border:1px solid #ccc;border-radius:6px;padding:.8em;margin:.8em 0}
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
+*{box-sizing:border-box}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,560px),1fr));gap:.8em;align-items:start}
+.card{display:flex;gap:1em;border:1px solid #ccc;border-radius:6px;padding:.7em;min-width:0}
+.card>div{min-width:0}.card>div:last-child{flex:1}
 .card.degenerate{border-color:#c00;background:#fff4f4}
-.card img{width:220px;height:220px;image-rendering:auto}
-table{border-collapse:collapse;font-size:.82em}td,th{border:1px solid #ddd;padding:2px 6px;vertical-align:top}
+.card img{width:270px;max-width:100%;height:auto;image-rendering:auto}
+.card h3{margin:.1em 0 .4em;font-size:1em}
+img.figure{max-width:100%;height:auto;display:block}
+table{border-collapse:collapse;font-size:.82em;width:100%}
+td,th{border:1px solid #ddd;padding:2px 6px;vertical-align:top;text-align:left;overflow-wrap:anywhere}
+th{background:#eef2f6}td:first-child{width:32%}
+details{margin:.3em 0}summary{cursor:pointer;color:#035;font-size:.9em}
+.provenance{border:1px solid #bbb;border-radius:6px;padding:.6em .9em;background:#f7f9fb}
 .badge{display:inline-block;background:#c00;color:#fff;border-radius:3px;padding:0 6px;font-size:.8em}
-.scores{font-size:.85em}.muted{color:#666;font-size:.85em}
+.scores{font-size:.85em;padding-left:1.2em;margin:.3em 0}.muted{color:#666;font-size:.85em;overflow-wrap:anywhere}
 iframe.explorer{width:100%;height:1150px;border:1px solid #ccc;border-radius:6px}
 """
+_SHARED = "model and input"  # the checklist category every card of one trace shares: shown once, at the top
 
 
 @dataclass
@@ -48,35 +59,79 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _checklist_table(checklist_json: str) -> str:
+def _table(checklist: Mapping[str, Mapping[str, object]], css: str) -> str:
+    """Two columns, each category a heading row above its items: readable in a narrow card."""
     rows = []
-    for category, items in json.loads(checklist_json).items():
-        for i, (item, value) in enumerate(items.items()):
-            head = f"<th rowspan='{len(items)}'>{escape(category)}</th>" if i == 0 else ""
-            rows.append(f"<tr>{head}<td>{escape(str(item))}</td><td>{escape(str(value))}</td></tr>")
-    return "<table class='checklist'>" + "".join(rows) + "</table>"
+    for category, items in checklist.items():
+        rows.append(f"<tr><th colspan='2'>{escape(category)}</th></tr>")
+        rows += [f"<tr><td>{escape(str(item))}</td><td>{escape(str(value))}</td></tr>" for item, value in items.items()]
+    return f"<table class='{css}'>" + "".join(rows) + "</table>"
+
+
+def _shared(entries: Sequence[ReportEntry]) -> dict | None:
+    """The provenance category of the cards' checklists when it is the same in every card, else None."""
+    found = [json.loads(e.cam_map.attrs["checklist"]).get(_SHARED) for e in entries]
+    return found[0] if found and found[0] is not None and all(f == found[0] for f in found) else None
+
+
+def _provenance(trace: xr.Dataset, shared: dict | None) -> str:
+    a = trace.attrs
+    line = (f"<p class='muted'>model {escape(str(a.get('model_name', '?')))} · weights sha256 "
+            f"{escape(str(a.get('weights_sha256', '?'))[:16])}… · input {escape(str(a.get('img_size', '?')))} · "
+            f"trace {escape(str(a.get('trace_id', '?')))} · vitcam_nb {escape(str(a.get('vitcam_nb_version', '?')))}"
+            "</p>")
+    table = ""
+    if shared is not None:
+        table = (f"<details><summary>{escape(_SHARED)}: shared by every map below</summary>"
+                 f"{_table({_SHARED: shared}, 'provenance-table')}</details>")
+    return f"<section class='provenance'><h2>Provenance</h2>{line}{table}</section>"
+
+
+def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: object) -> str:
+    from vitcam_nb.plot import class_name, overlay
+
+    m = entry.cam_map
+    reason = str(m.attrs.get("degenerate", ""))
+    name = class_name(trace, m.attrs["recipe"]) if "recipe" in m.attrs else None
+    img = _png(overlay(trace, m, title="", mask=mask))  # the card's heading names the map, in page-sized text
+    scores = "".join(f"<li>{escape(k)}: {v:.3f}</li>" for k, v in entry.scores.items())
+    badge = f"<p><span class='badge'>degenerate</span> {escape(reason)}</p>" if reason else ""
+    checklist = json.loads(m.attrs["checklist"])
+    if shared is not None and checklist.get(_SHARED) == shared:
+        checklist.pop(_SHARED)  # shown once, in the provenance block
+    return (
+        f"<div class='card{' degenerate' if reason else ''}' data-recipe-id='{escape(m.attrs['recipe_id'])}'>"
+        f"<div><img alt='{escape(entry.label)}' src='data:image/png;base64,{img}'>"
+        f"<ul class='scores'>{scores}</ul></div>"
+        f"<div><h3>{escape(entry.label)}{escape(f' · class {name}' if name else '')} "
+        f"<span class='muted'>recipe {escape(m.attrs['recipe_id'])}</span></h3>"
+        f"{badge}<details><summary>methods paragraph</summary>"
+        f"<p class='muted'>{escape(str(m.attrs.get('methods', '')))}</p></details>"
+        f"<details><summary>checklist ({len(checklist)} categories)</summary>"
+        f"{_table(checklist, 'checklist')}</details></div></div>"
+    )
 
 
 def render(trace: xr.Dataset, entries: Sequence[ReportEntry], *, title: str = "vitcam_nb report",
            figures: Mapping[str, object] | None = None, notes: Sequence[str] = (),
-           interactive: str | None = None) -> str:
+           interactive: str | None = None, mask: object = None) -> str:
     """Render the report as one HTML string (images embedded as data URIs). ``interactive``: the HTML of an
     exported explorer, shown in a frame (``srcdoc``, scripts allowed, nothing else) before the figures.
+    ``mask``: the object's pixels, outlined on every map when known.
+
+    The provenance (model, weights, input, versions) is shown once at the top; each card keeps its own
+    checklist, folded in a ``<details>``.
 
     Example:
         >>> html = render(tr, [ReportEntry("default", vc.cam(tr, vc.Recipe()))])  # doctest: +SKIP
     """
-    from vitcam_nb.plot import overlay
-
-    a = trace.attrs
+    shared = _shared(entries)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
-        f"<p class='muted'>model {escape(str(a.get('model_name', '?')))} · weights sha256 "
-        f"{escape(str(a.get('weights_sha256', '?'))[:16])}… · input {escape(str(a.get('img_size', '?')))} · "
-        f"trace {escape(str(a.get('trace_id', '?')))} · vitcam_nb {escape(str(a.get('vitcam_nb_version', '?')))}"
-        "</p>",
+        _provenance(trace, shared),
     ]
     parts += [f"<p>{escape(n)}</p>" for n in notes]
     if interactive is not None:
@@ -85,21 +140,9 @@ def render(trace: xr.Dataset, entries: Sequence[ReportEntry], *, title: str = "v
                      f"<iframe class='explorer' title='vitcam_nb explorer' sandbox='allow-scripts' "
                      f"srcdoc='{escape(interactive, quote=True)}'></iframe>")
     for name, fig in (figures or {}).items():
-        parts.append(f"<h2>{escape(name)}</h2><img alt='{escape(name)}' src='data:image/png;base64,{_png(fig)}'>")
-    parts.append(f"<h2>Variants ({len(entries)})</h2>")
-    for entry in entries:
-        m = entry.cam_map
-        reason = str(m.attrs.get("degenerate", ""))
-        img = _png(overlay(trace, m, title=entry.label))
-        scores = "".join(f"<li>{escape(k)}: {v:.3f}</li>" for k, v in entry.scores.items())
-        badge = f"<p><span class='badge'>degenerate</span> {escape(reason)}</p>" if reason else ""
-        parts.append(
-            f"<div class='card{' degenerate' if reason else ''}' data-recipe-id='{escape(m.attrs['recipe_id'])}'>"
-            f"<div><img alt='{escape(entry.label)}' src='data:image/png;base64,{img}'>"
-            f"<ul class='scores'>{scores}</ul></div>"
-            f"<div><h3>{escape(entry.label)} <span class='muted'>recipe {escape(m.attrs['recipe_id'])}</span></h3>"
-            f"{badge}<p class='muted'>{escape(str(m.attrs.get('methods', '')))}</p>"
-            f"{_checklist_table(m.attrs['checklist'])}</div></div>"
-        )
-    parts.append("</body></html>")
+        parts.append(f"<h2>{escape(name)}</h2>"
+                     f"<img class='figure' alt='{escape(name)}' src='data:image/png;base64,{_png(fig)}'>")
+    parts.append(f"<h2>Variants ({len(entries)})</h2><div class='cards'>")
+    parts += [_card(trace, entry, shared, mask) for entry in entries]
+    parts.append("</div></body></html>")
     return "\n".join(parts)

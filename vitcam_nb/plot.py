@@ -1,28 +1,126 @@
-"""Matplotlib views of maps and galleries: the static render that works everywhere, widgets or not."""
+"""Matplotlib views of maps and galleries: the static render that works everywhere, widgets or not.
+
+Every map figure names the recipe in words (:func:`recipe_short`) and the class it explains, carries a colour
+bar, draws the object's outline when a mask is given, and uses a perceptually uniform colormap by default
+(:data:`DEFAULT_CMAP`; a rainbow such as jet makes some hues look "cold" or "hot" regardless of the value).
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import textwrap
+from typing import Any
+
 import numpy as np
 import xarray as xr
+
+__all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "grid", "overlay", "recipe_short"]
+
+DEFAULT_CMAP = "inferno"
+_MASK_COLOUR = "cyan"
 
 
 def _image(trace: xr.Dataset) -> np.ndarray:
     return np.asarray(trace["image"].values)
 
 
-def _title(m: xr.DataArray) -> str:
-    title = f"recipe {m.attrs.get('recipe_id', '?')}"
+def _recipe_dict(recipe: Any) -> dict:
+    if isinstance(recipe, dict):
+        return recipe
+    if isinstance(recipe, str):
+        return json.loads(recipe)
+    return recipe.to_dict()
+
+
+def recipe_short(recipe: Any) -> str:
+    """The recipe in a few words: weighting, site, block and target, then any other field off its default.
+
+    ``recipe``: a Recipe, its dict or its JSON (a map's ``attrs["recipe"]``).
+
+    Example:
+        >>> from vitcam_nb.core.recipe import Recipe
+        >>> recipe_short(Recipe(site="F4", layer=0, relu="none"))
+        'gradcam · F4 · block 0 · logit · relu=none'
+    """
+    from vitcam_nb.core.recipe import Recipe
+
+    d = _recipe_dict(recipe)
+    layer = d.get("layer", -1)
+    if isinstance(layer, (list, tuple)):
+        layer = "blocks " + "+".join(map(str, layer))
+    elif layer == -1:
+        layer = "last block"
+    elif isinstance(layer, int):
+        layer = f"block {layer}"
+    else:
+        layer = f"{layer} blocks"
+    parts = [str(d.get("weighting", "gradcam")), str(d.get("site", "F1")), layer, str(d.get("target", "logit"))]
+    default = Recipe().to_dict()
+    shown = {"weighting", "site", "layer", "target"}
+    parts += [f"{k}={v}" for k, v in d.items() if k not in shown and v != default.get(k)]
+    return " · ".join(parts)
+
+
+def class_name(trace: xr.Dataset, recipe: Any) -> str | None:
+    """The name of the class a recipe explains on ``trace`` (``class_`` "top1".. resolved on its logits), or None
+    when the trace has no class labels.
+
+    Example:
+        >>> class_name(tr, vc.Recipe())  # doctest: +SKIP
+        'circle'
+    """
+    if "logits" not in getattr(trace, "variables", {}) or "class_label" not in trace.coords:
+        return None
+    cls = _recipe_dict(recipe).get("class_", "top1")
+    logits = np.asarray(trace["logits"].values, dtype=np.float64).ravel()
+    if isinstance(cls, str) and cls.startswith("top"):
+        rank = int(cls[3:])
+        if not 1 <= rank <= logits.size:
+            return None
+        cls = int(np.argsort(-logits, kind="stable")[rank - 1])
+    labels = trace["class_label"].values
+    return str(labels[int(cls)]) if 0 <= int(cls) < len(labels) else None
+
+
+def draw_mask(ax: Any, mask: Any, shape: tuple[int, int] | None = None) -> None:
+    """Outline ``mask`` (a 2-D boolean array) on ``ax`` as a cyan contour in pixel coordinates of ``shape``
+    (default: the mask's own shape).
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> fig, ax = plt.subplots(); draw_mask(ax, np.eye(4, dtype=bool)); len(ax.collections) > 0
+        True
+    """
+    mask = np.asarray(mask, dtype=bool)
+    if mask.ndim != 2:
+        raise ValueError(f"mask: expected a 2-D boolean array, got shape {mask.shape}")
+    h, w = shape or mask.shape
+    ys = (np.arange(mask.shape[0]) + 0.5) * h / mask.shape[0] - 0.5
+    xs = (np.arange(mask.shape[1]) + 0.5) * w / mask.shape[1] - 0.5
+    ax.contour(xs, ys, mask.astype(float), levels=[0.5], colors=_MASK_COLOUR, linewidths=1.2)
+
+
+def _map_title(trace: xr.Dataset, m: xr.DataArray) -> str:
+    recipe = m.attrs.get("recipe")
+    title = recipe_short(recipe) if recipe else f"recipe {m.attrs.get('recipe_id', '?')}"
+    name = class_name(trace, recipe) if recipe else None
+    if name is not None:
+        title += f"\nclass {name}"
     if m.attrs.get("degenerate"):
-        title += " — DEGENERATE (zeros)"
+        title += "\nDEGENERATE: map is all zeros"
     return title
 
 
-def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float = 0.5, cmap: str = "jet",
-            title: str | None = None):
+def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float = 0.5, cmap: str = DEFAULT_CMAP,
+            title: str | None = None, mask: Any = None, colorbar: bool = True):
     """Draw ``cam_map`` over the trace's display image; returns the matplotlib Figure.
 
+    The title names the recipe in words and the class (unless ``title`` is given); ``mask`` (the object's
+    pixels, if known) is outlined; ``colorbar`` adds the map's scale.
+
     Example:
-        >>> fig = overlay(tr, vc.cam(tr, vc.Recipe()))  # doctest: +SKIP
+        >>> fig = overlay(tr, vc.cam(tr, vc.Recipe()), mask=mask)  # doctest: +SKIP
     """
     import matplotlib.pyplot as plt
 
@@ -32,30 +130,65 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
     if mine and theirs and mine != theirs:
         raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
                          "overlay a map on the image it explains")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(4, 4))
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(4.6 if colorbar else 4, 4.2))
     else:
         fig = ax.figure
     img = _image(trace)
     values = np.asarray(cam_map.values, dtype=np.float32)
     h, w = img.shape[:2]
+    # A min-max map (and an all-zero one) is drawn on its 0..1 scale, so its colour bar reads the same everywhere.
+    recipe = cam_map.attrs.get("recipe")
+    scaled = (bool(recipe) and _recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
     ax.imshow(img)
-    ax.imshow(values, cmap=cmap, alpha=alpha, extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest")
-    ax.set_title(title if title is not None else _title(cam_map), fontsize=9)
+    im = ax.imshow(values, cmap=cmap, alpha=alpha, extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest",
+                   vmin=0 if scaled else None, vmax=1 if scaled else None)
+    if mask is not None:
+        draw_mask(ax, mask, (h, w))
+    ax.set_title(title if title is not None else _map_title(trace, cam_map), fontsize=9)
     ax.set_axis_off()
+    if colorbar:
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, label="map value")
+    if own:
+        fig.tight_layout()
     return fig
 
 
-def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: str = "jet",
-         size: float = 1.6):
+def _site_order(gallery: xr.DataArray, dims: list[str]) -> xr.DataArray:
+    """Site coordinates in reading order F1, F2, ... (a trace lists them in capture order)."""
+    for dim in dims:
+        values = [str(v) for v in gallery[dim].values] if dim in gallery.coords else []
+        if values and all(re.fullmatch(r"[A-Z]+\d+", v) for v in values):
+            order = sorted(range(len(values)), key=lambda i: (re.sub(r"\d", "", values[i]),
+                                                               int(re.sub(r"\D", "", values[i]))))
+            gallery = gallery.isel({dim: order})
+    return gallery
+
+
+def _cell_label(dim: str, value: Any) -> str:
+    return f"block {value}" if dim == "layer" else f"{dim} {value}"
+
+
+def _degenerate_text(reason: str) -> str:
+    """The first clause of a degenerate map's reason (the part before its parenthesis), wrapped for a cell."""
+    return "\n".join(textwrap.wrap(f"all zeros: {reason.split(' (')[0]}", 22)[:5])
+
+
+def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: str = DEFAULT_CMAP,
+         size: float = 1.6, mask: Any = None):
     """Plot a gallery with up to two varied dimensions as a grid of overlays; returns the Figure.
 
-    Rows are the first varied dimension, columns the second; degenerate maps are marked.
+    Rows are the first varied dimension, columns the second (sites in order F1, F2, ...). The input image
+    (with ``mask`` outlined, when given) comes first, a colour bar last; a degenerate map's cell says why it is
+    blank.
 
     Example:
         >>> fig = grid(tr, vc.gallery(tr, vc.Recipe(), vary=("layer", "site")))  # doctest: +SKIP
     """
     import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
 
     spatial = gallery.dims[-2:]
     varied = list(gallery.dims[:-2])
@@ -64,27 +197,48 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     while len(varied) < 2:
         gallery = gallery.expand_dims(f"_{len(varied)}")
         varied.insert(0, f"_{len(varied)}")
-    gallery = gallery.transpose(*varied, *spatial)
+    gallery = _site_order(gallery.transpose(*varied, *spatial), varied)
     n_rows, n_cols = gallery.shape[:2]
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(size * n_cols + 0.8, size * n_rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(n_rows, n_cols + 1, figsize=(size * (n_cols + 1) + 1.2, size * n_rows + 1.0),
+                             squeeze=False)
     img = _image(trace)
     h, w = img.shape[:2]
     degenerate = gallery.coords["degenerate"].values if "degenerate" in gallery.coords else None
     for i in range(n_rows):
+        axes[i, 0].set_axis_off()
         for j in range(n_cols):
-            ax = axes[i, j]
+            ax = axes[i, j + 1]
             ax.imshow(img)
             ax.imshow(np.asarray(gallery.values[i, j]), cmap=cmap, alpha=alpha, vmin=0, vmax=1,
                       extent=(-0.5, w - 0.5, h - 0.5, -0.5))
+            if mask is not None:
+                draw_mask(ax, mask, (h, w))
             ax.set_xticks([])
             ax.set_yticks([])
-            if degenerate is not None and np.ndim(degenerate) == 2 and degenerate[i, j]:
-                ax.text(0.5, 0.5, "degenerate", transform=ax.transAxes, ha="center", va="center",
-                        color="white", fontsize=7, bbox={"facecolor": "black", "alpha": 0.6})
+            reason = degenerate[i, j] if degenerate is not None and np.ndim(degenerate) == 2 else ""
+            if reason:
+                text = _degenerate_text(reason if isinstance(reason, str) else "degenerate map")
+                ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="white",
+                        fontsize=6.5, bbox={"facecolor": "black", "alpha": 0.7})
             if j == 0 and not varied[0].startswith("_"):
-                ax.set_ylabel(f"{varied[0]} {gallery[varied[0]].values[i]}", fontsize=8)
+                ax.set_ylabel(_cell_label(varied[0], gallery[varied[0]].values[i]), fontsize=8)
             if i == 0 and not varied[1].startswith("_"):
-                ax.set_title(f"{varied[1]} {gallery[varied[1]].values[j]}", fontsize=8)
-    fig.suptitle(f"base recipe {gallery.attrs.get('recipe_id', '?')}", fontsize=9)
-    fig.tight_layout()
+                ax.set_title(_cell_label(varied[1], gallery[varied[1]].values[j]), fontsize=8)
+    first = axes[0, 0]
+    first.imshow(img)
+    if mask is not None:
+        draw_mask(first, mask, (h, w))
+    first.set_title("input" + (" (object outlined)" if mask is not None else ""), fontsize=8)
+    first.set_axis_on()
+    first.set_xticks([])
+    first.set_yticks([])
+    recipe = gallery.attrs.get("recipe")
+    title = recipe_short(recipe) if recipe else f"recipe {gallery.attrs.get('recipe_id', '?')}"
+    name = class_name(trace, recipe) if recipe else None
+    vary = ", ".join(v for v in varied if not v.startswith("_"))
+    fig.suptitle(f"{title}" + (f" — class {name}" if name else "") + (f"; varied: {vary}" if vary else ""),
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    cax = fig.add_axes((0.94, 0.15, 0.015, 0.7))
+    fig.colorbar(ScalarMappable(Normalize(0, 1), cmap=cmap), cax=cax, label="map value")
     return fig

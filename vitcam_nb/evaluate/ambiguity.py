@@ -29,6 +29,7 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
+from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
 from vitcam_nb.evaluate.localisation import default_tolerance
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 from vitcam_nb.evaluate.sensitivity import bootstrap_effects, group_codes, main_effects
@@ -135,7 +136,7 @@ class Ambiguity:
     """The answer of :func:`ambiguity` for one trace: ``recipes``, ``maps`` (recipe, y, x on the token grid),
     ``spread``, ``sensitivity``, ``skipped`` (combinations no recipe expresses, or that the trace cannot compute),
     ``degenerate`` (maps returned as zeros), ``localises`` (share of recipes whose map points at ``mask``, or
-    None), and :meth:`plot`, :meth:`report`, :meth:`to_dict`.
+    None), ``image`` and ``mask`` (shown beside the maps), and :meth:`plot`, :meth:`report`, :meth:`to_dict`.
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -148,10 +149,12 @@ class Ambiguity:
 
     def __init__(self, *, reported: dict, space: dict, recipes: list[Recipe], maps: xr.DataArray, spread: Spread,
                  rho: np.ndarray, sensitivity: Sensitivity, skipped: int, degenerate: int,
-                 localises: float | None, trace_id: str) -> None:
+                 localises: float | None, trace_id: str, image: np.ndarray | None = None,
+                 mask: np.ndarray | None = None) -> None:
         self.reported, self.space, self.recipes, self.maps = reported, space, recipes, maps
         self.spread, self.rho, self.sensitivity = spread, rho, sensitivity
         self.skipped, self.degenerate, self.localises, self.trace_id = skipped, degenerate, localises, trace_id
+        self.image, self.mask = image, mask  # shown beside the maps by plot()
 
     @property
     def open(self) -> list[str]:
@@ -220,12 +223,15 @@ class Ambiguity:
         """
         s = self.sensitivity
         said = ", ".join(f"{k}={_jsonable(v)}" for k, v in self.reported.items()) or "nothing"
+        sampled = "" if s.design.startswith("exact") else " sampled"
         text = (f"The description ({said}) leaves {len(self.open)} choice(s) open ({', '.join(self.open) or 'none'}), "
-                f"allowing {len(self.recipes)} distinct recipes")
+                f"allowing {len(self.recipes)} distinct recipes: {s.cells}{sampled} combinations of the open values "
+                "name them, several combinations naming one recipe when a choice does not apply (such as heads at F1)")
         text += f" ({self.skipped} combinations no recipe expresses were skipped). " if self.skipped else ". "
         if np.isfinite(self.spread.median_spearman):
             text += (f"Consistent maps agree at median Spearman rho = {self.spread.median_spearman:.2f}; "
-                     f"{self.spread.share_below_half:.0%} of the {self.spread.pairs} pairs fall below 0.5. ")
+                     f"{self.spread.share_below_half:.0%} of the {self.spread.pairs} pairs of non-constant maps fall "
+                     "below 0.5. ")
         if s.fields:
             top = max(s.fields, key=s.fields.get)
             cat = max(s.categories, key=s.categories.get)
@@ -234,47 +240,25 @@ class Ambiguity:
         if self.localises is not None:
             text += f"{self.localises:.0%} of the consistent recipes give a map that points at the object. "
         if self.degenerate:
-            text += f"{self.degenerate} map(s) were degenerate (returned as zeros)."
+            text += (f"{self.degenerate} map(s) were degenerate (returned as zeros): they count as zeros in the mean "
+                     "and spread maps and the variance shares, are left out of the Spearman pairs (a constant map has "
+                     "no ranking)" + (", and count as misses in the share that points at the object."
+                                      if self.localises is not None else "."))
         return text.strip()
 
-    def plot(self, cmap: str = "inferno") -> Any:
-        """Mean map, spread (standard deviation) map, the two most different consistent maps, and the
-        sensitivity bars; returns the matplotlib Figure.
+    def plot(self, cmap: str = DEFAULT_CMAP) -> Any:
+        """The input image (object outlined), mean and spread maps, the two most different consistent maps, and
+        the sensitivity bars (:func:`~vitcam_nb.evaluate.ambiguity_plot.plot_ambiguity`); returns the Figure.
 
         Example:
             >>> import timm, numpy as np, vitcam_nb as vc
             >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
             >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
             >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
-            >>> len(amb.plot().axes)
-            5
+            >>> len(amb.plot().axes)  # six panels and four colour bars
+            10
         """
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 5, figsize=(17, 3.4), gridspec_kw={"width_ratios": [1, 1, 1, 1, 1.6]})
-        i, j = self.most_different()
-        a, b = self.recipes[i].to_dict(), self.recipes[j].to_dict()
-        differ = [k for k in a if a[k] != b[k]]
-        names = [", ".join(f"{k}={d[k]}" for k in differ) or d["site"] for d in (a, b)]
-        if i != j:
-            names[1] += f"\n(rho = {self.rho[i, j]:.2f} with the left)"
-        panels = [(self.maps.mean("recipe").values, "mean of consistent maps"),
-                  (self.spread.std.values, "spread (std per pixel)"),
-                  (self.maps.values[i], names[0]), (self.maps.values[j], names[1])]
-        for ax, (values, title) in zip(axes[:4], panels):
-            ax.imshow(values, cmap=cmap)
-            ax.set_title(title, fontsize=8, wrap=True)
-            ax.axis("off")
-        s = self.sensitivity
-        names = list(s.fields) + ["interactions"]
-        shares = list(s.fields.values()) + [s.interaction]
-        axes[4].barh(names[::-1], shares[::-1], color="tab:orange")
-        axes[4].set_xlim(0, 1)
-        axes[4].set_title("share of map variance (first order)", fontsize=9)
-        fig.suptitle(f"{len(self.recipes)} recipes consistent with the description; median rho "
-                     f"{self.spread.median_spearman:.2f}", fontsize=10)
-        fig.tight_layout()
-        return fig
+        return plot_ambiguity(self, cmap)
 
     def _repr_markdown_(self) -> str:
         return self.report()
@@ -369,7 +353,9 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
                      sensitivity=sens, skipped=skipped, degenerate=degenerate, localises=localises,
-                     trace_id=str(trace.attrs.get("trace_id", "")))
+                     trace_id=str(trace.attrs.get("trace_id", "")),
+                     image=np.asarray(trace["image"].values) if "image" in trace.variables else None,
+                     mask=None if mask is None else np.asarray(mask, bool))
 
 
 def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: Mapping[str, Sequence] | None = None,

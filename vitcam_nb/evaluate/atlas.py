@@ -282,6 +282,24 @@ def _cluster_order(values: np.ndarray) -> tuple[list[int], object]:
     return [good[i] for i in leaves] + bad, link
 
 
+def _blank_reasons(da: xr.DataArray, values: np.ndarray, labels: list[str]) -> dict[int, str]:
+    """Why a variant's row holds no value: its map is all zeros (with the reason the atlas recorded), or every
+    pair with it is undefined."""
+    recorded = json.loads(da.attrs["degenerate"]) if isinstance(da.attrs.get("degenerate"), str) else {}
+    recorded = recorded if isinstance(recorded, dict) else {}  # a multi-image atlas records one dict per image
+    flags = np.asarray(da["degenerate_a"].values) if "degenerate_a" in da.coords else np.zeros(len(labels))
+    out = {}
+    for i, label in enumerate(labels):
+        if not np.isnan(values[i]).all():
+            continue  # a variant degenerate on some images only still has a mean over the others
+        if label in recorded or flags[i]:
+            reason = str(recorded.get(label, "")).split(": ", 1)[-1].split(" (")[0]
+            out[i] = "map is all zeros" + (f": {reason}" if reason else "") + " → no agreement defined"
+        else:
+            out[i] = "agreement undefined with every other variant"
+    return out
+
+
 def plot_atlas(
     da: xr.DataArray | xr.Dataset,
     *,
@@ -293,8 +311,8 @@ def plot_atlas(
     """Heatmap of an atlas, variants ordered by hierarchical clustering of 1 - agreement.
 
     Average linkage with optimal leaf ordering (scipy), the dendrogram drawn above the matrix.
-    Degenerate or undefined variants (NaN) are placed last and shown grey. A Dataset from a multi-image
-    atlas is drawn from its ``mean``, annotated with mean ± std.
+    Degenerate or undefined variants (NaN) are placed last; their rows say why they hold no value. A Dataset
+    from a multi-image atlas is drawn from its ``mean``, annotated with mean ± std.
 
     Returns:
         the matplotlib Figure.
@@ -322,36 +340,48 @@ def plot_atlas(
     labels = [str(v) for v in (da["label_a"].values if "label_a" in da.coords else range(n))]
     order, link = _cluster_order(values) if cluster else (list(range(n)), None)
     mat = values[np.ix_(order, order)]
+    blank = _blank_reasons(da, values, labels)
     annotate = n <= 12 if annotate is None else annotate
-    size = figsize or (1.6 + 0.55 * n, 2.4 + 0.55 * n)
+    size = figsize or (2.6 + 0.42 * n, 1.6 + 0.42 * n)
     fig = plt.figure(figsize=size, constrained_layout=True)
-    grid = fig.add_gridspec(2, 2, height_ratios=[1, 4], width_ratios=[20, 1])
+    grid = fig.add_gridspec(2, 2, height_ratios=[1, 6], width_ratios=[30, 1])
     ax = fig.add_subplot(grid[1, 0])
     cax = fig.add_subplot(grid[1, 1])
     top = fig.add_subplot(grid[0, 0])
     metric = da.attrs.get("metric", da.name or "agreement")
     lo = -1.0 if np.nanmin(values, initial=0.0) < 0 else 0.0
-    cm = plt.get_cmap(cmap).with_extremes(bad="0.8")
+    cm = plt.get_cmap(cmap).with_extremes(bad="0.85")
     im = ax.imshow(np.ma.masked_invalid(mat), cmap=cm, vmin=lo, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(n), [labels[i] for i in order], rotation=60, ha="right", fontsize=8)
+    # A blank row says why in its own cells; a blank column has no room for it, so its label does.
+    ax.set_xticks(range(n), [labels[i] + (" (all zeros)" if i in blank else "") for i in order], rotation=60,
+                  ha="right", fontsize=8)
     ax.set_yticks(range(n), [labels[i] for i in order], fontsize=8)
+    for row, i in enumerate(order):
+        if i in blank:  # say why the row is empty instead of leaving it grey
+            ax.text((n - 1) / 2, row, blank[i], ha="center", va="center", fontsize=7, color="0.15", clip_on=True)
     if annotate:
         for i in range(n):
             for j in range(n):
                 v = mat[i, j]
-                text = "nan" if np.isnan(v) else f"{v:.2f}"
+                if order[i] in blank or order[j] in blank:
+                    continue
+                text = "n/a" if np.isnan(v) else f"{v:.2f}"
                 if std is not None and not np.isnan(v):
                     text += f"\n±{std[order[i], order[j]]:.2f}"
                 ax.text(j, i, text, ha="center", va="center", fontsize=6,
                         color="white" if not np.isnan(v) and abs(v) > 0.6 else "black")
-    fig.colorbar(im, cax=cax, label=metric)
+    fig.colorbar(im, cax=cax, label=f"{metric} (1 = same ranking)" if metric in ("spearman", "kendall") else metric)
     top.axis("off")
     if link is not None:
         hierarchy.dendrogram(link, ax=top, no_labels=True, color_threshold=0, above_threshold_color="0.3")
         top.set_xlim(0, 10 * n)  # dendrogram leaf i sits at x = 10 i + 5, over heatmap cell i
         top.axis("off")
-    title = f"agreement atlas ({metric}"
+    title = f"How far {n} variants agree: {metric} between their token-grid maps"
     if "n_images" in da.attrs:
         title += f", mean over {da.attrs['n_images']} images"
-    top.set_title(title + ")", fontsize=9)
+    if blank:
+        title += (f"\n{len(blank)} variant(s) give an all-zero map, so no agreement is defined for them "
+                  "(last rows and columns)")
+    top.set_title(title + ("\nclustered: variants that agree sit together" if link is not None else ""),
+                  fontsize=10)
     return fig
