@@ -23,6 +23,7 @@ import xarray as xr
 
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe_text import parse_fields, to_string
 from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, weighting_names
 
@@ -325,8 +326,6 @@ class Recipe:
             >>> r.to_string().split()[0], Recipe.parse(r.to_string()) == r
             ('F4@2', True)
         """
-        from vitcam_nb.core.recipe_text import to_string
-
         return to_string(self)
 
     @classmethod
@@ -338,9 +337,10 @@ class Recipe:
             >>> Recipe.parse("F1@11 logit gradcam") == Recipe(site="F1", layer=11)
             True
         """
-        from vitcam_nb.core.recipe_text import parse
-
-        return parse(text)
+        choices = {"target": TARGETS, "weight_tokens": WEIGHT_TOKENS, "reshape": RESHAPES, "upsample": UPSAMPLES,
+                   "weighting": weighting_names(), "heads": HEAD_RULES, "attn_rows": ATTN_ROWS,
+                   "layer_fusion": LAYER_FUSIONS, "relu": RELUS, "normalize": NORMALIZES}
+        return cls(**parse_fields(text, choices))
 
     def resolve(self, trace: Any) -> Recipe:
         """This recipe with every relative layer made absolute on ``trace`` (``layer=-1`` on a 6-block model

@@ -11,27 +11,25 @@ must stay at their defaults. :func:`parse` also reads shorter, hand-written line
 missing fields take their defaults, and a value that belongs to one field only may stand alone
 (``F2@3 prob layercam none`` is not allowed: ``none`` fits several fields; ``F2@3 prob layercam`` is).
 
+This module reads and writes the text only; :meth:`vitcam_nb.Recipe.parse` builds and validates the recipe
+(the recipe module imports this one, never the other way round).
+
 Example:
-    >>> from vitcam_nb.core.recipe import Recipe
-    >>> r = Recipe(site="F4", layer=-2, weighting="layercam")
-    >>> parse(to_string(r)) == r
-    True
-    >>> parse("F1@11 logit gradcam").layer
-    11
+    >>> fields = parse_fields("F1@11 logit gradcam", {"target": ("logit", "prob"), "weighting": ("gradcam",)})
+    >>> fields
+    {'site': 'F1', 'layer': 11, 'target': 'logit', 'weighting': 'gradcam'}
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from vitcam_nb.core.errors import RecipeError
 
-if TYPE_CHECKING:
-    from vitcam_nb.core.recipe import Recipe
-
-__all__ = ["KEYS", "parse", "to_string"]
+__all__ = ["KEYS", "parse_fields", "to_string"]
 
 #: Short key in the text -> recipe field, in the canonical order (site and layer come first as ``site@layer``).
 KEYS = {"target": "target", "class": "class_", "tokens": "weight_tokens", "reshape": "reshape",
@@ -54,12 +52,12 @@ def _looks_int(text: str) -> bool:
     return re.fullmatch(r"-?\d+", text) is not None
 
 
-def to_string(recipe: Recipe) -> str:
-    """The canonical one-line spelling of ``recipe`` (every field stated, fixed order).
+def to_string(recipe: Any) -> str:
+    """The canonical one-line spelling of ``recipe`` (a :class:`vitcam_nb.Recipe`; every field stated, fixed order).
 
     Example:
-        >>> from vitcam_nb.core.recipe import Recipe
-        >>> to_string(Recipe(site="F2", layer=3, heads=1)).split()[:2]
+        >>> import vitcam_nb as vc
+        >>> to_string(vc.Recipe(site="F2", layer=3, heads=1)).split()[:2]
         ['F2@3', 'target=logit']
     """
     parts = [f"{recipe.site}@{_value(recipe.layer)}"]
@@ -103,14 +101,8 @@ def _read(text: str, field: str) -> Any:
     return int(text) if _looks_int(text) else text
 
 
-def _bare_fields() -> dict[str, list[str]]:
+def _bare_fields(choices: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     """Each bare word -> the fields it is an allowed value of (a word of one field only may stand alone)."""
-    from vitcam_nb.core import recipe as module
-
-    choices = {"target": module.TARGETS, "weight_tokens": module.WEIGHT_TOKENS, "reshape": module.RESHAPES,
-               "upsample": module.UPSAMPLES, "weighting": module.weighting_names(), "heads": module.HEAD_RULES,
-               "attn_rows": module.ATTN_ROWS, "layer_fusion": module.LAYER_FUSIONS, "relu": module.RELUS,
-               "normalize": module.NORMALIZES}
     words: dict[str, list[str]] = {}
     for field, values in choices.items():
         for v in values:
@@ -118,18 +110,15 @@ def _bare_fields() -> dict[str, list[str]]:
     return words
 
 
-def parse(text: str) -> Recipe:
-    """The recipe a line of text names (see the module's docstring for the form); refuses anything else with a
+def parse_fields(text: str, choices: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """The recipe fields a line of text names (see the module's docstring for the form), with ``choices`` (field ->
+    allowed words) deciding which bare words belong to which field; refuses anything else with a
     :class:`~vitcam_nb.core.errors.RecipeError` naming the part it cannot read.
 
     Example:
-        >>> parse("F2@-1 prob rows=mean").attn_rows
-        'mean'
-        >>> parse("F1@2 relu=none").relu
-        'none'
+        >>> parse_fields("F2@-1 prob rows=mean", {"target": ("logit", "prob")})
+        {'site': 'F2', 'layer': -1, 'target': 'prob', 'attn_rows': 'mean'}
     """
-    from vitcam_nb.core.recipe import Recipe
-
     if not isinstance(text, str) or not text.strip():
         raise RecipeError(f"recipe text: expected a line like 'F1@-1 target=logit weighting=gradcam', got {text!r}")
     tokens = _tokens(text.strip())
@@ -138,7 +127,7 @@ def parse(text: str) -> Recipe:
     if not at or not site or not layer:
         raise RecipeError(f"recipe text: the first word must be SITE@LAYER (e.g. 'F1@-1' or 'F2@all'), got {head!r}")
     fields: dict[str, Any] = {"site": site, "layer": _read(layer, "layer")}
-    bare = _bare_fields()
+    bare = _bare_fields(choices)
     for token in rest:
         key, eq, value = token.partition("=")
         if eq:
@@ -158,4 +147,4 @@ def parse(text: str) -> Recipe:
         if field in fields:
             raise RecipeError(f"recipe text: {field} is given twice ({token!r})")
         fields[field] = parsed
-    return Recipe(**fields)
+    return fields

@@ -26,12 +26,19 @@ from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import model_logits
 
-__all__ = ["DenseScores", "Region", "dense", "region"]
+__all__ = ["DenseScores", "Region", "dense", "dense_output", "region"]
 
 REDUCES = ("sum", "mean")
 
 
-def _dense_output(out: object, n: int) -> torch.Tensor:
+def dense_output(out: object, n: int) -> torch.Tensor:
+    """The (n, classes, H, W) float output of a dense model (a Hugging Face segmenter's ``.logits`` too); refuses
+    anything else with a TraceError.
+
+    Example:
+        >>> dense_output(torch.zeros(1, 2, 3, 3), 1).shape
+        torch.Size([1, 2, 3, 3])
+    """
     out = model_logits(out)  # a Hugging Face segmenter returns its (B, C, H, W) map as ``.logits``
     if not isinstance(out, torch.Tensor) or out.ndim != 4 or out.shape[0] != n or not out.is_floating_point():
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -86,7 +93,7 @@ class Region(Target):
         return out
 
     def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        out = _dense_output(model(x), int(x.shape[0]))
+        out = dense_output(model(x), int(x.shape[0]))
         if self.class_ >= out.shape[1]:
             raise TraceError(f"class_: {self.class_} is out of range; the model has {out.shape[1]} classes")
         m = self._mask_for((int(out.shape[-2]), int(out.shape[-1]))).to(out.device, out.dtype)
@@ -127,7 +134,7 @@ class DenseScores(Target):
 
     def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         n = int(x.shape[0])
-        s = self.fn(_dense_output(model(x), n))
+        s = self.fn(dense_output(model(x), n))
         if isinstance(s, torch.Tensor) and s.ndim == 1:
             s = s[:, None]
         if not isinstance(s, torch.Tensor) or s.shape != (n, len(self.labels)):

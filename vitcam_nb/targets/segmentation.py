@@ -17,7 +17,7 @@ import torch
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
-from vitcam_nb.targets.dense import _dense_output
+from vitcam_nb.targets.dense import dense_output
 
 __all__ = ["SegmentationLoss", "segmentation_loss"]
 
@@ -67,7 +67,7 @@ class SegmentationLoss(Target):
         return lab
 
     def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        out = _dense_output(model(x), int(x.shape[0]))
+        out = dense_output(model(x), int(x.shape[0]))
         lab = self._labels_for((int(out.shape[-2]), int(out.shape[-1])), int(out.shape[1])).to(out.device)
         loss = torch.nn.functional.cross_entropy(out, lab.expand(out.shape[0], -1, -1), ignore_index=self.ignore_index,
                                                  reduction="none")
