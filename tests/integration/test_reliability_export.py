@@ -126,6 +126,22 @@ def test_demo_refuses_a_folder_with_a_users_report_before_any_work(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipes.json", "report.html"]
 
 
+@pytest.mark.slow
+def test_the_demo_replaces_its_own_outputs_and_keeps_a_file_the_user_changed(tmp_path, monkeypatch):
+    if "shapes-vit" not in vc.models.bundled_names():
+        pytest.skip("bundled model shapes-vit is not available")
+    first = demo.run_demo(tmp_path, progress=False)
+    listed = json.loads((tmp_path / MANIFEST).read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in first.values()) == sorted(demo.OUTPUTS)
+    again = demo.run_demo(tmp_path, progress=False)  # every file is one it wrote: replaced
+    assert again == first and leftovers(tmp_path) == []
+    (tmp_path / "report.html").write_text("my edits")
+    monkeypatch.setattr(demo, "load_model", lambda *a, **k: pytest.fail("the demo started before its check"))
+    with pytest.raises(vc.OutputExistsError, match=r"report.html exists .* \(or it changed since\)"):
+        demo.run_demo(tmp_path, progress=False)
+    assert (tmp_path / "report.html").read_text() == "my edits"
+
+
 def test_an_output_folder_replaces_only_unchanged_files_it_wrote(tmp_path):
     names = ["report.html", "recipes.json"]
     folder = OutputFolder(tmp_path, names, "test")
@@ -157,9 +173,21 @@ def test_max_mb_is_refused_from_the_axes_before_any_map(tmp_path, spy):
 
 
 def test_a_page_over_max_mb_after_building_is_refused_and_not_written(tmp_path):
-    with pytest.raises(vc.ExportError, match=r"^max_mb: the file would be \d+\.\d\d MB, over 0.07 MB"):
-        vc.export_html(TRACE, tmp_path / "e.html", quantize="float32", max_mb=0.07, progress=False)
+    size = len(vc.widgets.standalone.explorer_html(TRACE, axes=SMALL, progress=False).encode("utf-8"))
+    limit = round((size - 2000) / 1e6, 3)  # the code alone (and 8 bytes a recipe) fit, the page does not
+    with pytest.raises(vc.ExportError, match=rf"^max_mb: the file would be {size / 1e6:.2f} MB, over {limit} MB"):
+        vc.export_html(TRACE, tmp_path / "e.html", axes=SMALL, max_mb=limit, progress=False)
     assert list(tmp_path.iterdir()) == []
+    assert vc.export_html(TRACE, tmp_path / "e.html", axes=SMALL, max_mb=size / 1e6, progress=False).stat(
+        ).st_size == size
+
+
+def test_computing_stops_once_the_recipes_so_far_pass_max_mb(tmp_path, spy):
+    count = 6 * 3 * len(channel_weighting_names()) * 3 * 2  # the default axes of TRACE
+    # The page code and 8 bytes a recipe fit in 0.1 MB; the default page is about 0.2 MB.
+    with pytest.raises(vc.ExportError, match=rf"^max_mb: after \d+ of {count} recipes the page is already over"):
+        vc.export_html(TRACE, tmp_path / "e.html", max_mb=0.1, progress=False)
+    assert 0 < len(spy) < count / 2 and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("layers", [[99], [-1, 3], [-4]])

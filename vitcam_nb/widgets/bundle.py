@@ -44,6 +44,7 @@ DEFAULT_AXES = ("site", "layer", "weighting", "target", "class_")
 #: How maps are stored: uint8 (per-map affine codes, 1/255 of its range), float16, or float32 (exact).
 QUANTIZE = ("uint8", "float16", "float32")
 _FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
+_MARGIN = 0.9
 
 
 @dataclass
@@ -188,10 +189,13 @@ def _restrict(options: dict[str, Any], values: Mapping[str, list], start: Mappin
 
 
 def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[str, Sequence] | None = None,
-                 quantize: str = "uint8", progress: bool = True) -> Bundle:
+                 quantize: str = "uint8", progress: bool = True, max_bytes: float | None = None) -> Bundle:
     """Compute every recipe of the axes (see :func:`export_axes`) on ``trace`` as the kernel Explorer does
     (:func:`~vitcam_nb.widgets.results.compute_grid`), and pack maps and texts for the page. A combination the
-    trace cannot give (e.g. a weighting refused at F2) is stored as its refusal message.
+    trace cannot give (e.g. a weighting refused at F2) is stored as its refusal message; an axis value whose
+    every combination is refused, and a preset the page does not reach, are left out (``meta["left_out"]``
+    says which and why). With ``max_bytes``, computing stops (ExportError) as soon as the compressed texts of
+    the recipes computed so far need more.
 
     Example:
         >>> b = build_bundle(tr, axes={"site": ["F1"]}, quantize="float16", progress=False)  # doctest: +SKIP
@@ -211,6 +215,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     grids: list[np.ndarray] = []
     seen: dict[bytes, int] = {}
     combos = list(itertools.product(*(values[n] for n in names)))
+    so_far, packed = zlib.compressobj(9), 0
     for combo in tqdm(combos, desc="export maps", disable=not progress, leave=False):
         draft = {**start, **dict(zip(names, combo))}
         try:
@@ -226,6 +231,13 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
         entries.append({"g": seen[digest], "r": result.recipe.to_json(), "id": result.recipe.id,
                         "c": result.checklist, "md": result.checklist_md, "m": result.methods,
                         "d": result.degenerate, "n": result.notes})
+        if max_bytes is not None:
+            # The page's texts hold these entries in this order; their compressed size so far (in base64) is
+            # what the page needs at the least, less a margin for what the refusals between them change.
+            packed += len(so_far.compress(json.dumps(entries[-1], separators=(",", ":")).encode("utf-8")))
+            if packed * 4 / 3 * _MARGIN > max_bytes:
+                raise ExportError(f"max_mb: after {len(entries)} of {len(combos)} recipes the page is already over "
+                                  "its limit; nothing was written. Narrow axes=")
     if not grids:
         raise ExportError(f"axes: none of the {len(combos)} recipes of these axes can be computed on this trace "
                           f"(the first is refused with: {entries[0]['e']}); choose axes whose recipes it gives")

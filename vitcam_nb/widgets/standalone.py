@@ -122,9 +122,11 @@ def _check_display(trace: object, colormap: object, opacity: object, size: objec
 
 
 def _page(trace: xr.Dataset, recipe: Recipe | None, axes: Mapping[str, Sequence] | None, quantize: str,
-          colormap: str, opacity: float, size: int, title: str | None, progress: bool) -> tuple[Bundle, str]:
+          colormap: str, opacity: float, size: int, title: str | None, progress: bool,
+          max_mb: float | None = None) -> tuple[Bundle, str]:
     _check_display(trace, colormap, opacity, size, title)
-    bundle = build_bundle(trace, recipe, axes=axes, quantize=quantize, progress=progress)
+    budget = None if max_mb is None else float(max_mb) * 1e6 - _code_bytes()
+    bundle = build_bundle(trace, recipe, axes=axes, quantize=quantize, progress=progress, max_bytes=budget)
     bundle.meta.update(colormap=colormap, opacity=float(opacity), size=int(size))
     return bundle, page_html(bundle, title or f"vitcam_nb Explorer: {trace.attrs.get('model_name', 'trace')}")
 
@@ -139,6 +141,10 @@ def _is_page(path: Path) -> bool:
     return head.startswith("<!doctype html>") and _OURS.search(head) is not None
 
 
+def _code_bytes() -> int:
+    return len(esm("explorer.js")) + len((STATIC_DIR / "standalone.js").read_text("utf-8")) + len(css())
+
+
 def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb: object) -> None:
     """Refuse ``max_mb`` when it is not a size, or when the axes alone need more: the page code plus
     :data:`RECIPE_FLOOR_BYTES` per recipe (counted from the axes, before any map is computed)."""
@@ -150,8 +156,7 @@ def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb:
         raise ExportError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
     values = export_axes(TraceFacts.of(trace), axes)
     count = math.prod(len(v) for v in values.values())
-    code = len(esm("explorer.js")) + len((STATIC_DIR / "standalone.js").read_text("utf-8")) + len(css())
-    floor = code + count * RECIPE_FLOOR_BYTES
+    floor = _code_bytes() + count * RECIPE_FLOOR_BYTES
     if floor > float(max_mb) * 1e6:
         raise ExportError(f"max_mb: the {count} recipes of these axes need at least {floor / 1e6:.2f} MB if each "
                           f"can be shown (the page code and {RECIPE_FLOOR_BYTES} bytes a recipe), over {max_mb} MB; "
@@ -185,7 +190,8 @@ def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | Non
         colormap, opacity, size: the display the page starts with (size: 1 to 4096 CSS pixels).
         title: the page title.
         max_mb: refuse (:class:`~vitcam_nb.ExportError`, nothing written) when the file would be larger: at once
-            when the axes alone need more (:data:`RECIPE_FLOOR_BYTES` a recipe), else once the page is built.
+            when the axes alone need more (:data:`RECIPE_FLOOR_BYTES` a recipe), while computing as soon as the
+            recipes computed so far need more, else once the page is built.
         progress: a progress bar over the recipes.
         overwrite: replace a file at ``path`` that this function did not write.
 
@@ -201,7 +207,7 @@ def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | Non
     _check_display(trace, colormap, opacity, size, title)
     _check_limit(trace, axes, max_mb)
     check_output(path, overwrite=overwrite, ours=_is_page, what="page")
-    bundle, html = _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress)
+    bundle, html = _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress, max_mb)
     data = html.encode("utf-8")
     meta = bundle.meta
     if max_mb is not None and len(data) > float(max_mb) * 1e6:
