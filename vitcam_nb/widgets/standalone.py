@@ -159,8 +159,8 @@ def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb:
     floor = _code_bytes() + count * RECIPE_FLOOR_BYTES
     if floor > float(max_mb) * 1e6:
         raise ExportError(f"max_mb: the {count} recipes of these axes need at least {floor / 1e6:.2f} MB if each "
-                          f"can be shown (the page code and {RECIPE_FLOOR_BYTES} bytes a recipe), over {max_mb} MB; "
-                          "nothing was computed or written. Narrow axes=")
+                          f"is a distinct recipe the page can show (its code and {RECIPE_FLOOR_BYTES} bytes a recipe), "
+                          f"over {max_mb} MB; nothing was computed or written. Narrow axes=")
 
 
 def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | None = None, *,
