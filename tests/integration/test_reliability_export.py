@@ -6,6 +6,7 @@ and says once, in words for a reader, what it left out."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import math
@@ -147,7 +148,7 @@ def test_an_output_folder_replaces_only_unchanged_files_it_wrote(tmp_path):
     folder = OutputFolder(tmp_path, names, "test")
     folder.write("report.html", lambda p: p.write_text("v1"))
     manifest = json.loads((tmp_path / MANIFEST).read_text())
-    assert manifest["files"] == {"report.html": __import__("hashlib").sha256(b"v1").hexdigest()}
+    assert manifest["files"] == {"report.html": hashlib.sha256(b"v1").hexdigest()}
     OutputFolder(tmp_path, names, "test").write("report.html", lambda p: p.write_text("v2"))  # its own: replaced
     (tmp_path / "report.html").write_text("edited by the user")
     with pytest.raises(vc.OutputExistsError, match="or it changed since"):
