@@ -38,7 +38,14 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.capture.trace_many import trace_many
 from vitcam_nb.compute.many import cam_many
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, TraceFileError
+from vitcam_nb.core.errors import (
+    DegenerateMapWarning,
+    ExportError,
+    OutputExistsError,
+    RecipeError,
+    TraceError,
+    TraceFileError,
+)
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
 from vitcam_nb.evaluate.ambiguity import ambiguity
@@ -49,6 +56,8 @@ from vitcam_nb.widgets.standalone import export_html
 
 __all__ = [
     "DegenerateMapWarning",
+    "ExportError",
+    "OutputExistsError",
     "RecipeError",
     "TraceError",
     "TraceFileError",

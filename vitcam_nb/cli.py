@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="bundled model name or a timm model name (default: shapes-vit)")
     demo.add_argument("--image", default=None, help="image file (default: a bundled sample image)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("--overwrite", action="store_true",
+                      help="replace outputs in --out that this command did not write (or that changed since)")
     sub.add_parser("models", help="list the bundled models")
     amb = sub.add_parser("ambiguity", help="how much a reported Grad-CAM description leaves open: figure and JSON")
     amb.add_argument("--model", default="shapes-vit", help="bundled model name or a timm model name")
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="how maps are stored (default: uint8)")
     export.add_argument("--max-mb", type=float, default=None, help="refuse to write a larger file")
     export.add_argument("--quiet", action="store_true", help="no progress bar")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace a file at --out that is not a page this command wrote")
     args = parser.parse_args(argv)
 
     if args.command == "export":
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     from vitcam_nb.demo import run_demo
 
     try:
-        paths = run_demo(args.out, model=args.model, image=args.image, progress=not args.quiet)
+        paths = run_demo(args.out, model=args.model, image=args.image, progress=not args.quiet,
+                         overwrite=args.overwrite)
     except (ValueError, TypeError) as exc:
         print(f"vitcam-nb demo: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +100,7 @@ def _export(args: argparse.Namespace) -> int:
             axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
         tr = load(args.trace)
         export_html(tr, args.out, axes=axes or None, quantize=args.quantize, max_mb=args.max_mb,
-                    progress=not args.quiet)
+                    progress=not args.quiet, overwrite=args.overwrite)
     except (ValueError, TypeError, OSError) as exc:  # TraceFileError is a ValueError
         print(f"vitcam-nb export: {exc}", file=sys.stderr)
         return 2

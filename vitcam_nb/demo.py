@@ -16,7 +16,9 @@ from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.models import bundled_names, load_model, sample_image
 from vitcam_nb.targets.dense import region
@@ -82,12 +84,19 @@ def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> obje
     return region(mask, int(label) + 1)
 
 
+#: What the demo writes in its folder (and lists, with each file's SHA-256, in the folder's manifest).
+OUTPUTS = ("trace.nc", "gallery.png", "atlas.png", "report.html", "recipes.json")
+
+
 def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: str | None = None,
-             progress: bool = True) -> dict[str, Path]:
+             progress: bool = True, overwrite: bool = False) -> dict[str, Path]:
     """Trace ``model`` on ``image`` (default: a bundled model on a bundled image) and write the outputs.
 
     Writes ``trace.nc``, ``gallery.png`` (every layer x site), ``atlas.png`` (agreement of the report's
-    variants), ``report.html`` and ``recipes.json``; returns their paths.
+    variants), ``report.html`` and ``recipes.json``; returns their paths. Each is written atomically and listed
+    in the folder's manifest (``.vitcam_nb-outputs.json``); a file of those names that an earlier demo did not
+    write there, or that changed since, is refused before any work (:class:`~vitcam_nb.OutputExistsError`)
+    unless ``overwrite=True``.
 
     Example:
         >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
@@ -104,12 +113,15 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
+    folder = OutputFolder(out, OUTPUTS, f"vitcam_nb {__version__} run_demo", overwrite=overwrite)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
     net = load_model(model)
     img, mask, image_name = _load_image(image, model)
     steps.set_postfix_str("trace")
     tr = trace(net, img, targets=_dense_target(net, model, mask))
-    paths = {"trace": save(tr, out / "trace.nc")}
+    # vc.save writes atomically itself; the folder check above already decided that trace.nc may be replaced.
+    save(tr, out / "trace.nc", overwrite=True)
+    paths = {"trace": folder.record("trace.nc")}
     steps.update()
 
     steps.set_postfix_str("gallery")
@@ -117,8 +129,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         warnings.simplefilter("ignore", DegenerateMapWarning)
         g = gallery(tr, Recipe(), vary={"layer": "all", "site": "all"})
     fig = plot.grid(tr, g, mask=mask)
-    paths["gallery"] = out / "gallery.png"
-    fig.savefig(paths["gallery"], dpi=80)
+    paths["gallery"] = folder.write("gallery.png", lambda p: fig.savefig(p, dpi=80, format="png"))
     plt.close(fig)
     steps.update()
 
@@ -128,8 +139,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         warnings.simplefilter("ignore")
         at = evaluate.atlas(tr, recipes)
     fig = evaluate.plot_atlas(at)
-    paths["atlas"] = out / "atlas.png"
-    fig.savefig(paths["atlas"], dpi=80)
+    paths["atlas"] = folder.write("atlas.png", lambda p: fig.savefig(p, dpi=80, format="png"))
     plt.close(fig)
     steps.update()
 
@@ -161,10 +171,9 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     html = htmlreport.render(tr, entries, title=f"vitcam_nb demo: {model}", notes=notes,
                              figures={k: _image_figure(v) for k, v in figures.items()}, interactive=explorer,
                              mask=mask)
-    paths["report"] = out / "report.html"
-    paths["report"].write_text(html, encoding="utf-8")
-    paths["recipes"] = out / "recipes.json"
-    paths["recipes"].write_text(json.dumps({k: json.loads(r.to_json()) for k, r in recipes.items()}, indent=1))
+    paths["report"] = folder.write("report.html", lambda p: p.write_text(html, encoding="utf-8"))
+    listed = json.dumps({k: json.loads(r.to_json()) for k, r in recipes.items()}, indent=1)
+    paths["recipes"] = folder.write("recipes.json", lambda p: p.write_text(listed, encoding="utf-8"))
     steps.update()
     steps.close()
     return paths

@@ -43,6 +43,26 @@ class TraceFileError(ValueError):
     """
 
 
+
+class OutputExistsError(TraceFileError):
+    """An output path that holds a file or folder vitcam_nb did not write (or one changed since): it is left
+    alone unless ``overwrite=True``. A :class:`TraceFileError`, as :func:`vitcam_nb.save` raises for the same rule.
+
+    Example:
+        >>> isinstance(OutputExistsError("path: notes.html exists ..."), TraceFileError)
+        True
+    """
+
+
+class ExportError(ValueError):
+    """An export argument that is not allowed, or an export that cannot be made (over its size limit, or no
+    recipe of the chosen axes that the trace can give); nothing is written.
+
+    Example:
+        >>> isinstance(ExportError("max_mb: expected a number > 0, got -1"), ValueError)
+        True
+    """
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller point at the first frame outside vitcam_nb.
 

@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ExportError, RecipeError
 from vitcam_nb.core.recipe import TARGETS, Recipe, is_int
 from vitcam_nb.core.weighting import channel_weighting_names
 from vitcam_nb.widgets.controls import as_recipe, coerce_request, controls
 from vitcam_nb.widgets.encoding import image_rgba
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
+from vitcam_nb.widgets.offers import keep_shown, key, left_out_text, shown_presets
 from vitcam_nb.widgets.results import compute_grid, error_text
 
 __all__ = ["DEFAULT_AXES", "QUANTIZE", "Bundle", "build_bundle", "export_axes", "quantize_grids"]
@@ -43,6 +44,7 @@ DEFAULT_AXES = ("site", "layer", "weighting", "target", "class_")
 #: How maps are stored: uint8 (per-map affine codes, 1/255 of its range), float16, or float32 (exact).
 QUANTIZE = ("uint8", "float16", "float32")
 _FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
+_MARGIN = 0.9
 
 
 @dataclass
@@ -82,6 +84,29 @@ def _absolute_layer(value: Any, facts: TraceFacts) -> Any:
     return value % facts.num_layers if is_int(value) else value
 
 
+_SCALARS = (str, int, float, type(None))
+
+
+def _axis_values(name: str, values: Sequence, facts: TraceFacts) -> list:
+    """The values of one axis as plain JSON values, refused (naming the axis) where no recipe could hold them;
+    a layer out of the model's range is refused as vc.cam refuses it, not wrapped onto another layer."""
+    out = []
+    for value in values:
+        value = value.item() if isinstance(value, np.generic) else value
+        if isinstance(value, (list, tuple)):
+            value = [v.item() if isinstance(v, np.generic) else v for v in value]
+        parts = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, _SCALARS) for v in parts):
+            raise TypeError(f"axes: {name!r} values must be strings, numbers or lists of them, got {value!r}")
+        if name == "layer":
+            for layer in (v for v in parts if is_int(v)):
+                if not -facts.num_layers <= layer < facts.num_layers:
+                    raise RecipeError(f"axes: layer {layer} is out of range for a model with {facts.num_layers} "
+                                      f"blocks (allowed {-facts.num_layers}..{facts.num_layers - 1})")
+        out.append(value)
+    return out
+
+
 def export_axes(facts: TraceFacts, axes: Mapping[str, Sequence] | None) -> dict[str, list]:
     """The values of every varied field: the defaults (:data:`DEFAULT_AXES`, on the traced sites, layers and
     classes, every weighting and target), replaced or extended by ``axes``; single layers as absolute indices
@@ -99,18 +124,24 @@ def export_axes(facts: TraceFacts, axes: Mapping[str, Sequence] | None) -> dict[
     out = dict(defaults)
     for name, values in (axes or {}).items():
         if name not in _FIELDS:
-            raise ValueError(f"axes: {name!r} is not a recipe field; allowed fields are {list(_FIELDS)}")
+            raise ExportError(f"axes: {name!r} is not a recipe field; allowed fields are {list(_FIELDS)}")
         if isinstance(values, str) and values == "all" and name in defaults:
             continue
         if isinstance(values, (str, int)) or not isinstance(values, Sequence) or len(values) == 0:
-            raise ValueError(f"axes: {name!r} needs a non-empty list of values (or 'all' for {list(defaults)}), "
+            raise ExportError(f"axes: {name!r} needs a non-empty list of values (or 'all' for {list(defaults)}), "
                              f"got {values!r}")
-        out[name] = list(values)
+        out[name] = _axis_values(name, values, facts)
     if "layer" in out:
-        out["layer"] = list(dict.fromkeys(_absolute_layer(v, facts) for v in out["layer"]))
-    for name in out:
-        out[name] = list(dict.fromkeys(out[name]))
-    return out
+        out["layer"] = [_absolute_layer(v, facts) for v in out["layer"]]
+    return {name: _unique(vals) for name, vals in out.items()}
+
+
+def _unique(values: list) -> list:
+    # One entry per distinct value, first kept (by JSON identity: a list of layers is not hashable).
+    seen: dict[str, Any] = {}
+    for value in values:
+        seen.setdefault(key(value), value)
+    return list(seen.values())
 
 
 def quantize_grids(grids: np.ndarray, quantize: str) -> tuple[bytes, np.ndarray | None]:
@@ -122,8 +153,8 @@ def quantize_grids(grids: np.ndarray, quantize: str) -> tuple[bytes, np.ndarray 
         >>> list(data), ranges.tolist()
         ([0, 255], [[0.0, 2.0]])
     """
-    if quantize not in QUANTIZE:
-        raise ValueError(f"quantize: expected one of {list(QUANTIZE)}, got {quantize!r}")
+    if not isinstance(quantize, str) or quantize not in QUANTIZE:
+        raise ExportError(f"quantize: expected one of {list(QUANTIZE)}, got {quantize!r}")
     grids = np.asarray(grids, np.float32)
     if quantize == "float32":
         return grids.astype("<f4").tobytes(), None
@@ -158,10 +189,13 @@ def _restrict(options: dict[str, Any], values: Mapping[str, list], start: Mappin
 
 
 def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[str, Sequence] | None = None,
-                 quantize: str = "uint8", progress: bool = True) -> Bundle:
+                 quantize: str = "uint8", progress: bool = True, max_bytes: float | None = None) -> Bundle:
     """Compute every recipe of the axes (see :func:`export_axes`) on ``trace`` as the kernel Explorer does
     (:func:`~vitcam_nb.widgets.results.compute_grid`), and pack maps and texts for the page. A combination the
-    trace cannot give (e.g. a weighting refused at F2) is stored as its refusal message.
+    trace cannot give (e.g. a weighting refused at F2) is stored as its refusal message; an axis value whose
+    every combination is refused, and a preset the page does not reach, are left out (``meta["left_out"]``
+    says which and why). With ``max_bytes``, computing stops (ExportError) as soon as the compressed texts of
+    the recipes computed so far need more.
 
     Example:
         >>> b = build_bundle(tr, axes={"site": ["F1"]}, quantize="float16", progress=False)  # doctest: +SKIP
@@ -170,8 +204,8 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     """
     from tqdm.auto import tqdm
 
-    if quantize not in QUANTIZE:
-        raise ValueError(f"quantize: expected one of {list(QUANTIZE)}, got {quantize!r}")
+    if not isinstance(quantize, str) or quantize not in QUANTIZE:
+        raise ExportError(f"quantize: expected one of {list(QUANTIZE)}, got {quantize!r}")
     facts = TraceFacts.of(trace)
     base = default_recipe(facts) if recipe is None else as_recipe(recipe)
     values = export_axes(facts, axes)
@@ -181,6 +215,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     grids: list[np.ndarray] = []
     seen: dict[bytes, int] = {}
     combos = list(itertools.product(*(values[n] for n in names)))
+    so_far, packed = zlib.compressobj(9), 0
     for combo in tqdm(combos, desc="export maps", disable=not progress, leave=False):
         draft = {**start, **dict(zip(names, combo))}
         try:
@@ -196,23 +231,38 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
         entries.append({"g": seen[digest], "r": result.recipe.to_json(), "id": result.recipe.id,
                         "c": result.checklist, "md": result.checklist_md, "m": result.methods,
                         "d": result.degenerate, "n": result.notes})
-    shape = list(grids[0].shape) if grids else [0, 0]
+        if max_bytes is not None:
+            # The page's texts hold these entries in this order; their compressed size so far (in base64) is
+            # what the page needs at the least, less a margin for what the refusals between them change.
+            packed += len(so_far.compress(json.dumps(entries[-1], separators=(",", ":")).encode("utf-8")))
+            if packed * 4 / 3 * _MARGIN > max_bytes:
+                raise ExportError(f"max_mb: after {len(entries)} of {len(combos)} recipes the page is already over "
+                                  "its limit; nothing was written. Narrow axes=")
+    if not grids:
+        raise ExportError(f"axes: none of the {len(combos)} recipes of these axes can be computed on this trace "
+                          f"(the first is refused with: {entries[0]['e']}); choose axes whose recipes it gives")
+    values, combos, entries, left = keep_shown(names, values, combos, entries)
+    shape = list(grids[0].shape)
     if any(list(g.shape) != shape for g in grids):
-        raise ValueError("axes: the chosen recipes give grids of different shapes; export one stage at a time")
-    stack = np.stack(grids) if grids else np.zeros((0, 1, 1), np.float32)
-    codes, ranges = quantize_grids(stack, quantize)
+        raise ExportError("axes: the chosen recipes give grids of different shapes; export one stage at a time")
+    codes, ranges = quantize_grids(np.stack(grids), quantize)
     image = image_rgba(facts.image)
     ranges_bytes = ranges.tobytes() if ranges is not None else b""
     opts = _restrict(controls(facts), values, start, facts)
+    labels = {f["name"]: f["label"] for f in opts["fields"]}
+    opts["presets"], presets_left = shown_presets(opts["presets"], names, values, entries, start, facts.num_layers,
+                                                  left, labels)
     first = next((i for i, e in enumerate(entries) if "e" not in e), 0)
-    want = [start[n] for n in names]
-    start_index = next((i for i, c in enumerate(combos) if list(c) == want and "e" not in entries[i]), first)
+    want = [key(start[n]) for n in names]
+    start_index = next((i for i, c in enumerate(combos) if [key(v) for v in c] == want and "e" not in entries[i]),
+                       first)
     meta = {
         "axes": [[n, values[n]] for n in names], "count": len(entries), "maps": len(grids), "start": start_index,
         "grid_shape": shape, "image_shape": list(facts.image.shape[:2]), "num_layers": facts.num_layers,
         "quantize": quantize, "image_bytes": len(image), "ranges_bytes": len(ranges_bytes),
         "options": opts, "model": str(trace.attrs.get("model_name", "?")),
         "trace_id": str(trace.attrs.get("trace_id", "?")),
+        "left_out": left_out_text([*left, *presets_left], labels),
     }
     texts = json.dumps(entries, separators=(",", ":")).encode("utf-8")
     return Bundle(meta=meta, maps=_pack(image + ranges_bytes + codes), texts=_pack(texts))

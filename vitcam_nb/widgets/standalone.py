@@ -16,22 +16,38 @@ Example:
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from html import escape
+from numbers import Integral, Real
 from pathlib import Path
 
 import xarray as xr
 
+from vitcam_nb.core.errors import ExportError, TraceError
+from vitcam_nb.core.outfiles import check_output, write_atomic
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.version import __version__
 from vitcam_nb.widgets.assets import STATIC_DIR, css, esm
-from vitcam_nb.widgets.bundle import Bundle, build_bundle
+from vitcam_nb.widgets.bundle import Bundle, build_bundle, export_axes
 from vitcam_nb.widgets.controls import COLORMAPS
+from vitcam_nb.widgets.facts import TraceFacts
 
 __all__ = ["export_html", "explorer_html", "page_html"]
 
 # No request of any kind may leave the page: scripts and styles are inline, the image and maps are data.
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:"
 _PAGE_CSS = "body{font-family:system-ui,sans-serif;margin:1em;color:#222}.vc-export-note{color:#555;font-size:.85em}"
+# Every page says who wrote it; a file at the export path is replaced only when it carries this mark.
+_GENERATOR = f"<meta name='generator' content='vitcam_nb {__version__} export_html'>"
+_OURS = re.compile(r"<meta name='generator' content='vitcam_nb [0-9A-Za-z.+-]+ export_html'>")
+#: The least a page spends on each recipe it shows: its own 12-hex-digit id, a hash that does not compress
+#: (6 bytes, 8 in base64).
+RECIPE_FLOOR_BYTES = 8
+#: The display width a page may start with, in CSS pixels.
+SIZES = (1, 4096)
 
 
 def _inline_json(value: object) -> str:
@@ -52,15 +68,18 @@ def page_html(bundle: Bundle, title: str) -> str:
             f"{meta['quantize']}) of model {meta['model']}, trace {meta['trace_id']}. Varied: "
             + "; ".join(f"{name} ({len(values)})" for name, values in meta["axes"])
             + ". Other fields stay as shown; upsampling, colours and overlay are drawn in this page.")
+    left = meta.get("left_out", "")
     return "\n".join([
         "<!doctype html>",
         "<html lang='en'><head><meta charset='utf-8'>",
+        _GENERATOR,
         f"<meta http-equiv='Content-Security-Policy' content=\"{_CSP}\">",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>{escape(title)}</title>",
         f"<style>{_PAGE_CSS}\n{css()}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
         f"<p class='vc-export-note'>{escape(note)}</p>",
+        f"<p class='vc-export-note vc-export-left-out'>{escape(left)}</p>" if left else "",
         "<div id='vc-app'></div>",
         "<noscript>This explorer needs JavaScript.</noscript>",
         f"<script type='application/json' id='vc-meta'>{_inline_json(meta)}</script>",
@@ -83,39 +102,98 @@ def explorer_html(trace: xr.Dataset, recipe: Recipe | None = None, *, axes: Mapp
     return _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress)[1]
 
 
-def _page(trace: xr.Dataset, recipe: Recipe | None, axes: Mapping[str, Sequence] | None, quantize: str,
-          colormap: str, opacity: float, size: int, title: str | None, progress: bool) -> tuple[Bundle, str]:
-    if colormap not in COLORMAPS:
-        raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+def _check_display(trace: object, colormap: object, opacity: object, size: object, title: object) -> None:
+    """Refuse a display argument, or a trace the page cannot show, before any map is computed."""
+    if isinstance(trace, xr.Dataset) and "store_kind" in trace.attrs:
+        raise TraceError("trace: this is a trace_many store of many images; a page shows one image's trace: "
+                         "export vitcam_nb.image_trace(store, i)")
+    if not isinstance(colormap, str) or colormap not in COLORMAPS:
+        raise ExportError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+    if isinstance(opacity, bool) or not isinstance(opacity, Real):
+        raise TypeError(f"opacity: expected a number in [0, 1], got {opacity!r}")
     if not 0.0 <= float(opacity) <= 1.0:
-        raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
-    bundle = build_bundle(trace, recipe, axes=axes, quantize=quantize, progress=progress)
+        raise ExportError(f"opacity: expected a number in [0, 1], got {opacity!r}")
+    if isinstance(size, bool) or not isinstance(size, Integral):
+        raise TypeError(f"size: expected a whole number of pixels from {SIZES[0]} to {SIZES[1]}, got {size!r}")
+    if not SIZES[0] <= int(size) <= SIZES[1]:
+        raise ExportError(f"size: expected a display width from {SIZES[0]} to {SIZES[1]} pixels, got {size!r}")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title: expected a string or None, got {type(title).__name__}")
+
+
+def _page(trace: xr.Dataset, recipe: Recipe | None, axes: Mapping[str, Sequence] | None, quantize: str,
+          colormap: str, opacity: float, size: int, title: str | None, progress: bool,
+          max_mb: float | None = None) -> tuple[Bundle, str]:
+    _check_display(trace, colormap, opacity, size, title)
+    budget = None if max_mb is None else float(max_mb) * 1e6 - _code_bytes()
+    bundle = build_bundle(trace, recipe, axes=axes, quantize=quantize, progress=progress, max_bytes=budget)
     bundle.meta.update(colormap=colormap, opacity=float(opacity), size=int(size))
     return bundle, page_html(bundle, title or f"vitcam_nb Explorer: {trace.attrs.get('model_name', 'trace')}")
 
 
-def export_html(trace: xr.Dataset, path: str | Path, recipe: Recipe | None = None, *,
+def _is_page(path: Path) -> bool:
+    """Whether the file at ``path`` is a page export_html wrote (its generator mark in the head)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return head.startswith("<!doctype html>") and _OURS.search(head) is not None
+
+
+def _code_bytes() -> int:
+    return len(esm("explorer.js")) + len((STATIC_DIR / "standalone.js").read_text("utf-8")) + len(css())
+
+
+def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb: object) -> None:
+    """Refuse ``max_mb`` when it is not a size, or when the axes alone need more: the page code plus
+    :data:`RECIPE_FLOOR_BYTES` per recipe (counted from the axes, before any map is computed)."""
+    if max_mb is None:
+        return
+    if isinstance(max_mb, bool) or not isinstance(max_mb, Real):
+        raise TypeError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
+    if not float(max_mb) > 0:
+        raise ExportError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
+    values = export_axes(TraceFacts.of(trace), axes)
+    count = math.prod(len(v) for v in values.values())
+    floor = _code_bytes() + count * RECIPE_FLOOR_BYTES
+    if floor > float(max_mb) * 1e6:
+        raise ExportError(f"max_mb: the {count} recipes of these axes need at least {floor / 1e6:.2f} MB if each "
+                          f"is a distinct recipe the page can show (its code and {RECIPE_FLOOR_BYTES} bytes a recipe), "
+                          f"over {max_mb} MB; nothing was computed or written. Narrow axes=")
+
+
+def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | None = None, *,
                 axes: Mapping[str, Sequence] | None = None, quantize: str = "uint8", colormap: str = "jet",
                 opacity: float = 0.5, size: int = 360, title: str | None = None, max_mb: float | None = None,
-                progress: bool = True) -> Path:
+                progress: bool = True, overwrite: bool = False) -> Path:
     """Write the Explorer of ``trace`` as one self-contained HTML file that works from ``file://`` with no
     server, kernel or network: the same controls, canvas, colour bar, checklist, methods paragraph and
     recipe id as :class:`~vitcam_nb.Explorer`, for every recipe in ``axes``.
 
+    The page offers only what it can show: an axis value (e.g. a weighting that needs ``vc.score`` outputs the
+    trace lacks) whose every combination is refused, and a preset whose recipe is not in the page, are left out,
+    and one paragraph of the page says which and why. Every argument is checked before any map is computed.
+
     Args:
-        trace: a Dataset from :func:`vitcam_nb.trace` (one stage of a hierarchical trace).
-        path: the file to write.
+        trace: a Dataset from :func:`vitcam_nb.trace` (one stage of a hierarchical trace; one image of a store).
+        path: the file to write. An existing file is replaced only when it is a page this function wrote;
+            anything else is refused (:class:`~vitcam_nb.OutputExistsError`) unless ``overwrite=True``. The
+            page is written to a temporary file and renamed, so a failed write leaves the old file whole.
         recipe: the recipe shown first; fields not in ``axes`` keep its values (default: the Explorer's).
         axes: recipe field -> values varied in the page. Default: site x layer x weighting x target x
             class on the traced sites, layers and classes; a field given here replaces its default (e.g.
             ``{"site": ["F1"], "layer": [-1]}`` shrinks the file), any other field may be added
-            (``{"upsample": ["bilinear", "nearest"]}``).
+            (``{"upsample": ["bilinear", "nearest"]}``). A layer outside the model is refused, as vc.cam does.
         quantize: how maps are stored: "uint8" (per-map codes of 1/255 of its range; default), "float16",
             or "float32" (bit-exact).
-        colormap, opacity, size: the display the page starts with.
+        colormap, opacity, size: the display the page starts with (size: 1 to 4096 CSS pixels).
         title: the page title.
-        max_mb: refuse (ValueError, nothing written) when the file would be larger.
+        max_mb: refuse (:class:`~vitcam_nb.ExportError`, nothing written) when the file would be larger: at once
+            when the axes alone need more (:data:`RECIPE_FLOOR_BYTES` a recipe), while computing as soon as the
+            recipes computed so far need more, else once the page is built.
         progress: a progress bar over the recipes.
+        overwrite: replace a file at ``path`` that this function did not write.
 
     Returns the path written; the size is printed before writing.
 
@@ -123,15 +201,18 @@ def export_html(trace: xr.Dataset, path: str | Path, recipe: Recipe | None = Non
         >>> vc.export_html(tr, "explorer.html", axes={"site": ["F1", "F6"]})  # doctest: +SKIP
         explorer.html: 0.41 MB (648 recipes, 590 maps as uint8)
     """
-    bundle, html = _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path (str or pathlib.Path), got {type(path).__name__}")
+    path = Path(path)
+    _check_display(trace, colormap, opacity, size, title)
+    _check_limit(trace, axes, max_mb)
+    check_output(path, overwrite=overwrite, ours=_is_page, what="page")
+    bundle, html = _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress, max_mb)
     data = html.encode("utf-8")
     meta = bundle.meta
-    line = (f"{Path(path).name}: {len(data) / 1e6:.2f} MB ({meta['count']} recipes, {meta['maps']} maps as "
-            f"{meta['quantize']})")
-    if max_mb is not None and len(data) > max_mb * 1e6:
-        raise ValueError(f"max_mb: the file would be {len(data) / 1e6:.2f} MB, over {max_mb} MB; narrow axes= "
-                         "or use quantize='uint8'")
-    print(line)
-    path = Path(path)
-    path.write_bytes(data)
-    return path
+    if max_mb is not None and len(data) > float(max_mb) * 1e6:
+        raise ExportError(f"max_mb: the file would be {len(data) / 1e6:.2f} MB, over {max_mb} MB; narrow axes= "
+                          "or use quantize='uint8'")
+    print(f"{path.name}: {len(data) / 1e6:.2f} MB ({meta['count']} recipes, {meta['maps']} maps as "
+          f"{meta['quantize']})" + (f"\n{meta['left_out']}" if meta["left_out"] else ""))
+    return write_atomic(path, data)
