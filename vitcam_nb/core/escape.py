@@ -29,6 +29,9 @@ _INLINE_RE = re.compile("[" + re.escape("".join(_INLINE)) + "]")
 _UNDERSCORE_RE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 # What starts a block at the beginning of a line: indentation (code block), heading, list item, thematic
 # break, setext underline, ordered list item ("1." / "1)").
+# Bare URLs that GFM-style renderers (mistune's url plugin, marked) turn into links, taking a following
+# "&gt;" into the address: "://" and "www." lose their trigger character.
+_AUTOLINK_RE = re.compile(r":(?=//)|(?<![A-Za-z0-9])(www)\.", re.IGNORECASE)
 # Leading whitespace is dropped (it would make an indented code block, and HTML does not show it).
 _LINE_START_RE = re.compile(r"^[ \t]*(?:([#+\-=])|(\d+)([.)]))?", re.MULTILINE)
 
@@ -42,9 +45,9 @@ def _line_start(match: re.Match) -> str:
 
 
 def escape_markdown(text: object, *, inline: bool = False) -> str:
-    """``text`` as markdown that renders literally: no tag, entity, link, image, emphasis, code span, table
-    cell break or block (heading, list, code block) comes from it. ``inline=True`` also joins its lines with
-    spaces (for a table cell, which a newline would end).
+    """``text`` as markdown that renders literally: no tag, entity, link (bare URLs included), image,
+    emphasis, code span, table cell break or block (heading, list, code block) comes from it.
+    ``inline=True`` also joins its lines with spaces (for a table cell, which a newline would end).
 
     Example:
         >>> escape_markdown("*a* <b> & _c_ snake_case")
@@ -56,6 +59,7 @@ def escape_markdown(text: object, *, inline: bool = False) -> str:
     text = (" " if inline else "\n").join(str(text).splitlines())
     text = _INLINE_RE.sub(lambda m: _INLINE[m.group(0)], text)
     text = _UNDERSCORE_RE.sub("&#95;", text)
+    text = _AUTOLINK_RE.sub(lambda m: f"{m.group(1)}&#46;" if m.group(1) else "&#58;", text)
     return _LINE_START_RE.sub(_line_start, text)
 
 
