@@ -147,17 +147,19 @@ def test_module_template_renders_as_written(renderer):
     assert module == "blocks.<l>.norm1 for each block l listed"
     cells = Parsed(RENDERERS[renderer](recipe.checklist(tr).to_markdown())).cells
     assert "blocks.<l>.norm1 for each block l listed" in cells and "blocks..norm1 for each block l listed" not in cells
-    methods = Parsed(RENDERERS[renderer](recipe.describe(tr)._repr_markdown_()))
+    methods = Parsed(RENDERERS[renderer](escape_markdown(recipe.describe(tr))))
     assert "(the output of blocks.<l>.norm1 for each block l listed)" in "".join(methods.text)
 
 
 @pytest.mark.parametrize("renderer", RENDERERS)
 @pytest.mark.parametrize("edited", [False, True], ids=["hostile model", "edited file"])
-def test_methods_paragraph_is_plain_text_that_renders_literally(tmp_path, renderer, edited):
+def test_methods_paragraph_is_plain_text_that_renders_literally_once_escaped(tmp_path, renderer, edited):
+    """The paragraph a paper pastes is the plain text itself (a ``str``: it prints and is stored as is); the
+    kit escapes it where it reaches HTML, and ``escape_markdown`` is what renders it as markdown."""
     tr = hostile_trace(tmp_path if edited else None)
     methods = vc.Recipe(site="F2", layer=-1, heads="mean_then_relu").describe(tr)
-    assert isinstance(methods, str) and IMG in methods  # the paragraph a paper pastes is the text itself
-    md = methods._repr_markdown_()
+    assert type(methods) is str and IMG in methods
+    md = escape_markdown(methods)
     assert "<img" not in md and "<script" not in md
     parsed = Parsed(RENDERERS[renderer](md))
     assert set(parsed.tags) <= {"p"} and words("".join(parsed.text)) == words(methods)

@@ -5,10 +5,11 @@ headless Chromium (offline: only file:// loads). No script may run (``window.__p
 dialog opens, no ``<img>`` or ``javascript:`` link appears) and the hostile text must be on the page as text, so
 the escaping is not a deletion.
 
-Outputs: (1) the checklist's markdown (and the methods paragraph's, the interop and ambiguity reports') as a
-notebook's display outputs, the bundles IPython's formatter makes, exported by nbconvert's HTMLExporter;
-(2) the demo/CLI report (``vitcam_nb.htmlreport.render`` with its explorer frame); (3) the exported one-file
-page (``vc.export_html``); (4) the Explorer widget's ES module rendered from the traits its Python side syncs.
+Outputs: (1) the checklist's markdown, the interop and ambiguity reports' and the methods paragraph put through
+``escape_markdown`` (it is plain text) as a notebook's display outputs, the bundles IPython's formatter makes,
+exported by nbconvert's HTMLExporter; (2) the demo/CLI report (``vitcam_nb.htmlreport.render`` with its
+explorer frame); (3) the exported one-file page (``vc.export_html``); (4) the Explorer widget's ES module
+rendered from the traits its Python side syncs.
 Run: ``python -m pytest tests/ui/test_injection.py -q``.
 """
 
@@ -21,11 +22,13 @@ import os
 import nbformat
 import numpy as np
 import pytest
+from IPython.display import Markdown
 from lab_harness import chromium, chromium_missing_reason
 from vitcam_testing import make_model
 
 import vitcam_nb as vc
 from vitcam_nb import htmlreport
+from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.evaluate.ambiguity import Ambiguity
 from vitcam_nb.interop import Finding, Translation
 from vitcam_nb.widgets import Explorer
@@ -132,8 +135,10 @@ def test_notebook_markdown_outputs_exported_by_nbconvert_run_no_script(tab, trac
     fused = vc.Recipe(layer=(0, 1), layer_fusion="mean")
     stub = Ambiguity.__new__(Ambiguity)
     stub.report = lambda: f"The description ({SCRIPT}) leaves {IMAGE} open"
-    objects = [vc.Recipe().checklist(trace), fused.checklist(trace), vc.Recipe().describe(trace),
-               fused.describe(trace), Translation(None, [Finding("grid", f"{IMG} {LINK}")], None, "torchcam"), stub]
+    # The methods paragraph is plain text; shown as markdown, it goes through the kit's escape_markdown.
+    methods = [Markdown(escape_markdown(r.describe(trace))) for r in (vc.Recipe(), fused)]
+    translation = Translation(None, [Finding("grid", f"{IMG} {LINK}")], None, "torchcam")
+    objects = [vc.Recipe().checklist(trace), fused.checklist(trace), *methods, translation, stub]
     page = tab.open(notebook_html(tmp_path, objects))
     tab.assert_nothing_ran()
     outputs = page.evaluate("() => [...document.querySelectorAll('.jp-RenderedMarkdown')].map((n) => n.textContent)")

@@ -16,7 +16,7 @@ import json
 
 from vitcam_nb.core.escape import escape_markdown
 
-__all__ = ["CATEGORIES", "Checklist", "Methods"]
+__all__ = ["CATEGORIES", "Checklist"]
 
 #: The five reporting categories every ViT Grad-CAM figure should state, in order.
 CATEGORIES = ("feature representation", "gradient target", "token handling", "aggregation",
@@ -59,17 +59,3 @@ class Checklist(dict):
         """
         return json.dumps(self, sort_keys=False)
 
-
-class Methods(str):
-    """The methods paragraph: plain text (a ``str``, what a paper pastes) that a notebook renders as markdown
-    with everything escaped, so a model name or label in it shows as text and never as HTML.
-
-    Example:
-        >>> Methods("on <img src=x>")._repr_markdown_()
-        'on &lt;img src=x&gt;'
-    """
-
-    __slots__ = ()
-
-    def _repr_markdown_(self) -> str:
-        return escape_markdown(self)

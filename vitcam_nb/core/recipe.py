@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.checklist import Methods
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
@@ -344,14 +343,14 @@ class Recipe:
         """
         return kind_for(_reportable(trace), self).checklist(self, trace)
 
-    def describe(self, trace: Any = None) -> Methods:
-        """A methods paragraph that a paper can paste: plain text, rendered escaped as markdown in a notebook.
+    def describe(self, trace: Any = None) -> str:
+        """A methods paragraph that a paper can paste.
 
         Example:
             >>> "F1" in Recipe().describe()
             True
         """
-        return Methods(kind_for(_reportable(trace), self).describe(self, trace))
+        return kind_for(_reportable(trace), self).describe(self, trace)
 
 
 def recipe_arguments(recipe: Recipe | None, grid: bool, fields: Mapping[str, Any]) -> Recipe:
