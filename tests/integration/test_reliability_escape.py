@@ -183,3 +183,14 @@ def test_checklist_json_and_map_attrs_keep_the_raw_text():
     m = vc.cam(tr, vc.Recipe())
     assert json.loads(m.attrs["checklist"])["model and input"]["model"].startswith(f"{IMG} ({SCRIPT})")
     assert IMG in m.attrs["methods"] and "&lt;" not in m.attrs["methods"]
+
+
+def test_the_explorers_copied_checklist_is_the_escaped_markdown(tmp_path):
+    """What "copy checklist (markdown)" copies (the exported page's entries come from compute_grid too)."""
+    from vitcam_nb.widgets import Explorer
+    from vitcam_nb.widgets.results import compute_grid
+
+    tr = hostile_trace(tmp_path)
+    md = vc.Recipe().checklist(tr).to_markdown()
+    assert "<img" not in md and "<script" not in md and "&lt;img src=x onerror=" in md
+    assert Explorer(tr, vc.Recipe()).checklist_md == md == compute_grid(tr, vc.Recipe()).checklist_md
