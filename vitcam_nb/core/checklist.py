@@ -58,4 +58,3 @@ class Checklist(dict):
             '{"a": {"b": 1}}'
         """
         return json.dumps(self, sort_keys=False)
-

@@ -27,12 +27,12 @@ _INLINE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;", "
 _INLINE_RE = re.compile("[" + re.escape("".join(_INLINE)) + "]")
 # "_" emphasises only at a word boundary, so snake_case names stay readable in the markdown source.
 _UNDERSCORE_RE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
-# What starts a block at the beginning of a line: indentation (code block), heading, list item, thematic
-# break, setext underline, ordered list item ("1." / "1)").
 # Bare URLs that GFM-style renderers (mistune's url plugin, marked) turn into links, taking a following
 # "&gt;" into the address: "://" and "www." lose their trigger character.
 _AUTOLINK_RE = re.compile(r":(?=//)|(?<![A-Za-z0-9])(www)\.", re.IGNORECASE)
-# Leading whitespace is dropped (it would make an indented code block, and HTML does not show it).
+# What starts a block at the beginning of a line: heading, list item, thematic break, setext underline,
+# ordered list item ("1." / "1)"). Leading whitespace is dropped (it would make an indented code block, and
+# HTML does not show it).
 _LINE_START_RE = re.compile(r"^[ \t]*(?:([#+\-=])|(\d+)([.)]))?", re.MULTILINE)
 
 
