@@ -26,6 +26,7 @@ import torch
 
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["Finding", "Translation", "from_captum", "from_pytorch_grad_cam", "from_torchcam"]
@@ -92,7 +93,7 @@ class Translation:
         return " ".join([text, *(f"[{f.kind}] {f.message}" for f in self.findings)])
 
     def _repr_markdown_(self) -> str:
-        return self.report()
+        return escape_markdown(self.report())
 
 
 def _module_name(model: torch.nn.Module, module: Any) -> tuple[str, torch.nn.Module]:

@@ -1,7 +1,8 @@
 """The reporting checklist as a value: category -> {item: text}, in the five categories of the audit.
 
 :mod:`vitcam_nb.compute.report` fills it for a recipe and a trace; this module only says what it is and how
-it prints.
+it prints. Every cell is escaped (:func:`vitcam_nb.core.escape.escape_markdown`): model names, tags,
+preprocessing and labels come from models and files and must render as text, never as HTML or markdown.
 
 Example:
     >>> c = Checklist({"aggregation": {"weighting": "gradcam"}})
@@ -12,6 +13,8 @@ Example:
 from __future__ import annotations
 
 import json
+
+from vitcam_nb.core.escape import escape_markdown
 
 __all__ = ["CATEGORIES", "Checklist"]
 
@@ -30,16 +33,18 @@ class Checklist(dict):
     """
 
     def to_markdown(self) -> str:
-        """A markdown table with one row per item.
+        """A markdown table with one row per item; each cell renders literally (``|``, ``<l>`` and any HTML or
+        markdown syntax in a value are escaped as character references).
 
         Example:
-            >>> Checklist({"a": {"b": "c|d"}}).to_markdown().splitlines()[-1]
-            '| a | b | c/d |'
+            >>> Checklist({"a": {"b": "c|d <l>"}}).to_markdown().splitlines()[-1]
+            '| a | b | c&#124;d &lt;l&gt; |'
         """
         lines = ["| category | item | value |", "| --- | --- | --- |"]
         for category, items in self.items():
             for item, value in items.items():
-                lines.append(f"| {category} | {item} | {str(value).replace('|', '/')} |")
+                cells = (escape_markdown(text, inline=True) for text in (category, item, value))
+                lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:

@@ -27,6 +27,7 @@ from scipy import ndimage, stats
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
@@ -261,7 +262,7 @@ class Ambiguity:
         return plot_ambiguity(self, cmap)
 
     def _repr_markdown_(self) -> str:
-        return self.report()
+        return escape_markdown(self.report())
 
 
 def _jsonable(value: Any) -> Any:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.compute.many import image_blocks, is_lazy
+from vitcam_nb.core.escape import escape_markdown
 
 __all__ = ["AmbiguityMany", "ambiguity_many"]
 
@@ -123,7 +124,7 @@ class AmbiguityMany:
         return fig
 
     def _repr_markdown_(self) -> str:
-        return self.report()
+        return escape_markdown(self.report())
 
 
 def _active_client() -> Any:

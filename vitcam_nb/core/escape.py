@@ -1,0 +1,74 @@
+"""Escaping of text that reaches HTML or markdown: everything from a model, a file or a user (model names,
+tags, preprocessing, labels, prompts, module paths) renders literally and never as a tag, link, image,
+emphasis or code span.
+
+Markdown is escaped with character references (``&lt;``, ``&#42;``), not backslashes: every renderer
+(CommonMark, GFM, mistune, marked, Python-Markdown) shows a reference as its character and none treats it as
+syntax, while backslash escapes differ between them (Python-Markdown keeps ``\\<`` as a tag).
+
+Example:
+    >>> escape_markdown('blocks.<l>.norm1 [x](javascript:y)')
+    'blocks.&lt;l&gt;.norm1 &#91;x&#93;(javascript:y)'
+    >>> escape_html('<img src=x onerror="y">')
+    '&lt;img src=x onerror=&quot;y&quot;&gt;'
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+__all__ = ["escape_html", "escape_markdown"]
+
+# Characters that open markdown or HTML syntax anywhere in a line: tags and entities (& < >), links and
+# images ([ ]), emphasis and strikethrough (* ~), code spans (`), backslash escapes (\) and table cells (|).
+_INLINE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;", "*": "&#42;", "~": "&#126;",
+           "`": "&#96;", "\\": "&#92;", "|": "&#124;"}
+_INLINE_RE = re.compile("[" + re.escape("".join(_INLINE)) + "]")
+# "_" emphasises only at a word boundary, so snake_case names stay readable in the markdown source.
+_UNDERSCORE_RE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+# Bare URLs that GFM-style renderers (mistune's url plugin, marked) turn into links, taking a following
+# "&gt;" into the address: "://" and "www." lose their trigger character.
+_AUTOLINK_RE = re.compile(r":(?=//)|(?<![A-Za-z0-9])(www)\.", re.IGNORECASE)
+# What starts a block at the beginning of a line: heading, list item, thematic break, setext underline,
+# ordered list item ("1." / "1)"). Leading whitespace is dropped (it would make an indented code block, and
+# HTML does not show it).
+_LINE_START_RE = re.compile(r"^[ \t]*(?:([#+\-=])|(\d+)([.)]))?", re.MULTILINE)
+
+
+def _line_start(match: re.Match) -> str:
+    if match.group(1):
+        return f"&#{ord(match.group(1))};"
+    if match.group(2):
+        return f"{match.group(2)}&#{ord(match.group(3))};"
+    return ""
+
+
+def escape_markdown(text: object, *, inline: bool = False) -> str:
+    """``text`` as markdown that renders literally: no tag, entity, link (bare URLs included), image,
+    emphasis, code span, table cell break or block (heading, list, code block) comes from it.
+    ``inline=True`` also joins its lines with spaces (for a table cell, which a newline would end).
+
+    Example:
+        >>> escape_markdown("*a* <b> & _c_ snake_case")
+        '&#42;a&#42; &lt;b&gt; &amp; &#95;c&#95; snake_case'
+        >>> escape_markdown("# x\\n  - y\\n2. z")
+        '&#35; x\\n&#45; y\\n2&#46; z'
+    """
+    # Every line break (a lone "\r" ends a markdown line too) becomes "\n", or a space when inline.
+    text = (" " if inline else "\n").join(str(text).splitlines())
+    text = _INLINE_RE.sub(lambda m: _INLINE[m.group(0)], text)
+    text = _UNDERSCORE_RE.sub("&#95;", text)
+    text = _AUTOLINK_RE.sub(lambda m: f"{m.group(1)}&#46;" if m.group(1) else "&#58;", text)
+    return _LINE_START_RE.sub(_line_start, text)
+
+
+def escape_html(text: object) -> str:
+    """``str(text)`` with ``& < > " '`` replaced by character references: safe as element text and inside a
+    quoted attribute.
+
+    Example:
+        >>> escape_html("<b title='x'>")
+        '&lt;b title=&#x27;x&#x27;&gt;'
+    """
+    return html.escape(str(text), quote=True)
