@@ -2,8 +2,8 @@
 patch grid, HiResCAM at F1, so every map is sum_c act * grad per patch and its sign is set by hand) and two
 tiny real models produce each cause: zero gradient, nothing left after the ReLU, a constant map, a saturated
 softmax, a softmax over one score. Each is checked in ``attrs["degenerate_cause"]``, at the start of the
-DegenerateMapWarning, in the Explorer's and the Gallery's data, and (node) in the browser's classifier, which
-must give the kernel's label for the same reason. The reason text itself keeps its old start."""
+DegenerateMapWarning, in the Explorer's, the Gallery's and the Compare's data, and (node) in the browser's
+classifier, which must give the kernel's label for the same reason. The reason text itself keeps its old start."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from vitcam_testing import make_model
 
 import vitcam_nb as vc
 from vitcam_nb.compute.maps import DEGENERATE_CAUSES, cause_counts, degenerate_cause
-from vitcam_nb.widgets import Explorer, Gallery, assets
+from vitcam_nb.widgets import Compare, Explorer, Gallery, assets
 from vitcam_nb.widgets.results import compute_grid
 
 GH, GW, C, T, NL = 2, 3, 4, 7, 2
@@ -147,7 +147,11 @@ def test_the_explorer_and_gallery_carry_the_cause():
         assert compute_grid(tr, HIRES).cause == "nothing left after ReLU"
         assert ex.options["degenerate_causes"] == [list(pair) for pair in DEGENERATE_CAUSES]
         gal = Gallery(tr, HIRES, vary="layer")
+        cmp = Compare(tr, HIRES, HIRES.replace(layer=1))
+        zero = Compare(zero_gradient(), HIRES.replace(layer=1), HIRES)
     assert gal.thumbnails.causes == [["nothing left after ReLU", ""]]
+    causes = (cmp.cause_a, cmp.cause_b, zero.cause_a, zero.cause_b)
+    assert causes == ("nothing left after ReLU", "", "", "zero gradient")
     assert gal.thumbnails.degenerate[0][0].startswith("the map is constant") and gal.thumbnails.degenerate[0][1] == ""
 
 
