@@ -128,6 +128,8 @@ def test_refused_combination_is_a_message_not_a_traceback(page, lab):
     assert box.is_visible() and "eigencam" in box.inner_text() and "heads" in box.inner_text()
     assert "Traceback" not in output_text(page)
     assert python_recipe(lab, want) == want  # the kernel keeps the last valid recipe
+    # ... and so do the controls: the heads control is back at the shown recipe's value
+    assert explorer(page).locator("select[data-field='heads']").input_value() == json.dumps("channels")
     select(page, "heads", "channels")
     page.wait_for_function("() => document.querySelector('.vc-explorer').dataset.error === 'false'", timeout=30_000)
     assert box.is_hidden()
@@ -169,6 +171,7 @@ def test_degenerate_variant_shows_a_notice(page):
     page.keyboard.press("End")  # the last block: with CLS pooling its patch tokens get no gradient at F5
     wait_recipe(page, vc.Recipe(site="F5", layer=2))
     assert notice.is_visible() and "Degenerate variant" in notice.inner_text() and "zero" in notice.inner_text()
+    assert notice.locator(".vc-cause").inner_text() == "zero gradient"
     assert dataset(page)["degenerate"] == "true"
 
 

@@ -24,7 +24,7 @@ import xarray as xr
 
 from vitcam_nb.compute.fusion import fuse_layers, rollout
 from vitcam_nb.compute.galleries import gallery_array, loop_gallery, normalise_vary, vary_values, with_site
-from vitcam_nb.compute.maps import map_array, warn_degenerate
+from vitcam_nb.compute.maps import cause_counts, map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import finish_layers, layer_maps, raw_maps
 from vitcam_nb.compute.report import build_checklist, cached_report, describe
 from vitcam_nb.compute.spatial import normalise, upsample, upsample_into
@@ -206,7 +206,8 @@ class FlatKind(TraceKind):
             for li, si in zip(*np.nonzero(reasons != "")):
                 notes_all.append(f"{rec_ids[li, si]} ({sites[si]}, layer {layers[li]})")
         if notes_all:
-            warnings.warn(f"{len(notes_all)} of {ids.size} gallery maps are degenerate and were returned as zeros: "
+            warnings.warn(f"{cause_counts(reasons_out.ravel())}: {len(notes_all)} of {ids.size} gallery maps are "
+                          "degenerate and were returned as zeros: "
                           + ", ".join(notes_all[:8]) + (" ..." if len(notes_all) > 8 else ""),
                           DegenerateMapWarning, stacklevel=user_stacklevel())
         checklist, methods = cached_report(base, trace)

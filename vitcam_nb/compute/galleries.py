@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.compute.maps import map_dims
+from vitcam_nb.compute.maps import cause_counts, map_dims
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, user_stacklevel
 from vitcam_nb.core.kinds import kind_for
@@ -142,7 +142,8 @@ def loop_gallery(trace: Any, base: Recipe, values: Mapping[str, list], *, has_cl
         if w not in degenerate:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if degenerate:
-        warnings.warn(f"{len(degenerate)} of {len(maps)} gallery maps are degenerate and were returned as zeros",
+        warnings.warn(f"{cause_counts(reasons)}: {len(degenerate)} of {len(maps)} gallery maps are degenerate and "
+                      "were returned as zeros",
                       DegenerateMapWarning, stacklevel=user_stacklevel())
     shape = [len(values[f]) for f in fields]
     return gallery_array(np.stack(maps).reshape(*shape, *common), values, np.array(ids).reshape(shape),

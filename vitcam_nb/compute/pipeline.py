@@ -24,6 +24,7 @@ from vitcam_nb.compute.kernels import (
     token_maps,
     zero_gradient_gives_zero_map,
 )
+from vitcam_nb.compute.maps import NOTHING_AFTER_RELU
 from vitcam_nb.compute.spatial import normalise, to_grid, upsample
 from vitcam_nb.compute.view import ActivationNorms, TraceView
 from vitcam_nb.core.errors import RecipeError
@@ -315,9 +316,14 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
     elif recipe.target in ("prob", "logprob") and _saturated(view.arrays["logits"]):
         why_zero = (f"target {recipe.target!r}: the softmax is saturated (one score exceeds the others by so much "
                     "that its probability is 1 in float32), so its gradient is exactly zero; use target='logit'")
-    reasons = np.where(zero_grad, why_zero,
-                       np.where(constant, "the map is constant (after the ReLU nothing is left, or only "
-                                          "rounding noise remains)", ""))
+    why_constant = np.where(constant, "the map is constant (after the ReLU nothing is left, or only rounding "
+                                      "noise remains)", "")
+    if recipe.relu == "after" and constant.any():
+        # Every value at most rounding noise above 0: the ReLU left nothing (a cause of its own, not a flat map).
+        negative = constant & (raw.max(axis=(-2, -1)) <= view.rtol * ref)
+        why_constant = np.where(negative, f"{NOTHING_AFTER_RELU} (every value is <= 0, or within rounding noise "
+                                          "of 0, before it)", why_constant)
+    reasons = np.where(zero_grad, why_zero, why_constant)
     bad = reasons != ""
     maps = np.where(bad[..., None, None], np.float32(0), maps)
     return normalise(maps, recipe.normalize), reasons

@@ -71,6 +71,9 @@ class Compare(anywidget.AnyWidget):
     id_b = t.Unicode().tag(sync=True)
     degenerate_a = t.Unicode().tag(sync=True)
     degenerate_b = t.Unicode().tag(sync=True)
+    #: The short cause of each degenerate map (its notice's badge), "" where the map is not degenerate.
+    cause_a = t.Unicode().tag(sync=True)
+    cause_b = t.Unicode().tag(sync=True)
     fields = t.List().tag(sync=True)
     spearman = t.Any(None, allow_none=True).tag(sync=True)
     topk_iou = t.Any(None, allow_none=True).tag(sync=True)
@@ -220,6 +223,7 @@ class Compare(anywidget.AnyWidget):
             self.recipe_a_json, self.recipe_b_json = a.recipe.to_json(), b.recipe.to_json()
             self.id_a, self.id_b = a.recipe.id, b.recipe.id
             self.degenerate_a, self.degenerate_b = a.degenerate, b.degenerate
+            self.cause_a, self.cause_b = a.cause, b.cause
             self.fields = diff_fields(a.recipe, b.recipe)
             self.spearman, self.topk_iou, self.k_cells, self.notes = rho, iou, n, notes
             self.error = error

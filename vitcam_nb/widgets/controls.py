@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from vitcam_nb.compute.maps import DEGENERATE_CAUSES
 from vitcam_nb.core.checklist import CATEGORIES
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.presets import CITATIONS, PRESETS
@@ -83,7 +84,8 @@ def _pairs(values: tuple | list, text: Mapping | None = None) -> list[list]:
 
 def controls(facts: TraceFacts) -> dict[str, Any]:
     """The control table the browser renders: one entry per recipe field, with allowed values and labels,
-    plus the condition under which it applies. Labels are plain text (the browser never parses HTML).
+    plus the condition under which it applies; the preset menu; the table that names a degenerate map's cause
+    on its badge. Labels are plain text (the browser never parses HTML).
 
     Example:
         >>> [f["name"] for f in controls(TraceFacts.of(tr))["fields"]][:2]  # doctest: +SKIP
@@ -125,7 +127,8 @@ def controls(facts: TraceFacts) -> dict[str, Any]:
         field.setdefault("label", field["name"])
         field["default"] = _DEFAULTS[field["name"]]
         field["when"] = rules.get(field["name"], [])
-    return {"fields": fields, "colormaps": list(COLORMAPS), "debounce_ms": DEBOUNCE_MS, "presets": preset_menu(facts)}
+    return {"fields": fields, "colormaps": list(COLORMAPS), "debounce_ms": DEBOUNCE_MS, "presets": preset_menu(facts),
+            "degenerate_causes": [list(pair) for pair in DEGENERATE_CAUSES]}
 
 
 def preset_menu(facts: TraceFacts) -> list[list]:

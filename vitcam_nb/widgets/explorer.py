@@ -44,8 +44,10 @@ class Explorer(anywidget.AnyWidget):
 
     The image with the heatmap of the current recipe overlaid; a control for every taxonomy dimension
     (controls that do not apply to the current choices are hidden); overlay opacity and colormap; the
-    live methods paragraph and checklist with copy buttons; the recipe id; a notice when the variant is
-    degenerate. A refused combination shows its message in the widget, never a traceback. Given a store
+    live methods paragraph and checklist with copy buttons; the recipe id; a notice, starting with its cause
+    (e.g. "zero gradient"), when the variant is degenerate. A refused combination (a control, or a preset this
+    trace cannot give) shows its message in the widget, never a traceback, and the controls go back to the
+    recipe whose map is shown. Given a store
     (``vc.open_traces``), the page shows an image picker; switching image keeps the recipe.
 
     Args:

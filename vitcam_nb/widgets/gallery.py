@@ -16,6 +16,7 @@ import xarray as xr
 
 from vitcam_nb.api import gallery as compute_gallery
 from vitcam_nb.capture.reader import is_store
+from vitcam_nb.compute.maps import degenerate_cause
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.plot import grid as plot_grid
@@ -56,6 +57,8 @@ class GalleryGrid(anywidget.AnyWidget):
     row_labels = t.List(t.Unicode()).tag(sync=True)
     col_labels = t.List(t.Unicode()).tag(sync=True)
     degenerate = t.List().tag(sync=True)
+    #: Per cell, the short cause of a degenerate map (its badge), "" for a map that is not degenerate.
+    causes = t.List().tag(sync=True)
     recipe_ids = t.List().tag(sync=True)
     upsample = t.Unicode("bilinear").tag(sync=True)
     normalize = t.Unicode("minmax").tag(sync=True)
@@ -130,6 +133,7 @@ class Gallery(ipywidgets.VBox):
             maps=grid_bytes(maps.values), maps_shape=list(maps.shape), row_field=rows_f, col_field=cols_f,
             row_labels=[str(v) for v in self._row_values] if rows_f else [""],
             col_labels=[str(v) for v in self._col_values], degenerate=degenerate.tolist(),
+            causes=[[degenerate_cause(why) for why in row] for row in degenerate.tolist()],
             recipe_ids=[[r.id for r in row] for row in self._recipes], upsample=base.upsample,
             normalize=base.normalize, base_id=base.id, thumb=int(thumb), opacity=float(opacity),
             colormap=colormap)

@@ -16,6 +16,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.api import cam
+from vitcam_nb.compute.maps import degenerate_cause
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import Recipe
@@ -41,6 +42,16 @@ class GridResult:
     methods: str
     degenerate: str
     notes: str
+
+    @property
+    def cause(self) -> str:
+        """The short cause of a degenerate map (what its badge says), "" if the map is not degenerate.
+
+        Example:
+            >>> GridResult(Recipe(), np.zeros((1, 1)), {}, "", "gradients are exactly zero at x", "").cause
+            'zero gradient'
+        """
+        return degenerate_cause(self.degenerate)
 
     @property
     def checklist_md(self) -> str:

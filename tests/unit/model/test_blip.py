@@ -387,7 +387,7 @@ def test_xattn_checklist_names_site_module_tokens_and_heads(blip_trace):
                   heads="mean_then_relu")
     m = vc.cam(blip_trace, r)
     assert set(m.attrs) == {"recipe", "recipe_id", "trace_id", "checklist", "methods", "degenerate",
-                            "degenerate_layers"}
+                            "degenerate_cause", "degenerate_layers"}
     assert m.attrs["recipe_id"] == r.id and m.attrs["trace_id"] == blip_trace.attrs["trace_id"]
     c = json.loads(m.attrs["checklist"])
     fr = c["feature representation"]

@@ -66,10 +66,12 @@ function render({ model, el }) {
   function showStats() {
     a.id.textContent = model.get("id_a");
     b.id.textContent = model.get("id_b");
-    for (const [side, key] of [[a, "degenerate_a"], [b, "degenerate_b"]]) {
-      const why = model.get(key);
+    for (const [side, key] of [[a, "a"], [b, "b"]]) {
+      const why = model.get(`degenerate_${key}`);
+      const cause = model.get(`cause_${key}`) || "other";
       side.degenerate.hidden = !why;
-      side.degenerate.textContent = why ? `Degenerate variant: the map is all zeros because ${why}` : "";
+      side.degenerate.replaceChildren(...(why ? [h("span", { className: "vc-cause", textContent: cause }),
+        ` Degenerate variant (${cause}): the map is all zeros because ${why}`] : []));
     }
     const s = model.get("spearman");
     const t = model.get("topk_iou");

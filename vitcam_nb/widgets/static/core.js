@@ -384,6 +384,23 @@ function layerText(value, field) {
   return String(value);
 }
 
+/**
+ * The short cause of a degenerate map from its reason, as vitcam_nb.compute.maps.degenerate_cause gives it:
+ * `table` is its DEGENERATE_CAUSES ([phrase, label] pairs, sent by the kernel); phrases are found left to right,
+ * each distinct label once, joined by " + "; "other" when none is found, "" for no reason.
+ */
+function degenerateCause(reason, table) {
+  if (!reason) return "";
+  const escape = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const pattern = new RegExp((table || []).map(([phrase]) => `(${escape(phrase)})`).join("|") || "(?!)", "g");
+  const causes = [];
+  for (const match of reason.matchAll(pattern)) {
+    const label = table[match.slice(1).findIndex((g) => g !== undefined)][1];
+    if (!causes.includes(label)) causes.push(label);
+  }
+  return causes.length ? causes.join(" + ") : "other";
+}
+
 /** The checklist (category -> item -> text) as a table. */
 function checklistTable(checklist) {
   const table = h("table", { className: "vc-checklist" });

@@ -6,6 +6,10 @@
 //   {id, index}; the kernel answers in one message with the new image, options, map (the recipe is kept)
 //   and `image_index` (the image shown), or with `error` (the image shown stays).
 // An answer whose response_id is older than the newest request sent is stale and never painted.
+// The controls always show the recipe of the map on screen: a refused request (a combination the kernel or the
+// exported file cannot give, e.g. a preset) puts the controls back at the shown recipe, repaints its map if a
+// cached view had replaced it, and says what was refused. root.dataset.paintedRecipeId names the map on the
+// canvas. A degenerate map's notice starts with a badge naming its cause (options.degenerate_causes).
 // Prefetch: after each answer the kernel sends a custom message {kind: "prefetch", entries} (one grid buffer
 // per entry): the views one step away on the layer slider and the site list, each keyed by the draft the page
 // would send. A control change whose draft is cached paints at once from the cache; the request still goes
@@ -35,6 +39,7 @@ function render({ model, el }) {
   const CACHE_SIZE = 64;
   let shownFromCache = null;
   let pending = 0;
+  let painted = null; // the recipe id of the map on the canvas
   const keyOf = (d) => JSON.stringify(Object.keys(d).sort().map((k) => [k, d[k]]));
   const fromModel = (k) => (k === "grid" ? floatsOf(model.get("grid")) : model.get(k));
 
@@ -100,7 +105,7 @@ function render({ model, el }) {
       const chosen = presets.find(([name]) => name === select.value);
       select.value = "";
       if (!chosen) return;
-      for (const [field, value] of Object.entries(chosen[2])) onControl(field, value, true);
+      onControls(chosen[2], true); // one request: no intermediate draft is sent or painted
     });
     return select;
   }
@@ -111,9 +116,13 @@ function render({ model, el }) {
   // in flight is debounced (a drag sends one request per pause, not one per pixel). A select is always sent at
   // once. A send at once waits for the end of the current task, so that changes made in it travel as one request.
   function onControl(field, value, discrete = false) {
+    onControls({ [field]: value }, discrete);
+  }
+
+  function onControls(changes, discrete = false) {
     const now = performance.now();
-    draft = { ...draft, [field]: value };
-    changed.add(field);
+    draft = { ...draft, ...changes };
+    for (const field of Object.keys(changes)) changed.add(field);
     if (t0 === null) t0 = now;
     const hit = model.get("prefetch") === false ? undefined : cache.get(keyOf(draft));
     shownFromCache = null;
@@ -217,6 +226,8 @@ function render({ model, el }) {
     bar.replaceChildren(colorbar(model.get("colormap"), lo, hi));
     root.dataset.lastDrawMs = (performance.now() - drawStart).toFixed(2);
     root.dataset.paintCount = String(Number(root.dataset.paintCount) + 1);
+    painted = get("recipe_id");
+    root.dataset.paintedRecipeId = painted;
   }
 
   function showReport(get = fromModel) {
@@ -224,12 +235,16 @@ function render({ model, el }) {
     recipeId.textContent = get("recipe_id");
     root.dataset.recipeId = get("recipe_id");
     errorBox.hidden = !error;
-    errorBox.textContent = error ? `Not applied: ${error} (still showing recipe ${get("recipe_id")})` : "";
+    errorBox.textContent = error ? `Not applied: ${error} (the controls are back at recipe ${get("recipe_id")}, ` +
+      "whose map is shown)" : "";
     root.dataset.error = error ? "true" : "false";
     const degenerate = get("degenerate");
+    const cause = degenerateCause(degenerate, options.degenerate_causes);
     degenerateBox.hidden = !degenerate;
-    degenerateBox.textContent = degenerate ? `Degenerate variant: the map is all zeros because ${degenerate}` : "";
+    degenerateBox.replaceChildren(...(degenerate ? [h("span", { className: "vc-cause", textContent: cause }),
+      ` Degenerate variant (${cause}): the map is all zeros because ${degenerate}`] : []));
     root.dataset.degenerate = degenerate ? "true" : "false";
+    root.dataset.degenerateCause = cause;
     const notes = get("notes");
     notesBox.hidden = !notes;
     notesBox.textContent = notes ? `Left out of the layer fusion (degenerate): ${notes}` : "";
@@ -247,11 +262,12 @@ function render({ model, el }) {
       return; // a newer request is in flight: its answer will paint
     }
     const error = model.get("error");
-    if (!error && timer === null) {
+    if (timer === null && !queued) { // no newer change waits to be sent: the controls show the map's recipe
       draft = JSON.parse(model.get("recipe_json"));
       controls.sync(draft);
     }
     showReport();
+    if (error && painted !== model.get("recipe_id")) paint(); // a cached view of the refused draft is replaced
     if (picker) picker.value = String(model.get("image_index")); // a refused image: back to the one shown
     if (!error) {
       remember(keyOf(JSON.parse(model.get("recipe_json"))), {

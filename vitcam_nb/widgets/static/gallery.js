@@ -25,6 +25,7 @@ function render({ model, el }) {
     const rowLabels = model.get("row_labels");
     const colLabels = model.get("col_labels");
     const degenerate = model.get("degenerate");
+    const causes = model.get("causes") || [];
     const ids = model.get("recipe_ids");
     gridNode.replaceChildren();
     cells.length = 0;
@@ -36,11 +37,12 @@ function render({ model, el }) {
       for (let j = 0; j < cols; j++) {
         const canvas = h("canvas", { className: "vc-thumb" });
         const why = degenerate[i][j];
+        const cause = why ? (causes[i] || [])[j] || "degenerate" : "";
         const label = `${rowField ? `${rowField} ${rowLabels[i]}, ` : ""}${colField} ${colLabels[j]} — recipe ${ids[i][j]}`;
         const button = h("button", {
-          type: "button", className: "vc-cell", title: why ? `${label} (degenerate: ${why})` : label,
+          type: "button", className: "vc-cell", title: why ? `${label} (degenerate, ${cause}: ${why})` : label,
           dataset: { row: String(i), col: String(j), recipeId: ids[i][j] },
-        }, canvas, why ? h("span", { className: "vc-badge", textContent: "degenerate" }) : null);
+        }, canvas, why ? h("span", { className: "vc-badge", textContent: cause }) : null);
         button.setAttribute("aria-label", label);
         button.addEventListener("click", () => {
           clicks += 1;

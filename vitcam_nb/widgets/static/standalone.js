@@ -5,7 +5,8 @@
 //   #vc-texts base64 of zlib(JSON list, one entry per combination of the axes, first axis slowest):
 //             {g: map index, r: recipe JSON, id, c: checklist, md, m: methods, d: degenerate, n: notes} or {e}
 // A local model stands in for the kernel: it answers the Explorer's `request` from the table, with the same
-// traits the kernel sets, so explorer.js paints exactly as it does in a notebook.
+// traits the kernel sets, so explorer.js paints exactly as it does in a notebook. A draft outside the table (a
+// value no entry holds, in a varied field or a fixed one) is answered with a refusal, as the kernel refuses.
 
 async function inflate(base64) {
   const text = atob(base64);
@@ -84,10 +85,32 @@ function localModel(meta, maps, entries) {
     return index;
   }
 
+  // A field the file does not vary holds one value in every entry: a draft (e.g. a preset) that asks for another
+  // value of a field that applies is not in the file, rather than shown as the entry's own recipe.
+  const varied = new Set(meta.axes.map(([field]) => field));
+  const layerOf = (v) => (Number.isInteger(v) ? ((v % meta.num_layers) + meta.num_layers) % meta.num_layers : v);
+  function fixedFieldMiss(draft, entry) {
+    if (entry.r === undefined) return null;
+    const stored = JSON.parse(entry.r);
+    for (const field of meta.options.fields) {
+      const name = field.name;
+      if (varied.has(name) || !(name in draft) || !applies(field.when, draft)) continue;
+      const norm = name === "layer" ? layerOf : (v) => v;
+      if (JSON.stringify(norm(draft[name])) !== JSON.stringify(norm(stored[name]))) {
+        const [want, have] = [JSON.stringify(draft[name]), JSON.stringify(stored[name])];
+        return `${name} = ${want} is not in this file (it holds ${have} only)`;
+      }
+    }
+    return null;
+  }
+
   function answer(request) {
     const id = Math.max(Number(request.id) || 0, state.response_id);
-    const index = lookup(request.recipe || {});
-    const entry = typeof index === "number" ? entries[index] : { e: index };
+    const draft = request.recipe || {};
+    const index = lookup(draft);
+    let entry = typeof index === "number" ? entries[index] : { e: index };
+    const miss = fixedFieldMiss(draft, entry);
+    if (miss) entry = { e: miss };
     if (entry.e !== undefined) update({ error: entry.e, response_id: id, frame: state.frame + 1 });
     else update({ ...shown(entry), response_id: id, frame: state.frame + 1 });
   }
