@@ -38,16 +38,23 @@ def _fixtures():
 FIXTURES = _fixtures()
 
 
+# Display-only defaults: 0.2 draws with a perceptually uniform colormap by default (jet made cool-coloured
+# objects look unimportant). A colormap changes no number, file or id, and "jet" is still accepted.
+DISPLAY_DEFAULTS = {"cmap": ("'jet'", "'inferno'"), "colormap": ("'jet'", "'inferno'")}
+
+
 def _compatible(old: list, new: list) -> str:
     """Why a call written for ``old`` parameters would not bind to ``new`` ("" when it would): every old
-    parameter keeps its name, kind, default and position among the positional ones; an added one has a
-    default or is ``**kwargs``."""
+    parameter keeps its name, kind, default and position among the positional ones (a display colormap may move
+    from jet to inferno); an added one has a default or is ``**kwargs``."""
     new_by_name = {p[0]: p for p in new}
     for p in old:
         if p[0] not in new_by_name:
             return f"parameter {p[0]!r} is gone"
-        if new_by_name[p[0]] != p:
-            return f"parameter {p[0]!r} changed from {p} to {new_by_name[p[0]]}"
+        got = new_by_name[p[0]]
+        display = p[0] in DISPLAY_DEFAULTS and (p[2], got[2]) == DISPLAY_DEFAULTS[p[0]] and p[1] == got[1]
+        if got != p and not display:
+            return f"parameter {p[0]!r} changed from {p} to {got}"
     positional = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
     if [p[0] for p in old if p[1] in positional] != [p[0] for p in new if p[1] in positional][:len(
             [p for p in old if p[1] in positional])]:
@@ -62,6 +69,9 @@ def test_compatible_refuses_what_breaks_a_call():
     assert _compatible(old, old + [["c", "KEYWORD_ONLY", "0"]]) == ""
     assert "gone" in _compatible(old, old[:1])
     assert "changed" in _compatible(old, [old[0], ["b", "KEYWORD_ONLY", "2"]])
+    jet = [["cmap", "KEYWORD_ONLY", "'jet'"]]
+    assert _compatible(jet, [["cmap", "KEYWORD_ONLY", "'inferno'"]]) == ""
+    assert "changed" in _compatible(jet, [["cmap", "KEYWORD_ONLY", "'gray'"]])
     assert "without a default" in _compatible(old, old + [["c", "KEYWORD_ONLY", None]])
 
 
@@ -158,7 +168,10 @@ def test_retracing_reproduces_the_0_1_file_exactly(tmp_path):
     assert new.attrs["trace_id"] == old.attrs["trace_id"]
     for name in old.variables:
         np.testing.assert_array_equal(new[name].values, old[name].values, err_msg=name)
-    ignore = {"content_sha256", "torch_version", "timm_version", "numpy_version", "xarray_version"}
+    # The versions record what wrote the file (this release is not 0.1); they are not hashed into any id.
+    ignore = {"content_sha256", "torch_version", "timm_version", "numpy_version", "xarray_version",
+              "vitcam_nb_version"}
+    assert new.attrs["vitcam_nb_version"] == vc.__version__ and old.attrs["vitcam_nb_version"] == "0.1.0"
     # Every attribute 0.1 wrote is written again with the same value; attributes added since (weights_origin,
     # torch_threads, ...) are new facts, allowed by the schema's "names are added, never renamed".
     assert {k: new.attrs.get(k) for k in old.attrs if k not in ignore} == \

@@ -212,7 +212,7 @@ def test_a_layer_outside_the_model_is_refused_not_wrapped(tmp_path, spy, layers)
     ({"title": 5}, TypeError, r"^title: expected a string or None, got int"),
     ({"opacity": "0.5"}, TypeError, r"^opacity: expected a number in \[0, 1\], got '0.5'"),
     ({"opacity": 2}, vc.ExportError, r"^opacity: "),
-    ({"colormap": "rainbow"}, vc.ExportError, r"^colormap: expected one of \['jet'"),
+    ({"colormap": "rainbow"}, vc.ExportError, r"^colormap: expected one of \['inferno'"),
     ({"quantize": "int4"}, vc.ExportError, r"^quantize: expected one of \['uint8', 'float16', 'float32'\]"),
     ({"axes": {"site": ["F2"], "weighting": ["scorecam"]}}, vc.ExportError,
      r"^axes: none of the \d+ recipes of these axes can be computed on this trace"),

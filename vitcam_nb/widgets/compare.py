@@ -60,7 +60,7 @@ class Compare(anywidget.AnyWidget):
     image_shape = t.List(t.Int()).tag(sync=True)
     size = Pixels(260).tag(sync=True)
     opacity = Opacity(0.5).tag(sync=True)
-    colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
+    colormap = t.Enum(COLORMAPS, default_value="inferno").tag(sync=True)
 
     grid_a = t.Bytes().tag(sync=True)
     grid_b = t.Bytes().tag(sync=True)
@@ -84,7 +84,7 @@ class Compare(anywidget.AnyWidget):
     frame = t.Int(0).tag(sync=True)
 
     def __init__(self, trace: xr.Dataset, recipe_a: Recipe | dict | str, recipe_b: Recipe | dict | str, *,
-                 k: float = 0.1, opacity: float = 0.5, colormap: str = "jet", size: int = 260,
+                 k: float = 0.1, opacity: float = 0.5, colormap: str = "inferno", size: int = 260,
                  **kwargs: Any) -> None:
         if is_store(trace):
             raise TypeError("trace: Compare shows one image's trace, got a trace_many store; pass "

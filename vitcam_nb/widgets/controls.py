@@ -41,7 +41,7 @@ from vitcam_nb.widgets.facts import TraceFacts
 __all__ = ["COLORMAPS", "DEBOUNCE_MS", "SITE_TEXT", "applies", "as_recipe", "coerce_request", "controls",
            "diff_fields", "preset_menu"]
 
-COLORMAPS = ("jet", "viridis", "inferno", "gray")
+COLORMAPS = ("inferno", "viridis", "gray", "jet")  # inferno first: the perceptually uniform default
 DEBOUNCE_MS = 30
 SITE_TEXT = {
     "F1": "LayerNorm before attention",

@@ -56,7 +56,7 @@ class Explorer(anywidget.AnyWidget):
         recipe: the recipe to start from (default :class:`~vitcam_nb.Recipe` ``()``, moved to a traced
             site/class if needed).
         opacity: overlay opacity in [0, 1].
-        colormap: one of ``jet``, ``viridis``, ``inferno``, ``gray``.
+        colormap: one of ``inferno`` (default, perceptually uniform), ``viridis``, ``gray`` or ``jet``.
         size: display width of the image in CSS pixels.
         index: with a store, the position of the image shown first.
 
@@ -77,7 +77,7 @@ class Explorer(anywidget.AnyWidget):
     image_shape = t.List(t.Int()).tag(sync=True)
     size = Pixels(360).tag(sync=True)
     opacity = Opacity(0.5).tag(sync=True)
-    colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
+    colormap = t.Enum(COLORMAPS, default_value="inferno").tag(sync=True)
 
     recipe_json = t.Unicode().tag(sync=True)
     recipe_id = t.Unicode().tag(sync=True)
@@ -108,7 +108,7 @@ class Explorer(anywidget.AnyWidget):
     prefetch = t.Bool(True).tag(sync=True)
 
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None, *, opacity: float = 0.5,
-                 colormap: str = "jet", size: int = 360, index: int = 0, **kwargs: Any) -> None:
+                 colormap: str = "inferno", size: int = 360, index: int = 0, **kwargs: Any) -> None:
         if not 0.0 <= float(opacity) <= 1.0:
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         if colormap not in COLORMAPS:

@@ -65,7 +65,7 @@ class GalleryGrid(anywidget.AnyWidget):
     base_id = t.Unicode().tag(sync=True)
     thumb = Pixels(96).tag(sync=True)
     opacity = Opacity(0.5).tag(sync=True)
-    colormap = t.Enum(COLORMAPS, default_value="jet").tag(sync=True)
+    colormap = t.Enum(COLORMAPS, default_value="inferno").tag(sync=True)
     #: The page's click: {"cell": [row, col], "n": click count}.
     selected = t.Dict().tag(sync=True, echo_update=False)
     #: The cell open in the Explorer, [row, col], or [] before the first click.
@@ -95,7 +95,7 @@ class Gallery(ipywidgets.VBox):
 
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None,
                  vary: Mapping[str, Any] | Sequence[str] = ("layer", "site"), *, opacity: float = 0.5,
-                 colormap: str = "jet", thumb: int = 96, **kwargs: Any) -> None:
+                 colormap: str = "inferno", thumb: int = 96, **kwargs: Any) -> None:
         if is_store(trace):
             raise TypeError("trace: Gallery shows one image's trace, got a trace_many store; pass "
                             "vitcam_nb.image_trace(store, i), or browse the store with vitcam_nb.Explorer(store)")

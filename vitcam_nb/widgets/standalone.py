@@ -91,7 +91,7 @@ def page_html(bundle: Bundle, title: str) -> str:
 
 
 def explorer_html(trace: xr.Dataset, recipe: Recipe | None = None, *, axes: Mapping[str, Sequence] | None = None,
-                  quantize: str = "uint8", colormap: str = "jet", opacity: float = 0.5, size: int = 360,
+                  quantize: str = "uint8", colormap: str = "inferno", opacity: float = 0.5, size: int = 360,
                   title: str | None = None, progress: bool = True) -> str:
     """The exported Explorer as an HTML string (see :func:`export_html` for the arguments).
 
@@ -164,7 +164,7 @@ def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb:
 
 
 def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | None = None, *,
-                axes: Mapping[str, Sequence] | None = None, quantize: str = "uint8", colormap: str = "jet",
+                axes: Mapping[str, Sequence] | None = None, quantize: str = "uint8", colormap: str = "inferno",
                 opacity: float = 0.5, size: int = 360, title: str | None = None, max_mb: float | None = None,
                 progress: bool = True, overwrite: bool = False) -> Path:
     """Write the Explorer of ``trace`` as one self-contained HTML file that works from ``file://`` with no

@@ -18,7 +18,7 @@ function render({ model, el }) {
   };
   const a = panel("A");
   const b = panel("B");
-  const display = displayControls(model, ["jet", "viridis", "inferno", "gray"], () => paint());
+  const display = displayControls(model, ["inferno", "viridis", "gray", "jet"], () => paint());
   const rho = h("strong", { className: "vc-spearman" });
   const iou = h("strong", { className: "vc-topk" });
   const kLabel = h("span");

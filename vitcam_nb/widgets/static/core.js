@@ -198,7 +198,7 @@ function imageCanvas(value, shape) {
  * Returns the value range the colours span (for the colour bar).
  */
 function paintOverlay(canvas, image, grid, gh, gw, opts) {
-  const { width, height, mode = "bilinear", normalize = "minmax", cmap = "jet", opacity = 0.5 } = opts;
+  const { width, height, mode = "bilinear", normalize = "minmax", cmap = "inferno", opacity = 0.5 } = opts;
   if (canvas.width !== width) canvas.width = width;
   if (canvas.height !== height) canvas.height = height;
   const ctx = canvas.getContext("2d");

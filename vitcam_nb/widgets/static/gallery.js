@@ -11,7 +11,7 @@ function render({ model, el }) {
 
   const errorBox = h("div", { className: "vc-error", hidden: true, attrs: { role: "alert" } });
   const gridNode = h("div", { className: "vc-gallery-grid" });
-  const display = displayControls(model, ["jet", "viridis", "inferno", "gray"], () => paintAll());
+  const display = displayControls(model, ["inferno", "viridis", "gray", "jet"], () => paintAll());
   const header = h("div", { className: "vc-header" },
     h("strong", { textContent: "vitcam_nb Gallery" }),
     h("span", { textContent: " base recipe " }), h("code", { textContent: model.get("base_id") }),
