@@ -104,23 +104,23 @@ class Translation:
         return self.report()
 
 
-def _module_name(model: torch.nn.Module, module: Any) -> tuple[str, torch.nn.Module]:
+def _module_name(model: torch.nn.Module, module: Any, argument: str) -> tuple[str, torch.nn.Module]:
     if isinstance(module, str):
         try:
             return module, model.get_submodule(module)
         except AttributeError as exc:
-            raise RecipeError(f"target_layer: {module!r} is not a module of this model ({exc})") from exc
+            raise RecipeError(f"{argument}: {module!r} is not a module of this model ({exc})") from exc
     for name, m in model.named_modules():
         if m is module:
             return name, m
-    raise RecipeError(f"target_layers: {type(module).__name__} is not a module of this model")
+    raise RecipeError(f"{argument}: {type(module).__name__} is not a module of this model")
 
 
 def _locate(model: torch.nn.Module, module: Any, argument: str) -> tuple[str, int]:
     """The site and absolute layer whose value is the output of ``module``; refused (naming the sites of the
     nearest block) when the module is not a site."""
     adapter = _adapter(model)
-    name, mod = _module_name(model, module)
+    name, mod = _module_name(model, module, argument)
     blocks = adapter.blocks(model)
     table = adapter.site_table(model)
     block_names = {id(b): n for n, b in model.named_modules() if any(b is blk for blk in blocks)}
