@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from vitcam_nb.adapters.registry import find_adapter
+from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import Recipe
 
@@ -161,7 +162,7 @@ class _Layout:
     """One image's activation at a site as the hooked module outputs it: ``prefix`` tokens, then the ``grid``
     (rows, cols) of ``channels`` channels, as (tokens, channels) or, ``nhwc``, as (rows, cols, channels)."""
 
-    prefix: list[str]
+    prefix: tuple[str, ...]
     grid: tuple[int, int]
     channels: int
     nhwc: bool = False
@@ -195,20 +196,18 @@ def _grid(model: torch.nn.Module, input_size: Any) -> tuple[int, int]:
 def _layout(model: torch.nn.Module, site: str, layer: int, input_size: Any = None) -> _Layout:
     adapter = _adapter(model)
     if adapter.family == "swin":  # each stage has its own grid and width; some sites are NHWC or per window
-        from vitcam_nb.adapters.swin import WINDOWED
-
         _grid(model, input_size)  # refuses another input size than the model's
         blk = adapter.blocks(model)[layer]
-        return _Layout([], tuple(int(v) for v in blk.input_resolution), adapter.block_facts(model, layer)["stage_dim"],
+        return _Layout((), tuple(int(v) for v in blk.input_resolution), adapter.block_facts(model, layer)["stage_dim"],
                        nhwc=site in adapter.grid_sites, windowed=site in WINDOWED)
-    return _Layout(adapter.prefix_kinds(model), _grid(model, input_size),
+    return _Layout(tuple(adapter.prefix_kinds(model)), _grid(model, input_size),
                    int(getattr(model, "embed_dim", model.num_features)))
 
 
 def _probe_reshape(reshape_transform: Any, lay: _Layout) -> list[Finding]:
     """Run ``reshape_transform`` on one image's activation, laid out as the module outputs it, whose entries are
     ``token * C + channel``, and compare the grid it returns with the site's raster patch grid."""
-    prefix, (gh, gw), channels = lay.prefix, lay.grid, lay.channels
+    prefix, (gh, gw), channels = list(lay.prefix), lay.grid, lay.channels
     if lay.windowed:
         return [Finding("windows", f"the module outputs window tokens (windows * batch, window area, {channels} "
                                    "channels): pytorch-grad-cam takes each window for an image, which no recipe "
@@ -331,7 +330,9 @@ def from_pytorch_grad_cam(model: torch.nn.Module, method: Any, target_layers: Se
         findings.append(Finding("reshape", "no reshape_transform: pytorch-grad-cam needs (batch, channels, rows, "
                                            "cols) activations and fails on ViT tokens (batch, tokens, channels)"))
     elif site != "F2":
-        findings += _probe_reshape(reshape_transform, _layout(model, site, layers[0], input_size))
+        # Every layout the layers have (a Swin stage each): a reshape right for one stage can be wrong for another.
+        for lay in dict.fromkeys(_layout(model, site, layer, input_size) for layer in layers):
+            findings += [f for f in _probe_reshape(reshape_transform, lay) if f not in findings]
     if METHODS[name] == "ablationcam":
         findings.append(Finding("ablation", ABLATION + "; on ViT tokens the call also needs ablation_layer="
                                 "AblationLayerVit(), and the corrected recipe needs vc.score(tr, model, recipe, "

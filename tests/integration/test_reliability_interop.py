@@ -275,3 +275,12 @@ def test_fuzz_from_captum(layer, cls, forward):
     if not isinstance(layer, torch.nn.Module):
         lgc.layer = layer
     _only_kit_errors(lambda: vc.interop.from_captum(lgc, target=cls, model=_FUZZ_MODEL if forward == "model" else None))
+
+
+def test_swin_layers_of_two_stages_are_probed_at_each_stage_grid():
+    model = FAMILIES["swin"][0]()
+    stage1 = lambda t: t.reshape(t.size(0), 8, 8, t.size(-1)).permute(0, 3, 1, 2)  # noqa: E731
+    layers = [model.layers[1].blocks[0].norm1, model.layers[0].blocks[0].norm1]  # stage 1 first: 8x8, then 16x16
+    t = vc.interop.from_pytorch_grad_cam(model, GradCAM, layers, stage1)
+    assert not t.ok and t.findings[0].kind == "reshape" and "16x16" in t.findings[0].message
+    assert vc.interop.from_pytorch_grad_cam(model, GradCAM, layers[:1], stage1).ok
