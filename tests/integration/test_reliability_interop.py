@@ -229,8 +229,10 @@ def test_citation_accepts_a_preset_name():
 # -- fuzz: only the kit's own errors escape ---------------------------------------------------------------------
 KIT_ERRORS = (RecipeError, TraceError, TraceFileError)
 _FUZZ_MODEL = make_model("vit", depth=2)
-_MODULES = [m for _, m in _FUZZ_MODEL.named_modules()]
-_NAMES = [n for n, _ in _FUZZ_MODEL.named_modules()]
+_FUZZ_SWIN = FAMILIES["swin"][0]()
+_MODULES = [m for _, m in _FUZZ_MODEL.named_modules()] + [m for _, m in _FUZZ_SWIN.named_modules()]
+_NAMES = [n for n, _ in _FUZZ_MODEL.named_modules()] + [n for n, _ in _FUZZ_SWIN.named_modules()]
+models = st.sampled_from([_FUZZ_MODEL, _FUZZ_SWIN])
 methods = st.sampled_from(["GradCAM", "HiResCAM", "AblationCAM", "ScoreCAM", "LayerCAM", "", "gradcam", "EigenCAM",
                            GradCAM, AblationCAM, 3, None, object()])
 layers = st.one_of(st.sampled_from(_MODULES), st.sampled_from(_NAMES), st.text(max_size=12), st.integers(),
@@ -239,6 +241,7 @@ classes = st.one_of(st.integers(-3, 12), st.text(max_size=3), st.none(), st.floa
                     st.tuples(st.integers(0, 3), st.integers(0, 3)), st.just(np.int64(2)), st.just(torch.tensor(1)),
                     st.just(True))
 reshapes = st.sampled_from([None, lambda t: t, lambda t: t[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2),
+                            lambda t: t.permute(0, 3, 1, 2), lambda t: t.reshape(1, 8, 8, -1).permute(0, 3, 1, 2),
                             lambda t: t.permute(0, 2, 1), lambda t: 1 / 0, lambda t: "x", lambda t: t * 2.5])
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
@@ -251,18 +254,18 @@ def _only_kit_errors(call) -> None:
 
 
 @FUZZ
-@given(method=methods, layer_list=st.one_of(st.lists(layers, max_size=3), layers), rt=reshapes, cls=classes,
-       wrap=st.booleans(), size=st.one_of(st.none(), st.tuples(st.integers(-1, 40), st.integers(-1, 40))))
-def test_fuzz_from_pytorch_grad_cam(method, layer_list, rt, cls, wrap, size):
+@given(model=models, method=methods, layer_list=st.one_of(st.lists(layers, max_size=3), layers), rt=reshapes,
+       cls=classes, wrap=st.booleans(), size=st.one_of(st.none(), st.tuples(st.integers(-1, 70), st.integers(-1, 70))))
+def test_fuzz_from_pytorch_grad_cam(model, method, layer_list, rt, cls, wrap, size):
     targets = [ClassifierOutputTarget(cls)] if wrap else cls
-    _only_kit_errors(lambda: vc.interop.from_pytorch_grad_cam(_FUZZ_MODEL, method, layer_list, rt, targets,
+    _only_kit_errors(lambda: vc.interop.from_pytorch_grad_cam(model, method, layer_list, rt, targets,
                                                               input_size=size))
 
 
 @FUZZ
-@given(method=methods, layer=layers, cls=classes)
-def test_fuzz_from_torchcam(method, layer, cls):
-    _only_kit_errors(lambda: vc.interop.from_torchcam(_FUZZ_MODEL, method, layer, class_idx=cls))
+@given(model=models, method=methods, layer=layers, cls=classes)
+def test_fuzz_from_torchcam(model, method, layer, cls):
+    _only_kit_errors(lambda: vc.interop.from_torchcam(model, method, layer, class_idx=cls))
 
 
 @FUZZ
@@ -275,6 +278,15 @@ def test_fuzz_from_captum(layer, cls, forward):
     if not isinstance(layer, torch.nn.Module):
         lgc.layer = layer
     _only_kit_errors(lambda: vc.interop.from_captum(lgc, target=cls, model=_FUZZ_MODEL if forward == "model" else None))
+
+
+def test_swin_window_sites_and_torchcam_on_swin():
+    model = FAMILIES["swin"][0]()
+    t = vc.interop.from_pytorch_grad_cam(model, GradCAM, [model.layers[1].blocks[0].attn],
+                                         lambda t: t.permute(0, 2, 1))
+    assert not t.ok and t.findings[0].kind == "windows" and t.corrected.site == "attn_out"
+    t = vc.interop.from_torchcam(model, "GradCAM", "layers.1.blocks.0.norm1")
+    assert t.corrected.layer == 2 and "(batch, 8 rows, 8 cols, 32 channels)" in t.findings[0].message
 
 
 def test_swin_layers_of_two_stages_are_probed_at_each_stage_grid():
