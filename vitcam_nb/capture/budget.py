@@ -7,7 +7,7 @@ image and coordinates). The peak follows from how the pass holds memory (paramet
 handed back as it goes: :mod:`vitcam_nb.capture.runtime`): after the forward pass, autograd's graph (per block,
 with parameters frozen, about six token-by-channel tensors, the MLP's hidden input and the softmax attention)
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
-compute dtype; in between, the backward's transients (one attention-map and one MLP-hidden gradient per target); the
+compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
 plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for ten cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
@@ -18,7 +18,8 @@ per window (``attn_window``, its gradients and the int64 ``attn_window_key``; th
 and putting a windowed site back in raster order copies it while the windowed original is still held); BLIP, the
 vision tower plus the text encoder and the cross-attention ``xattn`` over the text the target names
 (:func:`vitcam_nb.targets.itm`). Any other model, or a BLIP target that does not state its text, is not
-estimated (:func:`estimate` raises) and passes :func:`check_budget` unchecked.
+estimated (:func:`estimate` raises): it passes the default budget of :func:`check_budget` unchecked, and an
+explicit ``max_bytes`` for it is refused before the pass, naming the family and what is covered.
 
 Example:
     >>> import timm
@@ -51,6 +52,10 @@ _PEAK_FIXED = 20e6
 # Token x channel tensors autograd keeps per block with parameters frozen: the qkv output (3), the scaled
 # queries (1) and both LayerNorm inputs (2).
 _GRAPH_TC = 6
+# Attention-map gradients per target alive at once in a block's batched backward: the softmax's backward holds
+# the gradient it receives and the one it returns. Counting one under-predicted the measured peak by 8-16 %
+# where attention dominates (ViT-Ti at 640 px, DINOv2-S with registers at 322 px, 4-block ViT-B and BEiT).
+_ATTN_GRADS = 2
 
 
 def available_bytes() -> int | None:
@@ -132,7 +137,8 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     captured = act + matrices * attn_pass + xattn  # in the store dtype, as the pass captures them
     graph = batch * (sum(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
                          for b in shapes.blocks) + shapes.extra_graph + _text_graph(text)) * compute
-    transient = k * batch * max(b.heads * b.rows * b.keys + b.tokens * b.hidden for b in shapes.blocks) * compute
+    transient = k * batch * max(_ATTN_GRADS * b.heads * b.rows * b.keys + b.tokens * b.hidden
+                                for b in shapes.blocks) * compute
     held = captured * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
     # The backward's transients come on top of the graph (released only once the backward is done) and of the
     # held tensors. After the backward, a windowed site (Swin's F2, F3, attn_out) is put back in raster order
@@ -221,8 +227,9 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def check_max_bytes(max_bytes: object) -> None:
-    """Refuse a ``max_bytes`` that is not a positive number of bytes or None.
+def check_max_bytes(max_bytes: object, plan: TracePlan | None = None) -> None:
+    """Refuse a ``max_bytes`` that is not a positive number of bytes or None, and, given the ``plan``, an
+    explicit ``max_bytes`` for a model the estimate does not cover (a budget it could not honour).
 
     Example:
         >>> check_max_bytes(2e9)
@@ -233,13 +240,26 @@ def check_max_bytes(max_bytes: object) -> None:
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float))
                                   or not max_bytes > 0):
         raise TraceError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
+    if max_bytes is not None and plan is not None:
+        try:
+            model_shapes(plan, (224, 224))  # coverage does not depend on the input size
+        except TraceError as exc:
+            raise _uncovered(plan, max_bytes, exc) from exc
+
+
+def _uncovered(plan: TracePlan, max_bytes: object, exc: TraceError) -> TraceError:
+    reason = str(exc).removeprefix("model: ")
+    return TraceError(f"max_bytes: a budget of {max_bytes!r} bytes cannot be honoured for this "
+                      f"{type(plan.model).__name__} (family {plan.adapter.family!r}): {reason}. Pass max_bytes=None "
+                      "to trace it without a budget check")
 
 
 def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1,
                  stacked: bool = False) -> None:
     """Refuse a pass whose estimated peak exceeds ``max_bytes`` (None: :data:`BUDGET_FRACTION` of the
     available memory), naming the estimate and the cheapest ways down. ``stacked``: the batch's Datasets are
-    also stacked into one copy (``trace_many``). Models the estimate does not cover pass unchecked.
+    also stacked into one copy (``trace_many``). A model the estimate does not cover passes the default budget
+    unchecked and is refused an explicit ``max_bytes``, which could not be honoured.
 
     Example:
         >>> import timm
@@ -255,8 +275,10 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
 
     try:
         need = estimate_plan(plan, hw, batch)
-    except TraceError:
-        return
+    except TraceError as exc:
+        if max_bytes is None:  # the default budget is a safeguard: a model it cannot estimate passes unchecked
+            return
+        raise _uncovered(plan, max_bytes, exc) from exc
     need["peak_bytes"] = total(plan, batch)
     if max_bytes is None:
         available = available_bytes()

@@ -106,8 +106,9 @@ def _flat(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
     facts = adapter.describe(model)
     pe = getattr(model, "patch_embed", None)
     if pe is None or "embed_dim" not in facts or "num_heads" not in facts or plan.extra_sites:
-        raise TraceError(f"model: the memory estimate covers flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA), "
-                         f"Swin and BLIP; this {adapter.family} model is not estimated")
+        raise TraceError(f"model: the memory estimate covers timm's flat token layouts (ViT, DeiT, DINOv2, BEiT, "
+                         "EVA), timm and Hugging Face Swin, and BLIP with an image-text target; this "
+                         f"{adapter.family} model is not estimated")
     ph, pw = (int(v) for v in pe.patch_size)
     rounding = math.ceil if getattr(pe, "dynamic_img_pad", False) else math.floor
     tokens = len(adapter.prefix_kinds(model)) + rounding(hw[0] / ph) * rounding(hw[1] / pw)

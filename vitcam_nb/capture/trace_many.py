@@ -166,7 +166,7 @@ def trace_many(
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
-    check_max_bytes(max_bytes)
+    check_max_bytes(max_bytes, plan)  # before a store is read or replaced
     settings = store_settings(plan, processor)
     path = Path(path)
     if path.suffix.lower() != ".zarr":

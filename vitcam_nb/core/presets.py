@@ -310,13 +310,20 @@ def get(name: str, **kwargs: object) -> Recipe:
     return PRESETS[name](**kwargs)
 
 
-def citation(recipe: Recipe) -> str:
-    """The citation of the preset that ``recipe`` equals at its default arguments, or "".
+def citation(recipe: Recipe | str) -> str:
+    """The citation of a preset given by name, or of the preset that ``recipe`` equals at its default arguments
+    ("" when it equals none).
 
     Example:
         >>> citation(attention_rollout()).startswith("Abnar")
         True
+        >>> citation("attention_rollout") == citation(attention_rollout())
+        True
     """
+    if isinstance(recipe, str):
+        if recipe not in CITATIONS:
+            raise RecipeError(f"recipe: unknown preset name {recipe!r}; presets are {names()}")
+        return CITATIONS[recipe]
     name = preset_name(recipe)
     return CITATIONS[name] if name else ""
 
@@ -329,6 +336,8 @@ def preset_name(recipe: Recipe) -> str:
         >>> preset_name(transition_attention_maps())
         'transition_attention_maps'
     """
+    if not isinstance(recipe, Recipe):
+        raise RecipeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     defaults = _default_recipes(tuple(PRESETS.items()))
     for name, preset in defaults:
         if preset == recipe:
