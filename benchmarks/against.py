@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks import suite
+from benchmarks import machine as host
+from benchmarks.timing import paired_ratio
 
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,13 +214,13 @@ def summarise(rounds: list[dict]) -> dict:
     for item in ITEMS:
         wall = {v: [r[v]["items"][item]["median_s"] for r in rounds] for v in VERSIONS}
         cpu = {v: [r[v]["items"][item]["cpu_median_s"] for r in rounds] for v in VERSIONS}
-        ratio = suite.paired_ratio(wall["new"], wall["base"])
+        ratio = paired_ratio(wall["new"], wall["base"])
         out[item] = {
             **{v: {"median_s": statistics.median(wall[v]), "rounds_s": [round(t, 6) for t in wall[v]],
                    "cpu_median_s": statistics.median(cpu[v])} for v in VERSIONS},
             "ratio": ratio,
             "ratios": [round(a / b, 4) for a, b in zip(wall["new"], wall["base"])],
-            "cpu_ratio": suite.paired_ratio(cpu["new"], cpu["base"]),
+            "cpu_ratio": paired_ratio(cpu["new"], cpu["base"]),
             "ratio_of_medians": statistics.median(wall["new"]) / statistics.median(wall["base"]),
             "holds": ratio <= THRESHOLD,
         }
@@ -263,7 +264,7 @@ def run(s: Settings) -> dict:
     """
     started = time.perf_counter()
     commit = resolve_commit(s.base)
-    machine = suite.machine_info("cpu")
+    machine = host.machine_info("cpu")
     tmp = Path(tempfile.mkdtemp(prefix="vitcam-against-"))
     trees = {"base": tmp, "new": ROOT}
     rounds: list[dict] = []
@@ -293,7 +294,7 @@ def run(s: Settings) -> dict:
     # The parent never runs torch: the threads that count are the workers'.
     machine["torch_threads"] = first["new"]["torch_threads"]
     machine["blas_threads"] = s.blas_threads or "library default"
-    versions = suite.versions()
+    versions = host.versions()
     versions["vitcam_nb"] = {v: first[v]["versions"]["vitcam_nb"] for v in VERSIONS}
     holds = all(it["holds"] for it in items.values())
     result = {
