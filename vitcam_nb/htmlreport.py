@@ -32,6 +32,7 @@ details{margin:.3em 0}summary{cursor:pointer;color:#035;font-size:.9em}
 .provenance{border:1px solid #bbb;border-radius:6px;padding:.6em .9em;background:#f7f9fb}
 .badge{display:inline-block;background:#c00;color:#fff;border-radius:3px;padding:0 6px;font-size:.8em}
 .scores{font-size:.85em;padding-left:1.2em;margin:.3em 0}.muted{color:#666;font-size:.85em;overflow-wrap:anywhere}
+.reproduce code{font-size:.8em;overflow-wrap:anywhere;white-space:normal}
 iframe.explorer{width:100%;height:1150px;border:1px solid #ccc;border-radius:6px}
 """
 _SHARED = "model and input"  # the checklist category every card of one trace shares: shown once, at the top
@@ -87,6 +88,18 @@ def _provenance(trace: xr.Dataset, shared: dict | None) -> str:
     return f"<section class='provenance'><h2>Provenance</h2>{line}{table}</section>"
 
 
+def _reproduce(trace: xr.Dataset, m: xr.DataArray) -> str:
+    """The recipe as a line a reader can paste (``vitcam-nb cam``), its id as written, its canonical id and the trace's
+    id: enough to regenerate the map from the trace file."""
+    from vitcam_nb.core.recipe import Recipe
+
+    recipe = Recipe.from_json(m.attrs["recipe"])
+    line = recipe.resolve(trace).to_string()
+    return (f"<p class='reproduce'><code>{escape(line)}</code><br><span class='muted'>recipe id "
+            f"{escape(recipe.id)} · canonical id {escape(recipe.canonical_id(trace))} · trace "
+            f"{escape(str(trace.attrs.get('trace_id', '?')))}</span></p>")
+
+
 def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: object) -> str:
     from vitcam_nb.plot import class_name, overlay
 
@@ -105,7 +118,7 @@ def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: obje
         f"<ul class='scores'>{scores}</ul></div>"
         f"<div><h3>{escape(entry.label)}{escape(f' · class {name}' if name else '')} "
         f"<span class='muted'>recipe {escape(m.attrs['recipe_id'])}</span></h3>"
-        f"{badge}<details><summary>methods paragraph</summary>"
+        f"{badge}{_reproduce(trace, m)}<details><summary>methods paragraph</summary>"
         f"<p class='muted'>{escape(str(m.attrs.get('methods', '')))}</p></details>"
         f"<details><summary>checklist ({len(checklist)} categories)</summary>"
         f"{_table(checklist, 'checklist')}</details></div></div>"

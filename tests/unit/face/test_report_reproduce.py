@@ -1,0 +1,25 @@
+"""Each card of report.html prints its recipe as a line a reader can paste, the recipe id as written, the canonical
+id and the trace id; the line parses back to the recipe with absolute layers."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+from vitcam_testing import make_model
+
+import vitcam_nb as vc
+from vitcam_nb import htmlreport
+
+
+def test_cards_print_the_canonical_line_and_both_ids():
+    tr = vc.trace(make_model("vit"), np.random.default_rng(5).integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                  targets="top2")
+    recipe = vc.Recipe(site="F4", layer=-2, weighting="layercam")
+    page = htmlreport.render(tr, [htmlreport.ReportEntry("F4", vc.cam(tr, recipe))])
+    line = html.unescape(re.search(r"<p class='reproduce'><code>(.*?)</code>", page).group(1))
+    assert vc.Recipe.parse(line) == recipe.replace(layer=1) == recipe.resolve(tr)  # 3 blocks: -2 is block 1
+    ids = re.search(r"recipe id (\w+) · canonical id (\w+) · trace (\w+)", page)
+    assert ids.groups() == (recipe.id, recipe.replace(layer=1).id, tr.attrs["trace_id"])
+    assert recipe.id != recipe.replace(layer=1).id
