@@ -71,7 +71,6 @@ __all__ = [
     "plot",
     "presets",
     "adapters",
-    "audit",
     "stages",
     "targets",
     "__version__",

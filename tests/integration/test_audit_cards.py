@@ -190,3 +190,18 @@ def test_citation_cff_cites_the_kit_and_the_audit():
     (audit,) = cff["references"]
     assert audit["title"] == vc.audit.figures()["source"]["title"] and audit["year"] == 2026
     assert [a["family-names"] for a in audit["authors"]] == ["Wall", "Wang", "Rizk", "Santosh"]
+
+
+def test_the_docs_page_serves_the_schema_and_lists_every_field():
+    page = (ROOT / "docs" / "paper_cards.md").read_text()
+    served = (ROOT / "docs" / "paper_card.schema.json").read_bytes()
+    assert served == (AUDIT_DIR / "paper_card.schema.json").read_bytes()  # the site's copy is the package's
+    assert "](paper_card.schema.json)" in page
+    schema = vc.audit.schema()
+    for category, fields in CARD_FIELDS.items():
+        for field in fields:
+            assert f"| {category} | `{field}`" in page, field
+    for field in schema["properties"]["paper"]["properties"]:
+        assert f"| `{field}`" in page, field
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:")[1]
+    assert "paper_cards.md" in nav
