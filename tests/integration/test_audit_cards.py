@@ -164,6 +164,11 @@ def test_a_card_no_recipe_on_the_trace_fits_gets_its_error(shapes):
     assert set(got) == {"reported", "error", "card"} and got["reported"] == {"layer": 40}
 
 
+def test_bad_ambiguity_options_raise_rather_than_mark_every_card(shapes):
+    with pytest.raises(ValueError, match="n_samples"):
+        vc.audit.summarise(EXAMPLES_JSON, shapes[0], n_samples=0)
+
+
 def test_a_maps_checklist_is_a_valid_card_and_comes_back(shapes):
     m = vc.cam(shapes[0], vc.Recipe(site="F2", layer=-1, heads="relu_then_mean"))
     checklist = vc.Checklist.from_json(m.attrs["checklist"])

@@ -216,7 +216,7 @@ def _recipe_fields(reported: Mapping[str, Any]) -> dict[str, Any]:
 def _ambiguity(traces: Any, reported: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
     try:
         amb = ambiguity(traces, _recipe_fields(reported), **options)
-    except (RecipeError, ValueError) as exc:  # a description no recipe on these traces fits
+    except RecipeError as exc:  # a description no recipe on these traces fits (bad options still raise)
         return {"reported": dict(reported), "error": str(exc)}
     if hasattr(amb, "summary"):
         summary = amb.summary()
