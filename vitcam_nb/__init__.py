@@ -18,6 +18,7 @@ from __future__ import annotations
 # compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
 from vitcam_nb import (  # noqa: F401
     adapters,
+    audit,
     compute,
     data,
     evaluate,

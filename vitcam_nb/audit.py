@@ -1,9 +1,13 @@
-"""The ``vitcam-nb ambiguity`` job: trace a model on images, ask :func:`vitcam_nb.evaluate.ambiguity` how much a
-description leaves open, and write its figure and a JSON summary.
+"""The audit as code: the ``vitcam-nb ambiguity`` job (trace a model on images, ask
+:func:`vitcam_nb.evaluate.ambiguity` how much a description leaves open, write its figure and a JSON summary), and
+paper cards (``vc.audit.schema()``, ``template()``, ``validate(card)``, ``summarise(cards)``, ``figures()``: the
+audit's published numbers with their source, Wall, Wang, Rizk & Santosh 2026).
 
 Example:
     >>> parse_reported_args(["site=F1", "layer=-1", "aggregation=open"])
     {'site': 'F1', 'layer': -1, 'aggregation': 'open'}
+    >>> figures()["no_justification"]["count"], validate(template())["card_version"]
+    (101, '1.0.0')
 """
 
 from __future__ import annotations
@@ -16,10 +20,16 @@ from typing import Any
 import numpy as np
 
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.card_schema import PaperCardError, template
+from vitcam_nb.core.card_schema import load_schema as schema
+from vitcam_nb.core.card_schema import validate_card as validate
 from vitcam_nb.evaluate.ambiguity import ambiguity
+from vitcam_nb.evaluate.cards import audit_figures as figures
+from vitcam_nb.evaluate.cards import load_cards, summarise
 from vitcam_nb.models import bundled_names, load_model, sample_image
 
-__all__ = ["parse_reported_args", "run_ambiguity"]
+__all__ = ["PaperCardError", "figures", "load_cards", "parse_reported_args", "run_ambiguity", "schema", "summarise",
+           "template", "validate"]
 
 
 def parse_reported_args(items: Sequence[str]) -> dict[str, Any]:

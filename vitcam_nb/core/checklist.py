@@ -13,6 +13,11 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
+
+from vitcam_nb.core.card_schema import CARD_FIELDS, CARD_VERSION, NOT_REPORTED, PaperCardError, validate_card
+from vitcam_nb.core.version import __version__
 
 from vitcam_nb.core.escape import escape_markdown
 
@@ -21,6 +26,8 @@ __all__ = ["CATEGORIES", "Checklist"]
 #: The five reporting categories every ViT Grad-CAM figure should state, in order.
 CATEGORIES = ("feature representation", "gradient target", "token handling", "aggregation",
               "spatial reconstruction")
+#: Recipe fields a card states only where the recipe states them.
+_LATER = ("text_tokens", "k")
 
 
 class Checklist(dict):
@@ -50,11 +57,74 @@ class Checklist(dict):
     def _repr_markdown_(self) -> str:
         return self.to_markdown()
 
-    def to_json(self) -> str:
-        """JSON in the checklist's own order (what a map's ``attrs["checklist"]`` holds).
+    def to_json(self, *, card: bool = False, paper: Mapping[str, Any] | None = None) -> str:
+        """JSON in the checklist's own order (what a map's ``attrs["checklist"]`` holds); with ``card=True`` a
+        paper card instead (:mod:`vitcam_nb.core.card_schema`): every recipe choice read from the checklist's
+        recipe, the checklist itself under ``"checklist"``, and ``paper`` (title, year, doi, url, library,
+        justification, note) over the defaults ``"not reported"`` and library ``vitcam_nb <version>``.
 
         Example:
             >>> Checklist({"a": {"b": 1}}).to_json()
             '{"a": {"b": 1}}'
+            >>> import vitcam_nb as vc
+            >>> card = json.loads(vc.Recipe(site="F4").checklist().to_json(card=True, paper={"year": 2026}))
+            >>> card["feature representation"], card["paper"]["year"]
+            ({'site': 'F4', 'layer': -1}, 2026)
         """
-        return json.dumps(self, sort_keys=False)
+        if not card:
+            if paper is not None:
+                raise TypeError("paper: only a paper card (card=True) has paper metadata")
+            return json.dumps(self, sort_keys=False)
+        if paper is not None and not isinstance(paper, Mapping):
+            raise TypeError(f"paper: expected a dict of paper metadata, got {type(paper).__name__}")
+        out: dict[str, Any] = {"card_version": CARD_VERSION, "paper": {
+            "title": NOT_REPORTED, "year": NOT_REPORTED, "doi": NOT_REPORTED, "library": f"vitcam_nb {__version__}",
+            "justification": NOT_REPORTED, **dict(paper or {})}}
+        choices = self._recipe_fields()
+        for category, fields in CARD_FIELDS.items():
+            # text_tokens and k are stated only where the recipe states them (Recipe.to_dict drops their defaults)
+            out[category] = {f: choices.get(f, NOT_REPORTED) for f in fields if f in choices or f not in _LATER}
+        out["checklist"] = json.loads(json.dumps(self))
+        return json.dumps(validate_card(out), sort_keys=False)
+
+    @classmethod
+    def from_json(cls, text: str | Mapping[str, Any]) -> Checklist:
+        """Rebuild a checklist from :meth:`to_json` output, or from a paper card (its text or dict): the card's
+        ``"checklist"`` when it has one (it must agree with the card's fields), else the card's choices by
+        category, ``"not reported"`` included.
+
+        Example:
+            >>> c = Checklist({"aggregation": {"weighting": "gradcam"}})
+            >>> Checklist.from_json(c.to_json()) == c
+            True
+            >>> from vitcam_nb.core.card_schema import template
+            >>> Checklist.from_json(template())["feature representation"]
+            {'site': 'not reported', 'layer': 'not reported'}
+        """
+        if isinstance(text, (str, bytes)):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"text: not valid checklist JSON ({exc})") from exc
+        else:
+            data = text
+        if not isinstance(data, Mapping):
+            raise TypeError(f"text: expected checklist JSON or a paper card, got {type(data).__name__}")
+        if "card_version" not in data:
+            bad = [k for k, v in data.items() if not isinstance(v, Mapping)]
+            if bad:
+                raise ValueError(f"text: category {bad[0]!r} must map items to text")
+            return cls({k: dict(v) for k, v in data.items()})
+        card = validate_card(data)
+        if "checklist" not in card:
+            return cls({c: dict(card[c]) for c in CARD_FIELDS})
+        checklist = cls(card["checklist"])
+        if json.loads(checklist.to_json(card=True, paper=card["paper"])) != {**card, "checklist": card["checklist"]}:
+            raise PaperCardError("card.checklist: its recipe disagrees with the card's fields; edit both or drop "
+                                 "'checklist'")
+        return checklist
+
+    def _recipe_fields(self) -> dict[str, Any]:
+        """The recipe's fields as its JSON states them (the ``recipe`` item), or {} when the checklist has none."""
+        text = self.get("recipe", {}).get("json") if isinstance(self.get("recipe"), Mapping) else None
+        return json.loads(text) if isinstance(text, str) else {}
