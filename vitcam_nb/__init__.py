@@ -88,6 +88,7 @@ __all__ = [
     "score",
     "trace",
     "ambiguity",
+    "audit",
     "atlas_many",
     "cam_many",
     "image_choices",
