@@ -4,8 +4,10 @@ model otherwise; every map labelled localises / context / inverted / empty again
 (:func:`vitcam_nb.evaluate.audit_labels.label_map`), and a figure and a JSON record of the counts.
 
 Example:
-    >>> audit_recipes({"site": ["F1", "F2"], "heads": ["channels", "max"]})[1]
-    {"heads: applies to sites ['F2', 'F3', 'xattn'] only, not F1": 1}
+    >>> recipes, skipped = audit_recipes({"site": ["F1", "F2"], "target": ["logit"], "weighting": ["gradcam"],
+    ...                                   "weight_tokens": ["patch"], "heads": ["channels", "max"]})
+    >>> [(r.site, r.heads) for r in recipes], list(skipped.values())
+    ([('F1', 'channels'), ('F2', 'channels'), ('F2', 'max')], [1])
 """
 
 from __future__ import annotations
