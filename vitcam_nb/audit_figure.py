@@ -239,6 +239,10 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
         raise ValueError(f"model: expected 'auto', a bundled name or a timm name, got {model!r}")
     if images == 0 and not photo:
         raise ValueError("images: 0 bundled images and no photograph leave nothing to run")
+    try:
+        sample_image("shapes", images - 1)
+    except IndexError as exc:
+        raise ValueError(f"images: at most the bundled sample images can be used ({exc})") from exc
     recipes, skipped = audit_recipes(axes)
     if not recipes:
         raise ValueError(f"axes: no valid recipe in the product of the axes ({skipped})")

@@ -108,6 +108,8 @@ def test_overwrite_writes_beside_other_files_and_a_rerun_replaces_its_own(tmp_pa
     (["--axes", "layer=0,1"], "'layer' is not an axis"),
     (["--images", "0", "--no-photo"], "nothing to run"),
     (["--weights", "no-such-file.safetensors"], "weights: no-such-file.safetensors is not a file"),
+    (["--images", "16"], "images: at most the bundled sample images"),
+    (["--model", "no_such_vit"], "'no_such_vit' is neither 'auto', a bundled model"),
 ])
 def test_bad_requests_get_a_clear_message(tmp_path, capsys, args, message):
     assert main(["figure", "--out", str(tmp_path / "f"), "--quiet", *args]) == 2
@@ -115,18 +117,36 @@ def test_bad_requests_get_a_clear_message(tmp_path, capsys, args, message):
     assert not (tmp_path / "f").exists()
 
 
-def test_a_local_weights_file_runs_the_timm_model_at_its_input_size(tmp_path):
+ONE = {"site": ["F1"], "weighting": ["gradcam"], "heads": ["channels"], "weight_tokens": ["patch"], "target": ["logit"]}
+
+
+@pytest.fixture
+def weights_file(tmp_path):
     timm = pytest.importorskip("timm")
     from safetensors.torch import save_file
 
     net = timm.create_model("vit_tiny_patch16_224", pretrained=False)
-    save_file(net.state_dict(), str(tmp_path / "w.safetensors"))
+    path = tmp_path / "w$1$.safetensors"  # two "$": matplotlib would read mathtext between them
+    save_file(net.state_dict(), str(path))
+    return path
+
+
+def test_a_local_weights_file_runs_the_timm_model_at_its_input_size(tmp_path, weights_file):
     result = audit_figure.run_figure(tmp_path / "f", model="vit_tiny_patch16_224", images=1, progress=False,
-                                     weights=str(tmp_path / "w.safetensors"),
-                                     axes={"site": ["F1"], "weighting": ["gradcam"], "heads": ["channels"],
-                                           "weight_tokens": ["patch"], "target": ["logit"]})
+                                     weights=str(weights_file), axes=ONE)
     summary = result["summary"]
-    assert result["line"] == "ran on vit_tiny_patch16_224 with the weights of the local file w.safetensors, as asked"
+    assert result["line"] == "ran on vit_tiny_patch16_224 with the weights of the local file w$1$.safetensors, as asked"
     assert summary["weights_origin"] == "random-init"  # what the trace found in the file: timm's initial values
     assert summary["maps"] == 2 and [i["kind"] for i in summary["images"]] == ["bundled shape", "photograph"]
     assert 0.4 < summary["images"][1]["mask_share"] < 0.75
+
+
+def test_auto_takes_the_cached_weights_when_they_are_there(tmp_path, weights_file, monkeypatch):
+    seen = []
+    monkeypatch.setattr(audit_figure, "AUDIT_MODEL", "vit_tiny_patch16_224")
+    monkeypatch.setattr(audit_figure, "cached_weights", lambda name: seen.append(name) or str(weights_file))
+    result = audit_figure.run_figure(tmp_path / "f", images=1, photo=False, progress=False, axes=ONE)
+    assert seen == ["vit_tiny_patch16_224"]
+    assert result["line"] == ("ran on vit_tiny_patch16_224 with its pretrained weights from this machine's timm / "
+                              "Hugging Face cache")
+    assert result["summary"]["model"] == "vit_tiny_patch16_224" and result["summary"]["maps"] == 1
