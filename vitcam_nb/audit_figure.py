@@ -77,8 +77,9 @@ def photo_with_mask() -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def cached_weights(name: str) -> str | None:
-    """The path of ``name``'s default pretrained weights if they are already on this machine (the Hugging Face
-    cache timm downloads into, or torch hub's checkpoints folder), else None. Nothing is downloaded.
+    """The path of ``name``'s default pretrained weights (``model.safetensors``) if they are already in the Hugging
+    Face cache timm downloads into, else None. Nothing is downloaded; pickled checkpoints (``.bin``, ``.pth``) are
+    not read.
 
     Example:
         >>> cached_weights("vit_base_patch16_224")  # doctest: +SKIP
@@ -89,18 +90,20 @@ def cached_weights(name: str) -> str | None:
     cfg = get_pretrained_cfg(name)
     if cfg is None:
         return None
-    if cfg.hf_hub_id:
-        from huggingface_hub import try_to_load_from_cache
+    if not cfg.hf_hub_id:
+        return None
+    from huggingface_hub import try_to_load_from_cache
 
-        for filename in ("model.safetensors", "pytorch_model.bin"):
-            found = try_to_load_from_cache(cfg.hf_hub_id, filename)
-            if isinstance(found, str) and Path(found).is_file():
-                return found
-    if cfg.url:
-        path = Path(torch.hub.get_dir()) / "checkpoints" / cfg.url.rsplit("/", 1)[-1]
-        if path.is_file():
-            return str(path)
-    return None
+    found = try_to_load_from_cache(cfg.hf_hub_id, "model.safetensors")
+    return found if isinstance(found, str) and Path(found).is_file() else None
+
+
+def _load_file(name: str, path: str) -> torch.nn.Module:
+    """``name`` with the weights of a local safetensors file (timm's loader; never a pickle)."""
+    try:
+        return load_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+    except (RuntimeError, OSError) as exc:  # timm's and safetensors' errors for a file that does not fit
+        raise ValueError(f"weights: {Path(path).name} could not be loaded into {name} ({str(exc)[:200]})") from exc
 
 
 def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str, str]:
@@ -109,10 +112,12 @@ def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str
         path = Path(weights)
         if not path.is_file():
             raise ValueError(f"weights: {path} is not a file")
+        if path.suffix != ".safetensors":
+            raise ValueError(f"weights: {path.name} is not a .safetensors file; the kit reads no pickled checkpoint")
         name = AUDIT_MODEL if model == "auto" else model
         if name in bundled_names():
             raise ValueError(f"weights: the bundled model {name} carries its own weights; leave out weights")
-        net = load_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+        net = _load_file(name, str(path))
         return net, name, f"ran on {name} with the weights of the local file {path.name}, as asked"
     if model in bundled_names():
         return load_model(model), model, f"ran on the bundled known-answer model {model}, as asked"
@@ -123,14 +128,13 @@ def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str
         raise ValueError(f"model: {name!r} is neither 'auto', a bundled model {bundled_names()} nor a timm model name")
     found = cached_weights(name)
     if found is None:
-        why = (f"{name}'s pretrained weights are not on this machine (neither in the Hugging Face cache timm "
-               "reads nor in torch hub's checkpoints folder)")
+        why = f"{name}'s pretrained weights are not on this machine (not in the Hugging Face cache timm reads)"
         if model != "auto":
             raise ValueError(f"model: {why}; put them there (timm downloads them on first use when online), give "
                              "weights=FILE, or use model='auto' to fall back to the bundled model")
         line = f"ran on the bundled known-answer model {FALLBACK_MODEL}: {why}"
         return load_model(FALLBACK_MODEL), FALLBACK_MODEL, line
-    net = load_model(name, pretrained=True, pretrained_cfg_overlay={"file": found})
+    net = _load_file(name, found)
     return net, name, f"ran on {name} with its pretrained weights from this machine's timm / Hugging Face cache"
 
 

@@ -109,6 +109,7 @@ def test_overwrite_writes_beside_other_files_and_a_rerun_replaces_its_own(tmp_pa
     (["--images", "0", "--no-photo"], "nothing to run"),
     (["--weights", "no-such-file.safetensors"], "weights: no-such-file.safetensors is not a file"),
     (["--images", "16"], "images: at most the bundled sample images"),
+    (["--weights", __file__], "is not a .safetensors file; the kit reads no pickled checkpoint"),
     (["--model", "no_such_vit"], "'no_such_vit' is neither 'auto', a bundled model"),
 ])
 def test_bad_requests_get_a_clear_message(tmp_path, capsys, args, message):
@@ -150,3 +151,9 @@ def test_auto_takes_the_cached_weights_when_they_are_there(tmp_path, weights_fil
     assert result["line"] == ("ran on vit_tiny_patch16_224 with its pretrained weights from this machine's timm / "
                               "Hugging Face cache")
     assert result["summary"]["model"] == "vit_tiny_patch16_224" and result["summary"]["maps"] == 1
+
+
+def test_a_weights_file_that_does_not_fit_the_model_is_refused_clearly(tmp_path, weights_file):
+    with pytest.raises(ValueError, match=r"weights: w\$1\$.safetensors could not be loaded into vit_small_patch16_224"):
+        audit_figure.run_figure(tmp_path / "f", model="vit_small_patch16_224", weights=str(weights_file), images=1,
+                                photo=False, progress=False, axes=ONE)
