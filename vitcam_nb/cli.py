@@ -47,12 +47,28 @@ def main(argv: list[str] | None = None) -> int:
     cam.add_argument("recipe", help='the recipe as a line, e.g. "F1@11 logit gradcam" (missing fields: defaults)')
     cam.add_argument("--out", default="map.png", help="the picture of the map (default: map.png)")
     cam.add_argument("--overwrite", action="store_true", help="replace --out even if vitcam_nb did not write it")
+    fig = sub.add_parser("figure", help="the audit's experiment: variants x images labelled localises / context / "
+                                        "inverted / empty, as a figure and JSON")
+    fig.add_argument("--out", default="vitcam-figure", help="output folder (default: vitcam-figure)")
+    fig.add_argument("--model", default="auto",
+                     help="auto (ViT-B/16 if its weights are on this machine, else shapes-vit), a bundled name or a "
+                          "timm name with cached weights (default: auto)")
+    fig.add_argument("--weights", default=None, help="a local weights file for the timm model (default: the cache)")
+    fig.add_argument("--images", type=int, default=5, help="bundled shape images (default 5, one per class)")
+    fig.add_argument("--no-photo", action="store_true", help="leave out the photograph (grace_hopper.jpg)")
+    fig.add_argument("--axes", action="append", default=[], metavar="FIELD=V1,V2",
+                     help="narrow an axis (repeatable), e.g. site=F1,F2 weighting=gradcam")
+    fig.add_argument("--overwrite", action="store_true",
+                     help="write into a folder holding other files (they are left alone)")
+    fig.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
     if args.command == "export":
         return _export(args)
     if args.command == "cam":
         return _cam(args)
+    if args.command == "figure":
+        return _figure(args)
 
     if args.command == "models":
         from vitcam_nb.models import list_models
@@ -158,6 +174,30 @@ def _cam(args: argparse.Namespace) -> int:
     print(f"trace:        {tr.attrs.get('trace_id')} ({tr.attrs.get('weights_origin', 'weights of unknown origin')})")
     print(f"methods:      {m.attrs.get('methods', '')}")
     print(f"vitcam-nb cam wrote: {out}")
+    return 0
+
+
+def _figure(args: argparse.Namespace) -> int:
+    from vitcam_nb.audit_figure import run_figure
+
+    try:
+        axes = {}
+        for item in args.axes:
+            field, sep, values = item.partition("=")
+            if not sep or not values:
+                raise ValueError(f"--axes: expected FIELD=V1,V2, got {item!r}")
+            axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
+        result = run_figure(args.out, model=args.model, images=args.images, photo=not args.no_photo,
+                            axes=axes or None, weights=args.weights, overwrite=args.overwrite,
+                            progress=not args.quiet)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"vitcam-nb figure: {exc}", file=sys.stderr)
+        return 2
+    summary = result["summary"]
+    print(f"vitcam-nb figure {result['line']}.")
+    print(f"  {summary['maps']} maps: " + ", ".join(f"{k} {v}" for k, v in summary["counts"].items()))
+    print(f"  {summary['caveat']}")
+    print(f"  wrote: {result['paths']['figure']} {result['paths']['summary']}")
     return 0
 
 

@@ -1,0 +1,316 @@
+"""The audit's experiment in one command (``vitcam-nb figure``): a grid of variants (site x target x weighting x
+token handling x heads) on ViT-B/16 when its pretrained weights are on this machine, on the bundled known-answer
+model otherwise; every map labelled localises / context / inverted / empty against the object's mask
+(:func:`vitcam_nb.evaluate.audit_labels.label_map`), and a figure and a JSON record of the counts.
+
+Example:
+    >>> recipes, skipped = audit_recipes({"site": ["F1", "F2"], "target": ["logit"], "weighting": ["gradcam"],
+    ...                                   "weight_tokens": ["patch"], "heads": ["channels", "max"]})
+    >>> [(r.site, r.heads) for r in recipes], list(skipped.values())
+    ([('F1', 'channels'), ('F2', 'channels'), ('F2', 'max')], [1])
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitcam_nb.api import gallery
+from vitcam_nb.audit_plot import plot_audit
+from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.recipe import HEAD_RULES, TARGETS, WEIGHT_TOKENS, Recipe
+from vitcam_nb.core.schema import CORE_SITES
+from vitcam_nb.core.version import __version__
+from vitcam_nb.data.segmenter import LinearSegmenter
+from vitcam_nb.evaluate.audit_labels import LABELS, label_map, rule_text, thresholds
+from vitcam_nb.models import bundled_names, load_model, model_card, sample_image
+from vitcam_nb.preprocess import prepare_input
+
+__all__ = ["AUDIT_AXES", "AUDIT_MODEL", "FALLBACK_MODEL", "FILES", "audit_recipes", "cached_weights",
+           "photo_with_mask", "run_figure"]
+
+AUDIT_MODEL = "vit_base_patch16_224"
+FALLBACK_MODEL = "shapes-vit"
+#: The audit's axes and the values the experiment crosses (the last block, the top-1 class throughout).
+AUDIT_AXES: dict[str, list] = {"site": list(CORE_SITES), "target": list(TARGETS),
+                               "weighting": ["gradcam", "hirescam", "gradcampp", "xgradcam", "layercam", "eigencam"],
+                               "weight_tokens": list(WEIGHT_TOKENS), "heads": list(HEAD_RULES)}
+FILES = ("audit_figure.png", "audit_figure.json")
+WRITTEN_BY = "vitcam-nb figure"
+_PHOTO, _PHOTO_MASK = "grace_hopper.jpg", "grace_hopper_mask.json"
+
+
+def photo_with_mask() -> tuple[np.ndarray, np.ndarray] | None:
+    """The natural photograph that matplotlib ships (``grace_hopper.jpg``, 600 x 512) and the hand-drawn mask of
+    the person (hat, head, upper body; a polygon in ``vitcam_nb/data/samples/grace_hopper_mask.json``), or None
+    when this matplotlib has no sample data.
+
+    Example:
+        >>> image, mask = photo_with_mask()
+        >>> image.shape, mask.shape, round(float(mask.mean()), 2)
+        ((600, 512, 3), (600, 512), 0.56)
+    """
+    import matplotlib.cbook
+    from PIL import Image, ImageDraw
+
+    try:
+        path = matplotlib.cbook.get_sample_data(_PHOTO, asfileobj=False)
+    except (OSError, ValueError):
+        return None
+    if not Path(path).is_file():
+        return None
+    with Image.open(path) as im:
+        image = np.asarray(im.convert("RGB"))
+    spec = json.loads(resources.files("vitcam_nb.data").joinpath("samples", _PHOTO_MASK).read_text())
+    canvas = Image.new("L", tuple(spec["image_size_wh"]), 0)
+    ImageDraw.Draw(canvas).polygon([tuple(p) for p in spec["polygon_xy"]], fill=1)
+    return image, np.asarray(canvas).astype(bool)
+
+
+def cached_weights(name: str) -> str | None:
+    """The path of ``name``'s default pretrained weights (``model.safetensors``) if they are already in the Hugging
+    Face cache timm downloads into, else None. Nothing is downloaded; pickled checkpoints (``.bin``, ``.pth``) are
+    not read.
+
+    Example:
+        >>> cached_weights("vit_base_patch16_224")  # doctest: +SKIP
+        '/home/me/.cache/huggingface/hub/models--timm--vit_base_patch16_224.augreg2_in21k_ft_in1k/.../model.safetensors'
+    """
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None:
+        return None
+    if not cfg.hf_hub_id:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(cfg.hf_hub_id, "model.safetensors")
+    return found if isinstance(found, str) and Path(found).is_file() else None
+
+
+def _load_file(name: str, path: str) -> torch.nn.Module:
+    """``name`` with the weights of a local safetensors file (timm's loader; never a pickle)."""
+    try:
+        return load_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+    except (RuntimeError, OSError) as exc:  # timm's and safetensors' errors for a file that does not fit
+        raise ValueError(f"weights: {Path(path).name} could not be loaded into {name} ({str(exc)[:200]})") from exc
+
+
+def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str, str]:
+    """(model, its name, the line saying which model ran and why)."""
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            raise ValueError(f"weights: {path} is not a file")
+        if path.suffix != ".safetensors":
+            raise ValueError(f"weights: {path.name} is not a .safetensors file; the kit reads no pickled checkpoint")
+        name = AUDIT_MODEL if model == "auto" else model
+        if name in bundled_names():
+            raise ValueError(f"weights: the bundled model {name} carries its own weights; leave out weights")
+        net = _load_file(name, str(path))
+        return net, name, f"ran on {name} with the weights of the local file {path.name}, as asked"
+    if model in bundled_names():
+        return load_model(model), model, f"ran on the bundled known-answer model {model}, as asked"
+    name = AUDIT_MODEL if model == "auto" else model
+    import timm
+
+    if not timm.is_model(name):
+        raise ValueError(f"model: {name!r} is neither 'auto', a bundled model {bundled_names()} nor a timm model name")
+    found = cached_weights(name)
+    if found is None:
+        why = f"{name}'s pretrained weights are not on this machine (not in the Hugging Face cache timm reads)"
+        if model != "auto":
+            raise ValueError(f"model: {why}; put them there (timm downloads them on first use when online), give "
+                             "weights=FILE, or use model='auto' to fall back to the bundled model")
+        line = f"ran on the bundled known-answer model {FALLBACK_MODEL}: {why}"
+        return load_model(FALLBACK_MODEL), FALLBACK_MODEL, line
+    net = _load_file(name, found)
+    return net, name, f"ran on {name} with its pretrained weights from this machine's timm / Hugging Face cache"
+
+
+def audit_recipes(axes: dict[str, list] | None = None) -> tuple[list[Recipe], dict[str, int]]:
+    """Every valid recipe of the axes' product (last block, top-1 class), and the invalid combinations skipped,
+    counted by the reason :class:`~vitcam_nb.RecipeError` gives.
+
+    Example:
+        >>> recipes, skipped = audit_recipes()
+        >>> len(recipes), sum(skipped.values())
+        (414, 882)
+    """
+    axes = _axes(axes)
+    recipes, skipped = [], Counter()
+    for combo in itertools.product(*axes.values()):
+        try:
+            recipes.append(Recipe(layer=-1, **dict(zip(axes, combo))))
+        except RecipeError as exc:
+            skipped[str(exc).split(";")[0]] += 1
+    return recipes, dict(skipped)
+
+
+def _axes(axes: dict[str, list] | None) -> dict[str, list]:
+    if axes is None:
+        return {k: list(v) for k, v in AUDIT_AXES.items()}
+    if not isinstance(axes, dict):
+        raise TypeError(f"axes: expected a dict field -> list of values, got {type(axes).__name__}")
+    unknown = sorted(set(axes) - set(AUDIT_AXES))
+    if unknown:
+        raise ValueError(f"axes: {unknown[0]!r} is not an axis of the audit; axes are {list(AUDIT_AXES)}")
+    out = {}
+    for field, default in AUDIT_AXES.items():
+        values = axes.get(field, default)
+        if isinstance(values, str) or not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"axes: {field} needs a non-empty list of values, got {values!r}")
+        out[field] = list(values)
+    return out
+
+
+def _check_out(folder: Path, overwrite: bool) -> None:
+    """Refuse a folder with files the kit did not write (unless ``overwrite``), before any expensive work."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"out: {folder} is a file; give a folder path")
+    if not folder.is_dir() or overwrite:
+        return
+    others = sorted(p.name for p in folder.iterdir() if p.name not in FILES)
+    ours = [folder / f for f in FILES if (folder / f).exists()]
+    record = folder / FILES[1]
+    try:
+        earlier = json.loads(record.read_text()).get("written_by") == WRITTEN_BY if record.is_file() else False
+    except (OSError, ValueError, AttributeError):
+        earlier = False
+    if others or (ours and not earlier):
+        named = ", ".join((others or [p.name for p in ours])[:5])
+        raise ValueError(f"out: {folder} holds files this command did not write ({named}); the kit never "
+                         "overwrites them. Use an empty or new folder, or overwrite=True (--overwrite) to write "
+                         f"{' and '.join(FILES)} there (other files are left alone)")
+
+
+def _images(model: str, net: torch.nn.Module, images: int, photo: bool) -> list[dict[str, Any]]:
+    """The images with their object masks at the model input (the mask goes through the image's preprocessing)."""
+    out = []
+    kind = "shortcut" if "shortcut" in model else "shapes"
+    classes = model_card(FALLBACK_MODEL)["classes"]
+    for i in range(images):
+        pixels, label, mask = sample_image(kind, i, with_mask=True)
+        out.append({"name": f"{classes[label]} (bundled {kind} #{i})", "pixels": pixels, "mask": mask,
+                    "kind": "bundled shape"})
+    found = photo_with_mask() if photo else None
+    if found is not None:
+        out.append({"name": "grace_hopper.jpg (photograph)", "pixels": found[0], "mask": found[1],
+                    "kind": "photograph"})
+    for item in out:
+        drawn = np.repeat(item["mask"].astype(np.uint8)[..., None] * 255, 3, axis=2)
+        item["input_mask"] = prepare_input(net, drawn).display[..., 0] >= 128
+    return out
+
+
+def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: int = 5, photo: bool = True,
+               axes: dict[str, list] | None = None, weights: str | None = None, overwrite: bool = False,
+               progress: bool = True, examples: int = 5) -> dict[str, Any]:
+    """Run the audit's experiment and write ``audit_figure.png`` and ``audit_figure.json`` into ``out``.
+
+    ``model``: "auto" (ViT-B/16 if its pretrained weights are on this machine, else the bundled ``shapes-vit``),
+    a bundled name, or a timm name whose weights are cached (or given as the local file ``weights``). Images:
+    the first ``images`` bundled shapes (exact masks) and, with ``photo``, matplotlib's ``grace_hopper.jpg``
+    with its hand-drawn mask. ``axes`` narrows :data:`AUDIT_AXES`. Returns the paths, the summary dict and the
+    line saying which model ran and why. A folder holding files this command did not write is refused unless
+    ``overwrite`` (which writes the two files beside them).
+
+    Example:
+        >>> result = run_figure("/tmp/vitcam-figure", model="shapes-vit", images=1, photo=False,
+        ...                     axes={"site": ["F1"], "weighting": ["gradcam"]}, progress=False)  # doctest: +SKIP
+        >>> sum(result["summary"]["counts"].values())  # doctest: +SKIP
+        9
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from tqdm.auto import tqdm
+
+    if isinstance(images, bool) or not isinstance(images, int) or images < 0:
+        raise ValueError(f"images: expected a count >= 0 of bundled shape images, got {images!r}")
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model: expected 'auto', a bundled name or a timm name, got {model!r}")
+    if images == 0 and not photo:
+        raise ValueError("images: 0 bundled images and no photograph leave nothing to run")
+    try:
+        sample_image("shapes", images - 1)
+    except IndexError as exc:
+        raise ValueError(f"images: at most the bundled sample images can be used ({exc})") from exc
+    recipes, skipped = audit_recipes(axes)
+    if not recipes:
+        raise ValueError(f"axes: no valid recipe in the product of the axes ({skipped})")
+    folder = Path(out)
+    _check_out(folder, overwrite)
+    net, name, line = _choose_model(model, weights)
+    if isinstance(net, LinearSegmenter):
+        raise ValueError(f"model: {name} is a segmentation model; the audit labels classifier maps")
+    items = _images(name, net, images, photo)
+    groups: dict[tuple, list[Recipe]] = {}
+    for r in recipes:  # one gallery per choice of the other fields, over the sites valid for it
+        groups.setdefault(tuple(getattr(r, f) for f in AUDIT_AXES if f != "site"), []).append(r)
+    rows, traces = [], []
+    bar = tqdm(total=len(items) * len(groups), desc="vitcam-nb figure", disable=not progress)
+    for index, item in enumerate(items):
+        tr = trace(net, item["pixels"], targets="top1", layers=[-1])
+        traces.append(tr)
+        item["predicted"] = str(tr["class_label"].values[int(np.argmax(tr["logits"].values))])
+        for members in groups.values():
+            sites = [r.site for r in members]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DegenerateMapWarning)
+                g = gallery(tr, members[0], vary={"site": sites})
+            for i, r in enumerate(members):
+                label, numbers = label_map(g.values[i], item["input_mask"])
+                rows.append({"image": index, "recipe_id": str(g["recipe_id"].values[i]),
+                             **{f: getattr(r, f) for f in AUDIT_AXES}, "label": label, **numbers,
+                             "degenerate": str(g["degenerate"].values[i])})
+            bar.update()
+    bar.close()
+    summary = _summary(name, line, traces[0].attrs, items, rows, recipes, skipped, _axes(axes))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"figure": folder / FILES[0], "summary": folder / FILES[1]}
+    fig = plot_audit(summary, rows, items, traces, examples=examples)
+    fig.savefig(paths["figure"], dpi=72)
+    plt.close(fig)
+    paths["summary"].write_text(json.dumps(summary, indent=1, default=str))
+    return {"paths": paths, "summary": summary, "line": line}
+
+
+def _counts(rows: list[dict]) -> dict[str, int]:
+    found = Counter(r["label"] for r in rows)
+    return {label: found.get(label, 0) for label in LABELS}
+
+
+def _summary(name: str, line: str, attrs: dict, items: list[dict], rows: list[dict], recipes: list[Recipe],
+             skipped: dict[str, int], axes: dict[str, list]) -> dict[str, Any]:
+    bundled = name in bundled_names()
+    caveat = (f"{name} was trained on 64x64 synthetic shapes: on the photograph its labels say nothing about "
+              "correct localisation (the person is no class it knows); only the bundled shapes have a known answer."
+              if bundled else "The bundled shapes are no ImageNet images: their labels on this model are a stress "
+                              "test, the photograph is the natural image.")
+    return {
+        "written_by": WRITTEN_BY, "vitcam_nb_version": __version__, "model": name, "ran": line,
+        "weights_origin": str(attrs.get("weights_origin", "")), "weights_sha256": str(attrs.get("weights_sha256", "")),
+        "caveat": caveat, "rule": rule_text(), "thresholds": thresholds(), "labels": list(LABELS),
+        "axes": axes, "fixed": {"layer": -1, "class_": "top1", "other fields": "Recipe defaults"},
+        "maps": len(rows), "recipes_per_image": len(recipes), "skipped_combinations": sum(skipped.values()),
+        "skipped_reasons": skipped,
+        "images": [{"name": it["name"], "kind": it["kind"], "predicted": it["predicted"],
+                    "mask_share": float(it["input_mask"].mean())} for it in items],
+        "counts": _counts(rows),
+        "counts_per_axis": {f: {str(v): _counts([r for r in rows if r[f] == v]) for v in values}
+                            for f, values in axes.items()},
+        "counts_per_image": {it["name"]: _counts([r for r in rows if r["image"] == i]) for i, it in enumerate(items)},
+        "per_map": rows,
+    }
