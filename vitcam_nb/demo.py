@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.models import bundled_names, load_model, sample_image
@@ -83,11 +85,14 @@ def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> obje
 
 
 def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: str | None = None,
-             progress: bool = True) -> dict[str, Path]:
+             progress: bool = True, *, pretrained: bool = False, weights: str | Path | None = None,
+             announce: Callable[[str], None] | None = None) -> dict[str, Path]:
     """Trace ``model`` on ``image`` (default: a bundled model on a bundled image) and write the outputs.
 
     Writes ``trace.nc``, ``gallery.png`` (every layer x site), ``atlas.png`` (agreement of the report's
-    variants), ``report.html`` and ``recipes.json``; returns their paths.
+    variants), ``report.html`` and ``recipes.json``; returns their paths. ``pretrained`` and ``weights`` go to
+    :func:`vitcam_nb.load_model`; ``announce`` is called with the weights' origin line once the model is loaded,
+    before any result. The trace, both PNGs (a footer and their Title) and the report state that origin.
 
     Example:
         >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
@@ -105,8 +110,11 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         raise ValueError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
-    net = load_model(model)
-    img, mask, image_name = _load_image(image, model)
+    img, mask, image_name = _load_image(image, model)  # a missing image is refused before the model is built
+    net = load_model(model, pretrained=pretrained, weights=weights)
+    origin = f"weights: {weights_origin(net)}"
+    if announce is not None:
+        announce(origin)
     steps.set_postfix_str("trace")
     tr = trace(net, img, targets=_dense_target(net, model, mask))
     paths = {"trace": save(tr, out / "trace.nc")}
@@ -118,8 +126,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         g = gallery(tr, Recipe(), vary={"layer": "all", "site": "all"})
     fig = plot.grid(tr, g)
     paths["gallery"] = out / "gallery.png"
-    fig.savefig(paths["gallery"], dpi=80)
-    plt.close(fig)
+    _save(fig, paths["gallery"], f"vitcam_nb gallery of {model}", origin)
     steps.update()
 
     recipes = demo_recipes(int(tr.attrs["num_layers"]))
@@ -129,8 +136,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         at = evaluate.atlas(tr, recipes)
     fig = evaluate.plot_atlas(at)
     paths["atlas"] = out / "atlas.png"
-    fig.savefig(paths["atlas"], dpi=80)
-    plt.close(fig)
+    _save(fig, paths["atlas"], f"vitcam_nb agreement atlas of {model}", origin)
     steps.update()
 
     entries = []
@@ -148,7 +154,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
 
     steps.set_postfix_str("report")
     pred = int(np.argmax(tr["logits"].values))
-    notes = [f"Image: {image_name}. Predicted class: {tr['class_label'].values[pred]} ({pred}).",
+    notes = [f"Model: {model}; {origin}.",
+             f"Image: {image_name}. Predicted class: {tr['class_label'].values[pred]} ({pred}).",
              "Which variant to use is your choice; this report makes each choice visible. Cite a map by its "
              "recipe id and paste its methods paragraph."]
     if mask is not None:
@@ -166,6 +173,15 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     steps.update()
     steps.close()
     return paths
+
+
+def _save(fig: object, path: Path, title: str, origin: str) -> None:
+    """Save a figure with the weights' origin in a footer and in the PNG's Title, then close it."""
+    import matplotlib.pyplot as plt
+
+    fig.text(0.005, 0.995, origin, fontsize=6, color="0.3", ha="left", va="top")
+    fig.savefig(path, dpi=80, metadata={"Title": f"{title}; {origin}"})
+    plt.close(fig)
 
 
 def _image_figure(pixels: np.ndarray):
