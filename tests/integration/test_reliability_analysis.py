@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import types
 import warnings
 
 import numpy as np
 import pytest
 import xarray as xr
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import vitcam_nb as vc
@@ -130,63 +131,92 @@ def test_scorecard_of_one_image_gives_no_interval(shapes):
     assert card["mean"].values[0, 0] == pytest.approx(vc.evaluate.sparseness(vc.cam(tr, vc.Recipe())))
 
 
+def test_scorecard_refuses_a_bootstrap_over_the_memory_budget_before_scoring(shapes, monkeypatch):
+    scorecard_module = importlib.import_module("vitcam_nb.evaluate.scorecard")
+    monkeypatch.setattr(scorecard_module, "available_bytes", lambda: 8 * 10 ** 9)
+
+    def no_scores(*a, **k):
+        raise AssertionError("images were scored before n_boot was checked")
+    monkeypatch.setattr(scorecard_module, "image_scores", no_scores)
+    # 10**9 resamples: their 2 image indices (int64) 16 GB, their means and the percentiles' copy 16 GB.
+    with pytest.raises(ValueError, match=r"^n_boot: 1000000000 resamples of 2 images would hold about 32\.0 GB"):
+        vc.evaluate.scorecard([tr for tr, _ in shapes], [vc.Recipe()], ["sparseness"], n_boot=10 ** 9)
+
+
 FIELDS = ["site", "layer", "target", "class_", "weight_tokens", "weighting", "heads", "relu", "nonsense", "aggregation"]
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True), st.just("open"),
                    st.sampled_from(["F1", "F6", "logit", "patch", "gradcam", "after", "channels", "top1", ""]),
                    st.lists(st.integers(-2, 2), max_size=3), st.dictionaries(st.text(max_size=2), st.integers(),
                                                                               max_size=1))
-MASKS = st.one_of(st.none(), st.just("mask"), st.integers(), st.builds(
+MASKS = st.one_of(st.none(), st.just("object"), st.just("object"), st.just("text"), st.integers(), st.builds(
     lambda h, w, fill, dt: np.full((h, w), fill, dt), st.sampled_from([0, 1, 10, 64]), st.sampled_from([1, 64]),
     st.sampled_from([0, 1, 2]), st.sampled_from([bool, np.uint8, np.float32])), st.lists(st.booleans(), max_size=3))
-COUNTS = st.one_of(st.integers(-2, 4), st.sampled_from([10 ** 9, 10 ** 18, 2 ** 70]), st.booleans(), st.floats(),
-                   st.none(), st.just("8"))
+def mostly(usual: st.SearchStrategy, *others: object) -> st.SearchStrategy:
+    """``usual`` in about four draws of five, else one of ``others``: most examples reach the analysis itself."""
+    return st.tuples(st.integers(0, 4), usual, st.sampled_from(others)).map(lambda t: t[2] if t[0] == 4 else t[1])
+
+
+COUNTS = mostly(st.integers(1, 64), 0, -1, True, False, 1.5, float("nan"), None, "8", 10 ** 9, 10 ** 18, 2 ** 70)
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
 
 
+def _named(err: Exception) -> None:
+    """A refusal of the kit's own kind: a ValueError / TypeError (or subclass) whose message names the argument."""
+    assert type(err).__module__.split(".")[0] in ("builtins", "vitcam_nb"), repr(err)
+    assert re.match(r"^[a-z_]+(, [a-z_]+)*: ", str(err)), repr(err)
+
+
 @FUZZ
-@given(reported=st.one_of(st.none(), st.text(max_size=3), st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4)),
-       space=st.one_of(st.none(), st.integers(), st.dictionaries(
-           st.sampled_from(FIELDS), st.one_of(VALUES, st.lists(VALUES, max_size=3)), max_size=3)),
+@given(reported=mostly(st.one_of(st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=3),
+                                st.dictionaries(st.sampled_from(FIELDS[:8]), VALUES, max_size=2)), None, "site=F1", 3),
+       space=mostly(st.none(), 3, "text", {"relu": []}, {"relu": "after"}, {"nonsense": [1]}, {"layer": [-1, 99]},
+                    {"heads": [{}]}, {"target": ["logit", "prob", "nope"]}, {"weight_tokens": ["patch", None]}),
        mask=MASKS, n_samples=COUNTS)
 def test_fuzzed_ambiguity_arguments_give_an_answer_or_a_kit_error(shapes, reported, space, mask, n_samples):
-    tr, _mask = shapes[0]
+    tr, object_mask = shapes[0]
     if isinstance(reported, dict):  # keep the open space small: the fuzz is about the arguments, not the size
         reported = {**REPORTED, "weighting": "gradcam", "relu": "after", **reported}
+    mask = object_mask if isinstance(mask, str) and mask == "object" else mask
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             amb = vc.ambiguity(tr, reported, space=space, mask=mask, n_samples=n_samples, n_boot=5)
     except (ValueError, TypeError) as err:  # the kit's errors (RecipeError, TraceError ...) subclass these
-        assert str(err) and type(err).__module__.split(".")[0] in ("builtins", "vitcam_nb"), repr(err)
+        event(f"refused: {str(err)[:40]}")
+        _named(err)
         return
+    event("answered")
     assert len(amb.recipes) == amb.maps.sizes["recipe"] >= 1
     assert amb.localises is None or 0.0 <= amb.localises <= 1.0
 
 
 @FUZZ
-@given(which=st.sampled_from(["list", "one", "empty", "junk", "string"]),
-       recipes=st.one_of(st.just("two"), st.just("dup"), st.just([]), st.just(["gradcam"]), st.none()),
-       metrics=st.one_of(st.none(), st.just(["sparseness"]), st.just(["no such metric"]), st.just("sparseness"),
-                         st.just([]), st.just(["pointing_game"]), st.just([3])),
-       masks=st.one_of(st.none(), st.just("right"), st.just("small"), st.just([]), st.just("text")),
-       n_boot=COUNTS, target=st.sampled_from(["recipe", "label", "x", 3]))
+@given(which=mostly(st.just("list"), "one", "empty", "junk", "string"),
+       recipes=mostly(st.just("two"), "dup", "empty", "strings", "none"),
+       metrics=mostly(st.sampled_from([None, ("sparseness",)]), ("no such metric",), "sparseness", (),
+                      ("pointing_game",), (3,)),
+       masks=mostly(st.sampled_from([None, "right"]), "small", "none-list", "text"),
+       n_boot=mostly(st.integers(1, 64), 0, -1, True, 1.5, None, "8", 2 ** 70), target=mostly(st.just("recipe"),
+                                                                                               "label", "x", 3))
 def test_fuzzed_scorecard_arguments_give_a_card_or_a_kit_error(shapes, which, recipes, metrics, masks, n_boot, target):
     traces = {"list": [tr for tr, _ in shapes], "one": shapes[0][0], "empty": [], "junk": [1, 2],
               "string": "traces"}[which]
-    recipes = {"two": [vc.Recipe(), vc.Recipe(site="F6", layer=-1)], "dup": [vc.Recipe(), vc.Recipe()]}.get(
-        recipes, recipes) if isinstance(recipes, str) else recipes
+    recipes = {"two": [vc.Recipe(), vc.Recipe(site="F6", layer=-1)], "dup": [vc.Recipe(), vc.Recipe()],
+               "empty": [], "strings": ["gradcam"], "none": None}[recipes]
     n = len(traces) if isinstance(traces, list) else 1
-    masks = {"right": [m for _, m in shapes][:n], "small": [np.ones((3, 3), bool)] * n}.get(masks, masks) \
-        if isinstance(masks, str) and masks != "text" else masks
+    masks = {None: None, "right": [m for _, m in shapes][:n], "small": [np.ones((3, 3), bool)] * n,
+             "none-list": [], "text": "text"}[masks]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             card = vc.evaluate.scorecard(traces, recipes, metrics, masks=masks, n_boot=n_boot, target=target,
                                          progress=False)
     except (ValueError, TypeError) as err:
-        assert str(err) and type(err).__module__.split(".")[0] in ("builtins", "vitcam_nb"), repr(err)
+        event(f"refused: {str(err)[:40]}")
+        _named(err)
         return
+    event("answered")
     assert isinstance(card, xr.Dataset)
     finite = card["count"].values >= 2
     assert (card["low"].values[finite] <= card["high"].values[finite]).all()

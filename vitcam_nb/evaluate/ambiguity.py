@@ -438,6 +438,8 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     if reported is not None and not isinstance(reported, Mapping):
         raise TypeError(f"reported: expected a dict of recipe fields (or checklist categories), got "
                         f"{type(reported).__name__}")
+    if space is not None and not isinstance(space, Mapping):
+        raise TypeError(f"space: expected a dict of recipe field -> list of values, got {type(space).__name__}")
     args = (reported, space, mask, max_cells, max_recipes, n_samples, seed, n_boot)
     if isinstance(trace, xr.Dataset) and "image" not in trace.dims:
         return _one(trace, *args)

@@ -33,6 +33,7 @@ import numpy as np
 import xarray as xr
 
 import vitcam_nb.evaluate.metrics_builtin  # noqa: F401  (fills the registry with the kit's metrics)
+from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
@@ -259,7 +260,11 @@ def scorecard(
     Example:
         >>> card = scorecard(vc.open_traces("t.zarr"), [vc.presets.get("gradcam")], model=m)  # doctest: +SKIP
     """
-    recipes = list(recipes)
+    try:
+        recipes = list(recipes)
+    except TypeError:
+        raise TypeError(f"recipes: expected a non-empty sequence of vitcam_nb.Recipe, got {type(recipes).__name__}"
+                        ) from None
     if not recipes or not all(isinstance(r, Recipe) for r in recipes):
         raise ValueError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
     ids = [r.id for r in recipes]
@@ -272,6 +277,9 @@ def scorecard(
     lazy = is_store(store_or_traces)
     source = store_or_traces if lazy else ([store_or_traces] if isinstance(store_or_traces, xr.Dataset)
                                            else list(store_or_traces))
+    bad = [] if lazy else [type(t).__name__ for t in source if not isinstance(t, (xr.Dataset, xr.DataTree))]
+    if bad:
+        raise TypeError(f"store_or_traces: expected an open_traces store or a list of traces, got a {bad[0]} in it")
     n = int(source.sizes["image"]) if lazy else len(source)
     if n == 0:
         raise ValueError("store_or_traces: no images")
@@ -279,6 +287,11 @@ def scorecard(
         raise ValueError(f"masks: expected one mask per image ({n}), got {len(masks)}")
     has_mask = masks is not None or ("mask" in source if lazy else all("mask" in t for t in source))
     chosen = _metrics(metrics, has_mask, model)
+    # The bootstrap holds every resample's image indices and means at once: refused before any image is scored.
+    need, free = int(n_boot) * 8 * (n + 2 * len(recipes) * len(chosen)), available_bytes()
+    if free is not None and need > BUDGET_FRACTION * free:
+        raise ValueError(f"n_boot: {n_boot} resamples of {n} images would hold about {need / 1e9:.1f} GB, over the "
+                         f"budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB available); lower n_boot")
     kw = {"recipes": recipes, "metrics": chosen, "model": model, "target": target, "seed": int(seed),
           "settings": settings}
     with warnings.catch_warnings():

@@ -162,7 +162,10 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
     if any(c[f] != v for f, v in stated.items()):
         return None
     key = tuple(c[f] for f in _FIELDS)
-    return key if _valid(key) else None
+    try:
+        return key if _valid(key) else None
+    except TypeError:  # an unhashable value (a dict) is no recipe value
+        return None
 
 
 @functools.lru_cache(maxsize=65536)
