@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.card_schema import PaperCardError, template
 from vitcam_nb.core.card_schema import load_schema as schema
 from vitcam_nb.core.card_schema import validate_card as validate
+from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.evaluate.ambiguity import ambiguity
 from vitcam_nb.evaluate.cards import audit_figures as figures
 from vitcam_nb.evaluate.cards import load_cards, summarise
@@ -54,10 +55,14 @@ def parse_reported_args(items: Sequence[str]) -> dict[str, Any]:
 
 
 def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str, Any] | None = None,
-                  images: int = 1, image: str | None = None) -> dict[str, Path]:
+                  images: int = 1, image: str | None = None, *, pretrained: bool = False,
+                  weights: str | Path | None = None, announce: Callable[[str], None] | None = None
+                  ) -> dict[str, Path]:
     """Trace ``model`` on ``images`` bundled sample images (or the file ``image``), run the ambiguity of
     ``reported`` and write ``ambiguity.png`` and ``ambiguity.json`` into ``out``; returns their paths. On a
-    bundled model the images' object masks give the chance to localise.
+    bundled model the images' object masks give the chance to localise. ``pretrained`` and ``weights`` go to
+    :func:`vitcam_nb.load_model`; ``announce`` gets the weights' origin line before any result; the JSON
+    (``weights_origin`` and the report paragraph) and the figure (footer and PNG Title) state it.
 
     Example:
         >>> paths = run_ambiguity("/tmp/vitcam-ambiguity", reported={"site": "F1", "layer": -1})
@@ -69,7 +74,13 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
     matplotlib.use("Agg")
     if isinstance(images, bool) or not isinstance(images, int) or images < 1:
         raise ValueError(f"images: expected a positive int, got {images!r}")
-    net = load_model(model)
+    if image is None and model not in bundled_names():  # refused before the model is built
+        raise ValueError(f"image: a timm model ({model}) needs --image PATH; the bundled sample images are for "
+                         f"the bundled models {bundled_names()}")
+    net = load_model(model, pretrained=pretrained, weights=weights)
+    origin = weights_origin(net)
+    if announce is not None:
+        announce(f"weights: {origin}")
     if image is not None:
         from PIL import Image
 
@@ -78,24 +89,23 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
             raise ValueError(f"image: {path} is not a file")
         with Image.open(path) as im:
             pixels, masks = [np.asarray(im.convert("RGB"))], None
-    elif model in bundled_names():
+    else:
         kind = "shortcut" if "shortcut" in model else "shapes"
         samples = [sample_image(kind, i, with_mask=True) for i in range(images)]
         pixels, masks = [s[0] for s in samples], [s[2] for s in samples]
-    else:
-        raise ValueError(f"image: a timm model ({model}) needs --image PATH; the bundled sample images are for "
-                         f"the bundled models {bundled_names()}")
     traces = [trace(net, p) for p in pixels]
     first = ambiguity(traces[0], reported, mask=None if masks is None else masks[0])
-    summary = {"model": model, **first.to_dict(), "report": first.report()}
+    said = f"Model {model}, weights {origin}. "
+    summary = {"model": model, "weights_origin": origin, **first.to_dict(), "report": said + first.report()}
     if len(traces) > 1:
         many = ambiguity(traces, reported, mask=masks)
         summary["images"] = many.summary()
-        summary["report_images"] = many.report()
+        summary["report_images"] = said + many.report()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"figure": folder / "ambiguity.png", "summary": folder / "ambiguity.json"}
     fig = first.plot()
-    fig.savefig(paths["figure"], dpi=110)
+    fig.text(0.005, 0.005, f"{model}; weights: {origin}", fontsize=6, color="0.3", ha="left", va="bottom")
+    fig.savefig(paths["figure"], dpi=110, metadata={"Title": f"vitcam_nb ambiguity of {model}; weights: {origin}"})
     paths["summary"].write_text(json.dumps(summary, indent=2, default=str))
     return paths

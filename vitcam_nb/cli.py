@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.add_argument("--overwrite", action="store_true",
                       help="replace outputs in --out that this command did not write (or that changed since)")
-    sub.add_parser("models", help="list the bundled models")
+    _weights_arguments(demo)
+    sub.add_parser("models", help="list the bundled models (their weights ship with the package)")
     amb = sub.add_parser("ambiguity", help="how much a reported Grad-CAM description leaves open: figure and JSON")
     amb.add_argument("--model", default="shapes-vit", help="bundled model name or a timm model name")
     amb.add_argument("--reported", nargs="*", default=[], metavar="FIELD=VALUE",
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     amb.add_argument("--images", type=int, default=1, help="bundled sample images to analyse (default 1)")
     amb.add_argument("--image", default=None, help="image file (needed for a timm model)")
     amb.add_argument("--out", default="vitcam-ambiguity", help="output folder (default: vitcam-ambiguity)")
+    _weights_arguments(amb)
     export = sub.add_parser("export", help="write a trace's Explorer as one self-contained HTML file")
     export.add_argument("trace", help="a trace file written by vc.save (netCDF or zarr)")
     export.add_argument("--out", default="explorer.html", help="the HTML file (default: explorer.html)")
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "models":
         from vitcam_nb.models import list_models
 
+        print("weights: bundled with vitcam_nb (safetensors files checked against their cards' sha256)")
         for card in list_models():
             print(f"{card['name']:24s} acc {card['test_accuracy']:.3f}  "
                   f"file sha256 {card['weights_file_sha256'][:12]}  {card['description']}")
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             paths = run_ambiguity(args.out, model=args.model, reported=parse_reported_args(args.reported),
-                                  images=args.images, image=args.image)
+                                  images=args.images, image=args.image, pretrained=args.pretrained,
+                                  weights=args.weights, announce=_announce)
         except (ValueError, TypeError) as exc:
             print(f"vitcam-nb ambiguity: {exc}", file=sys.stderr)
             return 2
@@ -93,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         paths = run_demo(args.out, model=args.model, image=args.image, progress=not args.quiet,
-                         overwrite=args.overwrite)
+                         overwrite=args.overwrite, pretrained=args.pretrained, weights=args.weights,
+                         announce=_announce)
     except (ValueError, TypeError) as exc:
         print(f"vitcam-nb demo: {exc}", file=sys.stderr)
         return 2
@@ -101,6 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in paths.items():
         print(f"  {name:8s} {path}")
     return 0
+
+
+def _weights_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--pretrained", action="store_true",
+                        help="a timm model with its published weights, from the timm / Hugging Face cache "
+                             "(default: random-init, with a warning)")
+    source.add_argument("--weights", default=None, metavar="PATH",
+                        help="a timm model with the weights of this safetensors file (its state dict)")
+
+
+def _announce(line: str) -> None:
+    """Print the weights' origin before any result; random-init says what that means."""
+    if line == "weights: random-init":
+        line += " (untrained: the maps explain no learned model; use --pretrained or --weights PATH)"
+    print(line, flush=True)
 
 
 def _value(text: str) -> object:

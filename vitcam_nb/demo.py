@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.outfiles import OutputFolder
+from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
@@ -89,14 +91,17 @@ OUTPUTS = ("trace.nc", "gallery.png", "atlas.png", "report.html", "recipes.json"
 
 
 def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: str | None = None,
-             progress: bool = True, overwrite: bool = False) -> dict[str, Path]:
+             progress: bool = True, overwrite: bool = False, *, pretrained: bool = False,
+             weights: str | Path | None = None, announce: Callable[[str], None] | None = None) -> dict[str, Path]:
     """Trace ``model`` on ``image`` (default: a bundled model on a bundled image) and write the outputs.
 
     Writes ``trace.nc``, ``gallery.png`` (every layer x site), ``atlas.png`` (agreement of the report's
     variants), ``report.html`` and ``recipes.json``; returns their paths. Each is written atomically and listed
     in the folder's manifest (``.vitcam_nb-outputs.json``); a file of those names that an earlier demo did not
     write there, or that changed since, is refused before any work (:class:`~vitcam_nb.OutputExistsError`)
-    unless ``overwrite=True``.
+    unless ``overwrite=True``. ``pretrained`` and ``weights`` go to :func:`vitcam_nb.load_model`; ``announce`` is
+    called with the weights' origin line once the model is loaded, before any result. The trace, both PNGs (a
+    footer and their Title) and the report state that origin.
 
     Example:
         >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
@@ -115,8 +120,11 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     out.mkdir(parents=True, exist_ok=True)
     folder = OutputFolder(out, OUTPUTS, f"vitcam_nb {__version__} run_demo", overwrite=overwrite)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
-    net = load_model(model)
-    img, mask, image_name = _load_image(image, model)
+    img, mask, image_name = _load_image(image, model)  # a missing image is refused before the model is built
+    net = load_model(model, pretrained=pretrained, weights=weights)
+    origin = f"weights: {weights_origin(net)}"
+    if announce is not None:
+        announce(origin)
     steps.set_postfix_str("trace")
     tr = trace(net, img, targets=_dense_target(net, model, mask))
     # vc.save writes atomically itself; the folder check above already decided that trace.nc may be replaced.
@@ -129,8 +137,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         warnings.simplefilter("ignore", DegenerateMapWarning)
         g = gallery(tr, Recipe(), vary={"layer": "all", "site": "all"})
     fig = plot.grid(tr, g, mask=mask)
-    paths["gallery"] = folder.write("gallery.png", lambda p: fig.savefig(p, dpi=80, format="png"))
-    plt.close(fig)
+    paths["gallery"] = folder.write("gallery.png", lambda p: _save(fig, p, f"vitcam_nb gallery of {model}", origin))
     steps.update()
 
     recipes = demo_recipes(int(tr.attrs["num_layers"]))
@@ -139,8 +146,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         warnings.simplefilter("ignore")
         at = evaluate.atlas(tr, recipes)
     fig = evaluate.plot_atlas(at)
-    paths["atlas"] = folder.write("atlas.png", lambda p: fig.savefig(p, dpi=80, format="png"))
-    plt.close(fig)
+    paths["atlas"] = folder.write("atlas.png",
+                                  lambda p: _save(fig, p, f"vitcam_nb agreement atlas of {model}", origin))
     steps.update()
 
     entries = []
@@ -156,7 +163,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
 
     steps.set_postfix_str("report")
     pred = int(np.argmax(tr["logits"].values))
-    notes = [f"Image: {image_name}. Predicted class: {tr['class_label'].values[pred]} ({pred}).",
+    notes = [f"Model: {model}; {origin}.",
+             f"Image: {image_name}. Predicted class: {tr['class_label'].values[pred]} ({pred}).",
              "Which variant to use is your choice; this report makes each choice visible. Cite a map by its "
              "recipe id and paste its methods paragraph."]
     if mask is not None:
@@ -188,6 +196,15 @@ def _scores(m: object, mask: np.ndarray) -> dict[str, float]:
         scores["energy pointing game"] = energy
     scores["relevance mass"] = mass
     return scores
+
+
+def _save(fig: object, path: Path, title: str, origin: str) -> None:
+    """Save a figure with the weights' origin in a footer and in the PNG's Title, then close it."""
+    import matplotlib.pyplot as plt
+
+    fig.text(0.005, 0.995, origin, fontsize=6, color="0.3", ha="left", va="top")
+    fig.savefig(path, dpi=80, format="png", metadata={"Title": f"{title}; {origin}"})
+    plt.close(fig)
 
 
 def _image_figure(pixels: np.ndarray):

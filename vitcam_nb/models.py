@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
+import warnings
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -18,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitcam_nb.core.provenance import BUNDLED_KEY
+from vitcam_nb.core.errors import RandomWeightsWarning, WeightsError, user_stacklevel
+from vitcam_nb.core.provenance import BUNDLED_KEY, LOADED_KEY, weights_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
 
@@ -131,15 +135,21 @@ def _unknown_name_message(name: str) -> str:
     )
 
 
-def load_model(name_or_model: str | torch.nn.Module, **timm_kwargs: Any) -> torch.nn.Module:
-    """Return a model ready to trace, in eval mode.
+def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False, weights: str | Path | None = None,
+               **timm_kwargs: Any) -> torch.nn.Module:
+    """Return a model ready to trace, in eval mode; :func:`vitcam_nb.core.provenance.weights_origin` of it (and
+    every trace's ``weights_origin``) says which weights it holds.
 
     * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``, and the segmentation model
       ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
       mismatch), with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
-    * any other string: ``timm.create_model(name, **timm_kwargs)`` (random weights unless you pass
-      ``pretrained=True``, which reads the timm / Hugging Face cache or downloads);
+    * any other string: ``timm.create_model(name, **timm_kwargs)``. ``pretrained=True`` loads the published
+      weights from the timm / Hugging Face cache (downloading them only when the hub can be reached; offline and
+      not cached, a :class:`~vitcam_nb.core.errors.WeightsError` says at once which file was looked for and
+      where); ``weights=PATH`` loads a safetensors state dict (strict: every tensor must fit). Without either the
+      weights are random-init, and a :class:`~vitcam_nb.core.errors.RandomWeightsWarning` says so when the
+      architecture has published weights;
     * a ``torch.nn.Module``: returned as is.
 
     Example:
@@ -148,30 +158,167 @@ def load_model(name_or_model: str | torch.nn.Module, **timm_kwargs: Any) -> torc
         ('circle', 'square', 'triangle', 'cross', 'ring')
         >>> m2 = load_model("vit_base_patch16_224", pretrained=True)  # doctest: +SKIP
     """
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained: expected True or False, got {pretrained!r}")
+    if pretrained and weights is not None:
+        raise ValueError("pretrained, weights: give one source of weights, not both")
+    extra = sorted(timm_kwargs) + (["pretrained"] if pretrained else []) + (["weights"] if weights is not None else [])
     if isinstance(name_or_model, torch.nn.Module):
-        if timm_kwargs:
-            raise ValueError(f"keyword arguments {sorted(timm_kwargs)} apply to timm names, not to a module")
+        if extra:
+            raise ValueError(f"keyword arguments {extra} apply to timm names, not to a module")
         return name_or_model
     if not isinstance(name_or_model, str):
         raise TypeError(f"expected a model name or a torch.nn.Module, got {type(name_or_model).__name__}")
     name = name_or_model
     if name in bundled_names():
-        if timm_kwargs:
-            raise ValueError(f"bundled model {name!r} takes no keyword arguments, got {sorted(timm_kwargs)}")
+        if extra:
+            raise ValueError(f"bundled model {name!r} takes no keyword arguments, got {extra}")
         models = _models_dir()
         return _load_from_files(models / f"{name}.safetensors", models / f"{name}.json")
     if name.startswith(BUNDLED_PREFIX):
         raise ValueError(_unknown_name_message(name))
+    if "pretrained_cfg_overlay" in timm_kwargs and (pretrained or weights is not None):
+        raise ValueError("pretrained_cfg_overlay: vitcam_nb sets where the weights come from; leave it out")
+    state = _read_safetensors(weights) if weights is not None else None
+    cfg = _published_cfg(name)
+    origin, overlay = None, {}
+    if pretrained:
+        origin, overlay = _pretrained_source(name, cfg)
+    model = _create(name, pretrained, overlay, timm_kwargs)
+    if state is not None:
+        _load_state(model, state, Path(weights), name)
+        origin = f"file {Path(weights).name} (file sha256 {_file_sha256(Path(weights))})"
+    elif not pretrained and cfg is not None and (cfg.hf_hub_id or cfg.url):
+        warnings.warn(f"{name} was built with random-init weights (no pretrained=True, no weights=PATH): its maps "
+                      f"explain an untrained network, not the published {cfg.architecture}.{cfg.tag}. Pass "
+                      "pretrained=True (CLI: --pretrained) or weights=PATH (CLI: --weights PATH).",
+                      RandomWeightsWarning, stacklevel=user_stacklevel())
+    if origin is not None:
+        cfg_dict = dict(getattr(model, "pretrained_cfg", None) or {})
+        cfg_dict[LOADED_KEY] = {"origin": origin, "weights_sha256": weights_sha256(model)}
+        model.pretrained_cfg = model.default_cfg = cfg_dict
+    return model.eval()
 
+
+def _create(name: str, pretrained: bool, overlay: dict, timm_kwargs: dict) -> torch.nn.Module:
     import timm
 
+    if overlay:
+        timm_kwargs = {**timm_kwargs, "pretrained_cfg_overlay": overlay}
     try:
-        model = timm.create_model(name, **timm_kwargs)
+        return timm.create_model(name, pretrained=pretrained, **timm_kwargs)
     except RuntimeError as err:
         if "Unknown model" in str(err):
             raise ValueError(_unknown_name_message(name)) from err
         raise
-    return model.eval()
+
+
+def _published_cfg(name: str) -> Any:
+    """timm's pretrained config of ``name`` (the default tag when none is given), None for an unknown name."""
+    from timm.models import get_pretrained_cfg
+
+    if name.startswith(("hf-hub:", "local-dir:")):
+        return None
+    try:
+        return get_pretrained_cfg(name)
+    except RuntimeError as err:  # a tag the architecture does not have
+        raise ValueError(f"{_unknown_name_message(name)} ({err})") from err
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "") or os.environ.get("TRANSFORMERS_OFFLINE", "")
+    return flag.upper() in ("1", "ON", "YES", "TRUE") or bool(constants.HF_HUB_OFFLINE)
+
+
+def _reachable(host: str) -> bool:
+    """Whether ``host`` answers on 443 within 3 s: offline, huggingface_hub retries for about a minute instead."""
+    if _offline():
+        return False
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError:
+        return False
+    return True
+
+
+def _cached_file(cfg: Any) -> tuple[str, str, Path | None, str]:
+    """Where timm would read ``cfg``'s weights: (source, host, the cached file or None, where it was looked for)."""
+    from timm.models._builder import _resolve_pretrained_source
+
+    load_from, loc = _resolve_pretrained_source(cfg.to_dict())
+    if load_from == "hf-hub":
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        if isinstance(loc, tuple):  # the config names the file
+            repo, files = loc[0], [loc[1]]
+        else:  # timm reads the safetensors file when there is one
+            repo, files = loc, ["model.safetensors", "pytorch_model.bin"]
+        repo, _, revision = repo.partition("@")
+        for file in files:
+            found = try_to_load_from_cache(repo, file, revision=revision or None)
+            if isinstance(found, str):
+                return f"hf-hub:{repo}", "huggingface.co", Path(found), constants.HF_HUB_CACHE
+        return f"hf-hub:{repo}", "huggingface.co", None, f"{constants.HF_HUB_CACHE} ({' or '.join(files)})"
+    if load_from == "url":
+        from urllib.parse import urlparse
+
+        url = urlparse(loc)
+        path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url.path)
+        return loc, url.hostname or "", path if path.is_file() else None, str(path)
+    raise WeightsError(f"pretrained: timm names no downloadable weights for {cfg.architecture}.{cfg.tag}; pass "
+                       "weights=PATH (CLI: --weights PATH) with a safetensors state dict")
+
+
+def _pretrained_source(name: str, cfg: Any) -> tuple[str, dict]:
+    """The origin text of ``name``'s published weights and the timm overlay that reads them from the cache; a
+    ``WeightsError`` at once when they are not cached and the hub cannot be reached."""
+    if cfg is None or not (cfg.hf_hub_id or cfg.url):
+        raise WeightsError(f"pretrained: timm has no published weights for {name!r}; pass weights=PATH "
+                           "(CLI: --weights PATH) with a safetensors state dict, or a name from "
+                           "timm.list_pretrained()")
+    full = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else cfg.architecture
+    source, host, found, looked = _cached_file(cfg)
+    if found is not None:
+        return f"pretrained {full} from {source} (file sha256 {_file_sha256(found)})", {"file": str(found)}
+    if not _reachable(host):
+        raise WeightsError(
+            f"pretrained: the weights of {full} ({source}) are not in the local cache ({looked}) and {host} cannot "
+            f"be reached (offline). Fill the cache where there is a connection (timm.create_model({full!r}, "
+            "pretrained=True)) and copy it here, or pass weights=PATH (CLI: --weights PATH) with a safetensors file "
+            "of this architecture's state dict.")
+    return f"pretrained {full} from {source} (downloaded)", {}
+
+
+def _read_safetensors(weights: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not isinstance(weights, (str, Path)):
+        raise TypeError(f"weights: expected a path to a .safetensors file, got {type(weights).__name__}")
+    path = Path(weights)
+    if not path.is_file():
+        raise WeightsError(f"weights: {path} is not a file")
+    if path.suffix != ".safetensors":
+        raise WeightsError(f"weights: {path.name} is not a .safetensors file; pickle-based files (.pth, .bin, .pt) "
+                           "are not read because loading them can run code. Convert once: safetensors.torch."
+                           "save_file(torch.load(p, weights_only=True), 'model.safetensors')")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise WeightsError(f"weights: {path.name} could not be read as safetensors ({err})") from err
+
+
+def _load_state(model: torch.nn.Module, state: dict, path: Path, name: str) -> None:
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # a tensor of another shape
+        raise WeightsError(f"weights: {path.name} does not fit {name}: {str(err).splitlines()[-1].strip()}") from err
+    if missing or unexpected:
+        raise WeightsError(f"weights: {path.name} does not fit {name}: missing {missing[:4]}"
+                           f"{'…' if len(missing) > 4 else ''}, unexpected {unexpected[:4]}"
+                           f"{'…' if len(unexpected) > 4 else ''}")
 
 
 @lru_cache(maxsize=1)

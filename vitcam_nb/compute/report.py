@@ -250,7 +250,7 @@ def _model_text(attrs: Any) -> str:
         return text
     if origin == "random-init":
         return f"{attrs.get('model_name', '?')} (random-init weights, untrained)"
-    if str(origin).startswith("bundled "):
+    if str(origin).startswith(("bundled ", "pretrained ", "file ")):
         return f"{text}; weights {origin}"
     return f"{text}; weights of unknown origin (a tag is the config's, not a check of the loaded weights)"
 

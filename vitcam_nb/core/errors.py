@@ -83,3 +83,22 @@ class DegenerateMapWarning(UserWarning):
         >>> import warnings
         >>> warnings.simplefilter("ignore", DegenerateMapWarning)
     """
+
+
+class RandomWeightsWarning(UserWarning):
+    """A model that has published weights was built with random-init ones: its maps explain an untrained network.
+
+    Example:
+        >>> import warnings
+        >>> warnings.simplefilter("ignore", RandomWeightsWarning)
+    """
+
+
+class WeightsError(ValueError):
+    """Weights that cannot be loaded: not in the local cache while offline, not a safetensors file, or a state dict
+    that does not fit the architecture.
+
+    Example:
+        >>> isinstance(WeightsError("weights: x.bin is not a safetensors file"), ValueError)
+        True
+    """

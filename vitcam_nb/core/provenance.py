@@ -58,6 +58,9 @@ def weights_sha256(model: torch.nn.Module) -> str:
 _NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)
 # A model loaded by vitcam_nb.load_model from a bundled file states it in its pretrained_cfg under this key.
 BUNDLED_KEY = "vitcam_nb_bundled"
+# One load_model built with pretrained or file weights: {"origin": "pretrained ..." / "file ...", "weights_sha256":
+# the tensors' hash when loaded}; the origin is stated only while the weights are still those.
+LOADED_KEY = "vitcam_nb_weights"
 
 
 def untrained(model: torch.nn.Module) -> bool:
@@ -77,8 +80,10 @@ def untrained(model: torch.nn.Module) -> bool:
 
 def weights_origin(model: torch.nn.Module) -> str:
     """What is known of the weights: ``"random-init"`` (:func:`untrained`), ``"bundled <name> (file sha256
-    <hash>)"`` for a model :func:`vitcam_nb.load_model` loaded from the package, else ``"unknown"`` (a timm
-    config tag says which weights the architecture was published with, not which ones are loaded).
+    <hash>)"`` for a model :func:`vitcam_nb.load_model` loaded from the package, ``"pretrained <name> from
+    <source> (file sha256 <hash>)"`` or ``"file <name> (file sha256 <hash>)"`` for one it loaded with
+    ``pretrained=True`` or ``weights=PATH`` (while its tensors are still those it loaded), else ``"unknown"`` (a
+    timm config tag says which weights the architecture was published with, not which ones are loaded).
 
     Example:
         >>> weights_origin(torch.nn.Linear(2, 2))
@@ -87,8 +92,13 @@ def weights_origin(model: torch.nn.Module) -> str:
     if untrained(model):
         return "random-init"
     cfg = getattr(model, "pretrained_cfg", None)
-    bundled = cfg.get(BUNDLED_KEY) if isinstance(cfg, dict) else None
-    return f"bundled {bundled}" if bundled else "unknown"
+    cfg = cfg if isinstance(cfg, dict) else {}
+    if cfg.get(BUNDLED_KEY):
+        return f"bundled {cfg[BUNDLED_KEY]}"
+    loaded = cfg.get(LOADED_KEY)
+    if isinstance(loaded, dict) and loaded.get("weights_sha256") == weights_sha256(model):
+        return str(loaded["origin"])
+    return "unknown"
 
 
 def array_sha256(array: np.ndarray | torch.Tensor) -> str:

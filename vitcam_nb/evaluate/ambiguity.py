@@ -24,11 +24,13 @@ import numpy as np
 import xarray as xr
 from scipy import ndimage, stats
 
+from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate._common import as_mask
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
 from vitcam_nb.evaluate.localisation import default_tolerance
@@ -38,6 +40,7 @@ from vitcam_nb.evaluate.space import (
     CATEGORY_FIELDS,
     canonical,
     default_space,
+    design_bytes,
     enumerate_cells,
     open_fields,
     parse_reported,
@@ -290,12 +293,40 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
     return out
 
 
+def _mask(trace: xr.Dataset, mask: Any) -> np.ndarray | None:
+    """The object mask (given, else the store's), refused unless it is a non-empty mask of the traced image."""
+    if mask is None:
+        return np.asarray(trace["mask"].values, bool) if "mask" in trace.variables else None
+    shape, got = (int(trace.sizes["y"]), int(trace.sizes["x"])), np.shape(mask)
+    if len(got) == 2 and got != shape:
+        raise ValueError(f"mask: shape {got} is not the traced image's {shape}; give the object's pixels at the "
+                         "image size the trace holds (the maps are upsampled to it)")
+    return as_mask(mask, shape)
+
+
+def _check_memory(trace: xr.Dataset, values: dict, mask: np.ndarray | None, max_cells: int, max_recipes: int,
+                  n_samples: int, n_boot: int) -> None:
+    """Refuse, before anything is allocated, a design whose peak exceeds the memory budget."""
+    sizes = {f: len(v) for f, v in values.items() if len(v) > 1}
+    attrs = trace.attrs
+    pixels = int(attrs.get("grid_h", 0)) * int(attrs.get("grid_w", 0)) or trace.sizes["y"] * trace.sizes["x"]
+    need = design_bytes(sizes, max_cells, max_recipes, n_samples, n_boot, pixels, 0 if mask is None else mask.size)
+    free = available_bytes()
+    if free is not None and need > BUDGET_FRACTION * free:
+        raise ValueError(f"n_samples, max_cells: the analysis of {len(sizes)} open field(s) would hold about "
+                         f"{need / 1e9:.2f} GB, over the budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB "
+                         f"available); lower n_samples ({n_samples}), max_cells ({max_cells}), n_boot ({n_boot}) "
+                         "or narrow space=")
+
+
 def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[str, Sequence] | None,
          mask: Any, max_cells: int, max_recipes: int, n_samples: int, seed: int, n_boot: int) -> Ambiguity:
     if not isinstance(trace, xr.Dataset) or "image" in trace.dims or TraceView.of(trace).sites == []:
         raise TypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
     fixed, opened = parse_reported(reported)
     values = _space(trace, fixed, opened, space)
+    mask = _mask(trace, mask)
+    _check_memory(trace, values, mask, max_cells, max_recipes, n_samples, n_boot)
     factors = all_factors = [f for f, v in values.items() if len(v) > 1]
     single = {f: v[0] for f, v in values.items() if len(v) == 1}
     grid = {**fixed, **single, "upsample": "none"}
@@ -348,8 +379,7 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     arr = xr.DataArray(stack, dims=("recipe", *dims), coords=coords, name="ambiguity_maps",
                        attrs={"trace_id": str(trace.attrs.get("trace_id", "")), "grid": "token grid",
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
-    mask = trace["mask"].values if mask is None and "mask" in trace.variables else mask
-    localises = None if mask is None else localising_share(stack, np.asarray(mask, bool))
+    localises = None if mask is None else localising_share(stack, mask)
     skipped = int((~valid).sum())
     kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
@@ -395,6 +425,8 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     if reported is not None and not isinstance(reported, Mapping):
         raise TypeError(f"reported: expected a dict of recipe fields (or checklist categories), got "
                         f"{type(reported).__name__}")
+    if space is not None and not isinstance(space, Mapping):
+        raise TypeError(f"space: expected a dict of recipe field -> list of values, got {type(space).__name__}")
     args = (reported, space, mask, max_cells, max_recipes, n_samples, seed, n_boot)
     if isinstance(trace, xr.Dataset) and "image" not in trace.dims:
         return _one(trace, *args)

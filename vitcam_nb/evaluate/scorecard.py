@@ -9,7 +9,9 @@ single traces it runs eagerly, image by image; both give the same numbers.
 The interval is a paired percentile bootstrap: ``n_boot`` resamples of the images drawn with replacement from
 ``numpy.random.default_rng(seed)`` (the same resamples for every recipe and metric), the statistic the mean of the
 finite values of a resample; the interval is the 2.5th and 97.5th percentile of those means. ``count`` is the
-number of images with a finite value (a degenerate map or a NaN metric is left out).
+number of images with a finite value (a degenerate map or a NaN metric is left out). One image gives no interval:
+where ``count`` is below 2 ``low`` and ``high`` are NaN, and a :class:`~vitcam_nb.evaluate.MetricWarning` says
+so; another names each recipe whose scores are NaN on every image.
 
 Example:
     >>> import timm, numpy as np, vitcam_nb as vc
@@ -31,11 +33,12 @@ import numpy as np
 import xarray as xr
 
 import vitcam_nb.evaluate.metrics_builtin  # noqa: F401  (fills the registry with the kit's metrics)
+from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.evaluate._common import MetricWarning
+from vitcam_nb.evaluate._common import MetricWarning, warn
 from vitcam_nb.evaluate.metric_registry import METRICS, Metric, MetricInputs
 
 __all__ = ["bootstrap_interval", "image_scores", "scorecard"]
@@ -167,6 +170,22 @@ def _run(source: Any, n: int, masks: Sequence[Any] | None, kw: dict, progress: b
         return np.stack(dask.compute(*tasks))
 
 
+def _warn_gaps(recipes: list[Recipe], metrics: list[str], count: np.ndarray, n: int) -> None:
+    """A MetricWarning per recipe with scores that are NaN on every image, and one for the intervals one image
+    cannot give."""
+    for r, row in zip(recipes, count):
+        empty = [m for m, c in zip(metrics, row) if c == 0]
+        if empty:
+            what = "every metric" if len(empty) == len(metrics) else ", ".join(empty)
+            warn(f"scorecard: recipe {r.id} ({r.site}, layer {r.layer}, {r.weighting}) is NaN for {what} on all "
+                 f"{n} image(s): its maps are degenerate, the traces cannot compute it or the metric is undefined "
+                 "there")
+    single = int((count == 1).sum())
+    if single:
+        warn(f"scorecard: {single} (recipe, metric) score(s) have a finite value on one image only; one image gives "
+             "no 95 % interval, so their low and high are NaN (score more images)")
+
+
 def _active_client() -> Any:
     try:
         from distributed import default_client
@@ -241,7 +260,11 @@ def scorecard(
     Example:
         >>> card = scorecard(vc.open_traces("t.zarr"), [vc.presets.get("gradcam")], model=m)  # doctest: +SKIP
     """
-    recipes = list(recipes)
+    try:
+        recipes = list(recipes)
+    except TypeError:
+        raise TypeError(f"recipes: expected a non-empty sequence of vitcam_nb.Recipe, got {type(recipes).__name__}"
+                        ) from None
     if not recipes or not all(isinstance(r, Recipe) for r in recipes):
         raise ValueError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
     ids = [r.id for r in recipes]
@@ -254,6 +277,9 @@ def scorecard(
     lazy = is_store(store_or_traces)
     source = store_or_traces if lazy else ([store_or_traces] if isinstance(store_or_traces, xr.Dataset)
                                            else list(store_or_traces))
+    bad = [] if lazy else [type(t).__name__ for t in source if not isinstance(t, (xr.Dataset, xr.DataTree))]
+    if bad:
+        raise TypeError(f"store_or_traces: expected an open_traces store or a list of traces, got a {bad[0]} in it")
     n = int(source.sizes["image"]) if lazy else len(source)
     if n == 0:
         raise ValueError("store_or_traces: no images")
@@ -261,6 +287,11 @@ def scorecard(
         raise ValueError(f"masks: expected one mask per image ({n}), got {len(masks)}")
     has_mask = masks is not None or ("mask" in source if lazy else all("mask" in t for t in source))
     chosen = _metrics(metrics, has_mask, model)
+    # The bootstrap holds every resample's image indices and means at once: refused before any image is scored.
+    need, free = int(n_boot) * 8 * (n + 2 * len(recipes) * len(chosen)), available_bytes()
+    if free is not None and need > BUDGET_FRACTION * free:
+        raise ValueError(f"n_boot: {n_boot} resamples of {n} images would hold about {need / 1e9:.1f} GB, over the "
+                         f"budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB available); lower n_boot")
     kw = {"recipes": recipes, "metrics": chosen, "model": model, "target": target, "seed": int(seed),
           "settings": settings}
     with warnings.catch_warnings():
@@ -269,18 +300,22 @@ def scorecard(
             warnings.simplefilter("ignore", cat)
         values = _run(source, n, masks, kw, n > 4 if progress is None else bool(progress))
         mean = np.nanmean(values, axis=0)
+    count = np.isfinite(values).sum(axis=0)
     low, high = bootstrap_interval(values, n_boot, seed)
+    low[count < 2] = high[count < 2] = np.nan  # a resample of one value is that value: a width of 0, no interval
+    _warn_gaps(recipes, [m.name for m in chosen], count, n)
     image_ids = source["image"].values if lazy else np.arange(n)
     return xr.Dataset(
         {"mean": (("recipe", "metric"), mean), "low": (("recipe", "metric"), low),
          "high": (("recipe", "metric"), high),
-         "count": (("recipe", "metric"), np.isfinite(values).sum(axis=0)),
+         "count": (("recipe", "metric"), count),
          "values": (("image", "recipe", "metric"), values)},
         coords={"recipe": ids, "metric": [m.name for m in chosen], "image": image_ids,
                 "category": ("metric", [m.category for m in chosen]),
                 "higher_is_better": ("metric", [m.higher_is_better for m in chosen]),
                 "recipe_json": ("recipe", [r.to_json() for r in recipes])},
         attrs={"n_images": n, "n_boot": int(n_boot), "seed": int(seed), "level": 0.95, "target": target,
-               "interval": "paired percentile bootstrap of the mean over images (default_rng(seed))",
+               "interval": "paired percentile bootstrap of the mean over images (default_rng(seed)); NaN where "
+                           "fewer than two images have a finite value",
                "settings": json.dumps(settings or {}, sort_keys=True), "lazy": int(lazy)},
     )

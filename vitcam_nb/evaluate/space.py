@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,8 +44,8 @@ from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import ATTN_ROWS, HEAD_RULES, HEAD_SITES, RELUS, TARGETS, WEIGHT_TOKENS, Recipe
 from vitcam_nb.core.weighting import WEIGHTINGS
 
-__all__ = ["CATEGORY_FIELDS", "DEFAULT_SPACE", "OPEN", "canonical", "default_space", "enumerate_cells",
-           "open_fields", "parse_reported"]
+__all__ = ["CATEGORY_FIELDS", "DEFAULT_SPACE", "OPEN", "canonical", "default_space", "design_bytes",
+           "enumerate_cells", "open_fields", "parse_reported"]
 
 #: The value that marks a field (or a whole checklist category) as left open in ``reported``.
 OPEN = "open"
@@ -161,7 +162,10 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
     if any(c[f] != v for f, v in stated.items()):
         return None
     key = tuple(c[f] for f in _FIELDS)
-    return key if _valid(key) else None
+    try:
+        return key if _valid(key) else None
+    except TypeError:  # an unhashable value (a dict) is no recipe value
+        return None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -186,7 +190,7 @@ def enumerate_cells(space: Mapping[str, Sequence], max_cells: int, n_samples: in
         ((6, 2), 'exact: the full factorial of 6 combinations')
     """
     sizes = [len(v) for v in space.values()]
-    total = int(np.prod(sizes, dtype=np.int64)) if sizes else 1
+    total = math.prod(sizes)  # a Python int: numpy's int64 product wraps (4 x 65,536 values gave 0)
     if total <= max_cells:
         cells = np.array(list(itertools.product(*(range(n) for n in sizes))), dtype=np.int64).reshape(total, -1)
         return cells, f"exact: the full factorial of {total} combinations"
@@ -194,3 +198,31 @@ def enumerate_cells(space: Mapping[str, Sequence], max_cells: int, n_samples: in
     cells = np.stack([rng.integers(0, n, n_samples) for n in sizes], axis=1)
     return cells, (f"sampled: {n_samples} of the {total} combinations drawn uniformly with replacement "
                    f"(seed {seed}); 95 % bootstrap confidence intervals")
+
+
+def design_bytes(sizes: Mapping[str, int], max_cells: int, max_recipes: int, n_samples: int, n_boot: int,
+                 pixels: int, mask_pixels: int = 0) -> int:
+    """An upper bound of the bytes the ambiguity analysis of open fields with ``sizes`` values each holds at once,
+    whichever design :func:`enumerate_cells` picks (an exact design whose recipes exceed ``max_recipes`` is redone
+    sampled, so both count): per cell its codes, its map on the token grid (``pixels``) and the float64 copies
+    the variance shares and the bootstrap make; per factor and category the level indicator (levels x cells);
+    per recipe its map, the Spearman matrix and the upsampled map against a mask of ``mask_pixels``.
+
+    Example:
+        >>> design_bytes({"a": 2, "b": 3}, 100, 10, 50, 10, 196) < 10**7
+        True
+    """
+    total = math.prod(sizes.values())
+    designs = [(n_samples, n_samples, n_boot)]
+    if total <= max_cells:
+        designs.append((total, min(total, max_recipes), 0))
+    groups = [[sizes[f] for f in fields if f in sizes] for fields in CATEGORY_FIELDS.values()]
+    levels = [[n] for n in sizes.values()] + [g for g in groups if g]
+
+    def need(cells: int, recipes: int, boot: int) -> int:
+        indicator = sum(min(math.prod(g), cells) for g in levels) * cells * 8
+        per_cell = pixels * 4 + pixels * 8 * (4 if boot else 2) + len(sizes) * 24 + 400
+        per_recipe = pixels * 12 + recipes * 16 + mask_pixels * 12 + 400
+        return cells * per_cell + indicator * (2 if boot else 1) + recipes * per_recipe + boot * len(levels) * 40
+
+    return max(need(*d) for d in designs)
