@@ -43,9 +43,11 @@ from vitcam_nb.core.errors import (
     DegenerateMapWarning,
     ExportError,
     OutputExistsError,
+    RandomWeightsWarning,
     RecipeError,
     TraceError,
     TraceFileError,
+    WeightsError,
 )
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
@@ -59,6 +61,8 @@ __all__ = [
     "DegenerateMapWarning",
     "ExportError",
     "OutputExistsError",
+    "RandomWeightsWarning",
+    "WeightsError",
     "RecipeError",
     "TraceError",
     "TraceFileError",
