@@ -26,7 +26,14 @@ from vitcam_nb.capture.store_layout import strings
 from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.provenance import settings_id
-from vitcam_nb.core.schema import ENV_ATTRS, SCORE_VARIABLES, STORE_KIND, STORE_PIXELS, SUPPORTED_STORE_VERSIONS
+from vitcam_nb.core.schema import (
+    ENV_ATTRS,
+    SCORE_VARIABLES,
+    STORE_KIND,
+    STORE_PIXELS,
+    SUPPORTED_STORE_VERSIONS,
+    is_int,
+)
 
 __all__ = ["META_CHUNK", "Store", "TRACE_VARS", "dims_of", "runs"]
 
@@ -119,11 +126,15 @@ class Store:
         if attrs.get("store_kind") != STORE_KIND:
             raise TraceFileError(f"path: {path} is a zarr store but not a vitcam_nb trace_many store; choose another "
                                  "path")
-        if int(attrs.get("store_version", -1)) not in SUPPORTED_STORE_VERSIONS:
+        if not is_int(attrs.get("store_version")) or attrs["store_version"] not in SUPPORTED_STORE_VERSIONS:
             raise TraceFileError(f"path: {path} has store_version {attrs.get('store_version')}; this vitcam_nb "
                                  f"writes {list(SUPPORTED_STORE_VERSIONS)}")
         if attrs.get("settings_id") != settings_id(settings):
-            diff = _settings_diff(json.loads(attrs.get("settings", "{}")), settings)
+            try:
+                stored = json.loads(attrs.get("settings", "{}"))
+            except (TypeError, ValueError):  # an edited store: its settings are unknown, and differ
+                stored = {}
+            diff = _settings_diff(stored if isinstance(stored, dict) else {}, settings)
             raise TraceFileError(f"path: {path} holds traces of another model or settings, and traces are never "
                                  "mixed: " + "; ".join(diff) + ". Use a new path, or overwrite=True to replace it")
 
