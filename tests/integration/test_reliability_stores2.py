@@ -382,3 +382,41 @@ def test_fuzz_cam_on_a_store_matches_the_single_trace(store_and_trace, fields):
     except vc.RecipeError:
         return
     _same(_outcome(lambda: vc.cam(one, recipe).values), _outcome(lambda: vc.cam(ds, recipe).values[0]))
+
+
+# -- a failed save on a full disk ------------------------------------------------------------------------------
+FULL_DISK = """
+    import gc, resource, signal, sys
+    import numpy as np, xarray as xr
+    import vitcam_nb as vc
+
+    folder = sys.argv[1]
+    small = xr.Dataset({"a": ("x", np.arange(4.0))}, attrs={"schema_version": 1, "name": "small"})
+    large = xr.Dataset({"a": (("x", "y"), np.random.default_rng(0).random((300, 300)))},
+                       attrs={"schema_version": 1, "name": "large"})
+    for suffix in (".nc", ".zarr"):
+        vc.save(small, folder + "/t" + suffix)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+    for suffix in (".nc", ".zarr"):
+        try:
+            vc.save(large, folder + "/t" + suffix)
+        except OSError as exc:
+            print(suffix, type(exc).__name__, exc, flush=True)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    gc.collect()
+    for suffix in (".nc", ".zarr"):
+        print(suffix, vc.load(folder + "/t" + suffix).attrs["name"], flush=True)
+"""
+
+
+def test_a_save_that_fails_on_a_full_disk_leaves_the_process_and_the_file_healthy(tmp_path):
+    proc = _python(FULL_DISK, tmp_path)  # output to pipes: files of this process obey its size limit too
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (proc.returncode, out, err[-3000:])  # old code: -11 (SIGSEGV) at exit
+    lines = out.splitlines()
+    assert lines[0] == f".nc OSError [Errno 27] path: could not write {tmp_path}/t.nc (File too large); any file " \
+                       "there was left as it was"
+    assert lines[1].startswith(".zarr OSError [Errno 27] File too large")
+    assert lines[2:] == [".nc small", ".zarr small"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.nc", "t.zarr"]  # no temporary file left

@@ -10,7 +10,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -139,6 +141,60 @@ def _check_overwrite(path: Path, kind: str) -> None:
                              "left alone. Use another path, or overwrite=True to replace it")
 
 
+class _SpillOnFailure:
+    """A binary file for HDF5 to write through that never reports a failed write to it.
+
+    HDF5 does not survive a write that fails (a full disk, a file-size limit): its metadata cache is left
+    inconsistent, and the next close or the interpreter's exit flushes it through freed handles, which crashes
+    the process (a dead kernel). So the first failed write moves the file into memory, where HDF5 finishes and
+    closes it normally; the failure is raised afterwards, and the partial file deleted.
+    """
+
+    def __init__(self, fh: io.BufferedRandom) -> None:
+        self.fh: io.BufferedRandom | io.BytesIO = fh
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        return self._guarded("write", data)
+
+    def truncate(self, size: int) -> int:  # HDF5 sets the file's length when it closes it: this may grow it
+        return self._guarded("truncate", size)
+
+    def _guarded(self, name: str, arg: object) -> int:
+        if self.error is None:
+            at = self.fh.tell()
+            try:
+                return getattr(self.fh, name)(arg)
+            except OSError as exc:
+                self.error = exc
+                self.fh = self._in_memory(at)
+        return getattr(self.fh, name)(arg)
+
+    def _in_memory(self, at: int) -> io.BytesIO:
+        copy = io.BytesIO()
+        with contextlib.suppress(OSError):  # what reached the disk so far, for HDF5 to read back
+            self.fh.seek(0)
+            copy.write(self.fh.read())
+        with contextlib.suppress(OSError):  # its buffer cannot be written either
+            self.fh.close()
+        copy.seek(at)
+        return copy
+
+    def __getattr__(self, name: str) -> object:  # read, readinto, seek, tell, flush
+        return getattr(self.fh, name)
+
+
+def _write_netcdf(out: xr.Dataset | xr.DataTree, tmp: Path, path: Path) -> None:
+    """Write a netCDF file; a failed write (a full disk) raises OSError and leaves HDF5 healthy."""
+    with open(tmp, "w+b") as fh:
+        target = _SpillOnFailure(fh)
+        out.to_netcdf(target, engine="h5netcdf")
+        target.flush()
+    if target.error is not None:
+        raise OSError(target.error.errno, f"path: could not write {path} ({target.error.strerror}); any file "
+                                          "there was left as it was")
+
+
 def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
 
@@ -174,7 +230,7 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if kind == "netcdf":
-            out.to_netcdf(tmp, engine="h5netcdf")
+            _write_netcdf(out, tmp, path)
             os.replace(tmp, path)
         else:
             with warnings.catch_warnings():
