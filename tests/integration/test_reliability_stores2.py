@@ -420,3 +420,101 @@ def test_a_save_that_fails_on_a_full_disk_leaves_the_process_and_the_file_health
     assert lines[1].startswith(".zarr OSError [Errno 27] File too large")
     assert lines[2:] == [".nc small", ".zarr small"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.nc", "t.zarr"]  # no temporary file left
+
+
+# -- read-only folders and symlinks ----------------------------------------------------------------------------
+def _without_write_access(folder: Path, work) -> str:
+    """``work()``'s outcome ("ok" or "Type: message") run where ``folder`` cannot be written: as root (whom
+    permissions do not stop), in a forked child that became nobody; otherwise with the folder made read-only."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")] if p.is_dir()}
+        for p in modes:
+            p.chmod(0o555)
+        try:
+            work()
+            return "ok"
+        except Exception as exc:  # the outcome is compared by the caller
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child only touches files: the model is not run after the fork
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                work()
+                outcome = "ok"
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+            os.write(write, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        outcome = f.read()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.fixture
+def open_folder():
+    """A folder others may enter and read (not write): pytest's own tmp_path is closed to them."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_read_only_folders_give_a_trace_file_error_naming_the_path(open_folder):
+    store = vc.trace_many(MODEL, iter([IMAGE]), open_folder / "s.zarr", targets="top1", sites=["F1"],
+                          progress=False)
+    for p in store.rglob("*"):
+        if p.is_dir():
+            p.chmod(0o755)
+    for name in ("u.nc", "u.zarr"):
+        outcome = _without_write_access(open_folder, lambda name=name: vc.save(TRACE, open_folder / name))
+        assert outcome.startswith(f"TraceFileError: path: cannot write {open_folder / name}: Permission denied ("), \
+            outcome
+    outcome = _without_write_access(open_folder, lambda: vc.trace_many(MODEL, [IMAGE, IMAGE], store, targets="top1",
+                                                                       sites=["F1"], progress=False))
+    assert outcome == (f"TraceFileError: path: cannot create the lock file {store / LOCK_NAME} (Permission denied); "
+                       "a store is written only in a folder this process can write to")
+    assert sorted(p.name for p in open_folder.iterdir()) == ["s.zarr"]
+
+
+def test_a_store_whose_array_folder_leads_outside_it_is_not_written(tmp_path):
+    import shutil
+
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(path / "act", outside / "act")
+    (path / "act").symlink_to(outside / "act")
+    before = sorted(str(p.relative_to(outside)) for p in outside.rglob("*"))
+    with pytest.raises(vc.TraceFileError, match=rf"^path: {path} holds act, a symlink to {outside / 'act'} outside "
+                                                "the store; the store is written only inside its own folder"):
+        vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before
+    assert not (path / LOCK_NAME).exists()
+
+
+def test_a_symlinked_store_is_resumed_and_replaced_where_it_leads(tmp_path):
+    real, link = tmp_path / "real.zarr", tmp_path / "link.zarr"
+    images = _half_store(real)
+    link.symlink_to(real)
+    assert vc.trace_many(MODEL, images, link, targets="top1", sites=["F1"], progress=False) == link
+    assert vc.open_traces(link).sizes["image"] == 3
+    vc.trace_many(MODEL, images[:1], link, targets="top2", sites=["F1"], overwrite=True, progress=False)
+    assert link.is_symlink() and vc.open_traces(real).sizes["target"] == 3  # top1, top2, expected_logit
+    dangling = tmp_path / "dangling.zarr"
+    dangling.symlink_to(tmp_path / "nowhere" / "s.zarr")
+    with pytest.raises(vc.TraceFileError, match=r"^path: .*dangling.zarr is a symlink to .*nowhere/s.zarr, which "
+                                                "does not exist"):
+        vc.trace_many(MODEL, images, dangling, targets="top1", sites=["F1"], progress=False)

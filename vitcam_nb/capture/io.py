@@ -245,6 +245,9 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
             os.replace(tmp, path)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+    except PermissionError as exc:
+        raise TraceFileError(f"path: cannot write {path}: {exc.strerror} ({exc.filename}); save to a folder this "
+                             "process can write to") from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
