@@ -10,7 +10,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -22,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.errors import TraceFileError
-from vitcam_nb.core.schema import SUPPORTED_SCHEMAS
+from vitcam_nb.core.schema import SUPPORTED_SCHEMAS, is_int, problems
 
 __all__ = ["CHECKSUM_ATTR", "content_sha256", "load", "save", "tree_sha256"]
 
@@ -139,6 +141,60 @@ def _check_overwrite(path: Path, kind: str) -> None:
                              "left alone. Use another path, or overwrite=True to replace it")
 
 
+class _SpillOnFailure:
+    """A binary file for HDF5 to write through that never reports a failed write to it.
+
+    HDF5 does not survive a write that fails (a full disk, a file-size limit): its metadata cache is left
+    inconsistent, and the next close or the interpreter's exit flushes it through freed handles, which crashes
+    the process (a dead kernel). So the first failed write moves the file into memory, where HDF5 finishes and
+    closes it normally; the failure is raised afterwards, and the partial file deleted.
+    """
+
+    def __init__(self, fh: io.BufferedRandom) -> None:
+        self.fh: io.BufferedRandom | io.BytesIO = fh
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        return self._guarded("write", data)
+
+    def truncate(self, size: int) -> int:  # HDF5 sets the file's length when it closes it: this may grow it
+        return self._guarded("truncate", size)
+
+    def _guarded(self, name: str, arg: object) -> int:
+        if self.error is None:
+            at = self.fh.tell()
+            try:
+                return getattr(self.fh, name)(arg)
+            except OSError as exc:
+                self.error = exc
+                self.fh = self._in_memory(at)
+        return getattr(self.fh, name)(arg)
+
+    def _in_memory(self, at: int) -> io.BytesIO:
+        copy = io.BytesIO()
+        with contextlib.suppress(OSError):  # what reached the disk so far, for HDF5 to read back
+            self.fh.seek(0)
+            copy.write(self.fh.read())
+        with contextlib.suppress(OSError):  # its buffer cannot be written either
+            self.fh.close()
+        copy.seek(at)
+        return copy
+
+    def __getattr__(self, name: str) -> object:  # read, readinto, seek, tell, flush
+        return getattr(self.fh, name)
+
+
+def _write_netcdf(out: xr.Dataset | xr.DataTree, tmp: Path, path: Path) -> None:
+    """Write a netCDF file; a failed write (a full disk) raises OSError and leaves HDF5 healthy."""
+    with open(tmp, "w+b") as fh:
+        target = _SpillOnFailure(fh)
+        out.to_netcdf(target, engine="h5netcdf")
+        target.flush()
+    if target.error is not None:
+        raise OSError(target.error.errno, f"path: could not write {path} ({target.error.strerror}); any file "
+                                          "there was left as it was")
+
+
 def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
 
@@ -174,7 +230,7 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if kind == "netcdf":
-            out.to_netcdf(tmp, engine="h5netcdf")
+            _write_netcdf(out, tmp, path)
             os.replace(tmp, path)
         else:
             with warnings.catch_warnings():
@@ -189,15 +245,67 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
             os.replace(tmp, path)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+    except PermissionError as exc:
+        raise TraceFileError(f"path: cannot write {path}: {exc.strerror} ({exc.filename}); save to a folder this "
+                             "process can write to") from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
     return path
 
 
-def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset | xr.DataTree:
+def _declared(path: Path, kind: str) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, shape, bytes) of every array the file declares, read from its metadata alone."""
+    out: list[tuple[str, tuple[int, ...], int]] = []
+    if kind == "netcdf":
+        import h5py
+
+        def visit(name: str, obj: object) -> None:
+            if isinstance(obj, h5py.Dataset):
+                out.append((name, tuple(obj.shape), int(obj.size) * obj.dtype.itemsize))
+
+        with h5py.File(path, "r") as f:
+            f.visititems(visit)
+    else:
+        import zarr
+
+        for name, member in zarr.open_group(str(path), mode="r").members(max_depth=None):
+            if isinstance(member, zarr.Array):
+                out.append((name, tuple(member.shape), int(member.nbytes)))
+    return out
+
+
+def _check_declared(path: Path, kind: str, max_bytes: float | None) -> None:
+    """Refuse a file declaring more than the memory budget before anything is allocated: a small damaged or
+    hostile file can declare arrays of any size, and reading it would allocate them."""
+    from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes, check_max_bytes
+
+    check_max_bytes(max_bytes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            arrays = _declared(path, kind)
+    except Exception as exc:  # h5py/zarr raise many types for a damaged file; the user needs one answer
+        raise TraceFileError(f"path: {path} could not be read as a {kind} trace "
+                             f"(truncated, corrupted or not a trace): {exc}") from exc
+    available = available_bytes()
+    limit = max_bytes if max_bytes is not None else None if available is None else BUDGET_FRACTION * available
+    total = sum(n for _, _, n in arrays)
+    if limit is not None and total > limit:
+        name, shape, _ = max(arrays, key=lambda a: a[2])
+        what = "max_bytes" if max_bytes is not None else f"{BUDGET_FRACTION:.0%} of the available memory"
+        raise TraceFileError(f"path: {path} declares {total / 1e9:.2f} GB of arrays (the largest, {name!r}, of "
+                             f"shape {shape}), over the budget of {limit / 1e9:.2f} GB ({what}); nothing was read. A "
+                             "damaged file can declare any size: if this trace is really that large, pass a larger "
+                             "max_bytes")
+
+
+def load(path: str | os.PathLike, *, verify: bool = True, max_bytes: float | None = None) -> xr.Dataset | xr.DataTree:
     """Read a trace written by :func:`save` fully into memory and verify its checksum and schema (a
     hierarchical trace comes back as a DataTree).
+
+    The sizes the file declares are checked against ``max_bytes`` (None: half the available memory, as a
+    trace's budget) before anything is read, and the content against the schema after.
 
     Example:
         >>> import tempfile, numpy as np, xarray as xr
@@ -213,6 +321,7 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset | xr.Dat
     if "store_kind" in (_top_attrs(path) or {}):
         raise TraceFileError(f"path: {path} is a trace_many store of many images; open it with "
                              "vitcam_nb.open_traces(path) (vitcam_nb.image_trace(store, i) gives one image's trace)")
+    _check_declared(path, kind, max_bytes)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -222,13 +331,7 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset | xr.Dat
     except Exception as exc:  # h5py/zarr raise many types for a damaged file; the user needs one answer
         raise TraceFileError(f"path: {path} could not be read as a {kind} trace "
                              f"(truncated, corrupted or not a trace): {exc}") from exc
-    version = ds.attrs.get("schema_version")
-    if version is None:
-        raise TraceFileError(f"path: {path} is not a vitcam_nb trace (no schema_version attribute)")
-    if int(version) not in SUPPORTED_SCHEMAS:
-        raise TraceFileError(f"path: {path} has schema_version {version}; this vitcam_nb reads "
-                             f"{list(SUPPORTED_SCHEMAS)}. Re-trace the model, or load it with the vitcam_nb "
-                             "version that wrote it and save again")
+    _check_schema(path, ds)
     stored = ds.attrs.pop(CHECKSUM_ATTR, None)
     if isinstance(ds, xr.DataTree):
         ds = xr.DataTree.from_dict({node.path: _clean(node.to_dataset(inherit=False)) for node in ds.subtree})
@@ -244,3 +347,22 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> xr.Dataset | xr.Dat
                                  f"{actual[:12]}…): the file is corrupted or was modified")
     ds.encoding[CHECKSUM_ATTR] = stored
     return ds
+
+
+def _check_schema(path: Path, ds: xr.Dataset | xr.DataTree) -> None:
+    """Refuse what is no trace of a schema this version reads: a foreign file, another schema version, bad
+    attributes or variables (checked before the checksum, which reads them all)."""
+    version = _plain(ds.attrs.get("schema_version"))
+    if version is None:
+        raise TraceFileError(f"path: {path} is not a vitcam_nb trace (no schema_version attribute)")
+    if not is_int(version) or int(version) not in SUPPORTED_SCHEMAS:
+        raise TraceFileError(f"path: {path} has schema_version {repr(version)[:40]}; this vitcam_nb reads "
+                             f"{list(SUPPORTED_SCHEMAS)}. Re-trace the model, or load it with the vitcam_nb "
+                             "version that wrote it and save again")
+    nodes = [n.to_dataset(inherit=False) for n in ds.subtree] if isinstance(ds, xr.DataTree) else [ds]
+    found = [p for node in nodes for p in problems(node)]
+    checksum = ds.attrs.get(CHECKSUM_ATTR)
+    if checksum is not None and not isinstance(checksum, str):
+        found.append(f"attribute {CHECKSUM_ATTR!r} is {type(checksum).__name__}, not a str")
+    if found:
+        raise TraceFileError(f"path: {path} is a damaged or edited trace: " + "; ".join(found[:5]))

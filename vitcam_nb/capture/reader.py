@@ -23,7 +23,7 @@ from vitcam_nb.capture.store import dims_of
 from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
-from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS
+from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS, is_int
 
 __all__ = ["image_choices", "image_trace", "is_store", "open_traces"]
 
@@ -69,10 +69,11 @@ def open_traces(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Data
     if attrs.get("store_kind") != STORE_KIND:
         hint = " (a single trace: read it with vc.load)" if "schema_version" in attrs else ""
         raise TraceFileError(f"path: {path} is not a vitcam_nb trace_many store{hint}")
-    if int(attrs.get("store_version", -1)) not in SUPPORTED_STORE_VERSIONS or \
-            int(attrs.get("schema_version", -1)) != SCHEMA_VERSION:
-        raise TraceFileError(f"path: {path} has store_version {attrs.get('store_version')} and schema_version "
-                             f"{attrs.get('schema_version')}; this vitcam_nb reads store versions "
+    store_version, schema_version = attrs.get("store_version"), attrs.get("schema_version")
+    if not (is_int(store_version) and store_version in SUPPORTED_STORE_VERSIONS and is_int(schema_version)
+            and schema_version == SCHEMA_VERSION):
+        raise TraceFileError(f"path: {path} has store_version {store_version!r} and schema_version "
+                             f"{schema_version!r}; this vitcam_nb reads store versions "
                              f"{list(SUPPORTED_STORE_VERSIONS)} with schema {SCHEMA_VERSION}")
     with lock_entry_ignored():
         lengths = {group[k].shape[0] for k in group.array_keys() if dims_of(group[k])[:1] == ("image",)}

@@ -26,9 +26,16 @@ from vitcam_nb.capture.store_layout import strings
 from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.provenance import settings_id
-from vitcam_nb.core.schema import ENV_ATTRS, SCORE_VARIABLES, STORE_KIND, STORE_PIXELS, SUPPORTED_STORE_VERSIONS
+from vitcam_nb.core.schema import (
+    ENV_ATTRS,
+    SCORE_VARIABLES,
+    STORE_KIND,
+    STORE_PIXELS,
+    SUPPORTED_STORE_VERSIONS,
+    is_int,
+)
 
-__all__ = ["META_CHUNK", "Store", "TRACE_VARS", "dims_of", "runs"]
+__all__ = ["META_CHUNK", "Store", "TRACE_VARS", "check_contained", "dims_of", "runs"]
 
 # Small per-image coordinates are chunked in blocks, so that opening a store of 100k images does not read
 # 100k tiny files per coordinate; zarr's atomic chunk writes keep a block safe when a run is interrupted.
@@ -83,6 +90,24 @@ def runs(indices: list[int]) -> list[np.ndarray]:
     return np.split(np.arange(len(indices)), np.flatnonzero(np.diff(indices) != 1) + 1)
 
 
+def check_contained(path: Path) -> None:
+    """Refuse a store with a symlink (an array folder, or its chunk folder) leading out of it: writing to the
+    store would write through it, to files the store does not own.
+
+    Example:
+        >>> import tempfile
+        >>> check_contained(Path(tempfile.mkdtemp()))
+    """
+    root = path.resolve()
+    entries = [e for top in path.iterdir() for e in ([top, *top.iterdir()] if top.is_dir() and not top.is_symlink()
+                                                     else [top])]
+    for entry in entries:
+        if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+            raise TraceFileError(f"path: {path} holds {entry.relative_to(path)}, a symlink to {entry.resolve()} "
+                                 "outside the store; the store is written only inside its own folder. Copy the "
+                                 "data into the store, or use a new path")
+
+
 class Store:
     """A trace_many zarr store opened for writing.
 
@@ -95,6 +120,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         import zarr
 
+        check_contained(path)
         self.path = path
         self.group = zarr.open_group(str(path), mode="r+")
         # Handles of the arrays with a leading image dimension (resizing a handle updates it in place).
@@ -119,11 +145,15 @@ class Store:
         if attrs.get("store_kind") != STORE_KIND:
             raise TraceFileError(f"path: {path} is a zarr store but not a vitcam_nb trace_many store; choose another "
                                  "path")
-        if int(attrs.get("store_version", -1)) not in SUPPORTED_STORE_VERSIONS:
+        if not is_int(attrs.get("store_version")) or attrs["store_version"] not in SUPPORTED_STORE_VERSIONS:
             raise TraceFileError(f"path: {path} has store_version {attrs.get('store_version')}; this vitcam_nb "
                                  f"writes {list(SUPPORTED_STORE_VERSIONS)}")
         if attrs.get("settings_id") != settings_id(settings):
-            diff = _settings_diff(json.loads(attrs.get("settings", "{}")), settings)
+            try:
+                stored = json.loads(attrs.get("settings", "{}"))
+            except (TypeError, ValueError):  # an edited store: its settings are unknown, and differ
+                stored = {}
+            diff = _settings_diff(stored if isinstance(stored, dict) else {}, settings)
             raise TraceFileError(f"path: {path} holds traces of another model or settings, and traces are never "
                                  "mixed: " + "; ".join(diff) + ". Use a new path, or overwrite=True to replace it")
 
@@ -137,6 +167,9 @@ class Store:
                 raise FileExistsError(path)
             os.rename(tmp, path)
         except OSError as exc:
+            if isinstance(exc, PermissionError):
+                raise TraceFileError(f"path: cannot create {path}: {exc.strerror} ({exc.filename}); write the store "
+                                     "in a folder this process can write to") from exc
             if not path.exists():
                 raise
             raise TraceFileError(f"path: {path} was created by another call while this one traced its first "

@@ -1,18 +1,22 @@
 """One writer per ``trace_many`` store: a lock file inside the store, held while a call writes to it.
 
-The lock is ``<store>/.vitcam_nb.lock``, created exclusively (``O_CREAT | O_EXCL``) and holding the writer's
-process id, host and start time. A second call that finds it refuses with :class:`TraceFileError` naming the
-writer. A stale lock (its process on this host is gone, e.g. after a crash or a kill) is taken over; a lock
-written on another host is never judged stale here: delete the file by hand once that writer is gone.
+The lock is ``<store>/.vitcam_nb.lock``. Holding it means holding an exclusive ``flock`` on that file: the
+kernel arbitrates, so of several calls that find the same lock free (or stale) exactly one gets it, and a
+writer that dies (a crash, a kill) lets go of it at once. The file names the writer (process id, host, start
+time) for the message a refused call gives. A second call refuses with :class:`TraceFileError` naming the
+writer. A lock file that no process holds is stale and is taken over when it names a process of this host that
+is gone, or nobody at all (an empty or garbled file); one naming a live process (a writer of an older vitcam_nb,
+which did not flock) or a process on another host is left alone: delete the file by hand once that writer is
+gone.
 
 Example:
     >>> import tempfile
     >>> from pathlib import Path
     >>> store = Path(tempfile.mkdtemp())
-    >>> lock = StoreLock(store)
-    >>> lock.acquire(); (store / LOCK_NAME).exists()
+    >>> with StoreLock(store):
+    ...     (store / LOCK_NAME).exists()
     True
-    >>> lock.release(); (store / LOCK_NAME).exists()
+    >>> (store / LOCK_NAME).exists()
     False
 """
 
@@ -58,9 +62,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _pid(owner: dict) -> int | None:
+    """The process id a lock file names, None for anything that is not a positive int (a garbled file)."""
+    pid = owner.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def _flock(fd: int) -> bool:
+    """Take an exclusive lock on ``fd`` without waiting: True when taken, False when another holder has it."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 class StoreLock:
     """The lock of the store at ``path``: :meth:`acquire` before writing, :meth:`release` after (idempotent;
-    only this lock's own file is removed).
+    only this lock's own file is removed), or ``with StoreLock(path):`` around the writes.
 
     Example:
         >>> import tempfile
@@ -78,44 +99,90 @@ class StoreLock:
         self.file = Path(path) / LOCK_NAME
         self.token = uuid.uuid4().hex
         self.held = False
+        self._fd: int | None = None
+
+    def __enter__(self) -> StoreLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def _owner(self) -> dict:
         try:
-            return json.loads(self.file.read_text())
-        except (OSError, ValueError):  # being written this instant, or not ours to read: treat as held
+            owner = json.loads(self.file.read_text())
+        except (OSError, ValueError):  # being written this instant, garbled, or not ours to read
             return {}
+        return owner if isinstance(owner, dict) else {}
+
+    def _refuse(self, owner: dict, why: str = "") -> TraceFileError:
+        pid, host = _pid(owner), owner.get("host")
+        since = owner.get("since", "an unknown time")
+        if pid is None:
+            who = "a process that has not named itself yet (the lock file is empty or garbled)"
+        elif why == "" and host == socket.gethostname() and not _alive(pid):
+            who = f"a process taking over the stale lock of process {pid}"
+        else:
+            who = f"process {pid} on {host}, since {since}"
+        return TraceFileError(
+            f"path: {self.file.parent} is being written by another trace_many call ({who}){why}; one store has "
+            f"one writer. Rerun once it has finished to resume; if that writer is gone for good (another machine, "
+            f"or a reused process id), delete {self.file}")
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.file, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as exc:
+            raise TraceFileError(f"path: cannot create the lock file {self.file} ({exc.strerror}); a store is "
+                                 "written only in a folder this process can write to") from exc
 
     def acquire(self) -> None:
         """Take the lock, or refuse (``TraceFileError``) while another writer holds it."""
-        for _ in range(2):  # the second try follows the removal of a stale lock
+        if self.held:
+            return
+        for _ in range(8):  # a retry follows a holder's removal of the file between our open and our flock
+            fd = self._open()
             try:
-                fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+                try:
+                    taken = _flock(fd)
+                except OSError as exc:  # a filesystem without locks (some network mounts)
+                    raise TraceFileError(f"path: the filesystem of {self.file.parent} does not support file locks "
+                                         f"({exc.strerror}); write the store to a local folder") from exc
                 owner = self._owner()
-                pid, host = owner.get("pid"), owner.get("host")
-                if isinstance(pid, int) and host == socket.gethostname() and not _alive(pid):
-                    # Renamed away, not deleted: of two calls finding the same stale lock, only one moves it.
-                    try:
-                        os.replace(self.file, self.file.with_name(f"{LOCK_NAME}.stale-{self.token}"))
-                        os.remove(self.file.with_name(f"{LOCK_NAME}.stale-{self.token}"))
-                    except FileNotFoundError:
-                        pass
+                if not taken:
+                    raise self._refuse(owner)
+                try:
+                    same = os.path.samestat(os.fstat(fd), os.stat(self.file))
+                except FileNotFoundError:
+                    same = False
+                if not same:  # we locked a file its holder removed on release: open the new one
+                    os.close(fd)
                     continue
-                since = owner.get("since", "an unknown time")
-                raise TraceFileError(
-                    f"path: {self.file.parent} is being written by another trace_many call (process {pid} on "
-                    f"{host}, since {since}); one store has one writer. Rerun once it has finished to resume; if "
-                    f"that writer is gone for good (another machine, or a reused process id), delete "
-                    f"{self.file}") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
-                           "since": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
-            self.held = True
+                pid, host = _pid(owner), owner.get("host")
+                if pid is not None and pid != os.getpid() and (
+                        host != socket.gethostname() or _alive(pid)):
+                    # No flock held, yet it names a writer that may be running: an older vitcam_nb's lock (it
+                    # did not flock), or a writer on another host whose locks this host may not see.
+                    raise self._refuse(owner, " and holds no file lock; it may be an older vitcam_nb")
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
+                                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd, self.held = fd, True
             return
         raise TraceFileError(f"path: could not take the lock {self.file}; another call keeps taking it")
 
     def release(self) -> None:
-        """Remove the lock file if this lock holds it."""
-        if self.held and self._owner().get("token") == self.token:
-            self.file.unlink(missing_ok=True)
-        self.held = False
+        """Remove the lock file if this lock holds it (while still holding it, so nobody takes a removed file)."""
+        if self._fd is None:
+            self.held = False
+            return
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(self._fd), os.stat(self.file)):
+                    self.file.unlink()
+        finally:
+            os.close(self._fd)
+            self._fd, self.held = None, False

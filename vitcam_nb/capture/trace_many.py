@@ -173,6 +173,12 @@ def trace_many(
         raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
+    given = path
+    if path.is_symlink():  # the store is where the link leads: written, resumed and replaced there
+        if not path.exists():
+            raise TraceFileError(f"path: {path} is a symlink to {os.readlink(path)}, which does not exist; create "
+                                 "that folder's parent, or remove the link")
+        path = path.resolve()
     items, n = iter_items(images, image_labels, masks)
 
     store: Store | None = None
@@ -258,4 +264,4 @@ def trace_many(
     finally:
         bar.close()
         lock.release()
-    return path
+    return given

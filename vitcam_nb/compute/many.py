@@ -28,7 +28,7 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, user_stacklevel
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind, kind_for
 from vitcam_nb.core.recipe import Recipe, recipe_arguments
-from vitcam_nb.core.schema import ATTENTION_SITE
+from vitcam_nb.core.schema import ATTENTION_SITE, is_int
 
 __all__ = ["MANY", "ManyKind", "cam_many", "image_blocks", "is_lazy", "subset"]
 
@@ -61,11 +61,11 @@ def subset(ds: xr.Dataset, recipes: Sequence[Recipe]) -> xr.Dataset:
     sub = sub.assign_coords({k: ds[k] for k in ("token_kind", "patch_row", "patch_col") if k in ds.coords})
     if token_sites and all(s in ds["site"].values for s in token_sites):
         sub = sub.sel(site=token_sites)
-    n_layers = int(ds.attrs.get("num_layers", 0))
-    if n_layers and all(r.layer != "all" for r in recipes):
-        wanted = set()
-        for r in recipes:
-            wanted |= {int(v) % n_layers for v in (r.layer if isinstance(r.layer, tuple) else (r.layer,))}
+    n_layers = ds.attrs.get("num_layers", 0)
+    asked = [v for r in recipes for v in (r.layer if isinstance(r.layer, tuple) else (r.layer,))]
+    # Only block indices of this model narrow the layers; anything else is for the single trace to refuse.
+    if is_int(n_layers) and n_layers > 0 and all(is_int(v) and -n_layers <= v < n_layers for v in asked):
+        wanted = {int(v) % n_layers for v in asked}
         traced = [int(v) for v in ds["layer"].values]
         if wanted <= set(traced):
             sub = sub.isel(layer=[traced.index(v) for v in sorted(wanted)])
@@ -135,14 +135,22 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
     if not is_store(ds):
         raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     recipe = recipe_arguments(recipe, grid, fields)
-    sub = subset(ds, [recipe])
-    n = sub.sizes["image"]
-    if n:  # a bad recipe raises its RecipeError now, not at compute time
-        first = str(_cam_block(sub.isel(image=[0]), recipe)["degenerate"].values[0])
-        if first:
-            warnings.warn(f"recipe {recipe.id} is degenerate on the first image ({first}); such maps are zeros, "
-                          "and the `degenerate` coordinate says which images are", DegenerateMapWarning,
-                          stacklevel=user_stacklevel())
+    n = ds.sizes["image"]
+    try:
+        sub = subset(ds, [recipe])
+        first = str(_cam_block(sub.isel(image=[0]), recipe)["degenerate"].values[0]) if n else ""
+    except Exception:
+        if not n:
+            raise
+        # A refusal is the single trace's own: the first image whole, exactly as vc.image_trace(ds, 0) gives it,
+        # raises what vc.cam raises on that trace (the subset leaves out what an error message names). Should
+        # the whole image compute, the subset lacked something the recipe reads: every image is read whole.
+        sub = ds
+        first = str(_cam_block(ds.isel(image=[0]), recipe)["degenerate"].values[0])
+    if first:  # a bad recipe raised its error above, on the first image, not at compute time
+        warnings.warn(f"recipe {recipe.id} is degenerate on the first image ({first}); such maps are zeros, "
+                      "and the `degenerate` coordinate says which images are", DegenerateMapWarning,
+                      stacklevel=user_stacklevel())
     dims = map_dims(recipe)
     shape = ((int(ds.attrs["grid_h"]), int(ds.attrs["grid_w"])) if recipe.upsample == "none"
              else (int(ds.attrs["img_height"]), int(ds.attrs["img_width"])))

@@ -205,6 +205,73 @@ PER_IMAGE_ATTRS = ("trace_id", "input_sha256", "preprocessing", "device", "deter
 ENV_ATTRS = ("vitcam_nb_version", "torch_version", "timm_version", "numpy_version", "xarray_version")
 
 
+# -- validation of a trace read from a file -------------------------------------------------------------
+#: Dimension names a variable may use instead of the schema's (the text tower's own head count, BLIP).
+DIM_ALTERNATIVES = {"xattn": {"head": "xattn_head"}, "xattn_grad": {"head": "xattn_head"}}
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), not a bool, a float or a string of digits.
+
+    Example:
+        >>> is_int(1), is_int(1.7), is_int("1"), is_int(True)
+        (True, False, False, False)
+    """
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def _attribute_problem(key: str, value: object) -> str | None:
+    if isinstance(value, (str, float)) or is_int(value):
+        return None
+    shape = getattr(value, "shape", None)
+    kind = f"{type(value).__name__} of shape {shape}" if shape is not None else type(value).__name__
+    return f"attribute {key!r} is {kind}; a trace's attributes are single str, int or float values"
+
+
+def _expected_dims(name: str) -> set[tuple[str, ...]]:
+    dims = VARIABLES[name].dims
+    swaps = DIM_ALTERNATIVES.get(name, {})
+    return {dims, tuple(swaps.get(d, d) for d in dims)}
+
+
+def problems(ds: object) -> list[str]:
+    """What makes a Dataset read from a file no trace of this schema (empty when nothing does): attributes
+    that are not single str/int/float values, a ``schema_version`` that is not an int, schema variables with
+    other dimensions (a transposed ``grad``), and patch positions outside the patch grid.
+
+    Example:
+        >>> import numpy as np, xarray as xr
+        >>> ds = xr.Dataset({"logits": ("class", np.zeros(3))}, attrs={"schema_version": 1.7})
+        >>> problems(ds)
+        ['schema_version is 1.7 (float); it is an int']
+        >>> problems(xr.Dataset({"logits": (("class", "x"), np.zeros((3, 1)))}))
+        ["variable 'logits' has dimensions ('class', 'x'); the schema's are ('class',)"]
+    """
+    attrs = dict(getattr(ds, "attrs", {}))
+    out = [p for p in (_attribute_problem(str(k), v) for k, v in attrs.items()) if p]
+    version = attrs.get("schema_version")
+    if version is not None and not is_int(version) and not any("'schema_version'" in p for p in out):
+        out.append(f"schema_version is {repr(version)[:40]} ({type(version).__name__}); it is an int")
+    variables = getattr(ds, "variables", {})
+    for name, var in variables.items():
+        if name in VARIABLES and tuple(var.dims) not in _expected_dims(name):
+            out.append(f"variable {name!r} has dimensions {tuple(var.dims)}; the schema's are {VARIABLES[name].dims}")
+    for axis, size_key in (("row", "grid_h"), ("col", "grid_w")):
+        size = attrs.get(size_key)
+        if not is_int(size):
+            continue
+        for prefix in ("", "query_", "key_"):
+            name = f"{prefix}patch_{axis}"
+            if name not in variables:
+                continue
+            values = variables[name].values
+            if values.dtype.kind not in "iu" or values.size and (values.min() < -1 or values.max() >= size):
+                out.append(f"coordinate {name!r} holds values outside -1..{int(size) - 1} ({size_key} {size})")
+    return out
+
+
 def markdown_table() -> str:
     """The variables, coordinates and attributes as the markdown table ``docs/architecture.md`` shows.
 

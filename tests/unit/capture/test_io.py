@@ -147,9 +147,8 @@ def test_save_refuses_non_dataset(tmp_path):
 
 
 def test_failed_netcdf_write_leaves_nothing(traces, tmp_path, monkeypatch):
-    def half_write(self, path=None, *args, **kwargs):
-        with open(path, "wb") as f:
-            f.write(b"\x89HDF\r\n\x1a\n partial")
+    def half_write(self, target=None, *args, **kwargs):  # save hands HDF5 a file object
+        target.write(b"\x89HDF\r\n\x1a\n partial")
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(xr.Dataset, "to_netcdf", half_write)
@@ -162,9 +161,8 @@ def test_failed_netcdf_write_keeps_the_previous_file(traces, tmp_path, monkeypat
     path = vc.save(traces["float32"], tmp_path / "t.nc")
     before = path.read_bytes()
 
-    def half_write(self, path=None, *args, **kwargs):
-        with open(path, "wb") as f:
-            f.write(b"partial")
+    def half_write(self, target=None, *args, **kwargs):
+        target.write(b"partial")
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(xr.Dataset, "to_netcdf", half_write)

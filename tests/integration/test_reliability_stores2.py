@@ -1,0 +1,520 @@
+"""Issue #32, trace files and stores: the store lock taken over atomically (real processes racing), empty or
+garbled lock files, read-only and symlinked paths, declared sizes checked before a load allocates them, a
+failed save on a full disk that leaves the process healthy, and damaged files and odd recipes refused with the
+kit's own errors (a store exactly as a single trace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vitcam_testing import make_model
+
+import vitcam_nb as vc
+from vitcam_nb.capture.store_lock import LOCK_NAME, StoreLock
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = make_model("vit")
+IMAGE = np.random.default_rng(5).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+TRACE = vc.trace(MODEL, IMAGE, targets="top1", sites=["F1"])
+
+
+def _python(code: str, *args: object, **kwargs) -> subprocess.Popen:
+    """A real Python process running ``code`` with this checkout first on its path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone.pid
+
+
+def _wait_for(paths: list[Path], procs: list[subprocess.Popen]) -> None:
+    """Wait until every path exists, failing at once when a process died with an error."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while not all(p.exists() for p in paths):
+        failed = [p for p in procs if p.poll() not in (None, 0)]
+        assert not failed and time.monotonic() < deadline, [p.communicate() for p in failed]
+        time.sleep(0.01)
+
+
+# -- the lock ---------------------------------------------------------------------------------------------
+# Each racer reads the stale lock, then waits until every racer has read it and every racer before it has
+# finished its attempt: the window between reading a stale lock and replacing it, as wide as it can be, in
+# the same order on every run (files as the barrier, no sleep decides the outcome).
+# The lock module is imported alone (the package's own __init__ would import torch in every racer).
+LOCK_ALONE = f"""
+    import sys, types
+    pkg = types.ModuleType("vitcam_nb")
+    pkg.__path__ = [{str(ROOT / "vitcam_nb")!r}]
+    sys.modules["vitcam_nb"] = pkg
+    from vitcam_nb.capture.store_lock import StoreLock
+"""
+RACER = LOCK_ALONE + """
+    import time
+    from pathlib import Path
+
+    store, i, n = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    sync = store.parent / "sync"
+    read = StoreLock._owner
+    first = [True]
+
+    def wait_for(paths):
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in paths):
+            if time.monotonic() > deadline:
+                sys.exit(3)
+            time.sleep(0.002)
+
+    def owner(self):
+        out = read(self)
+        if first[0]:
+            first[0] = False
+            (sync / f"read-{i}").touch()
+            wait_for([sync / f"read-{j}" for j in range(n)])
+            wait_for([sync / f"done-{j}" for j in range(i)])
+        return out
+
+    StoreLock._owner = owner
+    lock = StoreLock(store)
+    try:
+        lock.acquire()
+        result = "won"
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {exc}"
+    (sync / f"result-{i}").write_text(result)
+    (sync / f"done-{i}").touch()
+    if result == "won":
+        wait_for([sync / "release"])
+        lock.release()
+"""
+
+
+def test_racing_processes_taking_over_one_stale_lock_give_exactly_one_writer(tmp_path):
+    store, n = tmp_path / "s.zarr", 4
+    store.mkdir()
+    (tmp_path / "sync").mkdir()
+    dead = _dead_pid()
+    (store / LOCK_NAME).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "since": "then"}))
+    procs = [_python(RACER, store, i, n) for i in range(n)]
+    sync = tmp_path / "sync"
+    try:
+        # the losers exit by themselves; the winner holds the lock until "release" once every result is in
+        _wait_for([sync / f"result-{i}" for i in range(n)], procs)
+        results = {i: (sync / f"result-{i}").read_text() for i in range(n)}
+        winners = [i for i, r in results.items() if r == "won"]
+        assert len(winners) == 1, results
+        holder = json.loads((store / LOCK_NAME).read_text())
+        assert holder["pid"] == procs[winners[0]].pid
+        for i, r in results.items():
+            if i != winners[0]:
+                assert r.startswith(f"TraceFileError: path: {store} is being written by another trace_many call"), r
+    finally:
+        (tmp_path / "sync" / "release").touch()
+        outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, outs
+    assert not (store / LOCK_NAME).exists()
+
+
+def _half_store(path: Path) -> list[np.ndarray]:
+    images = [IMAGE, 255 - IMAGE, IMAGE[::-1].copy()]
+    vc.trace_many(MODEL, iter(images[:2]), path, targets="top1", sites=["F1"], progress=False)
+    return images
+
+
+@pytest.mark.parametrize("content", ["", "{not json", "[1, 2]", '{"pid": null, "host": null}', '{"pid": -1}'])
+def test_an_empty_or_garbled_lock_file_nobody_holds_is_taken_over(tmp_path, content):
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    (path / LOCK_NAME).write_text(content)
+    vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    ds = vc.open_traces(path)
+    assert ds.sizes["image"] == 3 and ds.attrs["complete"] == 1 and not (path / LOCK_NAME).exists()
+
+
+HOLDER = LOCK_ALONE + """
+    import fcntl, os
+    fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_lock_held_by_a_live_process_refuses_with_a_clear_message_even_when_empty(tmp_path):
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    holder = _python(HOLDER, path / LOCK_NAME, stdin=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(vc.TraceFileError, match=r"^path: .*s.zarr is being written by another trace_many call \("
+                                                    r"a process that has not named itself yet .*delete .*\.lock$"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+        (path / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "since": "now"}))
+        with pytest.raises(vc.TraceFileError, match=rf"\(process {holder.pid} on .*, since now\); one store"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert vc.open_traces(path).sizes["image"] == 2  # nothing was written meanwhile
+    # The holder is gone and its flock with it; its own pid (now dead) in the file is a stale lock.
+    vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    assert vc.open_traces(path).sizes["image"] == 3
+
+
+def test_a_lock_naming_a_live_process_that_holds_no_flock_is_left_alone(tmp_path):
+    """An older vitcam_nb wrote its lock without flock: while its process lives, the store is its."""
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    alive = _python("import sys; sys.stdin.readline()", stdin=subprocess.PIPE)
+    try:
+        (path / LOCK_NAME).write_text(json.dumps({"pid": alive.pid, "host": socket.gethostname(), "since": "x"}))
+        with pytest.raises(vc.TraceFileError, match=rf"\(process {alive.pid} on .*\) and holds no file lock"):
+            vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    finally:
+        alive.communicate("\n", timeout=60)
+    assert (path / LOCK_NAME).exists()
+
+
+def test_the_lock_is_a_context_manager_and_a_second_holder_in_one_process_is_refused(tmp_path):
+    with StoreLock(tmp_path) as lock:
+        assert lock.held and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+        with pytest.raises(vc.TraceFileError, match="is being written by another trace_many call"):
+            StoreLock(tmp_path).acquire()
+    assert not lock.held and not (tmp_path / LOCK_NAME).exists()
+    with StoreLock(tmp_path):  # free again
+        pass
+
+
+# -- damaged and edited files ------------------------------------------------------------------------------
+def _edited(tmp_path: Path, edit, name: str = "t.nc") -> Path:
+    """A trace edited in memory and saved (a valid checksum: only the schema checks can refuse it)."""
+    ds = TRACE.copy(deep=True)
+    return vc.save(edit(ds) or ds, tmp_path / name)
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda ds: ds.attrs.update(schema_version="abc"), r"has schema_version 'abc'; this vitcam_nb reads \[1\]"),
+    (lambda ds: ds.attrs.update(schema_version=1.7), r"has schema_version 1.7; this vitcam_nb reads \[1\]"),
+    (lambda ds: ds.assign_coords(patch_row=("token", np.r_[ds["patch_row"].values[:-1], 99])),
+     r"is a damaged or edited trace: coordinate 'patch_row' holds values outside -1..3 \(grid_h 4\)"),
+    (lambda ds: ds.assign(grad=ds["grad"].transpose(*reversed(ds["grad"].dims))),
+     r"is a damaged or edited trace: variable 'grad' has dimensions \('channel', 'token', 'site', 'layer', "
+     r"'target'\); the schema's are \('target', 'layer', 'site', 'token', 'channel'\)"),
+])
+def test_load_refuses_an_edited_trace_by_name(tmp_path, suffix, edit, message):
+    path = _edited(tmp_path, edit, f"t{suffix}")
+    for verify in (True, False):
+        with pytest.raises(vc.TraceFileError, match=rf"^path: {path} " + message):
+            vc.load(path, verify=verify)
+
+
+@pytest.mark.parametrize(("value", "kind"), [(np.arange(3), r"ndarray of shape \(3,\)"),
+                                             (np.void(b"\x00\x01"), r"void of shape \(\)")])
+def test_load_refuses_an_array_or_bytes_attribute(tmp_path, value, kind):
+    import h5py
+
+    path = vc.save(TRACE, tmp_path / "t.nc")
+    with h5py.File(path, "r+") as f:
+        f.attrs["model_name"] = value
+    for verify in (True, False):
+        with pytest.raises(vc.TraceFileError, match=rf"edited trace: attribute 'model_name' is {kind}; a trace's "
+                                                    "attributes are single str, int or float values"):
+            vc.load(path, verify=verify)
+
+
+def _declare_huge(path: Path, n: int) -> None:
+    """Add an array of ``n`` float64 to a saved trace, chunked and never written: a tiny file declaring it."""
+    if path.suffix == ".nc":
+        import h5py
+
+        with h5py.File(path, "r+") as f:
+            f.create_dataset("huge", shape=(n,), dtype="f8", chunks=(1024,), compression="gzip")
+    else:
+        import zarr
+
+        group = zarr.open_group(str(path), mode="r+")
+        group.create_array("huge", shape=(n,), dtype="f8", chunks=(1024,), attributes={"_ARRAY_DIMENSIONS": ["h"]})
+        zarr.consolidate_metadata(str(path))
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_load_checks_declared_sizes_before_allocating_them(tmp_path, suffix):
+    path = vc.save(TRACE, tmp_path / f"t{suffix}")
+    assert vc.load(path, max_bytes=1e6)["act"].shape == TRACE["act"].shape  # a 25 kB trace fits in 1 MB
+    with pytest.raises(vc.TraceFileError, match=r"declares 0.00 GB of arrays .* over the budget of 0.00 GB "
+                                                r"\(max_bytes\); nothing was read"):
+        vc.load(path, max_bytes=1e3)
+    _declare_huge(path, 2**47)  # 1.1 PB declared, a few kB on disk
+    assert sum(f.stat().st_size for f in [path, *path.rglob("*")] if f.is_file()) < 1e6
+    with pytest.raises(vc.TraceFileError, match=r"declares 1125899.91 GB of arrays \(the largest, '/?huge', of "
+                                                r"shape \(140737488355328,\)\), over the budget of .* GB \(50% of "
+                                                "the available memory\\); nothing was read"):
+        vc.load(path)
+    with pytest.raises(vc.TraceError, match=r"^max_bytes: expected a positive number of bytes or None, got '1GB'"):
+        vc.load(path, max_bytes="1GB")
+
+
+KIT_ERRORS = (vc.TraceFileError, vc.TraceError, vc.RecipeError)
+ATTR_VALUES = st.one_of(st.text(max_size=8), st.integers(-2**40, 2**40), st.floats(allow_nan=True),
+                        st.lists(st.integers(-9, 9), min_size=1, max_size=3).map(np.array),
+                        st.binary(min_size=1, max_size=4).map(np.void))
+COORDS = ["layer", "site", "token", "token_kind", "patch_row", "patch_col", "target", "target_class",
+          "target_label", "class", "class_label", "y", "x", "rgb"]
+
+
+def _coord_values(name: str, data) -> np.ndarray:
+    n = TRACE[name].size
+    kind = data.draw(st.sampled_from(["int", "str", "float"]), label="coordinate kind")
+    if kind == "int":
+        return np.array(data.draw(st.lists(st.integers(-40, 40), min_size=n, max_size=n), label="ints"), np.int64)
+    if kind == "float":
+        return np.array(data.draw(st.lists(st.floats(-40, 40), min_size=n, max_size=n), label="floats"))
+    return np.array(data.draw(st.lists(st.text("abcF1_ ", max_size=6), min_size=n, max_size=n), label="strs"))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzz_load_of_edited_files_raises_only_kit_errors(data):
+    """Random attribute and coordinate edits: written through save (valid checksum) or straight into the file
+    (h5py: arrays and bytes save refuses); vc.load returns a trace or refuses with the kit's own error."""
+    import tempfile
+
+    import h5py
+
+    ds = TRACE.copy(deep=True)
+    raw = {}
+    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+        what = data.draw(st.sampled_from(["attr", "raw attr", "coord"]), label="edit")
+        key = data.draw(st.sampled_from([*TRACE.attrs, "extra"]), label="key")
+        if what == "coord":
+            name = data.draw(st.sampled_from(COORDS), label="coordinate")
+            ds = ds.assign_coords({name: (TRACE[name].dims, _coord_values(name, data))})
+        elif what == "attr":
+            ds.attrs[key] = data.draw(st.one_of(st.text(max_size=8), st.integers(-2**40, 2**40), st.floats()))
+        else:
+            raw[key] = data.draw(ATTR_VALUES, label="value")
+    with tempfile.TemporaryDirectory() as folder:
+        path = vc.save(ds, Path(folder) / "t.nc")
+        with h5py.File(path, "r+") as f:
+            f.attrs.update(raw)
+        try:
+            vc.load(path)
+            vc.load(path, verify=False)
+        except KIT_ERRORS:
+            pass
+
+
+# -- a store refuses a recipe exactly as a single trace does ------------------------------------------------
+@pytest.fixture(scope="module")
+def store_and_trace(tmp_path_factory):
+    path = vc.trace_many(MODEL, [IMAGE, 255 - IMAGE], tmp_path_factory.mktemp("s") / "s.zarr", targets="top2",
+                         sites=["F1", "F2", "F6"], layers=[0, 2], progress=False)
+    ds = vc.open_traces(path)
+    return ds, vc.image_trace(ds, 0)
+
+
+def _outcome(compute):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return "map", np.asarray(compute())
+        except Exception as exc:  # the comparison is the point: whatever one raises, the other must too
+            return type(exc), str(exc)
+
+
+def _same(single, store) -> None:
+    assert single[0] == store[0], (single, store)
+    if single[0] == "map":
+        np.testing.assert_array_equal(store[1], single[1])
+    else:
+        assert store[1] == single[1]
+
+
+def test_a_store_refuses_a_stage_block_layer_as_a_single_trace_does(store_and_trace):
+    ds, one = store_and_trace
+    recipe = vc.Recipe(layer="1.0")
+    with pytest.raises(vc.RecipeError, match=r"^layer: '1.0' is a 'stage.block' address, which only hierarchical"):
+        vc.cam(ds, recipe)
+    _same(_outcome(lambda: vc.cam(one, recipe).values), _outcome(lambda: vc.cam(ds, recipe).values[0]))
+    # A site the recipe needs that the store lacks: the message lists every traced site, as the trace's does.
+    recipe = vc.Recipe(site="F4")
+    with pytest.raises(vc.RecipeError, match=r"traced sites: \['F1', 'F6', 'F2'\]"):
+        vc.cam(ds, recipe)
+
+
+def _recipes():
+    from vitcam_nb.core import recipe as R
+    from vitcam_nb.core.weighting import weighting_names
+
+    choices = dict(site=["F1", "F2", "F6", "F4", "bogus"],
+                   layer=[0, 1, 2, -1, -3, 3, 99, "1.0", "all", (0, 2), (0, 1), True, "0"],
+                   class_=["top1", "top2", "top3", 0, 9, 10, -1, "expected"], target=list(R.TARGETS),
+                   weighting=[*weighting_names(), "bogus"], layer_fusion=list(R.LAYER_FUSIONS),
+                   heads=[*R.HEAD_RULES, 0, 1, 5], attn_rows=list(R.ATTN_ROWS), upsample=list(R.UPSAMPLES),
+                   weight_tokens=list(R.WEIGHT_TOKENS), normalize=list(R.NORMALIZES), relu=list(R.RELUS))
+    return st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in choices.items()})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(fields=_recipes())
+def test_fuzz_cam_on_a_store_matches_the_single_trace(store_and_trace, fields):
+    ds, one = store_and_trace
+    try:
+        recipe = vc.Recipe(**fields)
+    except vc.RecipeError:
+        return
+    _same(_outcome(lambda: vc.cam(one, recipe).values), _outcome(lambda: vc.cam(ds, recipe).values[0]))
+
+
+# -- a failed save on a full disk ------------------------------------------------------------------------------
+FULL_DISK = """
+    import gc, resource, signal, sys
+    import numpy as np, xarray as xr
+    import vitcam_nb as vc
+
+    folder = sys.argv[1]
+    small = xr.Dataset({"a": ("x", np.arange(4.0))}, attrs={"schema_version": 1, "name": "small"})
+    large = xr.Dataset({"a": (("x", "y"), np.random.default_rng(0).random((300, 300)))},
+                       attrs={"schema_version": 1, "name": "large"})
+    for suffix in (".nc", ".zarr"):
+        vc.save(small, folder + "/t" + suffix)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+    for suffix in (".nc", ".zarr"):
+        try:
+            vc.save(large, folder + "/t" + suffix)
+        except OSError as exc:
+            print(suffix, type(exc).__name__, exc, flush=True)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    gc.collect()
+    for suffix in (".nc", ".zarr"):
+        print(suffix, vc.load(folder + "/t" + suffix).attrs["name"], flush=True)
+"""
+
+
+def test_a_save_that_fails_on_a_full_disk_leaves_the_process_and_the_file_healthy(tmp_path):
+    proc = _python(FULL_DISK, tmp_path)  # output to pipes: files of this process obey its size limit too
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (proc.returncode, out, err[-3000:])  # old code: -11 (SIGSEGV) at exit
+    lines = out.splitlines()
+    assert lines[0] == f".nc OSError [Errno 27] path: could not write {tmp_path}/t.nc (File too large); any file " \
+                       "there was left as it was"
+    assert lines[1].startswith(".zarr OSError [Errno 27] File too large")
+    assert lines[2:] == [".nc small", ".zarr small"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.nc", "t.zarr"]  # no temporary file left
+
+
+# -- read-only folders and symlinks ----------------------------------------------------------------------------
+def _without_write_access(folder: Path, work) -> str:
+    """``work()``'s outcome ("ok" or "Type: message") run where ``folder`` cannot be written: as root (whom
+    permissions do not stop), in a forked child that became nobody; otherwise with the folder made read-only."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")] if p.is_dir()}
+        for p in modes:
+            p.chmod(0o555)
+        try:
+            work()
+            return "ok"
+        except Exception as exc:  # the outcome is compared by the caller
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child only touches files: the model is not run after the fork
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                work()
+                outcome = "ok"
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+            os.write(write, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        outcome = f.read()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.fixture
+def open_folder():
+    """A folder others may enter and read (not write): pytest's own tmp_path is closed to them."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_read_only_folders_give_a_trace_file_error_naming_the_path(open_folder):
+    store = vc.trace_many(MODEL, iter([IMAGE]), open_folder / "s.zarr", targets="top1", sites=["F1"],
+                          progress=False)
+    for p in store.rglob("*"):
+        if p.is_dir():
+            p.chmod(0o755)
+    for name in ("u.nc", "u.zarr"):
+        outcome = _without_write_access(open_folder, lambda name=name: vc.save(TRACE, open_folder / name))
+        assert outcome.startswith(f"TraceFileError: path: cannot write {open_folder / name}: Permission denied ("), \
+            outcome
+    outcome = _without_write_access(open_folder, lambda: vc.trace_many(MODEL, [IMAGE, IMAGE], store, targets="top1",
+                                                                       sites=["F1"], progress=False))
+    assert outcome == (f"TraceFileError: path: cannot create the lock file {store / LOCK_NAME} (Permission denied); "
+                       "a store is written only in a folder this process can write to")
+    assert sorted(p.name for p in open_folder.iterdir()) == ["s.zarr"]
+
+
+def test_a_store_whose_array_folder_leads_outside_it_is_not_written(tmp_path):
+    import shutil
+
+    path = tmp_path / "s.zarr"
+    images = _half_store(path)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(path / "act", outside / "act")
+    (path / "act").symlink_to(outside / "act")
+    before = sorted(str(p.relative_to(outside)) for p in outside.rglob("*"))
+    with pytest.raises(vc.TraceFileError, match=rf"^path: {path} holds act, a symlink to {outside / 'act'} outside "
+                                                "the store; the store is written only inside its own folder"):
+        vc.trace_many(MODEL, images, path, targets="top1", sites=["F1"], progress=False)
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before
+    assert not (path / LOCK_NAME).exists()
+
+
+def test_a_symlinked_store_is_resumed_and_replaced_where_it_leads(tmp_path):
+    real, link = tmp_path / "real.zarr", tmp_path / "link.zarr"
+    images = _half_store(real)
+    link.symlink_to(real)
+    assert vc.trace_many(MODEL, images, link, targets="top1", sites=["F1"], progress=False) == link
+    assert vc.open_traces(link).sizes["image"] == 3
+    vc.trace_many(MODEL, images[:1], link, targets="top2", sites=["F1"], overwrite=True, progress=False)
+    assert link.is_symlink() and vc.open_traces(real).sizes["target"] == 3  # top1, top2, expected_logit
+    dangling = tmp_path / "dangling.zarr"
+    dangling.symlink_to(tmp_path / "nowhere" / "s.zarr")
+    with pytest.raises(vc.TraceFileError, match=r"^path: .*dangling.zarr is a symlink to .*nowhere/s.zarr, which "
+                                                "does not exist"):
+        vc.trace_many(MODEL, images, dangling, targets="top1", sites=["F1"], progress=False)
