@@ -159,7 +159,8 @@ ATTRIBUTES: dict[str, Entry] = {
     "model_name": Entry((), "architecture name"),
     "model_family": Entry((), "adapter family"),
     "pretrained_tag": Entry((), "pretrained tag from the model's config; empty for random-init weights"),
-    "weights_origin": Entry((), "random-init, bundled <name> (file sha256 <hash>) or unknown"),
+    "weights_origin": Entry((), "random-init, bundled <name> (file sha256 <hash>), pretrained <name.tag> from <source> "
+                                "(file sha256 <hash>), file <name> (file sha256 <hash>) or unknown"),
     "weights_sha256": Entry((), "hash of the state dict's tensors (not of a weights file)"),
     "input_sha256": Entry((), "hash of the model input tensor"),
     "img_height": Entry((), "input height"),
