@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vitcam_nb.core.escape import escape_markdown
+
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMAS = (1,)
 
@@ -284,5 +286,7 @@ def markdown_table() -> str:
     for kind, table in (("variable", VARIABLES), ("coordinate", COORDINATES), ("attribute", ATTRIBUTES)):
         for name, entry in table.items():
             dims = ", ".join(entry.dims) if entry.dims else "—"
-            rows.append(f"| `{name}` | {kind} | {dims} | {entry.meaning} |")
+            # Meanings hold placeholders such as <name>: escaped, so that a page shows them instead of swallowing
+            # them as HTML tags.
+            rows.append(f"| `{name}` | {kind} | {dims} | {escape_markdown(entry.meaning, inline=True)} |")
     return "\n".join(rows)
