@@ -76,7 +76,8 @@ def map_words(recipe: Recipe) -> str:
     if weighting.method:
         return f"the published method's own combination of sites (see the recipe's method line); its site is {meaning}"
     if recipe.layer_fusion in ROLLOUTS:
-        return (f"attention weights: {meaning} of each listed block, chained over the blocks by the rollout; a "
+        grad = "" if recipe.layer_fusion == "rollout" else " x gradients"  # the others weight attention by them
+        return (f"attention weights{grad}: {meaning} of each listed block, chained over the blocks by the rollout; a "
                 f"patch's value is the attention its token receives from {ATTN_ROW_TEXT[recipe.attn_rows]} through "
                 "the chain")
     grad = " x gradients" if weighting.uses_gradient and not weighting.scores else ""
@@ -87,8 +88,8 @@ def map_words(recipe: Recipe) -> str:
                 f"tokens pay to its image key, combined over heads {how}")
     if site in TOKEN_SITES:
         return f"token activations{grad}: {meaning} of each patch token, combined over channels {how}"
-    kind = "attention scores" if site == "attn_scores" else "attention weights"
-    return (f"{kind}{grad}: {meaning}; a patch's value comes from the attention its token receives as a key from "
+    kind, what = ("attention scores", "score") if site == "attn_scores" else ("attention weights", "attention")
+    return (f"{kind}{grad}: {meaning}; a patch's value comes from the {what} its token receives as a key from "
             f"{ATTN_ROW_TEXT[recipe.attn_rows]}, combined over heads {how}")
 
 
