@@ -1,6 +1,9 @@
 """The reporting checklist and the methods paragraph of a recipe on a trace: the five categories of the audit
 (feature representation, gradient target, token handling, aggregation, spatial reconstruction), the recipe's
-id and preset, and the model facts a trace records. Trace kinds add what is particular to them.
+id and preset, and the model facts a trace records. Trace kinds add what is particular to them. Since 0.2 it also
+says in words what the map is made from (the schema's site meanings), carries the caveat of the raster reshape, and
+quotes the trace's ``position_r2`` (``vc.evaluate.position_probe``) when it holds one; a trace 0.1 wrote keeps its
+0.1 report.
 
 Example:
     >>> import vitcam_nb as vc
