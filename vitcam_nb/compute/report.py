@@ -1,6 +1,9 @@
 """The reporting checklist and the methods paragraph of a recipe on a trace: the five categories of the audit
 (feature representation, gradient target, token handling, aggregation, spatial reconstruction), the recipe's
-id and preset, and the model facts a trace records. Trace kinds add what is particular to them.
+id and preset, and the model facts a trace records. Trace kinds add what is particular to them. Since 0.2 it also
+says in words what the map is made from (the schema's site meanings), carries the caveat of the raster reshape, and
+quotes the trace's ``position_r2`` (``vc.evaluate.position_probe``) when it holds one; a trace 0.1 wrote keeps its
+0.1 report.
 
 Example:
     >>> import vitcam_nb as vc
@@ -13,15 +16,19 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
+
+import numpy as np
 
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.presets import preset_text
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
+from vitcam_nb.core.schema import POSITION_R2, SITE_MEANINGS, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 
-__all__ = ["ATTN_ROW_TEXT", "FUSION_TEXT", "HEAD_RULE_TEXT", "build_checklist", "cached_report", "clear_reports",
-           "describe"]
+__all__ = ["ATTN_ROW_TEXT", "FUSION_TEXT", "HEAD_RULE_TEXT", "PROBE_SUPPORTS", "PROBE_WEAK", "RASTER_CAVEAT",
+           "build_checklist", "cached_report", "clear_reports", "describe", "map_words"]
 
 
 HEAD_RULE_TEXT = {
@@ -50,6 +57,88 @@ FUSION_TEXT = {
     "bt_token": "Beyond Intuition token-wise: R <- R + mean_h(A_l) diag(|v W_o| / |z|) R from R = I, then W = mean_h "
                 "relu(IG) times |R| (Chen et al. 2023)",
 }
+
+#: What a raster reshape assumes (the audit's open problem: raster order may not hold for mixed representations).
+RASTER_CAVEAT = ("Tokens are placed on the grid in raster order (patch_row, patch_col): this assumes each token "
+                 "still stands for its own patch, which may not hold in deep layers where attention mixes tokens")
+#: R^2 of ``vc.evaluate.position_probe`` from which the checklist calls raster order consistent with the features,
+#: and below which it calls the raster reshape an assumption; in between, the features carry positions in part.
+PROBE_SUPPORTS, PROBE_WEAK = 0.8, 0.5
+
+
+def map_words(recipe: Recipe) -> str:
+    """What the map of ``recipe`` is made from, in words: the kind of quantity (token activations, attention
+    weights, cross-modal interaction) and the site's meaning as the schema states it.
+
+    Example:
+        >>> map_words(Recipe(site="F1")).split(":")[0]
+        'token activations x gradients'
+    """
+    site, weighting = recipe.site, WEIGHTINGS.get(recipe.weighting)
+    meaning = f"the {SITE_MEANINGS.get(site, site)} ({site})"
+    if weighting.method:
+        return f"the published method's own combination of sites (see the recipe's method line); its site is {meaning}"
+    if recipe.layer_fusion in ROLLOUTS:
+        grad = "" if recipe.layer_fusion == "rollout" else " x gradients"  # the others weight attention by them
+        return (f"attention weights{grad}: {meaning} of each listed block, chained over the blocks by the rollout; a "
+                f"patch's value is the attention its token receives from {ATTN_ROW_TEXT[recipe.attn_rows]} through "
+                "the chain")
+    grad = " x gradients" if weighting.uses_gradient and not weighting.scores else ""
+    how = ("with weights from the model's scores of perturbed inputs (vc.score)" if weighting.scores else
+           "with weights from the target's gradients" if weighting.uses_gradient else "without gradients")
+    if site == "xattn":
+        return (f"cross-modal interaction{grad}: {meaning}, per head; a patch's value is the attention the text "
+                f"tokens pay to its image key, combined over heads {how}")
+    if site in TOKEN_SITES:
+        return f"token activations{grad}: {meaning} of each patch token, combined over channels {how}"
+    kind, what = ("attention scores", "score") if site == "attn_scores" else ("attention weights", "attention")
+    return (f"{kind}{grad}: {meaning}; a patch's value comes from the {what} its token receives as a key from "
+            f"{ATTN_ROW_TEXT[recipe.attn_rows]}, combined over heads {how}")
+
+
+def _words_apply(attrs: Any) -> bool:
+    """0.1 reports said no words about the map and had no raster caveat; a trace 0.1 wrote keeps its 0.1 report
+    (the 0.1 contract reproduces it exactly)."""
+    return not str(attrs.get("vitcam_nb_version", "")).startswith("0.1.")
+
+
+def _probe_layers(recipe: Recipe, probed: list[int], attrs: Any) -> list[int]:
+    """The global blocks of ``recipe.layer`` the probe measured (a "stage.block" layer is not matched)."""
+    if recipe.layer == "all":
+        return probed
+    values = recipe.layer if isinstance(recipe.layer, tuple) else (recipe.layer,)
+    total = int(attrs["num_layers"]) if "num_layers" in attrs else None
+    wanted = [v % total if total and v < 0 else v for v in values if is_int(v)]
+    return [v for v in wanted if v in probed]
+
+
+def _probe_text(recipe: Recipe, trace: Any, attrs: Any) -> str:
+    """The position probe's R^2 for the map's site and blocks, when the trace holds one ("" otherwise)."""
+    probe = getattr(trace, "variables", {}).get(POSITION_R2) if trace is not None else None
+    if probe is None or set(probe.dims) != {"site", "layer"}:
+        return ""
+    sites = [str(s) for s in trace[POSITION_R2]["site"].values]
+    if recipe.site not in sites:
+        return ""
+    own = str(probe.attrs.get("trace_id", ""))
+    if own and own != str(attrs.get("trace_id", "")):
+        return f"not quoted: the trace's {POSITION_R2} was computed on another trace ({own})"
+    probed = [int(v) for v in trace[POSITION_R2]["layer"].values]
+    r2 = trace[POSITION_R2].sel(site=recipe.site)
+    picks = [(v, float(r2.sel(layer=v))) for v in _probe_layers(recipe, probed, attrs)]
+    picks = [(v, r) for v, r in picks if math.isfinite(r)]
+    if not picks:
+        return ""
+    worst = min(r for _, r in picks)
+    verdict = ("the positions are linearly recoverable from these features, as raster order needs"
+               if worst >= PROBE_SUPPORTS else
+               "the positions are only partly recoverable from these features; read the raster reshape with care"
+               if worst >= PROBE_WEAK else
+               "the positions are not linearly recoverable from these features; the raster reshape is an assumption "
+               "here")
+    values = ", ".join(f"{r:.2f} (block {v})" for v, r in picks)
+    return (f"a ridge probe (vc.evaluate.position_probe, {probe.attrs.get('folds', '?')}-fold CV over patch tokens) "
+            f"predicts each token's grid position from its {recipe.site} activations with R^2 = {values}: {verdict}")
 
 
 def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
@@ -221,6 +310,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         },
         "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": preset_text(recipe) or "none"},
     })
+    if _words_apply(attrs):
+        _add_map_words(checklist, recipe, trace, attrs)
     if attrs:
         checklist["model and input"] = {
             "model": _model_text(attrs),
@@ -240,6 +331,16 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
                 f"block(s) {attrs['single_head_attention']} ran as ONE head over all channels (traced inside "
                 "vitcam_nb.adapters.single_head_attention), not with the model's own heads")
     return checklist
+
+
+def _add_map_words(checklist: Checklist, recipe: Recipe, trace: Any, attrs: Any) -> None:
+    """What the map shows, in words; the raster caveat; the position probe's R^2 when the trace holds one."""
+    checklist["feature representation"]["what the map shows"] = map_words(recipe)
+    if recipe.reshape == "raster":
+        checklist["spatial reconstruction"]["raster order"] = RASTER_CAVEAT
+    probe = _probe_text(recipe, trace, attrs)
+    if probe:
+        checklist["spatial reconstruction"]["position probe"] = probe
 
 
 def _model_text(attrs: Any) -> str:
@@ -272,6 +373,10 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
     where = f"{fr['site']} at {fr['layer']}"
     if fr["module"] and not fr["module"].startswith("see"):
         where += f" (the {fr['input or output']} of {fr['module']})"
+    words = "".join(f" {text[0].upper()}{text[1:]}." for text in (
+        f"what the map shows: {fr['what the map shows']}" if "what the map shows" in fr else "",
+        sr.get("raster order", ""),
+        f"position probe: {sr['position probe']}" if "position probe" in sr else "") if text)
     return (
         f"Heatmaps were computed with vitcam_nb recipe {recipe.id}{model}. "
         f"Feature representation: {where}. "
@@ -280,6 +385,7 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
         f"channel weights pooled over: {th['weight tokens']}. "
         f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
         f"Spatial reconstruction: {sr['reshape']}; upsampling {sr['upsampling']}; normalisation {sr['normalisation']}."
+        f"{words}"
     )
 
 
@@ -298,7 +404,7 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
         True
     """
     attrs = getattr(trace, "attrs", {}) or {}
-    key = (recipe, tuple(attrs.items()))
+    key = (recipe, tuple(attrs.items()), _probe_key(trace))
     try:
         hash(key)
     except TypeError:  # an attribute a user set to a list or dict: report without the cache
@@ -308,6 +414,15 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
             _REPORTS.clear()
         _REPORTS[key] = (build_checklist(recipe, trace).to_json(), describe(recipe, trace))
     return _REPORTS[key]
+
+
+def _probe_key(trace: Any) -> tuple | None:
+    """The trace's position probe as a cache key (its values as bytes: NaN compares equal to itself there)."""
+    probe = getattr(trace, "variables", {}).get(POSITION_R2) if trace is not None else None
+    if probe is None:
+        return None
+    return (probe.dims, np.asarray(probe.values).tobytes(), tuple(trace[POSITION_R2].coords["site"].values.tolist()),
+            tuple(trace[POSITION_R2].coords["layer"].values.tolist()), tuple(probe.attrs.items()))
 
 
 def clear_reports() -> None:

@@ -46,6 +46,10 @@ HEAD_SITES = ("F2", "F3", "xattn")
 SCORE_VARIABLES = ("score", "ablation", "score_logsumexp", "ablation_logsumexp")
 #: Other variables ``vc.score`` writes: integrated gradients (TAM, Beyond Intuition) and ViT-CX mask scores.
 LOOP_VARIABLES = ("attn_grad_ig", "value_ratio", "vitcx_cluster", "vitcx_score")
+#: The analysis variable ``vc.evaluate.position_probe`` returns, (site, layer): how well a ridge probe predicts each
+#: patch token's grid position from its activations (cross-validated R^2). Not written by ``vc.trace``; a user may
+#: store it in a trace, and every checklist of a map on that trace then quotes it.
+POSITION_R2 = "position_r2"
 SITE_MEANINGS = {
     "F1": "LayerNorm output before attention",
     "F2": "softmax attention per head",

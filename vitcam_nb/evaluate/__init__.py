@@ -26,6 +26,8 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.scorecard`: every recipe x every registered metric
   (:mod:`~vitcam_nb.evaluate.metric_registry`, filled by :mod:`~vitcam_nb.evaluate.metrics_builtin`) over many
   images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard_plot`.
+* :mod:`~vitcam_nb.evaluate.position_probe`: how well each token site's activations still predict the tokens' grid
+  positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
 * :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
@@ -85,6 +87,7 @@ from vitcam_nb.evaluate.metric_registry import (
     register_metric,
 )
 from vitcam_nb.evaluate.perturbation import model_input
+from vitcam_nb.evaluate.position_probe import position_probe
 from vitcam_nb.evaluate.randomisation_more import discrete_entropy, efficient_mprt, smooth_mprt
 from vitcam_nb.evaluate.report import report_known_answer
 from vitcam_nb.evaluate.robustness import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
@@ -151,6 +154,7 @@ __all__ = [
     "plot_randomisation",
     "plot_scorecard",
     "pointing_game",
+    "position_probe",
     "randomise_parts",
     "randomised_logit",
     "rank_agreement",

@@ -1,0 +1,184 @@
+"""How well each token site still says where its token is: a cross-validated ridge probe from a patch token's
+stored activations to its own grid position (``patch_row``, ``patch_col``).
+
+Every map is a raster reshape: token t is drawn at (patch_row[t], patch_col[t]). That assumes the token still
+stands for its own patch. Where a linear probe recovers the positions from the features (R^2 near 1), the
+features at least still carry them; where it cannot (R^2 near 0 or below), the reshape is an assumption the
+features no longer support. The checklist quotes the result when the trace holds it as ``position_r2``.
+
+The probe, for each (site, layer) of the trace's token sites (``act``; F2 and the other attention sites hold
+attention matrices, not token features, and are not probed):
+
+* features X: the activations of the patch tokens (prefix tokens have no grid position), tokens x channels;
+* targets Y: each token's (patch_row, patch_col); a coordinate constant over the grid (one row) is left out;
+* K-fold cross-validation over tokens (shuffled with ``seed``); in each fold the features are standardised with
+  the training tokens' mean and standard deviation (a constant channel stays 0) and ridge regression with an
+  unpenalised intercept is fitted in closed form (NumPy SVD, no scikit-learn);
+* ``alpha``: a fixed penalty, or by default chosen per fold from :data:`RELATIVE_ALPHAS` times the mean
+  squared singular value of the training features (a scale-free grid), by the exact leave-one-out error of the
+  training tokens (no test token is seen);
+* R^2 = 1 - SS_res / SS_tot of the out-of-fold predictions of all tokens, per coordinate, averaged over row
+  and column. It can be negative: a probe worse than predicting the mean position.
+
+The probe is linear and sees as many tokens as the grid has: features may still carry the positions in a way no
+linear map of row and column reads (a learned position embedding need not be linear in them), and a wide site on
+a small grid leaves few tokens per channel. A low R^2 therefore says the positions are not linearly recoverable
+here, not that they are absent; a high one says they are, which raster order needs but does not prove.
+
+Example:
+    >>> import numpy as np, xarray as xr
+    >>> rows, cols = np.divmod(np.arange(16), 4)
+    >>> act = np.stack([rows, cols, np.ones(16)], -1)[None, None].astype(float)  # features = the position
+    >>> tr = xr.Dataset({"act": (("layer", "site", "token", "channel"), act)},
+    ...                 coords={"layer": [0], "site": ["F1"], "token_kind": ("token", ["patch"] * 16),
+    ...                         "patch_row": ("token", rows), "patch_col": ("token", cols)})
+    >>> float(position_probe(tr).sel(site="F1", layer=0)) > 0.99
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.core.schema import POSITION_R2
+
+__all__ = ["RELATIVE_ALPHAS", "position_probe"]
+
+#: The penalty grid, relative to the mean squared singular value of a fold's standardised training features.
+RELATIVE_ALPHAS = tuple(10.0 ** np.arange(-4, 3))
+
+
+def _standardise(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sets scaled by the training tokens' mean and standard deviation (a constant channel becomes 0)."""
+    mean, std = train.mean(0), train.std(0)
+    std = np.where(std > 0, std, 1.0)
+    return (train - mean) / std, (test - mean) / std
+
+
+def _ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float | None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(weights, intercept, alpha) of ridge regression min |y - x w - b|^2 + alpha |w|^2, b unpenalised, in closed
+    form from the centred features' SVD U S V^T (exact for any shape): w = V diag(s / (s^2 + alpha)) U^T (y - mean y).
+    ``alpha`` None picks it from the relative grid by the exact leave-one-out error (one SVD serves both)."""
+    xm, ym = x.mean(0), y.mean(0)
+    u, s, vt = np.linalg.svd(x - xm, full_matrices=False)
+    uty = u.T @ (y - ym)
+    if alpha is None:
+        alpha = _loo_alpha(u, s, uty, y - ym)
+    w = vt.T @ ((s / (s**2 + alpha))[:, None] * uty)
+    return w, ym - xm @ w, alpha
+
+
+def _loo_alpha(u: np.ndarray, s: np.ndarray, uty: np.ndarray, yc: np.ndarray) -> float:
+    """The alpha of the relative grid with the smallest exact leave-one-out squared error: the residual of token i
+    left out is r_i / (1 - H_ii), H = 11^T/n + U diag(s^2 / (s^2 + alpha)) U^T the hat matrix (intercept included).
+    """
+    scale = float(np.mean(s**2)) or 1.0
+    best, best_err = RELATIVE_ALPHAS[0] * scale, np.inf
+    for rel in RELATIVE_ALPHAS:
+        shrink = s**2 / (s**2 + rel * scale)
+        leverage = 1.0 / len(yc) + (u**2) @ shrink
+        residual = (yc - u @ (shrink[:, None] * uty)) / np.maximum(1.0 - leverage, 1e-12)[:, None]
+        err = float(np.sum(residual**2))
+        if err < best_err:
+            best, best_err = rel * scale, err
+    return best
+
+
+def _probe_r2(x: np.ndarray, y: np.ndarray, folds: list[np.ndarray], alpha: float | None) -> float:
+    """Out-of-fold R^2 of the ridge probe, averaged over the target columns."""
+    pred = np.empty_like(y)
+    everyone = np.arange(len(x))
+    for test in folds:
+        train = np.setdiff1d(everyone, test)
+        xtr, xte = _standardise(x[train], x[test])
+        w, b, _ = _ridge_fit(xtr, y[train], alpha)
+        pred[test] = xte @ w + b
+    ss_res = ((y - pred) ** 2).sum(0)
+    ss_tot = ((y - y.mean(0)) ** 2).sum(0)
+    return float(np.mean(1.0 - ss_res / ss_tot))
+
+
+def _check(trace: object, folds: object, alpha: object) -> xr.Dataset:
+    if isinstance(trace, xr.DataTree):
+        raise TypeError("trace: a hierarchical (Swin) trace has one grid per stage; probe one stage's Dataset")
+    if not isinstance(trace, xr.Dataset):
+        raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+    missing = [k for k in ("act", "token_kind", "patch_row", "patch_col") if k not in trace.variables]
+    if missing:
+        raise ValueError(f"trace: missing {missing}; the probe needs the token sites' activations ('act') and each "
+                         "token's kind and grid position (trace with sites=['F1', ...])")
+    if "image" in trace["act"].dims:
+        raise ValueError("trace: a store of many images; probe one image's trace (vitcam_nb.image_trace(store, i))")
+    if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
+        raise ValueError(f"folds: expected an int >= 2, got {folds!r}")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number))
+                              or not np.isfinite(alpha) or alpha <= 0):
+        raise ValueError(f"alpha: expected None (chosen per fold by leave-one-out) or a finite number > 0, "
+                         f"got {alpha!r}")
+    return trace
+
+
+def _chosen(name: str, asked: Sequence | None, have: list) -> list:
+    if asked is None:
+        return have
+    asked = [asked] if isinstance(asked, (str, int, np.integer)) else list(asked)
+    unknown = [a for a in asked if a not in have]
+    if unknown or not asked:
+        raise ValueError(f"{name}: {unknown or asked} not in the trace; it has {have}")
+    return asked
+
+
+def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = None,
+                   layers: Sequence[int] | int | None = None, folds: int = 5, seed: int = 0,
+                   alpha: float | None = None) -> xr.DataArray:
+    """For each token site and traced block, the cross-validated R^2 with which a ridge probe predicts a patch
+    token's grid position (patch_row, patch_col) from its stored activations (see the module docstring).
+
+    ``sites`` / ``layers`` default to every token site and traced block (global block indices). ``alpha`` None
+    chooses the penalty per fold by leave-one-out on the training tokens; a number fixes it (on standardised
+    features). Returns a DataArray ``(site, layer)`` named ``position_r2``, with the probe's settings and the
+    trace id in its attrs; store it in the trace (``tr["position_r2"] = ...``) and every checklist and methods
+    paragraph of a map on that trace quotes it.
+
+    Example:
+        >>> import numpy as np, xarray as xr
+        >>> rng = np.random.default_rng(0)
+        >>> rows, cols = np.divmod(np.arange(36), 6)
+        >>> tr = xr.Dataset({"act": (("layer", "site", "token", "channel"), rng.normal(size=(1, 1, 36, 8)))},
+        ...                 coords={"layer": [3], "site": ["F6"], "token_kind": ("token", ["patch"] * 36),
+        ...                         "patch_row": ("token", rows), "patch_col": ("token", cols)})
+        >>> float(position_probe(tr).sel(site="F6", layer=3)) < 0.2  # noise features: no position
+        True
+    """
+    trace = _check(trace, folds, alpha)
+    act = trace["act"]
+    sites = _chosen("sites", sites, [str(s) for s in act["site"].values])
+    layers = _chosen("layers", layers, [int(v) for v in act["layer"].values])
+    patch = np.flatnonzero(np.asarray(trace["token_kind"].values) == "patch")
+    y = np.stack([trace["patch_row"].values[patch], trace["patch_col"].values[patch]], -1).astype(np.float64)
+    y = y[:, y.std(0) > 0]  # a one-row (or one-column) grid has no row (column) to predict
+    if y.shape[1] == 0 or len(patch) < 2 * folds:
+        raise ValueError(f"trace: {len(patch)} patch tokens on a {'constant' if y.shape[1] == 0 else 'small'} "
+                         f"grid; the probe needs positions that vary and at least 2 tokens per fold "
+                         f"(folds={folds})")
+    order = np.random.default_rng(seed).permutation(len(patch))
+    parts = np.array_split(order, folds)
+    out = np.full((len(sites), len(layers)), np.nan)
+    values = act.transpose("layer", "site", "token", "channel")
+    for i, site in enumerate(sites):
+        for j, layer in enumerate(layers):
+            x = np.asarray(values.sel(site=site, layer=layer).values, np.float64)[patch]
+            x = x[:, ~np.isnan(x).all(0)]  # channels this site does not have (padding) are not features
+            if x.size == 0 or np.isnan(x).any():
+                raise ValueError(f"trace: act at site {site}, layer {layer} has missing values; cannot probe it")
+            out[i, j] = _probe_r2(x, y, parts, None if alpha is None else float(alpha))
+    attrs = {"method": "ridge probe from patch-token activations (standardised per fold) to (patch_row, "
+                       "patch_col); R^2 of out-of-fold predictions, averaged over row and column",
+             "alpha": "per fold by exact leave-one-out over " + ", ".join(f"{a:g}" for a in RELATIVE_ALPHAS)
+                      + " x mean squared singular value" if alpha is None else float(alpha),
+             "folds": int(folds), "seed": int(seed), "trace_id": str(trace.attrs.get("trace_id", ""))}
+    return xr.DataArray(out, dims=("site", "layer"), coords={"site": sites, "layer": layers}, name=POSITION_R2,
+                        attrs=attrs)
