@@ -135,6 +135,9 @@ VARIABLES: dict[str, Entry] = {
     "vitcx_score": Entry(("target", "vitcx_mask"),
                          "ViT-CX: p_c(masked input + noise) - p_c(input + noise) per mask (vc.score; NaN: not a "
                          "class target)"),
+    POSITION_R2: Entry(("site", "layer"), "optional, stored by the user: cross-validated R^2 of a ridge probe from the "
+                                        "patch tokens' activations to their grid positions "
+                                        "(vc.evaluate.position_probe); quoted by the checklist"),
     "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
     "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
 }
