@@ -185,7 +185,7 @@ def test_exported_page_runs_no_script(tab, trace, tmp_path):
     tab.assert_nothing_ran()
     assert page.locator("img").count() == 0
     assert page.title() == f"{SCRIPT} title" and page.locator("h1").inner_text() == f"{SCRIPT} title"
-    assert f"model {IMG}" in page.locator(".vc-export-note").inner_text()
+    assert f"model {IMG}" in page.locator(".vc-export-note").first.inner_text()
     checklist = page.locator(".vc-checklist").text_content()
     assert f"{IMG} ({SCRIPT})" in checklist and f"{SCRIPT} {LINK} {IMAGE}" in checklist and SVG in checklist
     shown = vc.Recipe.from_json(page.evaluate("() => window.vitcamExplorer.get('recipe_json')"))
