@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> main(["--n-images", "2", "--out", "/tmp/report"])  # doctest: +SKIP
         0
     """
-    from vitcam_nb.evaluate.report import report_known_answer
+    from vitcam_nb.evaluate.report.known_answer import report_known_answer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="shapes-vit", help="bundled model name (default shapes-vit)")

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> main(["--n-images", "2", "--out", "/tmp/presets"])  # doctest: +SKIP
         0
     """
-    from vitcam_nb.evaluate.presets_report import report_presets
+    from vitcam_nb.evaluate.report.presets import report_presets
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="shapes-vit", help="bundled model name (default shapes-vit)")

@@ -51,8 +51,8 @@ from vitcam_nb.core.errors import (
 )
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
-from vitcam_nb.evaluate.ambiguity import ambiguity
-from vitcam_nb.evaluate.atlas import atlas_many
+from vitcam_nb.evaluate.agreement.atlas import atlas_many
+from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
 from vitcam_nb.models import list_models, load_model, sample_image
 from vitcam_nb.widgets import Compare, Explorer, Gallery
 from vitcam_nb.widgets.standalone import export_html

@@ -1,6 +1,6 @@
 """The audit as code: the ``vitcam-nb ambiguity`` job (trace a model on images, ask
-:func:`vitcam_nb.evaluate.ambiguity` how much a description leaves open, write its figure and a JSON summary), and
-paper cards (``vc.audit.schema()``, ``template()``, ``validate(card)``, ``summarise(cards)``, ``figures()``: the
+:func:`vitcam_nb.ambiguity` how much a description leaves open, write its figure and a JSON summary),
+and paper cards (``vc.audit.schema()``, ``template()``, ``validate(card)``, ``summarise(cards)``, ``figures()``: the
 audit's published numbers with their source, Wall, Wang, Rizk & Santosh 2026).
 
 Example:
@@ -24,9 +24,9 @@ from vitcam_nb.core.card_schema import PaperCardError, template
 from vitcam_nb.core.card_schema import load_schema as schema
 from vitcam_nb.core.card_schema import validate_card as validate
 from vitcam_nb.core.provenance import weights_origin
-from vitcam_nb.evaluate.ambiguity import ambiguity
-from vitcam_nb.evaluate.cards import audit_figures as figures
-from vitcam_nb.evaluate.cards import load_cards, summarise
+from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
+from vitcam_nb.evaluate.audit.cards import audit_figures as figures
+from vitcam_nb.evaluate.audit.cards import load_cards, summarise
 from vitcam_nb.models import bundled_names, load_model, sample_image
 
 __all__ = ["PaperCardError", "figures", "load_cards", "parse_reported_args", "run_ambiguity", "schema", "summarise",

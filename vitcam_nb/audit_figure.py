@@ -1,7 +1,7 @@
 """The audit's experiment in one command (``vitcam-nb figure``): a grid of variants (site x target x weighting x
 token handling x heads) on ViT-B/16 when its pretrained weights are on this machine, on the bundled known-answer
 model otherwise; every map labelled localises / context / inverted / empty against the object's mask
-(:func:`vitcam_nb.evaluate.audit_labels.label_map`), and a figure and a JSON record of the counts.
+(:func:`vitcam_nb.evaluate.audit.labels.label_map`), and a figure and a JSON record of the counts.
 
 Example:
     >>> recipes, skipped = audit_recipes({"site": ["F1", "F2"], "target": ["logit"], "weighting": ["gradcam"],
@@ -31,7 +31,7 @@ from vitcam_nb.core.recipe import HEAD_RULES, TARGETS, WEIGHT_TOKENS, Recipe
 from vitcam_nb.core.schema import CORE_SITES
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
-from vitcam_nb.evaluate.audit_labels import LABELS, label_map, rule_text, thresholds
+from vitcam_nb.evaluate.audit.labels import LABELS, label_map, rule_text, thresholds
 from vitcam_nb.models import bundled_names, load_model, model_card, sample_image
 from vitcam_nb.preprocess import prepare_input
 

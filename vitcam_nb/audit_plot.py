@@ -18,7 +18,7 @@ import numpy as np
 from vitcam_nb.api import cam
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.evaluate.audit_labels import LABELS
+from vitcam_nb.evaluate.audit.labels import LABELS
 
 __all__ = ["LABEL_COLOURS", "example_title", "pick_examples", "plot_audit"]
 

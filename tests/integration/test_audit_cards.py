@@ -15,7 +15,7 @@ import yaml
 
 import vitcam_nb as vc
 from vitcam_nb.core.card_schema import AUDIT_DIR, CARD_FIELDS, NOT_REPORTED, PaperCardError
-from vitcam_nb.evaluate.space import CATEGORY_FIELDS
+from vitcam_nb.evaluate.ambiguity.space import CATEGORY_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_JSON = AUDIT_DIR / "example_cards.json"

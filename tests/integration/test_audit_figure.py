@@ -13,7 +13,7 @@ import pytest
 import vitcam_nb as vc
 from vitcam_nb import audit_figure
 from vitcam_nb.cli import main
-from vitcam_nb.evaluate.audit_labels import LABELS, label_map
+from vitcam_nb.evaluate.audit.labels import LABELS, label_map
 
 SMALL = ["--axes", "site=F1,F2", "--axes", "weighting=gradcam,eigencam", "--axes", "heads=channels,max"]
 TINY = ["--axes", "site=F1", "--axes", "weighting=gradcam", "--axes", "heads=channels", "--axes",

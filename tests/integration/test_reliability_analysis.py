@@ -20,7 +20,7 @@ import vitcam_nb as vc
 from vitcam_nb.evaluate import MetricWarning
 from vitcam_nb.evaluate import space as space_module
 
-ambiguity_module = importlib.import_module("vitcam_nb.evaluate.ambiguity")  # the package exports the function
+ambiguity_module = importlib.import_module("vitcam_nb.evaluate.ambiguity.analysis")  # the package exports the function
 
 REPORTED = {"site": "F1", "layer": -1, "target": "logit"}
 
@@ -132,7 +132,7 @@ def test_scorecard_of_one_image_gives_no_interval(shapes):
 
 
 def test_scorecard_refuses_a_bootstrap_over_the_memory_budget_before_scoring(shapes, monkeypatch):
-    scorecard_module = importlib.import_module("vitcam_nb.evaluate.scorecard")
+    scorecard_module = importlib.import_module("vitcam_nb.evaluate.scorecard.card")
     monkeypatch.setattr(scorecard_module, "available_bytes", lambda: 8 * 10 ** 9)
 
     def no_scores(*a, **k):

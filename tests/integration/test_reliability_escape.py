@@ -18,8 +18,8 @@ from vitcam_testing import make_model
 import vitcam_nb as vc
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.escape import escape_html, escape_markdown
-from vitcam_nb.evaluate.ambiguity import Ambiguity
-from vitcam_nb.evaluate.ambiguity_many import AmbiguityMany
+from vitcam_nb.evaluate.ambiguity.analysis import Ambiguity
+from vitcam_nb.evaluate.ambiguity.many import AmbiguityMany
 from vitcam_nb.interop import Finding, Translation
 
 IMG = '<img src=x onerror="window.__pwned=1">'

@@ -29,7 +29,7 @@ from vitcam_testing import make_model
 import vitcam_nb as vc
 from vitcam_nb import htmlreport
 from vitcam_nb.core.escape import escape_markdown
-from vitcam_nb.evaluate.ambiguity import Ambiguity
+from vitcam_nb.evaluate.ambiguity.analysis import Ambiguity
 from vitcam_nb.interop import Finding, Translation
 from vitcam_nb.widgets import Explorer
 from vitcam_nb.widgets.assets import css, esm

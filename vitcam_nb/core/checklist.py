@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitcam_nb.core.card_schema import CARD_FIELDS, CARD_VERSION, NOT_REPORTED, PaperCardError, validate_card
-from vitcam_nb.core.version import __version__
-
 from vitcam_nb.core.escape import escape_markdown
+from vitcam_nb.core.version import __version__
 
 __all__ = ["CATEGORIES", "Checklist"]
 

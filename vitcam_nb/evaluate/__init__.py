@@ -3,32 +3,34 @@ and sanity checks.
 
 One job per module:
 
-* :mod:`~vitcam_nb.evaluate.agreement`: two maps on one grid -> a number (Spearman, Pearson, cosine,
+* :mod:`~vitcam_nb.evaluate.agreement.metrics`: two maps on one grid -> a number (Spearman, Pearson, cosine,
   SSIM, top-k IoU, Krishna et al.'s feature / rank / sign agreement).
-* :mod:`~vitcam_nb.evaluate.atlas`: the pairwise agreement of many recipes, and its clustered plot.
-* :mod:`~vitcam_nb.evaluate.localisation`: a map against a ground-truth mask (pointing game,
+* :mod:`~vitcam_nb.evaluate.agreement.atlas`: the pairwise agreement of many recipes, and its clustered plot.
+* :mod:`~vitcam_nb.evaluate.localisation.metrics`: a map against a ground-truth mask (pointing game,
   energy-based pointing game, relevance mass and rank accuracy, top-k intersection, AUROC).
-* :mod:`~vitcam_nb.evaluate.complexity`: one map -> how concentrated it is (sparseness, entropy, effective
+* :mod:`~vitcam_nb.evaluate.complexity.metrics`: one map -> how concentrated it is (sparseness, entropy, effective
   complexity).
-* :mod:`~vitcam_nb.evaluate.faithfulness`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
-  on the engine of :mod:`~vitcam_nb.evaluate.perturbation` with the substrates of
-  :mod:`~vitcam_nb.evaluate.substrates`.
-* :mod:`~vitcam_nb.evaluate.faithfulness_more`: faithfulness correlation, monotonicity correlation, SaCo (and
-  :mod:`~vitcam_nb.evaluate.irof`), on the removal engine of :mod:`~vitcam_nb.evaluate.removal`;
-  :mod:`~vitcam_nb.evaluate.sufficiency` over a set of images (no model call).
-* :mod:`~vitcam_nb.evaluate.ambiguity`: every recipe a description allows, their spread and the share of map
-  variance each open choice explains (:mod:`~vitcam_nb.evaluate.space`, :mod:`~vitcam_nb.evaluate.sensitivity`;
-  over many images :mod:`~vitcam_nb.evaluate.ambiguity_many`).
-* :mod:`~vitcam_nb.evaluate.robustness`: max/average sensitivity, local Lipschitz, relative input/output
+* :mod:`~vitcam_nb.evaluate.faithfulness.curves`: deletion, insertion, LeRF - MoRF area, ROAD (call the model),
+  on the engine of :mod:`~vitcam_nb.evaluate.faithfulness.perturbation` with the substrates of
+  :mod:`~vitcam_nb.evaluate.faithfulness.substrates`.
+* :mod:`~vitcam_nb.evaluate.faithfulness.correlation`: faithfulness correlation, monotonicity correlation, SaCo (and
+  :mod:`~vitcam_nb.evaluate.faithfulness.irof`), on the removal engine of
+  :mod:`~vitcam_nb.evaluate.faithfulness.removal`;
+  :mod:`~vitcam_nb.evaluate.faithfulness.sufficiency` over a set of images (no model call).
+* :mod:`~vitcam_nb.evaluate.ambiguity.analysis`: every recipe a description allows, their spread and the share of map
+  variance each open choice explains (:mod:`~vitcam_nb.evaluate.ambiguity.space`,
+  :mod:`~vitcam_nb.evaluate.ambiguity.sensitivity`;
+  over many images :mod:`~vitcam_nb.evaluate.ambiguity.many`).
+* :mod:`~vitcam_nb.evaluate.robustness.stability`: max/average sensitivity, local Lipschitz, relative input/output
   stability of every recipe from one trace per perturbed input.
-* :mod:`~vitcam_nb.evaluate.sanity`: model-parameter randomisation and the randomised-logit check;
-  :mod:`~vitcam_nb.evaluate.randomisation_more`: smooth and efficient MPRT.
-* :mod:`~vitcam_nb.evaluate.scorecard`: every recipe x every registered metric
+* :mod:`~vitcam_nb.evaluate.randomisation.parameters`: model-parameter randomisation and the randomised-logit check;
+  :mod:`~vitcam_nb.evaluate.randomisation.mprt`: smooth and efficient MPRT.
+* :mod:`~vitcam_nb.evaluate.scorecard.card`: every recipe x every registered metric
   (:mod:`~vitcam_nb.evaluate.metric_registry`, filled by :mod:`~vitcam_nb.evaluate.metrics_builtin`) over many
-  images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard_plot`.
-* :mod:`~vitcam_nb.evaluate.position_probe`: how well each token site's activations still predict the tokens' grid
+  images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard.plot`.
+* :mod:`~vitcam_nb.evaluate.audit.position_probe`: how well each token site's activations still predict the tokens' grid
   positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
-* :mod:`~vitcam_nb.evaluate.report`: the known-answer report ranking every variant on the bundled model.
+* :mod:`~vitcam_nb.evaluate.report.known_answer`: the known-answer report ranking every variant on the bundled model.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
 ``ValueError`` naming the argument.
@@ -42,7 +44,8 @@ Example:
 from __future__ import annotations
 
 from vitcam_nb.evaluate._common import MetricWarning, resolve_k
-from vitcam_nb.evaluate.agreement import (
+from vitcam_nb.evaluate.agreement.atlas import atlas, plot_atlas, recipe_labels
+from vitcam_nb.evaluate.agreement.metrics import (
     AGREEMENT_METRICS,
     SIGNED_METRICS,
     cosine,
@@ -55,19 +58,22 @@ from vitcam_nb.evaluate.agreement import (
     ssim,
     topk_iou,
 )
-from vitcam_nb.evaluate.ambiguity import Ambiguity, ambiguity, localising_share
-from vitcam_nb.evaluate.ambiguity_many import AmbiguityMany
-from vitcam_nb.evaluate.atlas import atlas, plot_atlas, recipe_labels
-from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
-from vitcam_nb.evaluate.faithfulness import deletion, insertion, lerf_morf_area, road
-from vitcam_nb.evaluate.faithfulness_more import (
+from vitcam_nb.evaluate.ambiguity.analysis import Ambiguity, ambiguity, localising_share
+from vitcam_nb.evaluate.ambiguity.many import AmbiguityMany
+from vitcam_nb.evaluate.audit.position_probe import position_probe
+from vitcam_nb.evaluate.complexity.metrics import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
+from vitcam_nb.evaluate.faithfulness.correlation import (
     MODEL_FAITHFULNESS_METRICS,
     faithfulness_correlation,
     monotonicity_correlation,
     saco,
 )
-from vitcam_nb.evaluate.irof import irof
-from vitcam_nb.evaluate.localisation import (
+from vitcam_nb.evaluate.faithfulness.curves import deletion, insertion, lerf_morf_area, road
+from vitcam_nb.evaluate.faithfulness.irof import irof
+from vitcam_nb.evaluate.faithfulness.perturbation import model_input
+from vitcam_nb.evaluate.faithfulness.substrates import SUBSTRATES, noisy_linear_imputation
+from vitcam_nb.evaluate.faithfulness.sufficiency import sufficiency
+from vitcam_nb.evaluate.localisation.metrics import (
     LOCALISATION_METRICS,
     auroc,
     default_tolerance,
@@ -86,22 +92,18 @@ from vitcam_nb.evaluate.metric_registry import (
     on_model_maps,
     register_metric,
 )
-from vitcam_nb.evaluate.perturbation import model_input
-from vitcam_nb.evaluate.position_probe import position_probe
-from vitcam_nb.evaluate.randomisation_more import discrete_entropy, efficient_mprt, smooth_mprt
-from vitcam_nb.evaluate.report import report_known_answer
-from vitcam_nb.evaluate.robustness import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
-from vitcam_nb.evaluate.sanity import (
+from vitcam_nb.evaluate.randomisation.mprt import discrete_entropy, efficient_mprt, smooth_mprt
+from vitcam_nb.evaluate.randomisation.parameters import (
     model_parts,
     model_randomisation,
     plot_randomisation,
     randomise_parts,
     randomised_logit,
 )
-from vitcam_nb.evaluate.scorecard import bootstrap_interval, scorecard
-from vitcam_nb.evaluate.scorecard_plot import metric_agreement, plot_agreement, plot_scorecard
-from vitcam_nb.evaluate.substrates import SUBSTRATES, noisy_linear_imputation
-from vitcam_nb.evaluate.sufficiency import sufficiency
+from vitcam_nb.evaluate.report.known_answer import report_known_answer
+from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
+from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
+from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
 
 __all__ = [
     "MODEL_FAITHFULNESS_METRICS",

@@ -12,7 +12,7 @@ metric. Per-map functions register with a one-line adapter:
   whose ``attrs[attr]`` is the score (deletion, insertion and the other model-calling curves).
 
 Example:
-    >>> from vitcam_nb.evaluate.complexity import sparseness
+    >>> from vitcam_nb.evaluate.complexity.metrics import sparseness
     >>> register_metric("gini_example", "complexity", on_maps(sparseness))
     >>> METRICS.get("gini_example").category
     'complexity'

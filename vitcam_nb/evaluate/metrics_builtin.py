@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitcam_nb.evaluate.complexity import COMPLEXITY_METRICS
-from vitcam_nb.evaluate.faithfulness import deletion, insertion
-from vitcam_nb.evaluate.faithfulness_more import MODEL_FAITHFULNESS_METRICS
-from vitcam_nb.evaluate.localisation import LOCALISATION_METRICS
+from vitcam_nb.evaluate.complexity.metrics import COMPLEXITY_METRICS
+from vitcam_nb.evaluate.faithfulness.correlation import MODEL_FAITHFULNESS_METRICS
+from vitcam_nb.evaluate.faithfulness.curves import deletion, insertion
+from vitcam_nb.evaluate.localisation.metrics import LOCALISATION_METRICS
 from vitcam_nb.evaluate.metric_registry import (
     METRICS,
     MODEL_LOCK,
@@ -24,15 +24,15 @@ from vitcam_nb.evaluate.metric_registry import (
     on_model_maps,
     register_metric,
 )
-from vitcam_nb.evaluate.randomisation_more import efficient_mprt
-from vitcam_nb.evaluate.robustness import robustness
-from vitcam_nb.evaluate.sanity import randomised_logit
+from vitcam_nb.evaluate.randomisation.mprt import efficient_mprt
+from vitcam_nb.evaluate.randomisation.parameters import randomised_logit
+from vitcam_nb.evaluate.robustness.stability import robustness
 
 __all__ = ["robustness_metric"]
 
 
 def robustness_metric(name: str):
-    """The registry function of robustness metric ``name``: one :func:`~vitcam_nb.evaluate.robustness` run per
+    """The registry function of robustness metric ``name``: one :func:`~vitcam_nb.evaluate.robustness.stability` run per
     image and class for all recipes and all robustness metrics (cached on the image), settings from
     ``inputs.settings["robustness"]`` (``n``, ``radius``; the seed is the score card's).
 

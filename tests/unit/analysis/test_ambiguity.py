@@ -17,7 +17,7 @@ from vitcam_testing import make_input, make_model
 import vitcam_nb as vc
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.evaluate import localising_share, pointing_game
-from vitcam_nb.evaluate.sensitivity import main_effects
+from vitcam_nb.evaluate.ambiguity.sensitivity import main_effects
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vitcam_nb import evaluate
-from vitcam_nb.evaluate.audit_labels import AUROC_INVERTED, AUROC_LOCALISES, LABELS, label_map, rule_text, thresholds
+from vitcam_nb.evaluate.audit.labels import AUROC_INVERTED, AUROC_LOCALISES, LABELS, label_map, rule_text, thresholds
 
 YY, XX = np.mgrid[:64, :64]
 R = np.hypot(YY - 28, XX - 30)

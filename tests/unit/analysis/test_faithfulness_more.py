@@ -12,7 +12,7 @@ import torch
 
 import vitcam_nb as vc
 import vitcam_nb.evaluate as ev
-from vitcam_nb.evaluate.faithfulness_more import saco_coefficient
+from vitcam_nb.evaluate.faithfulness.correlation import saco_coefficient
 
 
 def _linear_case(seed: int = 0, size: int = 8):

@@ -12,7 +12,7 @@ import xarray as xr
 
 import vitcam_nb as vc
 
-probe_module = importlib.import_module("vitcam_nb.evaluate.position_probe")  # the function shadows the module
+probe_module = importlib.import_module("vitcam_nb.evaluate.audit.position_probe")  # the function shadows the module
 
 
 def _trace(features: np.ndarray, gh: int, gw: int, *, prefix: int = 1, sites=("F1",), layers=(0,)) -> xr.Dataset:

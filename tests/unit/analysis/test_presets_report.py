@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 import vitcam_nb as vc
-from vitcam_nb.evaluate.presets_report import fit_to_model, report_presets
-from vitcam_nb.evaluate.report import report_known_answer
+from vitcam_nb.evaluate.report.known_answer import report_known_answer
+from vitcam_nb.evaluate.report.presets import fit_to_model, report_presets
 
 
 def test_a_preset_scores_what_the_known_answer_report_gives_its_recipe_and_others_are_skipped_with_a_reason():
@@ -37,7 +37,7 @@ def test_published_methods_get_the_sites_and_layerwise_trace_they_read():
     from scipy import ndimage
 
     from vitcam_nb.data import shapes
-    from vitcam_nb.evaluate.localisation import default_tolerance
+    from vitcam_nb.evaluate.localisation.metrics import default_tolerance
 
     names = ["legrad", "agcam", "attcat", "grad_eclip"]
     table = report_presets(n_images=2, seed=3, names=names, deletion_steps=4, progress=False).set_index("preset")

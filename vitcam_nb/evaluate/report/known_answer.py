@@ -21,8 +21,14 @@ from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, channel_weighting_names
 from vitcam_nb.data import shapes
-from vitcam_nb.evaluate.localisation import default_tolerance
-from vitcam_nb.evaluate.perturbation import Scorer, area_under_curve, model_input, perturbation_scores, pixel_rank
+from vitcam_nb.evaluate.faithfulness.perturbation import (
+    Scorer,
+    area_under_curve,
+    model_input,
+    perturbation_scores,
+    pixel_rank,
+)
+from vitcam_nb.evaluate.localisation.metrics import default_tolerance
 from vitcam_nb.models import load_model
 
 __all__ = ["report_known_answer"]

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from vitcam_nb.evaluate.faithfulness import PerturbationSetup
-from vitcam_nb.evaluate.perturbation import show_progress
-from vitcam_nb.evaluate.substrates import fixed_substrate, noisy_linear_imputation
+from vitcam_nb.evaluate.faithfulness.curves import PerturbationSetup
+from vitcam_nb.evaluate.faithfulness.perturbation import show_progress
+from vitcam_nb.evaluate.faithfulness.substrates import fixed_substrate, noisy_linear_imputation
 
 __all__ = ["cell_index", "check_count", "removed_scores", "setup"]
 

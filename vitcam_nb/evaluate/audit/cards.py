@@ -1,6 +1,6 @@
 """A set of paper cards (:mod:`vitcam_nb.core.card_schema`) as the audit's statistics: the share of papers with no
 justification, with a justification, that say only "pytorch-grad-cam", the distinct adaptations by their recipes,
-and, given traces, how ambiguous each card's description is (:func:`vitcam_nb.evaluate.ambiguity.ambiguity`).
+and, given traces, how ambiguous each card's description is (:func:`vitcam_nb.evaluate.ambiguity.analysis.ambiguity`).
 
 Definitions (shares are of all cards, as the audit's are of all included papers):
 
@@ -41,7 +41,7 @@ from vitcam_nb.core.card_schema import (
 )
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.evaluate.ambiguity import ambiguity
+from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
 
 __all__ = ["audit_figures", "load_cards", "summarise"]
 

@@ -22,7 +22,7 @@ import xarray as xr
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.evaluate._common import grid_map, warn
-from vitcam_nb.evaluate.agreement import agreement_functions
+from vitcam_nb.evaluate.agreement.metrics import agreement_functions
 
 __all__ = ["model_parts", "model_randomisation", "plot_randomisation", "randomise_parts", "randomised_logit"]
 

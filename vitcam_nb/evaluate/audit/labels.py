@@ -1,6 +1,6 @@
 """One word per map for the audit's experiment: does a map **localise** the object, show its **context**, point
 **inverted** (high off the object, low on it) or is it **empty**? The rule reads three localisation metrics of
-:mod:`~vitcam_nb.evaluate.localisation` against the object mask; its thresholds are the constants below and are
+:mod:`~vitcam_nb.evaluate.localisation.metrics` against the object mask; its thresholds are the constants below and are
 written out in ``docs/audit_figure.md``.
 
 Example:
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from vitcam_nb.evaluate._common import as_map, as_mask
-from vitcam_nb.evaluate.localisation import auroc, default_tolerance, energy_pointing_game, pointing_game
+from vitcam_nb.evaluate.localisation.metrics import auroc, default_tolerance, energy_pointing_game, pointing_game
 
 __all__ = ["AUROC_INVERTED", "AUROC_LOCALISES", "EMPTY_RTOL", "LABELS", "POINTING_HIT", "label_map", "rule_text",
            "thresholds"]

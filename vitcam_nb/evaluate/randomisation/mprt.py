@@ -2,7 +2,8 @@
 maps denoised by averaging over noisy copies of the input) and efficient MPRT (the rise in the map's complexity when
 every part of the model is randomised, one comparison instead of one per part).
 
-Both re-initialise parts of a deep copy of the model with :func:`~vitcam_nb.evaluate.sanity.randomise_parts`
+Both re-initialise parts of a deep copy of the model with
+:func:`~vitcam_nb.evaluate.randomisation.parameters.randomise_parts`
 (``init="reset"`` is Quantus's scheme) and trace each copy again; maps are compared on the token grid. The class is
 fixed to the one the recipe selects on the original model.
 """
@@ -18,10 +19,10 @@ import xarray as xr
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.evaluate._common import grid_map, nan_because, warn
-from vitcam_nb.evaluate.agreement import agreement_functions
-from vitcam_nb.evaluate.perturbation import model_input
-from vitcam_nb.evaluate.removal import check_count
-from vitcam_nb.evaluate.sanity import model_parts, randomise_parts
+from vitcam_nb.evaluate.agreement.metrics import agreement_functions
+from vitcam_nb.evaluate.faithfulness.perturbation import model_input
+from vitcam_nb.evaluate.faithfulness.removal import check_count
+from vitcam_nb.evaluate.randomisation.parameters import model_parts, randomise_parts
 
 __all__ = ["discrete_entropy", "efficient_mprt", "smooth_mprt"]
 

@@ -1,4 +1,4 @@
-"""Reading a score card (:func:`~vitcam_nb.evaluate.scorecard.scorecard`): the recipes ranked per metric with their
+"""Reading a score card (:func:`~vitcam_nb.evaluate.scorecard.card.scorecard`): the recipes ranked per metric with their
 intervals, and whether the metrics agree about which recipe is best (Spearman or Kendall correlation of the
 recipe rankings, each metric oriented so that better is higher).
 

@@ -14,7 +14,7 @@ ranking: faithfulness correlation (random subsets), monotonicity correlation (on
   removing G_i drops the score at least as much as removing G_j, and against it otherwise; the signed sum
   over the total weight is in [-1, 1] (1 = the model's response ranks groups exactly as the map does).
 
-Settings as in :func:`~vitcam_nb.evaluate.faithfulness.deletion` (mode, substrate, score, target, batch size,
+Settings as in :func:`~vitcam_nb.evaluate.faithfulness.curves.deletion` (mode, substrate, score, target, batch size,
 seed), all recorded in the result's attrs; the headline number is also in ``attrs["value"]``.
 """
 
@@ -28,8 +28,8 @@ import xarray as xr
 from scipy import stats
 
 from vitcam_nb.evaluate._common import nan_because, resolve_k
-from vitcam_nb.evaluate.irof import irof
-from vitcam_nb.evaluate.removal import check_count, removed_scores, setup
+from vitcam_nb.evaluate.faithfulness.irof import irof
+from vitcam_nb.evaluate.faithfulness.removal import check_count, removed_scores, setup
 
 __all__ = ["MODEL_FAITHFULNESS_METRICS", "faithfulness_correlation", "monotonicity_correlation", "saco",
            "saco_coefficient"]

@@ -1,6 +1,7 @@
 """How ambiguous is a reported Grad-CAM: every recipe consistent with a description, computed from one trace,
 their spread, and how much of the map variance each unreported choice explains (first-order shares over the
-factorial of the open fields, docs of :mod:`vitcam_nb.evaluate.space` and :mod:`vitcam_nb.evaluate.sensitivity`).
+factorial of the open fields, docs of :mod:`vitcam_nb.evaluate.ambiguity.space` and
+:mod:`vitcam_nb.evaluate.ambiguity.sensitivity`).
 
 Example:
     >>> import timm, numpy as np, vitcam_nb as vc
@@ -31,12 +32,10 @@ from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import as_mask
-from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
-from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
-from vitcam_nb.evaluate.localisation import default_tolerance
-from vitcam_nb.evaluate.recipe_maps import recipe_maps
-from vitcam_nb.evaluate.sensitivity import bootstrap_effects, group_codes, main_effects
-from vitcam_nb.evaluate.space import (
+from vitcam_nb.evaluate.ambiguity.many import ambiguity_many
+from vitcam_nb.evaluate.ambiguity.plot import DEFAULT_CMAP, plot_ambiguity
+from vitcam_nb.evaluate.ambiguity.sensitivity import bootstrap_effects, group_codes, main_effects
+from vitcam_nb.evaluate.ambiguity.space import (
     CATEGORY_FIELDS,
     canonical,
     default_space,
@@ -45,6 +44,8 @@ from vitcam_nb.evaluate.space import (
     open_fields,
     parse_reported,
 )
+from vitcam_nb.evaluate.localisation.metrics import default_tolerance
+from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
 __all__ = ["Ambiguity", "Sensitivity", "Spread", "ambiguity", "localising_share"]
 
@@ -252,7 +253,7 @@ class Ambiguity:
 
     def plot(self, cmap: str = DEFAULT_CMAP) -> Any:
         """The input image (object outlined), mean and spread maps, the two most different consistent maps, and
-        the sensitivity bars (:func:`~vitcam_nb.evaluate.ambiguity_plot.plot_ambiguity`); returns the Figure.
+        the sensitivity bars (:func:`~vitcam_nb.evaluate.ambiguity.plot.plot_ambiguity`); returns the Figure.
 
         Example:
             >>> import timm, numpy as np, vitcam_nb as vc
@@ -397,16 +398,16 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
 
     ``reported``: recipe field -> the value the description states; a field or a checklist category given the
     value ``"open"`` is open, as is every field not named. Open fields range over the documented default space
-    (:mod:`vitcam_nb.evaluate.space`), overridden per field by ``space``. The factorial of the open values is
+    (:mod:`vitcam_nb.evaluate.ambiguity.space`), overridden per field by ``space``. The factorial of the open values is
     exact when it has at most ``max_cells`` combinations and ``max_recipes`` distinct recipes, else ``n_samples``
     combinations are drawn (``seed``) and each share gets a 95 % bootstrap interval (``n_boot`` resamples).
     Sampled shares are biased upward by about ``(L - 1) / (n_samples - 1)`` of the unexplained variance for a
     factor of ``L`` levels (more for categories, whose levels are joint), the remainder downward; the bootstrap
-    intervals do not correct this (:mod:`vitcam_nb.evaluate.sensitivity`).
+    intervals do not correct this (:mod:`vitcam_nb.evaluate.ambiguity.sensitivity`).
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
 
     ``trace`` may be a list of traces or an ``open_traces`` store: then the answer is an
-    :class:`~vitcam_nb.evaluate.ambiguity_many.AmbiguityMany` (one analysis per image; over a store, one dask task
+    :class:`~vitcam_nb.evaluate.ambiguity.many.AmbiguityMany` (one analysis per image; over a store, one dask task
     per image, run on the active dask.distributed Client if there is one).
 
     Example:

@@ -18,7 +18,7 @@ from vitcam_nb.compute.many import image_blocks, is_lazy, subset
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import MetricWarning, grid_map, warn
-from vitcam_nb.evaluate.agreement import AGREEMENT_METRICS, SIGNED_METRICS
+from vitcam_nb.evaluate.agreement.metrics import AGREEMENT_METRICS, SIGNED_METRICS
 
 __all__ = ["aggregate", "atlas", "atlas_many", "plot_atlas", "recipe_labels"]
 
@@ -227,7 +227,7 @@ def atlas_many(
 ) -> xr.Dataset:
     """Agreement atlas over every image of a many-image Dataset, computed one task per image.
 
-    Each task reads one image's chunks and runs :func:`vitcam_nb.evaluate.atlas` on it; the per-image
+    Each task reads one image's chunks and runs :func:`vitcam_nb.evaluate.agreement.atlas` on it; the per-image
     matrices are combined into ``mean``, ``std`` and ``count`` exactly as the atlas of a list of traces.
     Runs on the active dask.distributed Client if there is one (else dask's default scheduler, or
     ``scheduler``).

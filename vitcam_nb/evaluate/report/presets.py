@@ -1,5 +1,5 @@
 """The known-answer report of the published presets: every preset of ``vc.presets.names()`` on the bundled
-shapes model, its pointing game and deletion AUC (as :func:`~vitcam_nb.evaluate.report.report_known_answer`
+shapes model, its pointing game and deletion AUC (as :func:`~vitcam_nb.evaluate.report.known_answer.report_known_answer`
 measures them), or the reason it does not apply to the model (a vision-language preset on a classifier).
 
 A preset is used at its default arguments with the image's true class; layer tuples counted from the end are
@@ -38,8 +38,14 @@ from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe, is_int
 from vitcam_nb.core.schema import EXTRA_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.data import shapes
-from vitcam_nb.evaluate.localisation import default_tolerance
-from vitcam_nb.evaluate.perturbation import Scorer, area_under_curve, model_input, perturbation_scores, pixel_rank
+from vitcam_nb.evaluate.faithfulness.perturbation import (
+    Scorer,
+    area_under_curve,
+    model_input,
+    perturbation_scores,
+    pixel_rank,
+)
+from vitcam_nb.evaluate.localisation.metrics import default_tolerance
 from vitcam_nb.models import load_model
 from vitcam_nb.targets.layerwise import layerwise
 

@@ -16,8 +16,8 @@ import torch
 import xarray as xr
 
 from vitcam_nb.evaluate._common import as_map, nan_because
-from vitcam_nb.evaluate.perturbation import area_under_curve
-from vitcam_nb.evaluate.removal import removed_scores, setup
+from vitcam_nb.evaluate.faithfulness.perturbation import area_under_curve
+from vitcam_nb.evaluate.faithfulness.removal import removed_scores, setup
 
 __all__ = ["SEGMENTATIONS", "irof", "segment_labels"]
 

@@ -1,4 +1,5 @@
-"""The figure of an ambiguity analysis (:meth:`vitcam_nb.evaluate.ambiguity.Ambiguity.plot`): the input image with
+"""The figure of an ambiguity analysis (:meth:`vitcam_nb.evaluate.ambiguity.analysis.Ambiguity.plot`): the input
+image with
 the object outlined beside the mean and spread of the consistent maps, the two that agree least, and the share of
 the map variance each open choice explains. Every title says how all-zero (degenerate) maps were counted.
 

@@ -28,7 +28,7 @@ __all__ = ["AmbiguityMany", "ambiguity_many"]
 
 
 class AmbiguityMany:
-    """One :class:`~vitcam_nb.evaluate.ambiguity.Ambiguity` per image (``results``) and their distribution:
+    """One :class:`~vitcam_nb.evaluate.ambiguity.analysis.Ambiguity` per image (``results``) and their distribution:
     ``median_spearman`` and ``localises`` (image,), ``sensitivity`` (image, factor: each open field, each
     checklist category and the field interaction remainder), :meth:`summary`, :meth:`report`, :meth:`plot`.
 
@@ -181,7 +181,7 @@ def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: A
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
-        >>> from vitcam_nb.evaluate.ambiguity import ambiguity
+        >>> from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
         >>> trs = [vc.trace(m, np.full((32, 32, 3), v, np.uint8)) for v in (40, 200)]
         >>> one = lambda tr, reported, space, mask, *a: ambiguity(tr, reported, space=space)

@@ -255,7 +255,7 @@ def scorecard(
         Dataset over ``(recipe, metric)``: ``mean``, ``low``, ``high``, ``count`` and the per-image ``values``
         ``(image, recipe, metric)``; coordinates ``category``, ``higher_is_better`` (per metric) and
         ``recipe_json``; attrs the settings. ``card.scorecard.plot()`` and ``card.scorecard.agreement()`` (see
-        :mod:`~vitcam_nb.evaluate.scorecard_plot`).
+        :mod:`~vitcam_nb.evaluate.scorecard.plot`).
 
     Example:
         >>> card = scorecard(vc.open_traces("t.zarr"), [vc.presets.get("gradcam")], model=m)  # doctest: +SKIP

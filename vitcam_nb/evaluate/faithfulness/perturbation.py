@@ -19,7 +19,7 @@ import xarray as xr
 
 from vitcam_nb.core.provenance import weights_sha256
 from vitcam_nb.evaluate._common import recipe_fields
-from vitcam_nb.evaluate.substrates import fixed_substrate, noisy_linear_imputation
+from vitcam_nb.evaluate.faithfulness.substrates import fixed_substrate, noisy_linear_imputation
 from vitcam_nb.preprocess import data_config, prepare_input, to_pixels
 
 __all__ = ["MODES", "ORDERS", "SCORES", "Scorer", "area_under_curve", "cell_scores", "check_choice", "model_input",

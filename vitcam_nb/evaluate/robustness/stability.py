@@ -44,7 +44,7 @@ from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.evaluate._common import nan_because
-from vitcam_nb.evaluate.perturbation import Scorer, model_input
+from vitcam_nb.evaluate.faithfulness.perturbation import Scorer, model_input
 from vitcam_nb.preprocess import prepare_input
 
 __all__ = ["ROBUSTNESS_METRICS", "perturb", "robustness", "robustness_scores"]

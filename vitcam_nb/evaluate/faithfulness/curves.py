@@ -31,7 +31,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.evaluate._common import as_map, warn
-from vitcam_nb.evaluate.perturbation import (
+from vitcam_nb.evaluate.faithfulness.perturbation import (
     MODES,
     ORDERS,
     SCORES,
@@ -46,7 +46,7 @@ from vitcam_nb.evaluate.perturbation import (
     pixel_rank,
     resolve_target,
 )
-from vitcam_nb.evaluate.substrates import SUBSTRATES
+from vitcam_nb.evaluate.faithfulness.substrates import SUBSTRATES
 
 __all__ = ["PerturbationSetup", "deletion", "insertion", "lerf_morf_area", "road"]
 
