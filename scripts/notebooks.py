@@ -52,13 +52,18 @@ def scrub(text: str) -> str:
 
 
 def clean(book) -> None:
-    """Scrub paths from every output and drop live widget views that have a static picture beside them."""
+    """Scrub paths from every output, keep a widget's static picture in place of its live view, and drop live
+    views that have no picture (progress bars)."""
     book.metadata.pop("widgets", None)
     for cell in book.cells:
         if cell.cell_type != "code":
             continue
         cell.metadata.pop("execution", None)
-        for out in cell.get("outputs", []):
+        # A live view with no static picture (a progress bar) cannot be shown without a kernel, and its text is
+        # the state it was created in ("0/24"), not what happened: it is dropped.
+        cell.outputs = [out for out in cell.get("outputs", [])
+                        if not (WIDGET_VIEW in out.get("data", {}) and "image/png" not in out.get("data", {}))]
+        for out in cell.outputs:
             if out.get("output_type") == "stream":
                 out["text"] = scrub(out["text"])
             elif out.get("output_type") == "error":

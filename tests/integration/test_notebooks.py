@@ -44,12 +44,15 @@ def test_the_cleaning_drops_machine_paths_and_live_views():
     cell = nbformat.v4.new_code_cell("x")
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{ROOT}/vitcam_nb/api.py:3 /tmp/abc/t.nc"),
                     nbformat.v4.new_output("display_data", data={runner.WIDGET_VIEW: {"model_id": "1"},
-                                                                  "image/png": "iVBOR", "text/plain": "w"})]
+                                                                  "image/png": "iVBOR", "text/plain": "w"}),
+                    nbformat.v4.new_output("display_data", data={runner.WIDGET_VIEW: {"model_id": "2"},
+                                                                  "text/plain": "progress: 0%| 0/24"})]
     book.cells = [cell]
     book.metadata["widgets"] = {"state": {}}
     runner.clean(book)
     assert cell.outputs[0]["text"] == "vitcam_nb/api.py:3 <tmp>/t.nc"
     assert set(cell.outputs[1]["data"]) == {"image/png", "text/plain"} and "widgets" not in book.metadata
+    assert len(cell.outputs) == 2  # the progress bar, with no picture, is dropped
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import vitcam_nb as vc
 from vitcam_nb.evaluate import MetricWarning
-from vitcam_nb.evaluate import space as space_module
+from vitcam_nb.evaluate.ambiguity import space as space_module
 
 ambiguity_module = importlib.import_module("vitcam_nb.evaluate.ambiguity.analysis")  # the package exports the function
 
