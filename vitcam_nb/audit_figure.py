@@ -99,10 +99,10 @@ def cached_weights(name: str) -> str | None:
 
 
 def _load_file(name: str, path: str) -> torch.nn.Module:
-    """``name`` with the weights of a local safetensors file (timm's loader; never a pickle)."""
+    """``name`` with the weights of a local safetensors file (never a pickle)."""
     try:
-        return load_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(path)})
-    except (RuntimeError, OSError) as exc:  # timm's and safetensors' errors for a file that does not fit
+        return load_model(name, weights=path)  # a safetensors state dict, loaded strictly; the origin names the file
+    except (RuntimeError, OSError, ValueError) as exc:  # a file that does not fit the model
         raise ValueError(f"weights: {Path(path).name} could not be loaded into {name} ({str(exc)[:200]})") from exc
 
 
