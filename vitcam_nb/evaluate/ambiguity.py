@@ -8,7 +8,7 @@ Example:
     >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
     >>> amb = ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
     >>> amb.maps.dims, amb.open
-    (('recipe', 'y', 'x'), ['target', 'weight_tokens', 'relu'])
+    (('recipe', 'y', 'x'), ['target', 'weight_tokens', 'upsample', 'relu', 'normalize'])
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate.ambiguity_grid import distance_coords, on_image_grid
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
 from vitcam_nb.evaluate.localisation import default_tolerance
@@ -134,7 +135,8 @@ def _recipe(key: tuple) -> Recipe:
 
 
 class Ambiguity:
-    """The answer of :func:`ambiguity` for one trace: ``recipes``, ``maps`` (recipe, y, x on the token grid),
+    """The answer of :func:`ambiguity` for one trace: ``recipes``, ``maps`` (recipe, y, x: on the image grid while
+    upsample is open, else the token grid; ``maps.attrs["grid"]`` says which),
     ``spread``, ``sensitivity``, ``skipped`` (combinations no recipe expresses, or that the trace cannot compute),
     ``degenerate`` (maps returned as zeros), ``localises`` (share of recipes whose map points at ``mask``, or
     None), ``image`` and ``mask`` (shown beside the maps), and :meth:`plot`, :meth:`report`, :meth:`to_dict`.
@@ -145,7 +147,7 @@ class Ambiguity:
         >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
         >>> amb = ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam", weight_tokens="patch"))
         >>> len(amb.recipes), sorted(amb.sensitivity.fields)
-        (6, ['relu', 'target'])
+        (24, ['normalize', 'relu', 'target', 'upsample'])
     """
 
     def __init__(self, *, reported: dict, space: dict, recipes: list[Recipe], maps: xr.DataArray, spread: Spread,
@@ -167,7 +169,7 @@ class Ambiguity:
             >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
             >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
             >>> amb.open
-            ['target', 'weight_tokens', 'relu']
+            ['target', 'weight_tokens', 'upsample', 'relu', 'normalize']
         """
         return [f for f, v in self.space.items() if len(v) > 1]
 
@@ -198,7 +200,7 @@ class Ambiguity:
             >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
             >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
             >>> amb.to_dict()["recipes"]
-            18
+            72
         """
         s = self.sensitivity
         return {"trace_id": self.trace_id, "reported": {k: _jsonable(v) for k, v in self.reported.items()},
@@ -282,11 +284,12 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
             raise ValueError(f"space: {field} needs a non-empty list of values, got {values!r}")
     out = {}
+    # The cross-attention site is no vision site (its layers are the text layers): it only opens text_tokens.
+    xattn = [*view.sites, "xattn"] if "xattn" in trace.variables else view.sites
     for field in open_fields(fixed):
-        values = space.get(field, default_space(field, view.sites, [int(v) for v in view.layers]))
+        sites = xattn if field == "text_tokens" else view.sites
+        values = space.get(field, default_space(field, sites, [int(v) for v in view.layers]))
         out[field] = tuple(values)
-    for field in ("upsample",):  # maps are compared on the token grid
-        out.pop(field, None)
     return out
 
 
@@ -298,7 +301,9 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     values = _space(trace, fixed, opened, space)
     factors = all_factors = [f for f, v in values.items() if len(v) > 1]
     single = {f: v[0] for f, v in values.items() if len(v) == 1}
-    grid = {**fixed, **single, "upsample": "none"}
+    # Open upsample: maps compared on the image grid; else on the token grid, where upsampling adds nothing.
+    image_grid = "upsample" in factors
+    grid = {**fixed, **single} if image_grid else {**fixed, **single, "upsample": "none"}
     cells, design = enumerate_cells({f: values[f] for f in factors}, max_cells, n_samples, seed)
     keys: dict[tuple, int] = {}
     cell_recipe = np.empty(len(cells), np.int64)
@@ -317,6 +322,8 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
         computed = recipe_maps(trace, candidates)
+    if image_grid:
+        computed = on_image_grid(trace, candidates, computed)
     for k, (rec, result) in enumerate(zip(candidates, computed)):
         if result is None:
             continue
@@ -329,7 +336,7 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     position = np.cumsum(ok) - 1
     valid = (cell_recipe >= 0) & ok[np.maximum(cell_recipe, 0)]
     stack = np.stack(maps)
-    y = stack[position[cell_recipe[valid]]]
+    y = (distance_coords(stack) if image_grid else stack)[position[cell_recipe[valid]]]
     codes = {f: cells[valid, all_factors.index(f)] for f in factors}
     shares = main_effects(y, codes)
     groups = {cat: [f for f in fields if f in factors] for cat, fields in CATEGORY_FIELDS.items()}
@@ -346,7 +353,8 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     for f in factors:
         coords[f] = ("recipe", np.array([getattr(r, f) for r in recipes], dtype=object))
     arr = xr.DataArray(stack, dims=("recipe", *dims), coords=coords, name="ambiguity_maps",
-                       attrs={"trace_id": str(trace.attrs.get("trace_id", "")), "grid": "token grid",
+                       attrs={"trace_id": str(trace.attrs.get("trace_id", "")),
+                              "grid": "image grid" if image_grid else "token grid",
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
     mask = trace["mask"].values if mask is None and "mask" in trace.variables else mask
     localises = None if mask is None else localising_share(stack, np.asarray(mask, bool))
@@ -367,7 +375,9 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
 
     ``reported``: recipe field -> the value the description states; a field or a checklist category given the
     value ``"open"`` is open, as is every field not named. Open fields range over the documented default space
-    (:mod:`vitcam_nb.evaluate.space`), overridden per field by ``space``. The factorial of the open values is
+    (:mod:`vitcam_nb.evaluate.space`), overridden per field by ``space`` (every value given is used). While
+    ``upsample`` is open the maps are compared at the image resolution (``"none"`` as blocks, the same picture as
+    ``"nearest"`` on an integer patch grid), else on the token grid. The factorial of the open values is
     exact when it has at most ``max_cells`` combinations and ``max_recipes`` distinct recipes, else ``n_samples``
     combinations are drawn (``seed``) and each share gets a 95 % bootstrap interval (``n_boot`` resamples).
     Sampled shares are biased upward by about ``(L - 1) / (n_samples - 1)`` of the unexplained variance for a
