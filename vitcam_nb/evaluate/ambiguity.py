@@ -29,7 +29,7 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.evaluate.ambiguity_grid import distance_coords, on_image_grid
+from vitcam_nb.evaluate.ambiguity_grid import distance_coords, image_sample, on_image_grid
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
 from vitcam_nb.evaluate.localisation import default_tolerance
@@ -319,11 +319,15 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     factors = [f for f in factors if len({key[_FIELDS.index(f)] for key in keys}) > 1]
     maps, recipes, ok, degenerate = [], [], np.zeros(len(keys), bool), 0
     candidates = [_recipe(key) for key in keys]
+    view = TraceView.of(trace)
+    stride, cut = image_sample(view.height, view.width) if image_grid else (1, (slice(None), slice(None)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
-        computed = recipe_maps(trace, candidates)
-    if image_grid:
-        computed = on_image_grid(trace, candidates, computed)
+        if image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
+            computed = [m for i in range(0, len(candidates), 256) for m in on_image_grid(
+                trace, candidates[i:i + 256], recipe_maps(trace, candidates[i:i + 256]), cut)]
+        else:
+            computed = recipe_maps(trace, candidates)
     for k, (rec, result) in enumerate(zip(candidates, computed)):
         if result is None:
             continue
@@ -354,10 +358,13 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
         coords[f] = ("recipe", np.array([getattr(r, f) for r in recipes], dtype=object))
     arr = xr.DataArray(stack, dims=("recipe", *dims), coords=coords, name="ambiguity_maps",
                        attrs={"trace_id": str(trace.attrs.get("trace_id", "")),
-                              "grid": "image grid" if image_grid else "token grid",
+                              "grid": "image grid" if image_grid else "token grid", "stride": stride,
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
     mask = trace["mask"].values if mask is None and "mask" in trace.variables else mask
-    localises = None if mask is None else localising_share(stack, np.asarray(mask, bool))
+    if mask is not None:  # on a sampled image grid the pointing game reads the mask at the same pixels
+        mask = np.asarray(mask, bool)
+        sampled = mask[cut] if image_grid and mask.shape == (view.height, view.width) else mask
+    localises = None if mask is None else localising_share(stack, sampled)
     skipped = int((~valid).sum())
     kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
@@ -377,7 +384,9 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     value ``"open"`` is open, as is every field not named. Open fields range over the documented default space
     (:mod:`vitcam_nb.evaluate.space`), overridden per field by ``space`` (every value given is used). While
     ``upsample`` is open the maps are compared at the image resolution (``"none"`` as blocks, the same picture as
-    ``"nearest"`` on an integer patch grid), else on the token grid. The factorial of the open values is
+    ``"nearest"`` on an integer patch grid; an image over 64 x 64 px on its pixels at a stride,
+    ``maps.attrs["stride"]``: :func:`~vitcam_nb.evaluate.ambiguity_grid.image_sample`), else on the token grid.
+    The factorial of the open values is
     exact when it has at most ``max_cells`` combinations and ``max_recipes`` distinct recipes, else ``n_samples``
     combinations are drawn (``seed``) and each share gets a 95 % bootstrap interval (``n_boot`` resamples).
     Sampled shares are biased upward by about ``(L - 1) / (n_samples - 1)`` of the unexplained variance for a

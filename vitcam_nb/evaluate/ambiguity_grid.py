@@ -1,8 +1,9 @@
 """The image grid on which :func:`vitcam_nb.ambiguity` compares maps while ``upsample`` is open: every map at the
 image resolution exactly as :func:`vitcam_nb.cam` gives it, a map of ``upsample="none"`` shown as blocks (each
 token repeated over its patch, nearest-neighbour; on an integer patch grid the same picture as ``"nearest"``),
-and coordinates of the maps that keep every distance between them, so that the variance shares over thousands of
-cells do not copy a full-resolution map per cell.
+compared on at most :data:`MAX_PIXELS` of the image's own pixels (a larger image at a stride), and coordinates of
+the maps that keep every distance between them, so that the variance shares over thousands of cells do not copy
+a map per cell.
 
 Example:
     >>> stack = np.random.default_rng(0).standard_normal((3, 2, 50)).astype(np.float32)
@@ -23,17 +24,37 @@ from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["distance_coords", "on_image_grid"]
+__all__ = ["MAX_PIXELS", "distance_coords", "image_sample", "on_image_grid"]
 
 #: Pixels per block when the Gram matrix of the maps is accumulated (bounds the float64 copy).
 _CHUNK = 1 << 16
+#: The most pixels the maps are compared on: a larger image is sampled at a stride (see image_sample).
+MAX_PIXELS = 64 * 64
 
 
-def on_image_grid(trace: xr.Dataset, recipes: Sequence[Recipe], computed: Sequence[tuple | None]
-                  ) -> list[tuple[np.ndarray, list[str]] | None]:
+def image_sample(height: int, width: int) -> tuple[int, tuple[slice, slice]]:
+    """The stride ``s`` (the smallest with at most :data:`MAX_PIXELS` samples) and the pixels compared: every
+    ``s``-th pixel of each row and column from ``s // 2`` (the centre of each s x s cell). Each sampled value is
+    the map's own pixel, not a resampling: the spread, Spearman and variance shares of thousands of maps of a
+    224 px image are then computed on 56 x 56 of its pixels (4 per side of a 16 px patch) instead of 224 x 224.
+
+    Example:
+        >>> image_sample(64, 64)[0], image_sample(224, 224)[0]
+        (1, 4)
+    """
+    stride = 1
+    while -(-height // stride) * -(-width // stride) > MAX_PIXELS:
+        stride += 1
+    cut = slice(stride // 2, None, stride)
+    return stride, (cut, cut)
+
+
+def on_image_grid(trace: xr.Dataset, recipes: Sequence[Recipe], computed: Sequence[tuple | None],
+                  cut: tuple[slice, slice] = (slice(None), slice(None))) -> list[tuple[np.ndarray, list[str]] | None]:
     """The maps of ``recipes`` (as :func:`~vitcam_nb.evaluate.recipe_maps.recipe_maps` computed them) on the image
     grid: a token-grid map (``upsample="none"``) repeated over its patches (nearest-neighbour, the margin of a
     padding model cropped as :func:`~vitcam_nb.compute.spatial.upsample` crops it); the others are already there.
+    ``cut``: the pixels kept (:func:`image_sample`).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -50,7 +71,7 @@ def on_image_grid(trace: xr.Dataset, recipes: Sequence[Recipe], computed: Sequen
     for recipe, result in zip(recipes, computed):
         if result is not None and recipe.upsample == "none":
             result = (upsample(np.asarray(result[0], np.float32), size, "nearest", view.pad), result[1])
-        out.append(result)
+        out.append(None if result is None else (np.ascontiguousarray(result[0][cut]), result[1]))
     return out
 
 

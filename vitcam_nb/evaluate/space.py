@@ -29,7 +29,9 @@ The comparison grid. While ``upsample`` takes one value (reported, or one value 
 compared on the token grid, where upsampling adds nothing. While it is open, every map is computed at the image
 resolution as :func:`vitcam_nb.cam` gives it, and ``"none"`` means the token grid shown as blocks (each token
 repeated over its patch, nearest-neighbour). On an integer patch grid ``"none"`` and ``"nearest"`` therefore give
-the same picture: a finding (the two readings of an unstated upsampling agree), not a duplicate to remove.
+the same picture: a finding (the two readings of an unstated upsampling agree), not a duplicate to remove. An
+image over 64 x 64 px is compared on its own pixels at a stride (every 4th pixel of a 224 px image, 4 per side of
+a 16 px patch: :func:`vitcam_nb.evaluate.ambiguity_grid.image_sample`), which bounds the cost of thousands of maps.
 ``text_tokens`` is open on cross-attention traces because the published recipes differ exactly there (ALBEF's
 visualisation takes the [CLS] text row, :func:`vitcam_nb.presets.albef_itm_gradcam`; LAVIS's BLIP demo averages
 over the text tokens).

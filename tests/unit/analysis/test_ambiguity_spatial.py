@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import ndimage
 from vitcam_testing import make_input, make_model
 
 import vitcam_nb as vc
@@ -75,6 +76,28 @@ def test_image_grid_maps_are_each_recipes_vc_cam(tr):
     assert {r.upsample for r in amb.recipes} == {"none", "bilinear"} and any(r.site == "F2" for r in amb.recipes)
     for recipe, values in zip(amb.recipes, amb.maps.values):
         np.testing.assert_allclose(values, _on_image(tr, recipe), rtol=0, atol=1e-6, err_msg=recipe.id)
+
+
+def test_a_large_image_is_compared_on_its_own_pixels_at_a_stride():
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=96, patch_size=16, depth=2)
+    big = vc.trace(model, np.random.default_rng(3).integers(0, 256, (96, 96, 3), np.uint8))
+    mask = np.zeros((96, 96), bool)
+    mask[10:40, 50:90] = True
+    reported = dict(site="F4", layer=1, weighting="gradcam", target="logit", relu="after")
+    amb = vc.ambiguity(big, reported=reported, mask=mask)
+    # 96 x 96 = 9216 pixels > 64 x 64: every 2nd pixel from 1 (48 x 48 = 2304 samples, 8 per side of a patch)
+    assert amb.maps.attrs["stride"] == 2 and amb.maps.shape[1:] == (48, 48)
+    for recipe, values in zip(amb.recipes, amb.maps.values):
+        np.testing.assert_allclose(values, _on_image(big, recipe)[1::2, 1::2], rtol=0, atol=1e-6, err_msg=recipe.id)
+    # the pointing game reads the mask at the same pixels: each map's peak against mask[1::2, 1::2]
+    hit = ndimage.distance_transform_edt(~mask[1::2, 1::2]) <= 15.0 * 48 / 224
+    shares = []
+    for m in amb.maps.values:
+        peaks = m == m.max()
+        shares.append((peaks & hit).sum() / peaks.sum() if np.ptp(m) > 0 else 0.0)
+    assert amb.localises == pytest.approx(np.mean(shares))
 
 
 def test_a_space_the_user_passes_is_used(tr):
