@@ -29,7 +29,7 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.evaluate.ambiguity_grid import distance_coords, image_sample, on_image_grid
+from vitcam_nb.evaluate.ambiguity_grid import distance_coords, image_maps, image_sample
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
 from vitcam_nb.evaluate.localisation import default_tolerance
@@ -324,8 +324,8 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
         if image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
-            computed = [m for i in range(0, len(candidates), 256) for m in on_image_grid(
-                trace, candidates[i:i + 256], recipe_maps(trace, candidates[i:i + 256]), cut)]
+            computed = [m for i in range(0, len(candidates), 1024)
+                        for m in image_maps(trace, candidates[i:i + 1024], cut)]
         else:
             computed = recipe_maps(trace, candidates)
     for k, (rec, result) in enumerate(zip(candidates, computed)):

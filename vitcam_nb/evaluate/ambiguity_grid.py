@@ -9,7 +9,7 @@ Example:
     >>> stack = np.random.default_rng(0).standard_normal((3, 2, 50)).astype(np.float32)
     >>> w = distance_coords(stack)
     >>> w.shape, bool(np.isclose(np.linalg.norm(w[0] - w[1]), np.linalg.norm(stack[0] - stack[1])))
-    ((3, 3), True)
+    ((3, 2), True)
 """
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ from collections.abc import Sequence
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.lapack
 import xarray as xr
 
-from vitcam_nb.compute.spatial import interp_matrix
+from vitcam_nb.compute.spatial import interp_matrix, normalise, upsample
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe import ROLLOUTS, Recipe
+from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
-__all__ = ["MAX_PIXELS", "distance_coords", "image_sample", "on_image_grid"]
+__all__ = ["MAX_PIXELS", "distance_coords", "image_maps", "image_sample"]
 
 #: Pixels per block when the Gram matrix of the maps is accumulated (bounds the float64 copy).
 _CHUNK = 1 << 16
@@ -49,32 +52,52 @@ def image_sample(height: int, width: int) -> tuple[int, tuple[slice, slice]]:
     return stride, (cut, cut)
 
 
-def on_image_grid(trace: xr.Dataset, recipes: Sequence[Recipe], computed: Sequence[tuple | None],
-                  cut: tuple[slice, slice] = (slice(None), slice(None))) -> list[tuple[np.ndarray, list[str]] | None]:
-    """The maps of ``recipes`` (as :func:`~vitcam_nb.evaluate.recipe_maps.recipe_maps` computed them) on the image
-    grid: a token-grid map (``upsample="none"``) repeated over its patches (nearest-neighbour, the margin of a
-    padding model cropped as :func:`~vitcam_nb.compute.spatial.upsample` crops it); the others are already there.
-    ``cut``: the pixels kept (:func:`image_sample`).
+def _derivable(trace: xr.Dataset, recipe: Recipe) -> bool:
+    # One block (or a rollout) of a plain trace: vc.cam normalises the token map, upsamples it and normalises
+    # again (compute.flat), so the map of any upsampling follows from the token-grid map of the same recipe.
+    return (recipe.upsample != "none" and kind_for(trace, recipe).name == "flat"
+            and (recipe.layer_fusion in ROLLOUTS or (recipe.layer_fusion == "none"
+                                                     and not isinstance(recipe.layer, (tuple, str)))))
+
+
+def image_maps(trace: xr.Dataset, recipes: Sequence[Recipe], cut: tuple[slice, slice] = (slice(None), slice(None))
+               ) -> list[tuple[np.ndarray, list[str]] | None]:
+    """The maps of ``recipes`` on the image grid, at the pixels ``cut`` keeps (:func:`image_sample`), each the
+    map :func:`vitcam_nb.cam` gives, and None where the trace cannot compute it. A token-grid map
+    (``upsample="none"``) is repeated over its patches (nearest-neighbour, read off the interpolation matrix, so
+    the margin of a padding model is cropped as :func:`~vitcam_nb.compute.spatial.upsample` crops it). A
+    one-block recipe of a plain trace is upsampled from its token-grid map (computed once for all its
+    upsamplings, attention rows shared by :func:`~vitcam_nb.evaluate.recipe_maps.recipe_maps`); any other is
+    computed as it is.
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
-        >>> from vitcam_nb.evaluate.recipe_maps import recipe_maps
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
         >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
         >>> recs = [vc.Recipe(site="F1", layer=0, upsample=u) for u in ("none", "bilinear")]
-        >>> [v.shape for v, _ in on_image_grid(tr, recs, recipe_maps(tr, recs))]
+        >>> [v.shape for v, _ in image_maps(tr, recs)]
         [(32, 32), (32, 32)]
     """
     view = TraceView.of(trace)
+    size = (view.height, view.width)
+    base = {r: r.replace(upsample="none") if _derivable(trace, r) else r for r in recipes}
+    unique = list(dict.fromkeys(base.values()))
+    computed = dict(zip(unique, recipe_maps(trace, unique)))
     # The token under each kept pixel, read off the nearest-neighbour matrices (one 1 per row): indexing gives the
     # values of upsample(map, size, "nearest", pad)[cut] exactly, without a product per map.
     rows = interp_matrix(view.gh, view.height + view.pad[0], "nearest")[:view.height].argmax(axis=1)[cut[0]]
     cols = interp_matrix(view.gw, view.width + view.pad[1], "nearest")[:view.width].argmax(axis=1)[cut[1]]
     out: list[tuple[np.ndarray, list[str]] | None] = []
-    for recipe, result in zip(recipes, computed):
+    for recipe in recipes:
+        result = computed[base[recipe]]
         if result is not None:
             values = np.asarray(result[0], np.float32)
-            values = values[np.ix_(rows, cols)] if recipe.upsample == "none" else values[cut]
+            if recipe.upsample == "none":
+                values = values[np.ix_(rows, cols)]
+            elif base[recipe] is not recipe:
+                values = normalise(upsample(values, size, recipe.upsample, view.pad), recipe.normalize)[cut]
+            else:
+                values = values[cut]
             result = (np.ascontiguousarray(values), result[1])
         out.append(result)
     return out
@@ -82,9 +105,10 @@ def on_image_grid(trace: xr.Dataset, recipes: Sequence[Recipe], computed: Sequen
 
 def distance_coords(stack: np.ndarray) -> np.ndarray:
     """Coordinates (n, k) of the n maps of ``stack`` (n, ...) with every pairwise distance and every distance to
-    a weighted mean of them unchanged (a factor of the Gram matrix of the centred maps, float64; exact to a
-    relative 1e-10), so a variance decomposition over cells that repeat the maps gives the same shares on n x k
-    numbers as on n x pixels. The maps themselves (float64) when they have no more pixels than there are maps.
+    a weighted mean of them unchanged (a pivoted Cholesky factor of the Gram matrix of the centred maps, float64,
+    to LAPACK's rounding tolerance; k is the rank of the maps), so a variance decomposition over cells that repeat
+    the maps gives the same shares on n x k numbers as on n x pixels. The maps themselves (float64) when they have
+    no more pixels than there are maps.
 
     Example:
         >>> stack = np.arange(12.0).reshape(2, 6)
@@ -100,12 +124,12 @@ def distance_coords(stack: np.ndarray) -> np.ndarray:
         block = flat[:, start:start + _CHUNK].astype(np.float64)
         block -= block.mean(axis=0)  # distances do not move with the origin; centring keeps the Gram precise
         gram += block @ block.T
-    # Cholesky of the Gram plus a jitter of 1e-10 of its mean diagonal: every squared distance gains the same
-    # 2 * jitter (a relative 1e-10 of the variance, far below the shares' rounding), at a tenth of the cost of an
-    # eigendecomposition; the eigendecomposition only where rounding left the Gram indefinite beyond the jitter.
-    jitter = 1e-10 * max(float(np.trace(gram)) / len(gram), np.finfo(float).tiny)
-    try:
-        return scipy.linalg.cholesky(gram + jitter * np.eye(len(gram)), lower=True, check_finite=False)
-    except np.linalg.LinAlgError:
-        values, vectors = np.linalg.eigh(gram)
-        return vectors * np.sqrt(np.clip(values, 0.0, None))
+    # Pivoted Cholesky (LAPACK dpstrf, stopping at the default tolerance n * eps * max diagonal): as many columns
+    # as the maps have dimensions (at most 2 x the token count with two upsamplings), so the variance shares and
+    # their bootstrap cost that many numbers per cell, not one per map.
+    factor, piv, rank, info = scipy.linalg.lapack.dpstrf(gram, lower=1)
+    if info < 0:
+        raise ValueError(f"stack: the Gram matrix of the maps could not be factored (LAPACK info {info})")
+    coords = np.empty((len(gram), max(int(rank), 1)))
+    coords[piv - 1] = np.tril(factor)[:, :coords.shape[1]]
+    return coords

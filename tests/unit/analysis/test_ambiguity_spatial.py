@@ -76,6 +76,15 @@ def test_image_grid_maps_are_each_recipes_vc_cam(tr):
     assert {r.upsample for r in amb.recipes} == {"none", "bilinear"} and any(r.site == "F2" for r in amb.recipes)
     for recipe, values in zip(amb.recipes, amb.maps.values):
         np.testing.assert_allclose(values, _on_image(tr, recipe), rtol=0, atol=1e-6, err_msg=recipe.id)
+    # fused blocks (max fusion is not linear, so not upsampled from the token map) and a rollout
+    amb = vc.ambiguity(tr, reported=dict(site="F2", weighting="gradcam", target="logit", relu="after",
+                                         attn_rows="cls", normalize="minmax", weight_tokens="patch"),
+                       space={"layer_fusion": ["max", "grad_rollout"], "upsample": ["none", "bicubic"],
+                              "heads": ["max"], "layer": ["all"]})
+    assert {(r.layer_fusion, r.upsample) for r in amb.recipes} == {
+        (f, u) for f in ("max", "grad_rollout") for u in ("none", "bicubic")}
+    for recipe, values in zip(amb.recipes, amb.maps.values):
+        np.testing.assert_allclose(values, _on_image(tr, recipe), rtol=0, atol=1e-6, err_msg=recipe.id)
 
 
 def test_a_large_image_is_compared_on_its_own_pixels_at_a_stride():
