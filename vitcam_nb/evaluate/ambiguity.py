@@ -211,7 +211,8 @@ class Ambiguity:
                 "sensitivity": {"fields": s.fields, "categories": s.categories, "interaction": s.interaction,
                                 "category_interaction": s.category_interaction, "design": s.design,
                                 "ci": s.ci, "cells": s.cells},
-                "localises": self.localises}
+                "localises": self.localises, "grid": self.maps.attrs.get("grid"),
+                "stride": self.maps.attrs.get("stride")}
 
     def report(self) -> str:
         """A paragraph a reviewer can paste.
@@ -247,6 +248,11 @@ class Ambiguity:
                      "and spread maps and the variance shares, are left out of the Spearman pairs (a constant map has "
                      "no ranking)" + (", and count as misses in the share that points at the object."
                                       if self.localises is not None else "."))
+        if self.maps.attrs.get("grid") == "image grid":
+            stride = self.maps.attrs.get("stride", 1)
+            sampled = f" (one pixel in {stride} along each axis)" if stride > 1 else ""
+            text += (f"Maps were compared on the image grid{sampled}, where the upsampling shows (upsample 'none' "
+                     "is the token grid drawn as blocks).")
         return text.strip()
 
     def plot(self, cmap: str = DEFAULT_CMAP) -> Any:

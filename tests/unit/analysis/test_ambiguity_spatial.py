@@ -67,6 +67,7 @@ def test_spatial_reconstruction_share_matches_an_independent_anova(shapes):
     assert amb.sensitivity.categories["spatial reconstruction"] > 0.001
     assert expected["upsample"] > 0 and expected["normalize"] > 0
     assert amb.spread.std.values.ravel() == pytest.approx(y.reshape(8, -1).std(axis=0), abs=1e-6)
+    assert amb.to_dict()["grid"] == "image grid" and "compared on the image grid" in amb.report()
 
 
 def test_image_grid_maps_are_each_recipes_vc_cam(tr):
