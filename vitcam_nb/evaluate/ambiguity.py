@@ -28,7 +28,7 @@ from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe import NORMALIZES, RESHAPES, UPSAMPLES, Recipe
 from vitcam_nb.evaluate.ambiguity_grid import distance_coords, image_maps, image_sample
 from vitcam_nb.evaluate.ambiguity_many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity_plot import DEFAULT_CMAP, plot_ambiguity
@@ -47,6 +47,8 @@ from vitcam_nb.evaluate.space import (
 __all__ = ["Ambiguity", "Sensitivity", "Spread", "ambiguity", "localising_share"]
 
 _FIELDS = [f.name for f in dataclasses.fields(Recipe)]
+#: The spatial reconstruction fields with a closed set of values.
+_CHOICES = {"reshape": RESHAPES, "upsample": UPSAMPLES, "normalize": NORMALIZES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +291,9 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
         values = space[field]
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
             raise ValueError(f"space: {field} needs a non-empty list of values, got {values!r}")
+        unknown = [v for v in values if field in _CHOICES and v not in _CHOICES[field]]
+        if unknown:  # a value no recipe can take would only be skipped: refuse it instead
+            raise ValueError(f"space: {field} takes {list(_CHOICES[field])}, got {unknown}")
     out = {}
     # The cross-attention site is no vision site (its layers are the text layers): it only opens text_tokens.
     xattn = [*view.sites, "xattn"] if "xattn" in trace.variables else view.sites

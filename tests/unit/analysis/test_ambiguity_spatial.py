@@ -143,6 +143,9 @@ def test_spatial_fields_are_refused_when_reported(tr):
         vc.ambiguity(tr, reported={"upsample": "none"}, space={"upsample": ["none", "bilinear"]})
     with pytest.raises(ValueError, match="space: normalize needs a non-empty list"):
         vc.ambiguity(tr, reported={"site": "F1"}, space={"normalize": "minmax"})
+    with pytest.raises(ValueError, match=r"space: upsample takes \['bilinear', 'bicubic', 'nearest', 'none'\], "
+                                         r"got \['lanczos'\]"):
+        vc.ambiguity(tr, reported={"site": "F1"}, space={"upsample": ["bilinear", "lanczos"]})
 
 
 def _blip_module():
