@@ -32,9 +32,9 @@ repeated over its patch, nearest-neighbour). On an integer patch grid ``"none"``
 the same picture: a finding (the two readings of an unstated upsampling agree), not a duplicate to remove. An
 image over 64 x 64 px is compared on its own pixels at a stride (every 4th pixel of a 224 px image, 4 per side of
 a 16 px patch: :func:`vitcam_nb.evaluate.ambiguity_grid.image_sample`), which bounds the cost of thousands of maps.
-``text_tokens`` is open on cross-attention traces because the published recipes differ exactly there (ALBEF's
-visualisation takes the [CLS] text row, :func:`vitcam_nb.presets.albef_itm_gradcam`; LAVIS's BLIP demo averages
-over the text tokens).
+``text_tokens`` is open on cross-attention traces because the published recipes differ exactly there: ALBEF's
+visualisation takes the [CLS] text row (:func:`vitcam_nb.presets.albef_itm_gradcam`), a demo that averages over the
+words (as BLIP's in LAVIS) reads every text row, which ``"all"`` approximates (A and G averaged before the product).
 
 Example:
     >>> open_fields({"site": "F1", "layer": -1})[:3]
