@@ -86,8 +86,8 @@ def test_ambiguity_over_4_fields_of_65536_values_runs_sampled(shapes, guarded_pr
     tr, _mask = shapes[0]
     space = {"weight_tokens": ("patch", "all") * 32_768, "relu": ("after", "none") * 32_768,
              "weighting": ("gradcam", "layercam") * 32_768, "heads": ("channels",) * 65_536}
-    amb = vc.ambiguity(tr, {**REPORTED, "class_": "top1", "attn_rows": "cls"}, space=space,
-                       n_samples=256)
+    stated = {**REPORTED, "class_": "top1", "attn_rows": "cls", "upsample": "none", "normalize": "minmax"}
+    amb = vc.ambiguity(tr, stated, space=space, n_samples=256)
     assert amb.sensitivity.design.startswith(f"sampled: 256 of the {2 ** 64} combinations")
     combos = {(r.weight_tokens, r.relu, r.weighting) for r in amb.recipes}
     assert combos <= {(w, r, g) for w in ("patch", "all") for r in ("after", "none") for g in ("gradcam", "layercam")}

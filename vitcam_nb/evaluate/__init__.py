@@ -58,8 +58,9 @@ from vitcam_nb.evaluate.agreement.metrics import (
     ssim,
     topk_iou,
 )
-from vitcam_nb.evaluate.ambiguity.analysis import Ambiguity, ambiguity, localising_share
+from vitcam_nb.evaluate.ambiguity.analysis import Ambiguity, ambiguity
 from vitcam_nb.evaluate.ambiguity.many import AmbiguityMany
+from vitcam_nb.evaluate.ambiguity.spread import localising_share
 from vitcam_nb.evaluate.audit.position_probe import position_probe
 from vitcam_nb.evaluate.complexity.metrics import COMPLEXITY_METRICS, complexity, effective_complexity, sparseness
 from vitcam_nb.evaluate.faithfulness.correlation import (

@@ -19,6 +19,9 @@ from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.evaluate import localising_share, pointing_game
 from vitcam_nb.evaluate.ambiguity.sensitivity import main_effects
 
+#: Spatial reconstruction stated (upsample none, min-max): the maps are compared on the token grid.
+TOKEN = dict(upsample="none", normalize="minmax")
+
 
 @pytest.fixture(scope="module")
 def tr():
@@ -33,7 +36,7 @@ def _cam(tr, **fields):
 
 def test_shares_match_an_independent_numpy_anova(tr):
     space = {"site": ["F1", "F4", "F6"], "target": ["logit", "logprob"], "relu": ["after", "none"]}
-    amb = vc.ambiguity(tr, reported=dict(layer=0, weighting="layercam"), space=space)
+    amb = vc.ambiguity(tr, reported=dict(layer=0, weighting="layercam", **TOKEN), space=space)
     assert amb.sensitivity.design.startswith("exact") and amb.skipped == 0
     # The factorial as a (site, target, relu, pixel) array of maps computed one at a time.
     y = np.array([[[_cam(tr, layer=0, weighting="layercam", site=s, target=t, relu=r).ravel()
@@ -59,7 +62,8 @@ def test_only_one_field_changes_the_map(tr):
     # normalisation the target choice changes nothing, so the ReLU choice explains all of the variance.
     quiet = tr.copy(deep=True)
     quiet["grad"].values[-1] = 0.0
-    amb = vc.ambiguity(quiet, reported=dict(site="F1", layer=1, weighting="gradcam", weight_tokens="patch"))
+    amb = vc.ambiguity(quiet, reported=dict(site="F1", layer=1, weighting="gradcam", weight_tokens="patch",
+                                            **TOKEN))
     assert set(amb.sensitivity.fields) == {"target", "relu"}
     assert amb.sensitivity.fields["relu"] == pytest.approx(1.0, abs=1e-9)
     assert amb.sensitivity.fields["target"] == pytest.approx(0.0, abs=1e-9)
@@ -80,7 +84,7 @@ def test_balanced_shares_and_remainder_sum_to_one(seed, levels):
 
 
 def test_real_trace_shares_are_a_partition(tr):
-    amb = vc.ambiguity(tr, reported=dict(layer=-1, weighting="gradcam"))
+    amb = vc.ambiguity(tr, reported=dict(layer=-1, weighting="gradcam", **TOKEN))
     s = amb.sensitivity
     assert sum(s.fields.values()) + s.interaction == pytest.approx(1.0)
     assert sum(s.categories.values()) + s.category_interaction == pytest.approx(1.0)
@@ -93,20 +97,20 @@ def test_incompatible_combinations_are_skipped_and_counted(tr):
     # rollout needs F2: with sites F1/F4 open, every rollout cell is skipped (3 layers x 2 sites x 2 relu); a
     # fused recipe fuses every block, so the open layer gives one recipe per (site, relu).
     amb = vc.ambiguity(tr, reported=dict(weighting="gradcam", target="logit", weight_tokens="patch", heads="channels",
-                                         attn_rows="cls"),
+                                         attn_rows="cls", **TOKEN),
                        space={"site": ["F1", "F4"], "layer_fusion": ["mean", "rollout"], "relu": ["after", "none"]})
     assert amb.skipped == 12
     assert len(amb.recipes) == 4
     assert all(r.layer_fusion == "mean" and r.layer == "all" for r in amb.recipes)
     # a stated field is never changed to make a combination valid: heads="max" on F1 is no recipe
-    amb = vc.ambiguity(tr, reported=dict(layer=0, weighting="gradcam", heads="max"),
+    amb = vc.ambiguity(tr, reported=dict(layer=0, weighting="gradcam", heads="max", **TOKEN),
                        space={"site": ["F1", "F3"], "target": ["logit"], "weight_tokens": ["patch"],
                               "relu": ["after"]})
     assert [r.site for r in amb.recipes] == ["F3"] and amb.skipped == 3  # F1 x 3 attn_rows values
 
 
 def test_sampled_design_is_seeded_and_has_intervals(tr):
-    kwargs = dict(reported=dict(layer=-1, weighting="gradcam"), max_cells=10, n_samples=64, n_boot=20)
+    kwargs = dict(reported=dict(layer=-1, weighting="gradcam", **TOKEN), max_cells=10, n_samples=64, n_boot=20)
     a, b = vc.ambiguity(tr, seed=3, **kwargs), vc.ambiguity(tr, seed=3, **kwargs)
     assert a.sensitivity.design.startswith("sampled: 64") and a.sensitivity.cells == 64
     assert a.sensitivity.fields == b.sensitivity.fields
@@ -118,7 +122,7 @@ def test_sampled_design_is_seeded_and_has_intervals(tr):
 def test_localisation_share_is_the_pointing_game(tr):
     mask = np.zeros((32, 32), bool)
     mask[4:14, 18:30] = True
-    amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0), mask=mask)
+    amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, **TOKEN), mask=mask)
     hits = []
     for m in amb.maps.values:
         up = vc.compute.spatial.upsample(m, (32, 32), "bilinear")
@@ -131,9 +135,9 @@ def test_many_images_and_report(tr):
     other = vc.trace(make_model("vit"), make_input("vit", seed=1))
     mask = np.zeros((32, 32), bool)
     mask[:16, :16] = True
-    many = vc.ambiguity([tr, other], reported=dict(site="F4", layer=0), mask=[mask, mask])
+    many = vc.ambiguity([tr, other], reported=dict(site="F4", layer=0, **TOKEN), mask=[mask, mask])
     assert many.sensitivity.sizes["image"] == 2
-    single = vc.ambiguity(other, reported=dict(site="F4", layer=0), mask=mask)
+    single = vc.ambiguity(other, reported=dict(site="F4", layer=0, **TOKEN), mask=mask)
     assert many.results[1].sensitivity.fields == single.sensitivity.fields
     assert many.localises[1] == pytest.approx(single.localises)
     assert "Over 2 images" in many.report()
@@ -185,7 +189,7 @@ def _assert_same(many, store, reported):
 def test_a_store_is_one_dask_task_per_image_equal_to_each_image_alone(store3):
     from dask.callbacks import Callback
 
-    reported = dict(site="F1", layer=1, weighting="layercam")
+    reported = dict(site="F1", layer=1, weighting="layercam", **TOKEN)
     store = vc.open_traces(store3)
     finished = []
 
@@ -202,7 +206,7 @@ def test_a_store_is_one_dask_task_per_image_equal_to_each_image_alone(store3):
 
 def test_a_store_runs_on_an_active_distributed_client(store3):
     distributed = pytest.importorskip("distributed")
-    reported = dict(site="F1", layer=1, weighting="gradcam")
+    reported = dict(site="F1", layer=1, weighting="gradcam", **TOKEN)
     store = vc.open_traces(store3)
     with distributed.Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0") as client:
         many = vc.ambiguity(store, reported=reported)
@@ -215,7 +219,7 @@ def test_a_store_runs_on_an_active_distributed_client(store3):
 def test_every_map_is_the_one_its_recipe_gives(kind):
     # F2 recipes share their attention rows in the analysis; each map must still be exactly vc's own.
     tr = vc.trace(make_model(kind), make_input(kind))
-    amb = vc.ambiguity(tr, reported=dict(layer=-1, weighting="gradcam"))
+    amb = vc.ambiguity(tr, reported=dict(layer=-1, weighting="gradcam", **TOKEN))
     assert any(r.site == "F2" for r in amb.recipes)
     for recipe, values in zip(amb.recipes, amb.maps.values):
         assert np.array_equal(values, _cam(tr, **{k: v for k, v in recipe.to_dict().items() if k != "upsample"}))

@@ -23,7 +23,7 @@ def test_cli_writes_figure_and_the_summary_vc_ambiguity_gives(tmp_path, capsys):
     assert summary["median_spearman"] == pytest.approx(amb.spread.median_spearman)
     assert summary["sensitivity"]["fields"] == pytest.approx(amb.sensitivity.fields)
     assert summary["localises"] == pytest.approx(amb.localises)
-    assert "leaves 3 choice(s) open" in capsys.readouterr().out
+    assert "leaves 5 choice(s) open" in capsys.readouterr().out  # spatial reconstruction open too
 
 
 def test_cli_refuses_bad_words(capsys):

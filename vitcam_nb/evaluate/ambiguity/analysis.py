@@ -9,7 +9,7 @@ Example:
     >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
     >>> amb = ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
     >>> amb.maps.dims, amb.open
-    (('recipe', 'y', 'x'), ['target', 'weight_tokens', 'relu'])
+    (('recipe', 'y', 'x'), ['target', 'weight_tokens', 'upsample', 'relu', 'normalize'])
 """
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
-from scipy import ndimage, stats
 
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
-from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe import NORMALIZES, RESHAPES, UPSAMPLES, Recipe
 from vitcam_nb.evaluate._common import as_mask
+from vitcam_nb.evaluate.ambiguity.grid import distance_coords, image_maps, image_sample
 from vitcam_nb.evaluate.ambiguity.many import ambiguity_many
 from vitcam_nb.evaluate.ambiguity.plot import DEFAULT_CMAP, plot_ambiguity
 from vitcam_nb.evaluate.ambiguity.sensitivity import bootstrap_effects, group_codes, main_effects
@@ -44,31 +43,14 @@ from vitcam_nb.evaluate.ambiguity.space import (
     open_fields,
     parse_reported,
 )
-from vitcam_nb.evaluate.localisation.metrics import default_tolerance
+from vitcam_nb.evaluate.ambiguity.spread import Spread, localising_share, spread_of
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
-__all__ = ["Ambiguity", "Sensitivity", "Spread", "ambiguity", "localising_share"]
+__all__ = ["Ambiguity", "Sensitivity", "ambiguity"]
 
 _FIELDS = [f.name for f in dataclasses.fields(Recipe)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Spread:
-    """Per-pixel spread of the consistent maps (IQR and standard deviation over recipes) and how well they agree:
-    the median pairwise Spearman correlation and the share of pairs below 0.5 (constant maps left out).
-
-    Example:
-        >>> s = Spread(xr.DataArray(np.zeros((1, 1))), xr.DataArray(np.zeros((1, 1))), 0.4, 0.6, 10, 0)
-        >>> s.median_spearman
-        0.4
-    """
-
-    iqr: xr.DataArray
-    std: xr.DataArray
-    median_spearman: float
-    share_below_half: float
-    pairs: int
-    constant: int
+#: The spatial reconstruction fields with a closed set of values.
+_CHOICES = {"reshape": RESHAPES, "upsample": UPSAMPLES, "normalize": NORMALIZES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,54 +73,14 @@ class Sensitivity:
     cells: int
 
 
-def _spread(maps: np.ndarray, dims: tuple[str, str]) -> tuple[Spread, np.ndarray]:
-    flat = maps.reshape(len(maps), -1).astype(np.float64)
-    q75, q25 = np.percentile(flat, [75, 25], axis=0)
-    varying = np.ptp(flat, axis=1) > 0
-    rho = np.full((len(maps), len(maps)), np.nan)
-    if varying.sum() >= 2:
-        ranks = stats.rankdata(flat[varying], axis=1)
-        rho[np.ix_(varying, varying)] = np.corrcoef(ranks)
-    upper = rho[np.triu_indices(len(maps), 1)]
-    upper = upper[np.isfinite(upper)]
-    shape = maps.shape[1:]
-    spread = Spread(xr.DataArray((q75 - q25).reshape(shape), dims=dims, name="iqr"),
-                    xr.DataArray(flat.std(axis=0).reshape(shape), dims=dims, name="std"),
-                    float(np.median(upper)) if upper.size else float("nan"),
-                    float(np.mean(upper < 0.5)) if upper.size else float("nan"), int(upper.size),
-                    int((~varying).sum()))
-    return spread, rho
-
-
-def localising_share(maps: np.ndarray, mask: np.ndarray, tolerance: float | None = None) -> float:
-    """The share of ``maps`` (n, h, w; any grid, upsampled bilinearly to the mask) whose maximum lies within
-    ``tolerance`` pixels of ``mask`` (the pointing game; ties count fractionally; a constant map points nowhere
-    and counts as a miss).
-
-    Example:
-        >>> mask = np.zeros((4, 4), bool); mask[:2, :2] = True
-        >>> localising_share(np.stack([mask, ~mask]).astype(float), mask, tolerance=0)
-        0.5
-    """
-    mask = np.asarray(mask, bool)
-    if mask.ndim != 2 or not mask.any():
-        raise ValueError(f"mask: expected a non-empty 2-D boolean mask, got shape {mask.shape}")
-    up = upsample(np.asarray(maps, np.float32), mask.shape, "bilinear") if maps.shape[1:] != mask.shape else maps
-    tol = default_tolerance(mask.shape) if tolerance is None else float(tolerance)
-    hit = (ndimage.distance_transform_edt(~mask) <= tol).ravel()
-    flat = up.reshape(len(up), -1)
-    peaks = flat == flat.max(axis=1, keepdims=True)
-    share = (peaks & hit).sum(axis=1) / peaks.sum(axis=1)
-    return float(np.where(np.ptp(flat, axis=1) > 0, share, 0.0).mean())
-
-
 @functools.lru_cache(maxsize=65536)
 def _recipe(key: tuple) -> Recipe:
     return Recipe(**dict(zip(_FIELDS, key)))
 
 
 class Ambiguity:
-    """The answer of :func:`ambiguity` for one trace: ``recipes``, ``maps`` (recipe, y, x on the token grid),
+    """The answer of :func:`ambiguity` for one trace: ``recipes``, ``maps`` (recipe, y, x: on the image grid while
+    upsample is open, else the token grid; ``maps.attrs["grid"]`` says which),
     ``spread``, ``sensitivity``, ``skipped`` (combinations no recipe expresses, or that the trace cannot compute),
     ``degenerate`` (maps returned as zeros), ``localises`` (share of recipes whose map points at ``mask``, or
     None), ``image`` and ``mask`` (shown beside the maps), and :meth:`plot`, :meth:`report`, :meth:`to_dict`.
@@ -149,7 +91,7 @@ class Ambiguity:
         >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
         >>> amb = ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam", weight_tokens="patch"))
         >>> len(amb.recipes), sorted(amb.sensitivity.fields)
-        (6, ['relu', 'target'])
+        (24, ['normalize', 'relu', 'target', 'upsample'])
     """
 
     def __init__(self, *, reported: dict, space: dict, recipes: list[Recipe], maps: xr.DataArray, spread: Spread,
@@ -171,7 +113,7 @@ class Ambiguity:
             >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
             >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
             >>> amb.open
-            ['target', 'weight_tokens', 'relu']
+            ['target', 'weight_tokens', 'upsample', 'relu', 'normalize']
         """
         return [f for f, v in self.space.items() if len(v) > 1]
 
@@ -202,7 +144,7 @@ class Ambiguity:
             >>> tr = vc.trace(m, np.random.default_rng(0).integers(0, 256, (32, 32, 3), np.uint8))
             >>> amb = vc.ambiguity(tr, reported=dict(site="F1", layer=0, weighting="gradcam"))
             >>> amb.to_dict()["recipes"]
-            18
+            72
         """
         s = self.sensitivity
         return {"trace_id": self.trace_id, "reported": {k: _jsonable(v) for k, v in self.reported.items()},
@@ -213,7 +155,8 @@ class Ambiguity:
                 "sensitivity": {"fields": s.fields, "categories": s.categories, "interaction": s.interaction,
                                 "category_interaction": s.category_interaction, "design": s.design,
                                 "ci": s.ci, "cells": s.cells},
-                "localises": self.localises}
+                "localises": self.localises, "grid": self.maps.attrs.get("grid"),
+                "stride": self.maps.attrs.get("stride")}
 
     def report(self) -> str:
         """A paragraph a reviewer can paste.
@@ -249,6 +192,11 @@ class Ambiguity:
                      "and spread maps and the variance shares, are left out of the Spearman pairs (a constant map has "
                      "no ranking)" + (", and count as misses in the share that points at the object."
                                       if self.localises is not None else "."))
+        if self.maps.attrs.get("grid") == "image grid":
+            stride = self.maps.attrs.get("stride", 1)
+            sampled = f" (one pixel in {stride} along each axis)" if stride > 1 else ""
+            text += (f"Maps were compared on the image grid{sampled}, where the upsampling shows (upsample 'none' "
+                     "is the token grid drawn as blocks).")
         return text.strip()
 
     def plot(self, cmap: str = DEFAULT_CMAP) -> Any:
@@ -285,12 +233,16 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
         values = space[field]
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
             raise ValueError(f"space: {field} needs a non-empty list of values, got {values!r}")
+        unknown = [v for v in values if field in _CHOICES and v not in _CHOICES[field]]
+        if unknown:  # a value no recipe can take would only be skipped: refuse it instead
+            raise ValueError(f"space: {field} takes {list(_CHOICES[field])}, got {unknown}")
     out = {}
+    # The cross-attention site is no vision site (its layers are the text layers): it only opens text_tokens.
+    xattn = [*view.sites, "xattn"] if "xattn" in trace.variables else view.sites
     for field in open_fields(fixed):
-        values = space.get(field, default_space(field, view.sites, [int(v) for v in view.layers]))
+        sites = xattn if field == "text_tokens" else view.sites
+        values = space.get(field, default_space(field, sites, [int(v) for v in view.layers]))
         out[field] = tuple(values)
-    for field in ("upsample",):  # maps are compared on the token grid
-        out.pop(field, None)
     return out
 
 
@@ -330,7 +282,9 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     _check_memory(trace, values, mask, max_cells, max_recipes, n_samples, n_boot)
     factors = all_factors = [f for f, v in values.items() if len(v) > 1]
     single = {f: v[0] for f, v in values.items() if len(v) == 1}
-    grid = {**fixed, **single, "upsample": "none"}
+    # Open upsample: maps compared on the image grid; else on the token grid, where upsampling adds nothing.
+    image_grid = "upsample" in factors
+    grid = {**fixed, **single} if image_grid else {**fixed, **single, "upsample": "none"}
     cells, design = enumerate_cells({f: values[f] for f in factors}, max_cells, n_samples, seed)
     keys: dict[tuple, int] = {}
     cell_recipe = np.empty(len(cells), np.int64)
@@ -346,9 +300,15 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     factors = [f for f in factors if len({key[_FIELDS.index(f)] for key in keys}) > 1]
     maps, recipes, ok, degenerate = [], [], np.zeros(len(keys), bool), 0
     candidates = [_recipe(key) for key in keys]
+    view = TraceView.of(trace)
+    stride, cut = image_sample(view.height, view.width) if image_grid else (1, (slice(None), slice(None)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
-        computed = recipe_maps(trace, candidates)
+        if image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
+            computed = [m for i in range(0, len(candidates), 1024)
+                        for m in image_maps(trace, candidates[i:i + 1024], cut)]
+        else:
+            computed = recipe_maps(trace, candidates)
     for k, (rec, result) in enumerate(zip(candidates, computed)):
         if result is None:
             continue
@@ -361,7 +321,7 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     position = np.cumsum(ok) - 1
     valid = (cell_recipe >= 0) & ok[np.maximum(cell_recipe, 0)]
     stack = np.stack(maps)
-    y = stack[position[cell_recipe[valid]]]
+    y = (distance_coords(stack) if image_grid else stack)[position[cell_recipe[valid]]]
     codes = {f: cells[valid, all_factors.index(f)] for f in factors}
     shares = main_effects(y, codes)
     groups = {cat: [f for f in fields if f in factors] for cat, fields in CATEGORY_FIELDS.items()}
@@ -373,14 +333,17 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     sens = Sensitivity(shares, cat_shares, 1.0 - sum(shares.values()), 1.0 - sum(cat_shares.values()), design,
                        ci, int(valid.sum()))
     dims = ("y", "x")
-    spread, rho = _spread(stack, dims)
+    spread, rho = spread_of(stack, dims)
     coords = {"recipe": [r.id for r in recipes]}
     for f in factors:
         coords[f] = ("recipe", np.array([getattr(r, f) for r in recipes], dtype=object))
     arr = xr.DataArray(stack, dims=("recipe", *dims), coords=coords, name="ambiguity_maps",
-                       attrs={"trace_id": str(trace.attrs.get("trace_id", "")), "grid": "token grid",
+                       attrs={"trace_id": str(trace.attrs.get("trace_id", "")),
+                              "grid": "image grid" if image_grid else "token grid", "stride": stride,
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
-    localises = None if mask is None else localising_share(stack, mask)
+    if mask is not None:  # on a sampled image grid the pointing game reads the mask at the same pixels
+        sampled = mask[cut] if image_grid and mask.shape == (view.height, view.width) else mask
+    localises = None if mask is None else localising_share(stack, sampled)
     skipped = int((~valid).sum())
     kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
@@ -398,7 +361,11 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
 
     ``reported``: recipe field -> the value the description states; a field or a checklist category given the
     value ``"open"`` is open, as is every field not named. Open fields range over the documented default space
-    (:mod:`vitcam_nb.evaluate.ambiguity.space`), overridden per field by ``space``. The factorial of the open values is
+    (:mod:`vitcam_nb.evaluate.ambiguity.space`), overridden per field by ``space`` (every value given is used).
+    While ``upsample`` is open the maps are compared at the image resolution (``"none"`` as blocks, the same
+    picture as ``"nearest"`` on an integer patch grid; an image over 64 x 64 px on its pixels at a stride,
+    ``maps.attrs["stride"]``: :func:`~vitcam_nb.evaluate.ambiguity.grid.image_sample`), else on the token grid.
+    The factorial of the open values is
     exact when it has at most ``max_cells`` combinations and ``max_recipes`` distinct recipes, else ``n_samples``
     combinations are drawn (``seed``) and each share gets a 95 % bootstrap interval (``n_boot`` resamples).
     Sampled shares are biased upward by about ``(L - 1) / (n_samples - 1)`` of the unexplained variance for a

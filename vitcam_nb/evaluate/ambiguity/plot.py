@@ -39,7 +39,8 @@ def _differ(a: dict, b: dict) -> str:
 def plot_ambiguity(amb: Any, cmap: str = DEFAULT_CMAP, image: Any = None, mask: Any = None) -> Any:
     """Two rows: the input image, the mean and the spread of the consistent maps; the least-agreeing pair and
     the variance shares. ``image`` and ``mask`` default to the ones the analysis kept (``amb.image``,
-    ``amb.mask``); maps are drawn on the token grid over the image's extent, the object outlined in cyan.
+    ``amb.mask``); maps are drawn on their grid (token or image) over the image's extent, the object outlined
+    in cyan.
 
     Example:
         >>> fig = plot_ambiguity(amb)  # doctest: +SKIP

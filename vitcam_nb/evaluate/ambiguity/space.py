@@ -17,11 +17,24 @@ heads                     channels, mean_then_relu, relu_then_mean, max (F2/F3 o
 attn_rows                 cls, mean, patch_mean (F2 only)
 layer_fusion              none (one block per map; open it with ``space`` to fuse every block)
 relu                      after, none
-normalize                 minmax (the maps are compared on one scale)
-reshape, upsample         raster, none: maps are compared on the token grid, where upsampling adds nothing
-text_tokens               all
+normalize                 minmax, max (both put a map on a scale of at most 1; "none" keeps each map's raw
+                          scale: pass it in ``space`` and the spread and variance shares mostly measure scale)
+reshape                   raster
+upsample                  none, bilinear (open: every map is compared on the image grid, see below)
+text_tokens               all, cls on a trace with cross-attention (xattn); all otherwise (it applies to xattn)
 k                         unset (the channel count of gScore-CAM, a weighting outside the default space)
 ========================  ===================================================================================
+
+The comparison grid. While ``upsample`` takes one value (reported, or one value in ``space``) the maps are
+compared on the token grid, where upsampling adds nothing. While it is open, every map is computed at the image
+resolution as :func:`vitcam_nb.cam` gives it, and ``"none"`` means the token grid shown as blocks (each token
+repeated over its patch, nearest-neighbour). On an integer patch grid ``"none"`` and ``"nearest"`` therefore give
+the same picture: a finding (the two readings of an unstated upsampling agree), not a duplicate to remove. An
+image over 64 x 64 px is compared on its own pixels at a stride (every 4th pixel of a 224 px image, 4 per side of
+a 16 px patch: :func:`vitcam_nb.evaluate.ambiguity.grid.image_sample`), which bounds the cost of thousands of maps.
+``text_tokens`` is open on cross-attention traces because the published recipes differ exactly there: ALBEF's
+visualisation takes the [CLS] text row (:func:`vitcam_nb.presets.albef_itm_gradcam`), a demo that averages over the
+words (as BLIP's in LAVIS) reads every text row, which ``"all"`` approximates (A and G averaged before the product).
 
 Example:
     >>> open_fields({"site": "F1", "layer": -1})[:3]
@@ -70,10 +83,10 @@ DEFAULT_SPACE: dict[str, tuple] = {
     "attn_rows": ATTN_ROWS,
     "layer_fusion": ("none",),
     "relu": RELUS,
-    "normalize": ("minmax",),
+    "normalize": ("minmax", "max"),
     "reshape": ("raster",),
-    "upsample": ("none",),
-    "text_tokens": ("all",),
+    "upsample": ("none", "bilinear"),
+    "text_tokens": ("all", "cls"),
     "k": (None,),
 }
 _FIELDS = [f.name for f in dataclasses.fields(Recipe)]
@@ -127,6 +140,8 @@ def default_space(field: str, sites: Sequence[str], layers: Sequence[int]) -> tu
         return tuple(sites)
     if field == "layer":
         return tuple(int(v) for v in layers)
+    if field == "text_tokens" and "xattn" not in sites:
+        return ("all",)  # off cross-attention the field does not apply: a second value would only repeat cells
     return DEFAULT_SPACE[field]
 
 
