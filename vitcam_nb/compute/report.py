@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from vitcam_nb.core.checklist import Checklist
+from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.presets import preset_text
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
 from vitcam_nb.core.schema import POSITION_R2, SITE_MEANINGS, TOKEN_SITES
@@ -356,6 +357,17 @@ def _model_text(attrs: Any) -> str:
     return f"{text}; weights of unknown origin (a tag is the config's, not a check of the loaded weights)"
 
 
+def _reproduce_text(recipe: Recipe, trace: Any) -> str:
+    """The recipe as a line a reader can paste (``Recipe.parse``, ``vitcam-nb cam``), its canonical id and the trace."""
+    try:
+        resolved = recipe.resolve(trace) if trace is not None else recipe
+    except (RecipeError, TraceError, KeyError, TypeError):  # a trace that cannot place the layers: as written
+        resolved = recipe
+    trace_id = str(getattr(trace, "attrs", {}).get("trace_id", "")) if trace is not None else ""
+    return (f"Recipe as text: {resolved.to_string()} (canonical id {resolved.id}"
+            + (f"; trace {trace_id})." if trace_id else ")."))
+
+
 def describe(recipe: Recipe, trace: Any = None) -> str:
     """Render the recipe as a methods paragraph.
 
@@ -377,6 +389,8 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
         f"what the map shows: {fr['what the map shows']}" if "what the map shows" in fr else "",
         sr.get("raster order", ""),
         f"position probe: {sr['position probe']}" if "position probe" in sr else "") if text)
+    if "what the map shows" in fr:  # 0.1 files keep their 0.1 paragraph (a contract)
+        words += f" {_reproduce_text(recipe, trace)}"
     return (
         f"Heatmaps were computed with vitcam_nb recipe {recipe.id}{model}. "
         f"Feature representation: {where}. "

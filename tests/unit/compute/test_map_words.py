@@ -71,7 +71,7 @@ def test_a_recipe_without_a_trace_is_described_too():
     checklist = vc.Recipe(site="F6").checklist()
     assert checklist["feature representation"]["what the map shows"].startswith(
         "token activations x gradients: the residual stream after the block (F6)")
-    assert vc.Recipe().describe().endswith(f"{CAVEAT}.")
+    assert _before_recipe_line(vc.Recipe().describe()).endswith(f"{CAVEAT}.")
 
 
 def test_a_0_1_file_keeps_its_0_1_report_and_a_newer_trace_gets_the_words():
@@ -81,7 +81,8 @@ def test_a_0_1_file_keeps_its_0_1_report_and_a_newer_trace_gets_the_words():
     newer = old.copy()
     newer.attrs = {**old.attrs, "vitcam_nb_version": "0.2.0"}
     checklist, methods = _report(newer, vc.Recipe())
-    assert checklist["spatial reconstruction"]["raster order"] == CAVEAT and methods.endswith(f"{CAVEAT}.")
+    assert checklist["spatial reconstruction"]["raster order"] == CAVEAT
+    assert _before_recipe_line(methods).endswith(f"{CAVEAT}.")
 
 
 def _with_probe(tr, values: dict, *, trace_id: str | None = None) -> xr.Dataset:
@@ -97,6 +98,13 @@ def _with_probe(tr, values: dict, *, trace_id: str | None = None) -> xr.Dataset:
     return out
 
 
+def _before_recipe_line(methods: str) -> str:
+    """The paragraph without its last sentence, the recipe as text (tests/unit/face/test_report_reproduce.py)."""
+    head, sep, _ = methods.rpartition(" Recipe as text: ")
+    assert sep, methods
+    return head
+
+
 def test_the_probe_is_quoted_for_the_maps_site_and_block(tr):
     probed = _with_probe(tr, {("F1", 0): 0.93, ("F1", 1): 0.12, ("F4", 1): 0.6})
     head = "a ridge probe (vc.evaluate.position_probe, 5-fold CV over patch tokens) predicts each token's grid position"
@@ -104,7 +112,8 @@ def test_the_probe_is_quoted_for_the_maps_site_and_block(tr):
     assert checklist["spatial reconstruction"]["position probe"] == (
         f"{head} from its F1 activations with R^2 = 0.93 (block 0): the positions are linearly recoverable from "
         "these features, as raster order needs")
-    assert methods.endswith(f"{CAVEAT}. Position probe: {checklist['spatial reconstruction']['position probe']}.")
+    assert _before_recipe_line(methods).endswith(
+        f"{CAVEAT}. Position probe: {checklist['spatial reconstruction']['position probe']}.")
     low = _report(probed, vc.Recipe(site="F1", layer=-1))[0]["spatial reconstruction"]["position probe"]
     assert low.endswith("R^2 = 0.12 (block 1): the positions are not linearly recoverable from these features; the "
                         "raster reshape is an assumption here")

@@ -23,3 +23,15 @@ def test_cards_print_the_canonical_line_and_both_ids():
     ids = re.search(r"recipe id (\w+) · canonical id (\w+) · trace (\w+)", page)
     assert ids.groups() == (recipe.id, recipe.replace(layer=1).id, tr.attrs["trace_id"])
     assert recipe.id != recipe.replace(layer=1).id
+
+
+def test_the_methods_paragraph_prints_the_line_the_canonical_id_and_the_trace():
+    tr = vc.trace(make_model("vit"), np.random.default_rng(7).integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                  targets="top2")
+    recipe = vc.Recipe(site="F2", layer=-1, heads="max")
+    methods = vc.cam(tr, recipe).attrs["methods"]
+    assert methods.startswith(f"Heatmaps were computed with vitcam_nb recipe {recipe.id}")
+    line, ids = re.search(r"Recipe as text: (.*?) \(canonical id (\w+); trace (\w+)\)\.$", methods).group(1, 2)
+    assert vc.Recipe.parse(line) == recipe.resolve(tr) and ids == recipe.canonical_id(tr)
+    assert methods.endswith(f"; trace {tr.attrs['trace_id']}).")
+    assert recipe.describe().endswith(f"(canonical id {recipe.id}).")  # without a trace: the recipe as written
