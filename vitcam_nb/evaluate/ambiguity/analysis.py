@@ -190,8 +190,8 @@ class Ambiguity:
         if self.degenerate:
             text += (f"{self.degenerate} map(s) were degenerate (returned as zeros): they count as zeros in the mean "
                      "and spread maps and the variance shares, are left out of the Spearman pairs (a constant map has "
-                     "no ranking)" + (", and count as misses in the share that points at the object."
-                                      if self.localises is not None else "."))
+                     "no ranking)" + (", and count as misses in the share that points at the object. "
+                                      if self.localises is not None else ". "))
         if self.maps.attrs.get("grid") == "image grid":
             stride = self.maps.attrs.get("stride", 1)
             sampled = f" (one pixel in {stride} along each axis)" if stride > 1 else ""
