@@ -241,3 +241,19 @@ def plain_presets() -> list[str]:
                 and recipe.layer_fusion not in INTEGRATED_ROLLOUTS and recipe.site != "xattn")
 
     return [n for n in vc.presets.names() if plain(vc.presets.get(n))]
+
+
+def tiny_hf_vit() -> torch.nn.Module:
+    """A two-layer Hugging Face ViT classifier (random init; skips the test without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=64, num_labels=10)
+    return transformers.ViTForImageClassification(cfg).eval()
+
+
+def tiny_open_clip() -> torch.nn.Module:
+    """A two-layer open_clip CLIP (random init; skips the test without open_clip)."""
+    open_clip = pytest.importorskip("open_clip")
+    return open_clip.model.CLIP(embed_dim=32, vision_cfg=open_clip.model.CLIPVisionCfg(
+        layers=2, width=32, head_width=8, patch_size=8, image_size=32), text_cfg=open_clip.model.CLIPTextCfg(
+        context_length=8, vocab_size=100, width=16, heads=2, layers=1)).eval()

@@ -131,17 +131,23 @@ def _value(text: str) -> object:
         return text
 
 
+def _axes(items: list[str]) -> dict[str, list]:
+    """``--axes FIELD=V1,V2`` options as a dict of values (numbers read as numbers)."""
+    axes = {}
+    for item in items:
+        field, sep, values = item.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--axes: expected FIELD=V1,V2, got {item!r}")
+        axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
+    return axes
+
+
 def _export(args: argparse.Namespace) -> int:
     from vitcam_nb.capture.io import load
     from vitcam_nb.widgets.standalone import export_html
 
     try:
-        axes = {}
-        for item in args.axes:
-            field, sep, values = item.partition("=")
-            if not sep or not values:
-                raise ValueError(f"--axes: expected FIELD=V1,V2, got {item!r}")
-            axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
+        axes = _axes(args.axes)
         tr = load(args.trace)
         export_html(tr, args.out, axes=axes or None, quantize=args.quantize, max_mb=args.max_mb,
                     progress=not args.quiet, overwrite=args.overwrite)
@@ -202,12 +208,7 @@ def _figure(args: argparse.Namespace) -> int:
     from vitcam_nb.audit_figure import run_figure
 
     try:
-        axes = {}
-        for item in args.axes:
-            field, sep, values = item.partition("=")
-            if not sep or not values:
-                raise ValueError(f"--axes: expected FIELD=V1,V2, got {item!r}")
-            axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
+        axes = _axes(args.axes)
         result = run_figure(args.out, model=args.model, images=args.images, photo=not args.no_photo,
                             axes=axes or None, weights=args.weights, overwrite=args.overwrite,
                             progress=not args.quiet)

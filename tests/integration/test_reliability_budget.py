@@ -11,25 +11,12 @@ import numpy as np
 import pytest
 import timm
 import torch
+from vitcam_testing import tiny_hf_vit, tiny_open_clip
 
 import vitcam_nb as vc
 from vitcam_nb.capture.budget import _PEAK_FIXED, estimate
 
 K_TOP5 = 6  # five targets and the expected score
-
-
-def _hf_vit() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=64, num_labels=10)
-    return transformers.ViTForImageClassification(cfg).eval()
-
-
-def _open_clip() -> torch.nn.Module:
-    open_clip = pytest.importorskip("open_clip")
-    return open_clip.model.CLIP(embed_dim=32, vision_cfg=open_clip.model.CLIPVisionCfg(
-        layers=2, width=32, head_width=8, patch_size=8, image_size=32), text_cfg=open_clip.model.CLIPTextCfg(
-        context_length=8, vocab_size=100, width=16, heads=2, layers=1)).eval()
 
 
 def _target(family: str) -> object:
@@ -40,7 +27,7 @@ def _target(family: str) -> object:
 
 @pytest.mark.parametrize("family", ["hf_vit", "open_clip"])
 def test_an_explicit_budget_the_estimate_cannot_honour_is_refused_before_the_model_runs(family):
-    model = _hf_vit() if family == "hf_vit" else _open_clip()
+    model = tiny_hf_vit() if family == "hf_vit" else tiny_open_clip()
     calls = []
     handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
     x = torch.zeros(1, 3, 32, 32)
@@ -55,7 +42,7 @@ def test_an_explicit_budget_the_estimate_cannot_honour_is_refused_before_the_mod
 
 
 def test_trace_many_refuses_it_before_the_store_exists(tmp_path):
-    model = _hf_vit()
+    model = tiny_hf_vit()
     calls = []
     handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
     with pytest.raises(vc.TraceError, match=r"^max_bytes: .*family 'hf_vit'"):

@@ -14,7 +14,7 @@ import timm
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vitcam_testing import SPECS, make_input, make_model
+from vitcam_testing import SPECS, make_input, make_model, tiny_hf_vit, tiny_open_clip
 
 import vitcam_nb as vc
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
@@ -150,24 +150,10 @@ def test_dynamic_size_model_needs_the_input_size():
         vc.interop.from_pytorch_grad_cam(fixed, GradCAM, [fixed.blocks[-1].norm1], rt, input_size=(24, 40))
 
 
-def _hf_vit() -> torch.nn.Module:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=64, num_labels=10)
-    return transformers.ViTForImageClassification(cfg).eval()
-
-
-def _open_clip() -> torch.nn.Module:
-    open_clip = pytest.importorskip("open_clip")
-    return open_clip.model.CLIP(embed_dim=32, vision_cfg=open_clip.model.CLIPVisionCfg(
-        layers=2, width=32, head_width=8, patch_size=8, image_size=32), text_cfg=open_clip.model.CLIPTextCfg(
-        context_length=8, vocab_size=100, width=16, heads=2, layers=1)).eval()
-
-
 @pytest.mark.parametrize("family", ["hf_vit", "open_clip"])
 @pytest.mark.parametrize("entry", ["pytorch_grad_cam", "torchcam"])
 def test_models_interop_does_not_read_are_refused_naming_the_family(family, entry):
-    model = _hf_vit() if family == "hf_vit" else _open_clip()
+    model = tiny_hf_vit() if family == "hf_vit" else tiny_open_clip()
     layer = model.vit.layers[-1].layernorm_before if family == "hf_vit" else \
         model.visual.transformer.resblocks[-1].ln_1
     rt = lambda t: t[:, 1:, :].reshape(t.size(0), 4, 4, t.size(2)).permute(0, 3, 1, 2)  # noqa: E731

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 CHROMIUM = os.environ.get("VITCAM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -183,6 +185,18 @@ def chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+def required_chromium() -> Iterator[Any]:
+    """Chromium for a test module without JupyterLab: skipped when it cannot run, a failure instead where
+    ``VITCAM_REQUIRE_BROWSER=1`` (CI) says the browser tests must run."""
+    reason = chromium_missing_reason()
+    if reason:
+        if os.environ.get("VITCAM_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"browser tests are required here but cannot run: {reason}")
+        pytest.skip(reason)
+    with chromium() as browser:
+        yield browser
 
 
 def new_page(browser: Any, width: int = 1400, height: int = 1000) -> Any:

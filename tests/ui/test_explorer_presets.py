@@ -14,12 +14,11 @@ Run: ``python -m pytest tests/ui/test_explorer_presets.py -q``.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 
 import pytest
 import torch
-from lab_harness import chromium, chromium_missing_reason
+from lab_harness import required_chromium
 from test_export_html import Offline, vc_model
 
 import vitcam_nb as vc
@@ -124,13 +123,7 @@ def check_outcome(before: dict, after: dict, shown: vc.Recipe, refused: bool, tr
 # -- the exported page ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():
-    reason = chromium_missing_reason()
-    if reason:
-        if os.environ.get("VITCAM_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"browser tests are required here but cannot run: {reason}")
-        pytest.skip(reason)
-    with chromium() as browser:
-        yield browser
+    yield from required_chromium()
 
 
 @pytest.fixture(scope="module")

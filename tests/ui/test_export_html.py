@@ -13,13 +13,12 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import re
 
 import numpy as np
 import pytest
 import torch
-from lab_harness import chromium, chromium_missing_reason
+from lab_harness import required_chromium
 
 import vitcam_nb as vc
 from vitcam_nb.widgets import Explorer
@@ -70,13 +69,7 @@ def files(trace, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    reason = chromium_missing_reason()
-    if reason:
-        if os.environ.get("VITCAM_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"browser tests are required here but cannot run: {reason}")
-        pytest.skip(reason)
-    with chromium() as browser:
-        yield browser
+    yield from required_chromium()
 
 
 class Offline:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 
 import nbformat
 import numpy as np
 import pytest
 from IPython.display import Markdown
-from lab_harness import chromium, chromium_missing_reason
+from lab_harness import required_chromium
 from vitcam_testing import make_model
 
 import vitcam_nb as vc
@@ -63,13 +62,7 @@ def trace(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    reason = chromium_missing_reason()
-    if reason:
-        if os.environ.get("VITCAM_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"browser tests are required here but cannot run: {reason}")
-        pytest.skip(reason)
-    with chromium() as browser:
-        yield browser
+    yield from required_chromium()
 
 
 class Tab:
