@@ -223,7 +223,7 @@ def test_a_store_being_scored_is_refused_to_trace_many(tmp_path):
         vc.score(path, model, "ablationcam", images, layer=0, progress=False)
     finally:
         handle.remove()
-    assert refused and "is being written" in str(refused[0])
+    assert refused and "is being written by another vc.score call" in str(refused[0])
 
 
 def test_ablation_text_says_what_pytorch_grad_cam_does_otherwise():

@@ -194,6 +194,10 @@ def test_the_lock_is_a_context_manager_and_a_second_holder_in_one_process_is_ref
         assert lock.held and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
         with pytest.raises(vc.TraceFileError, match="is being written by another trace_many call"):
             StoreLock(tmp_path).acquire()
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["writer"] == "trace_many"
+    with StoreLock(tmp_path, writer="vc.score"):
+        with pytest.raises(vc.TraceFileError, match="is being written by another vc.score call"):
+            StoreLock(tmp_path).acquire()
     assert not lock.held and not (tmp_path / LOCK_NAME).exists()
     with StoreLock(tmp_path):  # free again
         pass

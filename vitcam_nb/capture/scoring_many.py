@@ -130,7 +130,7 @@ def score_store(store: str | os.PathLike | xr.Dataset, model: torch.nn.Module, r
     """
     refuse_unscorable(store)
     path = _store_path(store)
-    lock = StoreLock(path)
+    lock = StoreLock(path, writer="vc.score")
     if path.is_dir():  # no folder: open_traces says what is wrong with the path
         lock.acquire()  # before anything is read: a store being written by trace_many is refused, unchanged
     try:

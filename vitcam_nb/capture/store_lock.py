@@ -79,6 +79,12 @@ def _flock(fd: int) -> bool:
     return True
 
 
+def _writer(owner: dict) -> str:
+    """The kind of call that holds a lock ("trace_many", "vc.score"); locks written before 0.2 do not say."""
+    writer = owner.get("writer")
+    return writer if writer in ("trace_many", "vc.score") else "trace_many"
+
+
 class StoreLock:
     """The lock of the store at ``path``: :meth:`acquire` before writing, :meth:`release` after (idempotent;
     only this lock's own file is removed), or ``with StoreLock(path):`` around the writes.
@@ -95,8 +101,9 @@ class StoreLock:
         >>> first.release()
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, writer: str = "trace_many"):
         self.file = Path(path) / LOCK_NAME
+        self.writer = writer  # what is writing, named in the lock file and in a second writer's refusal
         self.token = uuid.uuid4().hex
         self.held = False
         self._fd: int | None = None
@@ -125,7 +132,7 @@ class StoreLock:
         else:
             who = f"process {pid} on {host}, since {since}"
         return TraceFileError(
-            f"path: {self.file.parent} is being written by another trace_many call ({who}){why}; one store has "
+            f"path: {self.file.parent} is being written by another {_writer(owner)} call ({who}){why}; one store has "
             f"one writer. Rerun once it has finished to resume; if that writer is gone for good (another machine, "
             f"or a reused process id), delete {self.file}")
 
@@ -166,7 +173,8 @@ class StoreLock:
                     raise self._refuse(owner, " and holds no file lock; it may be an older vitcam_nb")
                 os.ftruncate(fd, 0)
                 os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
-                                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+                                         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                         "writer": self.writer}).encode())
             except BaseException:
                 os.close(fd)
                 raise
