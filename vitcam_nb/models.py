@@ -8,7 +8,6 @@ anything is read from it. Every other name goes to ``timm.create_model`` unchang
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.core.errors import RandomWeightsWarning, WeightsError, user_stacklevel
-from vitcam_nb.core.provenance import BUNDLED_KEY, LOADED_KEY, weights_sha256
+from vitcam_nb.core.provenance import BUNDLED_KEY, LOADED_KEY, file_sha256, weights_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
 
@@ -85,14 +84,6 @@ def list_models() -> list[dict]:
     return rows
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _pretrained_cfg(card: dict) -> dict:
     # JSON turns tuples into lists; timm's configs use tuples for sizes, mean, std and label names.
     return {k: tuple(v) if isinstance(v, list) else v for k, v in card["pretrained_cfg"].items()}
@@ -106,7 +97,7 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
     weights_path, card_path = Path(weights_path), Path(card_path)
     card = json.loads(card_path.read_text())
     expected = card.get("weights_sha256")
-    actual = _file_sha256(weights_path)
+    actual = file_sha256(weights_path)
     if actual != expected:
         raise ValueError(
             f"weights file {weights_path} does not match its model card {card_path.name}: "
@@ -187,7 +178,7 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
     model = _create(name, pretrained, overlay, timm_kwargs)
     if state is not None:
         _load_state(model, state, Path(weights), name)
-        origin = f"file {Path(weights).name} (file sha256 {_file_sha256(Path(weights))})"
+        origin = f"file {Path(weights).name} (file sha256 {file_sha256(Path(weights))})"
     elif not pretrained and cfg is not None and (cfg.hf_hub_id or cfg.url):
         warnings.warn(f"{name} was built with random-init weights (no pretrained=True, no weights=PATH): its maps "
                       f"explain an untrained network, not the published {cfg.architecture}.{cfg.tag}. Pass "
@@ -281,7 +272,7 @@ def _pretrained_source(name: str, cfg: Any) -> tuple[str, dict]:
     full = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else cfg.architecture
     source, host, found, looked = _cached_file(cfg)
     if found is not None:
-        return f"pretrained {full} from {source} (file sha256 {_file_sha256(found)})", {"file": str(found)}
+        return f"pretrained {full} from {source} (file sha256 {file_sha256(found)})", {"file": str(found)}
     if not _reachable(host):
         raise WeightsError(
             f"pretrained: the weights of {full} ({source}) are not in the local cache ({looked}) and {host} cannot "

@@ -15,7 +15,6 @@ import yaml
 
 import vitcam_nb as vc
 from vitcam_nb.core.card_schema import AUDIT_DIR, CARD_FIELDS, NOT_REPORTED, PaperCardError
-from vitcam_nb.evaluate.ambiguity.space import CATEGORY_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_JSON = AUDIT_DIR / "example_cards.json"
@@ -27,10 +26,6 @@ def test_vc_audit_is_the_paper_card_namespace():
     for name in ("validate", "summarise", "schema", "template", "figures", "load_cards", "PaperCardError"):
         assert callable(getattr(vc.audit, name)), name
     assert vc.audit.schema()["version"] == "1.0.0"
-
-
-def test_the_card_categories_are_the_ambiguity_analysis_categories():
-    assert {c: tuple(f) for c, f in CARD_FIELDS.items()} == dict(CATEGORY_FIELDS)
 
 
 def test_the_audit_figures_are_stored_exactly_with_their_source():

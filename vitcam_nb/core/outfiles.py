@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -22,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vitcam_nb.core.errors import OutputExistsError, TraceFileError
+from vitcam_nb.core.provenance import file_sha256
 
 __all__ = ["MANIFEST", "OutputFolder", "check_output", "replacing", "write_atomic"]
 
@@ -87,14 +87,6 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class OutputFolder:
     """A folder of named outputs: on creation, every name that exists must be a file the kit wrote there and
     left unchanged (its manifest entry and SHA-256 agree) unless ``overwrite``; each :meth:`write` is atomic
@@ -125,7 +117,7 @@ class OutputFolder:
             path = self.root / name
             if path.is_dir():
                 raise OutputExistsError(f"path: {path} is a folder; it is left alone. Use another folder")
-            changed = path.exists() and (name not in self.files or _sha256(path) != self.files[name])
+            changed = path.exists() and (name not in self.files or file_sha256(path) != self.files[name])
             if changed and not overwrite:
                 raise OutputExistsError(f"path: {path} exists and is not a file vitcam_nb wrote there (or it changed "
                                         "since); it is left alone. Use another folder, or overwrite=True "
@@ -148,7 +140,7 @@ class OutputFolder:
         Example:
             >>> folder.record("trace.nc")  # doctest: +SKIP
         """
-        self.files[name] = _sha256(self.root / name)
+        self.files[name] = file_sha256(self.root / name)
         body = json.dumps({"written_by": self.written_by, "files": self.files}, indent=1, sort_keys=True)
         write_atomic(self.root / MANIFEST, body.encode("utf-8"))
         return self.root / name

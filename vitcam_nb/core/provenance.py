@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -195,3 +196,19 @@ def check_traced_scores(attrs: dict, traced: np.ndarray, scores: np.ndarray | to
                      f"{tol:.3g}; {int((~same).sum())} of {got.size} scores differ); the model behaves otherwise "
                      f"than the traced one (another global_pool, a forward hook, a patched forward or another "
                      f"target); {fix}")
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes.
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "x"); _ = open(p, "wb").write(b"")
+        >>> file_sha256(p)[:8]
+        'e3b0c442'
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

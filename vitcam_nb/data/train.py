@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes import CLASS_NAMES, MEAN, STD, generator_settings, shapes
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -186,22 +187,6 @@ def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file's bytes.
-
-    Example:
-        >>> import tempfile, os
-        >>> p = os.path.join(tempfile.mkdtemp(), "x"); _ = open(p, "wb").write(b"")
-        >>> file_sha256(p)[:8]
-        'e3b0c442'
-    """
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
     return h.hexdigest()
 
 

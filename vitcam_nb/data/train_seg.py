@@ -27,9 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import CLASS_NAMES, generator_settings, shapes
-from vitcam_nb.data.train import MODELS_DIR, SPECS, file_sha256, normalise, pretrained_cfg, state_dict_sha256
+from vitcam_nb.data.train import MODELS_DIR, SPECS, normalise, pretrained_cfg, state_dict_sha256
 
 __all__ = ["NAME", "SEG_CLASSES", "evaluate", "pixel_labels", "train"]
 

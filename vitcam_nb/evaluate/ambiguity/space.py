@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from vitcam_nb.core.checklist import CATEGORIES
+from vitcam_nb.core.card_schema import CARD_FIELDS
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import ATTN_ROWS, HEAD_RULES, HEAD_SITES, RELUS, TARGETS, WEIGHT_TOKENS, Recipe
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -63,15 +63,8 @@ __all__ = ["CATEGORY_FIELDS", "DEFAULT_SPACE", "OPEN", "canonical", "default_spa
 #: The value that marks a field (or a whole checklist category) as left open in ``reported``.
 OPEN = "open"
 
-#: The checklist category each recipe field is reported in.
-CATEGORY_FIELDS = {
-    "feature representation": ("site", "layer"),
-    "gradient target": ("target", "class_"),
-    "token handling": ("weight_tokens", "attn_rows", "text_tokens"),
-    "aggregation": ("weighting", "heads", "layer_fusion", "relu", "k"),
-    "spatial reconstruction": ("reshape", "upsample", "normalize"),
-}
-assert tuple(CATEGORY_FIELDS) == CATEGORIES
+#: The checklist category each recipe field is reported in (the paper card's fields: one table for both).
+CATEGORY_FIELDS = CARD_FIELDS
 
 #: Default values of the open fields that do not depend on the trace (site and layer do: see the table).
 DEFAULT_SPACE: dict[str, tuple] = {
