@@ -196,8 +196,9 @@ def _cam(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as exc:  # RecipeError and TraceFileError are ValueErrors
         print(f"vitcam-nb cam: {exc}", file=sys.stderr)
         return 2
-    print(f"recipe:       {recipe.resolve(tr).to_string()}")
-    print(f"recipe id:    {recipe.id} (as written); canonical id {recipe.canonical_id(tr)}")
+    resolved = recipe.resolve(tr)
+    print(f"recipe:       {resolved.to_string()}")
+    print(f"recipe id:    {recipe.id} (as written); canonical id {resolved.id}")
     print(f"trace:        {tr.attrs.get('trace_id')} ({tr.attrs.get('weights_origin', 'weights of unknown origin')})")
     print(f"methods:      {m.attrs.get('methods', '')}")
     print(f"vitcam-nb cam wrote: {out}")

@@ -94,9 +94,9 @@ def _reproduce(trace: xr.Dataset, m: xr.DataArray) -> str:
     from vitcam_nb.core.recipe import Recipe
 
     recipe = Recipe.from_json(m.attrs["recipe"])
-    line = recipe.resolve(trace).to_string()
-    return (f"<p class='reproduce'><code>{escape(line)}</code><br><span class='muted'>recipe id "
-            f"{escape(recipe.id)} · canonical id {escape(recipe.canonical_id(trace))} · trace "
+    resolved = recipe.resolve(trace)
+    return (f"<p class='reproduce'><code>{escape(resolved.to_string())}</code><br><span class='muted'>recipe id "
+            f"{escape(recipe.id)} · canonical id {escape(resolved.id)} · trace "
             f"{escape(str(trace.attrs.get('trace_id', '?')))}</span></p>")
 
 
