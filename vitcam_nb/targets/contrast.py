@@ -75,6 +75,12 @@ class Contrast(Target):
         self.resolved: tuple[int, list[int], list[float]] | None = None  # (class, comparison classes, weights)
         self.names: list[str] | None = None
 
+    def __repr__(self) -> str:
+        weights = "" if self.weights is None else f", weights={self.weights!r}"
+        ranks = f", ranks={self.ranks!r}" if self.against == "nearest" else ""
+        alpha = f", alpha={self.alpha:g}" if self.weights is None else ""
+        return f"vc.targets.contrast({self.class_!r}, against={self.against!r}{weights}{ranks}{alpha})"
+
     def check(self, model: torch.nn.Module) -> None:
         n = head_size(model)
         if n <= 0:
