@@ -82,6 +82,7 @@ class Contrast(Target):
         return f"vc.targets.contrast({self.class_!r}, against={self.against!r}{weights}{ranks}{alpha})"
 
     def check(self, model: torch.nn.Module) -> None:
+        self.resolved = self.names = None  # a new trace: its image chooses the classes
         n = head_size(model)
         if n <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); a contrast target compares class logits")
@@ -111,25 +112,39 @@ class Contrast(Target):
         return c, list(self.against)
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.batch_scores(model, x)[0]
+
+    def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The contrast of every image in ``x``. The classes are chosen on the first image a trace scores (the
+        traced image) and kept for later calls (``vc.score``'s perturbed inputs), as FinerCAM keeps its target's
+        classes; a new ``vc.trace`` chooses them again."""
         logits = model_logits(model(x))
-        if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != 1:
+        n = int(x.shape[0])
+        if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != n:
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise TraceError(f"model: expected logits of shape (1, classes), got {shape}")
-        z = logits[0]
-        c, others = self._resolve(z)
+            raise TraceError(f"model: expected logits of shape ({n}, classes), got {shape}")
+        if self.resolved is None:
+            self._choose_classes(model, logits[0])
+        c, others, weights = self.resolved
         if self.weights is None:
-            p = torch.softmax(z, dim=-1)[others]  # not detached: FinerCAM differentiates through the softmax
-            s = (p * (z[c] - self.alpha * z[others])).sum() / (p.sum() + FINER_EPS)
-            weights = (self.alpha * p.detach() / (p.detach().sum() + FINER_EPS)).double().cpu().tolist()
+            p = torch.softmax(logits, dim=-1)[:, others]  # not detached: FinerCAM differentiates through it
+            s = (p * (logits[:, c:c + 1] - self.alpha * logits[:, others])).sum(1) / (p.sum(1) + FINER_EPS)
         else:
-            w = torch.tensor(self.weights, dtype=z.dtype, device=z.device)
-            s = z[c] - (w * z[others]).sum()
+            w = torch.tensor(weights, dtype=logits.dtype, device=logits.device)
+            s = logits[:, c] - (w * logits[:, others]).sum(1)
+        return s[:, None]
+
+    def _choose_classes(self, model: torch.nn.Module, z: torch.Tensor) -> None:
+        c, others = self._resolve(z)
+        if self.weights is None:  # what FinerCAM's weights are at this image (the checklist states them)
+            p = torch.softmax(z.detach().double(), dim=-1)[others]
+            weights = (self.alpha * p / (p.sum() + FINER_EPS)).cpu().tolist()
+        else:
             weights = list(self.weights)
         self.resolved = (c, others, [float(v) for v in weights])
         n = int(z.shape[0])
         names = class_labels(model, n) if isinstance(model, torch.nn.Module) else [f"class {i}" for i in range(n)]
         self.names = [names[c], *(names[k] for k in others)]
-        return s[None]
 
     def class_labels(self, model: torch.nn.Module, n: int) -> list[str]:
         return [self.label()]

@@ -105,3 +105,20 @@ def test_unknown_classes_are_refused_before_the_pass(vit):
         vc.trace(model, x, targets=vc.targets.contrast(1, against=[0, 7]), sites=["F1"])
     with pytest.raises(TraceError, match="^ranks: rank 7 needs 8 classes"):
         vc.trace(model, x, targets=vc.targets.contrast(1, ranks=(1, 7)), sites=["F1"])
+
+
+def test_classes_chosen_at_the_traced_image_are_kept_for_perturbed_inputs(vit):
+    model, x = vit
+    t = vc.targets.contrast(ranks=(1, 2))
+    vc.trace(model, x, targets=t, sites=["F1"])
+    main, near, _ = t.resolved
+    others = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = t.batch_scores(model, others)[:, 0].double().numpy()
+        z = model(others).double()
+    p = torch.softmax(z, dim=-1)[:, near]
+    want = ((p * (z[:, [main]] - z[:, near])).sum(1) / (p.sum(1) + 1e-9)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert t.resolved[:2] == (main, near)  # FinerCAM keeps its target's classes for every perturbed input
+    t.check(model)  # a new trace chooses them again
+    assert t.resolved is None
