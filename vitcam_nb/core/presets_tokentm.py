@@ -34,9 +34,9 @@ CITATIONS["tokentm"] = TOKENTM_CITATION
 def tokentm(layer: int | tuple | str = "all", attn_rows: str = "cls") -> Recipe:
     """TokenTM after Wu et al. 2024, as vitcam_nb reads it from one trace (sites F2, resid_pre, attn_out,
     resid_mid, F5). Per token i and sublayer, the transformation weight ``w_i = (|y_i| / |u_i|) * NECC_i`` of the
-    change ``u -> y`` (attention: ``resid_pre -> attn_out``; MLP: ``resid_mid -> F5``), where
-    ``NECC_i = N exp(cos(u_i, y_i)) / sum_j exp(cos(u_j, y_j))`` (the normalised exponential of the cosines, mean 1
-    over the N tokens). The contribution matrix starts as ``C = diag(|x_i|)`` (x: the first block's input) and
+    change ``u -> y`` (attention: ``resid_pre -> attn_out``; MLP: ``resid_mid -> F5``; both before any layer scale),
+    where ``NECC_i = N exp(cos(u_i, y_i)) / sum_j exp(cos(u_j, y_j))`` (the normalised exponential of the cosines,
+    mean 1 over the N tokens). The contribution matrix starts as ``C = diag(|x_i|)`` (x: the first block's input) and
     each block updates it in forward order: ``C <- C + diag(w_attn) Abar C``, then ``C <- C + diag(w_mlp) C``,
     ``Abar = mean_h relu(dy/dA_h * A_h)`` (the gradient-weighted attention of Chefer et al. 2021b, recipe's
     target). The map is ``C`` at the CLS row (``attn_rows="mean"``: the mean row), patch columns, min-max.
