@@ -27,9 +27,10 @@ import torch
 
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.adapters.swin import WINDOWED
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.targets.contrast import Contrast, contrast
 
 __all__ = ["FAMILIES", "Finding", "Translation", "from_captum", "from_pytorch_grad_cam", "from_torchcam"]
 
@@ -63,7 +64,8 @@ class Finding:
 @dataclasses.dataclass(frozen=True)
 class Translation:
     """The recipe a call computes (None when no recipe expresses it), the findings, and the ``corrected``
-    recipe (what the call meant, when it computes something else; equal to ``recipe`` when it is right).
+    recipe (what the call meant, when it computes something else; equal to ``recipe`` when it is right). A call
+    whose score is not a class logit (FinerCAM's contrast) also gives the ``target`` to trace with.
 
     Example:
         >>> t = Translation(Recipe(), [], Recipe(), "pytorch-grad-cam")
@@ -75,6 +77,7 @@ class Translation:
     findings: list[Finding]
     corrected: Recipe | None
     library: str
+    target: Contrast | None = None
 
     @property
     def ok(self) -> bool:
@@ -100,6 +103,9 @@ class Translation:
                    "patch grid."
             if self.corrected is not None:
                 text += f" The corrected call computes recipe {self.corrected.id}: {self.corrected.to_json()}."
+        if self.target is not None:
+            text += (f" Its gradient target is a contrast score: trace with targets={self.target!r} "
+                     f"({self.target.description}); the recipe maps that score (class_=0).")
         return " ".join([text, *(f"[{f.kind}] {f.message}" for f in self.findings)])
 
     def _repr_markdown_(self) -> str:
@@ -286,15 +292,45 @@ def _method_name(method: Any) -> str:
     return method if isinstance(method, str) else getattr(method, "__name__", type(method).__name__)
 
 
+def _finer_target(targets: Any, model: torch.nn.Module, alpha: Any, comparison_categories: Any,
+                  target_idx: Any) -> tuple[Contrast | None, dict[str, Any], list[Finding]]:
+    """What FinerCAM differentiates: with ``targets=None`` its own FinerWeightedTarget of the top class (or
+    ``target_idx``) against the classes at ``comparison_categories`` in the order of logit distance; with a
+    FinerWeightedTarget, that target's classes; with any other target, that target (FinerCAM passes it on)."""
+    try:
+        if targets is None:
+            main = "top1" if target_idx is None else _class_index(target_idx, "target_idx", model)
+            t = contrast(main, "nearest", ranks=comparison_categories, alpha=alpha)
+        elif (isinstance(targets, Sequence) and not isinstance(targets, str) and len(targets) == 1
+              and type(targets[0]).__name__ == "FinerWeightedTarget"):
+            f = targets[0]
+            # pytorch-grad-cam names the compared classes comparison_categories (1.5.5) or reference_categories
+            against = getattr(f, "comparison_categories", getattr(f, "reference_categories", None)) or []
+            t = contrast(_class_index(getattr(f, "main_category", None), "targets", model),
+                         [_class_index(c, "targets", model) for c in against], alpha=getattr(f, "alpha", 1.0))
+        else:
+            target, bad = _target(targets, model)
+            return None, target, bad
+        t.check(model)
+    except TraceError as exc:  # the call's own arguments: refused as a recipe question, naming them
+        raise RecipeError(str(exc)) from exc
+    return t, {"target": "logit", "class_": 0}, []
+
+
 def from_pytorch_grad_cam(model: torch.nn.Module, method: Any, target_layers: Sequence[Any],
                           reshape_transform: Any = None, targets: Any = None,
-                          input_size: tuple[int, int] | None = None) -> Translation:
+                          input_size: tuple[int, int] | None = None, *, base_method: Any = "GradCAM",
+                          alpha: float = 1.0, comparison_categories: Sequence[int] = (1, 2, 3),
+                          target_idx: int | None = None) -> Translation:
     """The recipe ``method(model, target_layers, reshape_transform)(input, targets)`` computes in
     pytorch-grad-cam 1.5.x: channel weights pooled over the cells the reshape keeps, ReLU, min-max, bilinear
     resize to the input, several layers averaged (``layer_fusion="mean"``). The reshape is run on the hooked
     module's own output layout (on Swin: the grid and width of the stage the module sits in). A model of
     another family than :data:`FAMILIES` is refused; ``input_size`` (height, width) is needed only by a model
     that takes any input size. An AblationCAM call gets a finding on the value its ablation writes.
+
+    ``FinerCAM`` (pass its ``base_method`` and call keywords here) is the base method's recipe on FinerCAM's
+    contrast score, whose :func:`vitcam_nb.targets.contrast` is the translation's ``target``, to trace with.
 
     Example:
         >>> import timm
@@ -305,9 +341,15 @@ def from_pytorch_grad_cam(model: torch.nn.Module, method: Any, target_layers: Se
         (True, 'reshape', 'F1')
     """
     name = _method_name(method)
-    if name not in METHODS:
+    finer = name == "FinerCAM"
+    if finer:
+        name = _method_name(base_method)
+        if name not in METHODS or METHODS[name] == "ablationcam":
+            raise RecipeError(f"base_method: {name} is not a gradient CAM method with a recipe; FinerCAM's base "
+                              f"methods translated are {sorted(k for k, v in METHODS.items() if v != 'ablationcam')}")
+    elif name not in METHODS:
         raise RecipeError(f"method: {name} is not a CAM method with a recipe; translatable methods are "
-                          f"{sorted(METHODS)}")
+                          f"{sorted([*METHODS, 'FinerCAM'])}")
     if not isinstance(target_layers, Sequence) or isinstance(target_layers, str) or not target_layers:
         raise RecipeError(f"target_layers: expected a non-empty list of modules, got {target_layers!r}")
     located = [_locate(model, m, "target_layers") for m in target_layers]
@@ -322,7 +364,11 @@ def from_pytorch_grad_cam(model: torch.nn.Module, method: Any, target_layers: Se
                   normalize="minmax", upsample="bilinear")
     if len(layers) > 1:
         fields.update(layer=layers, layer_fusion="mean")
-    target, bad_target = _target(targets, model)
+    finer_target = None
+    if finer:
+        finer_target, target, bad_target = _finer_target(targets, model, alpha, comparison_categories, target_idx)
+    else:
+        target, bad_target = _target(targets, model)
     findings += bad_target
     if site == "F2":
         findings.append(Finding("site", "the module outputs attention matrices (batch, heads, tokens, tokens); a "
@@ -340,7 +386,7 @@ def from_pytorch_grad_cam(model: torch.nn.Module, method: Any, target_layers: Se
                                 "image) before vc.cam"))
     corrected = Recipe(**fields, **(target or {"target": "logit", "class_": "top1"}))
     wrong = bool(findings)
-    return Translation(None if wrong else corrected, findings, corrected, "pytorch-grad-cam")
+    return Translation(None if wrong else corrected, findings, corrected, "pytorch-grad-cam", finer_target)
 
 
 def _token_axis_finding(library: str, model: torch.nn.Module, site: str, layer: int) -> Finding:

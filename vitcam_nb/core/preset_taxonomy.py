@@ -9,7 +9,8 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.core import presets_attention  # noqa: F401  (adds the attention-gradient presets' citations)
+# These add the attention-gradient presets' and TokenTM's citations.
+from vitcam_nb.core import presets_attention, presets_tokentm  # noqa: F401
 from vitcam_nb.core.presets import CITATIONS
 
 __all__ = ["PGC", "TAXONOMY"]
@@ -131,3 +132,13 @@ TAXONOMY.update({
                          "aggregation": "relu(sum_h sum_(c in h) g_c v_pc minmax cos(q^h_cls, k^h_p))",
                          "reconstruction": "raster grid, bilinear upsampling, min-max"},
 })
+# TokenTM (vitcam_nb/core/presets_tokentm.py), as vitcam_nb reads it from a plain trace.
+TAXONOMY["tokentm"] = {
+    "paper": CITATIONS["tokentm"], "code": "none",
+    "site": "F2 attention and its gradient; resid_pre, attn_out, resid_mid, F5 of every block (no extra pass)",
+    "target": "class logit (gradient-weighted attention, Chefer et al. 2021b)",
+    "tokens": "CLS row of the contribution matrix, patch columns",
+    "aggregation": "C = diag(|x|); per block C += diag(w_attn) mean_h relu(G*A) C, C += diag(w_mlp) C; w = length "
+                   "ratio * normalised exp(cosine) of resid_pre->attn_out and resid_mid->F5",
+    "reconstruction": "raster grid, bilinear upsampling, min-max",
+}

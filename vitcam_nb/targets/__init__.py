@@ -8,7 +8,9 @@
 - :func:`layerwise`: one class's score read out after every block (exact LeGrad), all in one backward;
 - :func:`region` and :func:`dense`: scores of a dense (B, C, H, W) output, e.g. a segmentation model's class
   logits summed over a pixel region;
-- :func:`segmentation_loss`: the cross-entropy of a dense output against a label map, as torch computes it.
+- :func:`segmentation_loss`: the cross-entropy of a dense output against a label map, as torch computes it;
+- :func:`contrast`: a class logit minus a weighted sum of other logits (FinerCAM's "nearest" classes and softmax
+  weights, or classes and constant weights given).
 
 Every target's scores are stored as the trace's ``logits``; see :class:`Target` for writing your own.
 
@@ -25,11 +27,12 @@ from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.blip_matching import ItmTarget, itm
 from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
 from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
+from vitcam_nb.targets.contrast import Contrast, contrast
 from vitcam_nb.targets.dense import DenseScores, Region, dense, region
 from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 from vitcam_nb.targets.layerwise import Layerwise, layerwise
 from vitcam_nb.targets.segmentation import SegmentationLoss, segmentation_loss
 
-__all__ = ["ClassTargets", "ClipPrompts", "DenseScores", "ItmTarget", "Layerwise", "Region", "SegmentationLoss",
-           "Similarity", "Target", "as_target", "class_labels", "dense", "itm", "layerwise", "prompts", "region",
-           "segmentation_loss", "similarity", "similarity_scores"]
+__all__ = ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "ItmTarget", "Layerwise", "Region",
+           "SegmentationLoss", "Similarity", "Target", "as_target", "class_labels", "contrast", "dense", "itm",
+           "layerwise", "prompts", "region", "segmentation_loss", "similarity", "similarity_scores"]
