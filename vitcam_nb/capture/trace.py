@@ -75,7 +75,8 @@ def trace(
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
-    prepared = prepare_input(model, image, processor)
+    # A family whose input is not one image (a video clip) prepares it itself.
+    prepared = plan.adapter.prepare_input(model, image, processor) or prepare_input(model, image, processor)
     check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)
