@@ -274,3 +274,32 @@ def test_clip_with_another_frame_count_is_refused_before_the_model_runs(label):
     finally:
         handle.remove()
     assert calls == []
+
+
+@pytest.mark.parametrize("upsample", ["bilinear", "none"])
+def test_frame_strip_has_one_panel_per_frame(upsample):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, _, tr, _, _ = family_run("hf_videomae")
+    m = vc.cam(tr, vc.Recipe(site="F1", layer=-1, upsample=upsample))
+    fig = vc.plot.frame_strip(tr, m)
+    try:
+        panels = [ax for ax in fig.axes if ax.get_title()]
+        want = [f"frame {i}" for i in range(T)] if upsample != "none" else \
+            ["tubelet 0 (frames 0-1)", "tubelet 1 (frames 2-3)"]
+        assert [ax.get_title() for ax in panels] == want
+        # each panel: its own frame of the clip under the map, at the clip's size
+        for i, ax in enumerate(panels):
+            shown = ax.get_images()
+            step = T // len(panels)
+            np.testing.assert_array_equal(shown[0].get_array(), tr["image"].values[i * step])
+            np.testing.assert_array_equal(np.asarray(shown[1].get_array()), m.values[i])
+        assert fig._suptitle.get_text().startswith("gradcam · F1 · last block · logit")
+        assert [ax.get_ylabel() for ax in fig.axes if ax not in panels] == ["map value"]  # one colour bar
+        with pytest.raises(ValueError, match=r"cam_map: expected a video map"):
+            vc.plot.frame_strip(tr, m.isel({m.dims[0]: 0}))
+    finally:
+        plt.close(fig)
