@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+# The kinds that read one image's grid register first, so that this one goes in front of them wherever it is imported.
+from vitcam_nb.compute import published, vitcx  # noqa: F401
 from vitcam_nb.compute.flat import FLAT
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe

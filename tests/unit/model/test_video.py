@@ -303,3 +303,21 @@ def test_frame_strip_has_one_panel_per_frame(upsample):
             vc.plot.frame_strip(tr, m.isel({m.dims[0]: 0}))
     finally:
         plt.close(fig)
+
+
+def test_video_maps_report_what_they_are_and_refuse_what_is_not_there(tmp_path):
+    model, x, tr, _, _ = family_run("hf_timesformer")
+    recipe = vc.Recipe(site="F4", layer=0)
+    m = vc.cam(tr, recipe)
+    assert recipe.checklist(tr).to_json() == m.attrs["checklist"] and recipe.describe(tr) == m.attrs["methods"]
+    assert "time interpolation linear between tubelet centres" in m.attrs["methods"]
+    assert m.attrs["tubelet_size"].startswith("1x8x8") and "4 -> 4 frames" in m.attrs["time_interpolation"]
+    with pytest.raises(vc.RecipeError, match=r"site: this hf_timesformer model has no 'F2'"):
+        vc.cam(tr, vc.Recipe(site="F2"))
+    with pytest.raises(vc.RecipeError, match=r"weighting: 'vitcx' is computed by the vitcx trace kind"):
+        vc.cam(tr, vc.Recipe(weighting="vitcx", target="prob"))
+    with pytest.raises(vc.RecipeError, match=r"vary: galleries of video maps are not available yet"):
+        vc.gallery(tr, recipe, vary=("layer",))
+    with pytest.raises(TraceError, match=r"model: trace_many stores images; the hf_videomae family takes video"):
+        vc.trace_many(videomae(), [make_clip()], tmp_path / "store")
+    assert not (tmp_path / "store").exists()
