@@ -262,9 +262,9 @@ def frame_strip(trace: xr.Dataset, cam_map: xr.DataArray, *, alpha: float = 0.5,
 
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha: expected a float in [0, 1], got {alpha!r}")
-    if "frame" not in getattr(trace, "dims", {}):
-        raise ValueError("trace: frame_strip draws a video trace (frames on a 'frame' axis); for an image use "
-                         "overlay()")
+    if "clip" not in getattr(trace, "variables", {}):
+        raise ValueError("trace: frame_strip draws a video trace (its frames in the variable 'clip'); for an image "
+                         "use overlay()")
     dims = tuple(cam_map.dims)
     if dims not in (("frame", "y", "x"), ("patch_frame", "patch_row", "patch_col")):
         raise ValueError(f"cam_map: expected a video map with dims (frame, y, x) or (patch_frame, patch_row, "
@@ -273,7 +273,7 @@ def frame_strip(trace: xr.Dataset, cam_map: xr.DataArray, *, alpha: float = 0.5,
     if mine and theirs and mine != theirs:
         raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
                          "draw a map over the clip it explains")
-    frames = np.asarray(trace["image"].values)
+    frames = np.asarray(trace["clip"].values)
     values = np.asarray(cam_map.values, dtype=np.float32)
     n = values.shape[0]
     step = frames.shape[0] // n  # frames per panel: 1, or the tubelet length of a token-grid map

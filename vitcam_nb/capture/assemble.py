@@ -180,7 +180,8 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         coords.update(more_coords)
     data_vars["logits"] = (("class",), image.logits.to("cpu", torch.float32).numpy().copy())
     h, w = prepared.display.shape[-3:-1]
-    data_vars["image"] = (("frame", "y", "x", "rgb") if gt else ("y", "x", "rgb"), prepared.display)
+    # A clip keeps the schema's ``image`` free: its frames are the variable ``clip``.
+    data_vars["clip" if gt else "image"] = (("frame", "y", "x", "rgb") if gt else ("y", "x", "rgb"), prepared.display)
     if gt:
         coords["frame"] = ("frame", np.arange(prepared.display.shape[0], dtype=np.int64))
     coords["y"] = ("y", np.arange(h, dtype=np.int64))

@@ -2,7 +2,8 @@
 
 A video model's patch tokens follow its prefix tokens in ``(t, y, x)`` raster order (the adapters reorder a
 model that orders them otherwise); the trace stores the slice of every token as ``patch_frame`` beside
-``patch_row`` and ``patch_col`` (-1 for prefix tokens), and the grid's length in time as ``grid_t``.
+``patch_row`` and ``patch_col`` (-1 for prefix tokens), the grid's length in time as ``grid_t``, and the clip's
+frames as the variable ``clip (frame, y, x, rgb)`` (the schema's ``image`` is one image's).
 
 Example:
     >>> frame_coords(1, (2, 1, 2)).tolist()

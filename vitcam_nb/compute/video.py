@@ -68,7 +68,7 @@ def _stacked(trace: xr.Dataset) -> xr.Dataset:
     gh = int(trace.attrs["grid_h"])
     frames = trace["patch_frame"].values
     rows = np.where(frames >= 0, frames * gh + trace["patch_row"].values, -1)
-    out = trace.drop_vars("image").assign_coords(patch_row=("token", rows))
+    out = trace.assign_coords(patch_row=("token", rows))
     out.attrs = {**trace.attrs, "grid_h": int(trace.attrs["grid_t"]) * gh}
     return out
 

@@ -226,7 +226,7 @@ def test_token_grid_is_t_y_x(label):
     got = list(zip(tr["patch_frame"].values[n:], tr["patch_row"].values[n:], tr["patch_col"].values[n:]))
     gt, gh, gw = fam.grid
     assert got == [(t, r, c) for t in range(gt) for r in range(gh) for c in range(gw)]
-    assert tr["image"].dims == ("frame", "y", "x", "rgb") and tr.sizes["frame"] == T
+    assert tr["clip"].dims == ("frame", "y", "x", "rgb") and tr.sizes["frame"] == T and "image" not in tr
 
 
 @pytest.mark.parametrize("label", list(FAMILIES))
@@ -295,7 +295,7 @@ def test_frame_strip_has_one_panel_per_frame(upsample):
         for i, ax in enumerate(panels):
             shown = ax.get_images()
             step = T // len(panels)
-            np.testing.assert_array_equal(shown[0].get_array(), tr["image"].values[i * step])
+            np.testing.assert_array_equal(shown[0].get_array(), tr["clip"].values[i * step])
             np.testing.assert_array_equal(np.asarray(shown[1].get_array()), m.values[i])
         assert fig._suptitle.get_text().startswith("gradcam · F1 · last block · logit")
         assert [ax.get_ylabel() for ax in fig.axes if ax not in panels] == ["map value"]  # one colour bar
@@ -321,3 +321,11 @@ def test_video_maps_report_what_they_are_and_refuse_what_is_not_there(tmp_path):
     with pytest.raises(TraceError, match=r"model: trace_many stores images; the hf_videomae family takes video"):
         vc.trace_many(videomae(), [make_clip()], tmp_path / "store")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_video_trace_saves_and_loads(tmp_path):
+    _, _, tr, _, _ = family_run("hf_vivit")
+    back = vc.load(vc.save(tr, tmp_path / "clip.nc"))
+    recipe = vc.Recipe(site="F2", layer="all", layer_fusion="rollout")
+    np.testing.assert_array_equal(vc.cam(back, recipe).values, vc.cam(tr, recipe).values)
+    np.testing.assert_array_equal(back["patch_frame"].values, tr["patch_frame"].values)
