@@ -96,13 +96,13 @@ class PerClip(torch.nn.Module):
         (4, 3)
     """
 
-    def __init__(self, inner: torch.nn.Module, rows: int = 0) -> None:
+    def __init__(self, inner: torch.nn.Module, rows: int) -> None:
         super().__init__()
         self.inner, self.rows, self.clip = inner, rows, torch.nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self.rows or x.shape[0]
-        return self.inner(self.clip(x.reshape(x.shape[0] // rows, rows, *x.shape[1:])).reshape(x.shape))
+        per_clip = x.reshape(x.shape[0] // self.rows, self.rows, *x.shape[1:])
+        return self.inner(self.clip(per_clip).reshape(x.shape))
 
 
 class VideoAdapterMixin:
@@ -114,12 +114,10 @@ class VideoAdapterMixin:
     """
 
     video = True
-    #: frames per tubelet (1: every frame is its own token slice)
-    time_patch = 1
     token_order = "(t, y, x) as the model orders them"
 
     def tubelet(self, model: torch.nn.Module) -> tuple[int, int, int]:
-        """(frames, rows, columns) of pixels one token covers."""
+        """(frames, rows, columns) of pixels one token covers (``tubelet_size`` frames, 1 without one)."""
         cfg = model.config
         return int(getattr(cfg, "tubelet_size", 1)), int(cfg.patch_size), int(cfg.patch_size)
 
@@ -185,7 +183,6 @@ class HfVideoMaeAdapter(VideoAdapterMixin, HfVitAdapter):
     family = "hf_videomae"
     classes = ("VideoMAEModel", "VideoMAEForVideoClassification")
     base_prefix = "videomae"
-    attention, out_proj = "attention", "output"
 
     def _check_layout(self, model: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
         first = layers[0]
@@ -193,10 +190,6 @@ class HfVideoMaeAdapter(VideoAdapterMixin, HfVitAdapter):
             raise TypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 VideoMAE layout "
                             "(attention.attention, attention.output.dense, layernorm_before/after); install "
                             "transformers>=5")
-
-    def tubelet(self, model: torch.nn.Module) -> tuple[int, int, int]:
-        cfg = model.config
-        return int(cfg.tubelet_size), int(cfg.patch_size), int(cfg.patch_size)
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
         return {
