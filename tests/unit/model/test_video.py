@@ -199,6 +199,15 @@ def test_site_reference(label, site):
     assert any(np.abs(ref[(0, site)][1]).max() > 0 for ref in refs.values())
 
 
+@pytest.mark.parametrize(("family", "site"), [pytest.param("hf_timesformer", "F2", id="hf_timesformer-F2")])
+def test_site_not_applicable(family, site):
+    """Divided space-time attention has no single (query, key) matrix over all tokens: F2 is refused, the two
+    attention kinds are the extra sites."""
+    with pytest.raises(TraceError, match=rf"sites: a site this model does not have '{site}'; this {family} model has "
+                                         r"\['F1', 'F3', 'F4', 'F5', 'F6', .*'attn_time', 'attn_space'\]"):
+        vc.trace(timesformer(), make_clip(), targets="top1", sites=[site])
+
+
 @pytest.mark.parametrize("site", ["attn_time", "attn_space"])
 def test_timesformer_attention_kinds_reference(site):
     """Divided space-time attention: temporal matrices per patch position (query and key: frames), spatial ones
