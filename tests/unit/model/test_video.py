@@ -261,6 +261,10 @@ def test_gradcam_f1_last_block_on_the_t_y_x_grid(label):
     full = vc.cam(tr, vc.Recipe(site="F1", layer=-1))
     assert full.dims == ("frame", "y", "x")
     assert_rel_close(full.values, up, f"{label} grad-cam upsampled")
+    # nearest: every frame takes its tubelet's value, every pixel its patch's (integer scale factors)
+    near = vc.cam(tr, vc.Recipe(site="F1", layer=-1, upsample="nearest")).values
+    blocks = cam.repeat(T // fam.grid[0], 0).repeat(P, 1).repeat(P, 2)
+    assert_rel_close(near, blocks, f"{label} grad-cam nearest")
     space = json.loads(full.attrs["checklist"])["spatial reconstruction"]
     tubelet = 2 if label != "hf_timesformer" else 1
     assert space["tubelet size"].startswith(f"{tubelet}x{P}x{P}")
