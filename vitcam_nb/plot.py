@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "grid", "overlay", "recipe_short"]
+__all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "frame_strip", "grid", "overlay", "recipe_short"]
 
 DEFAULT_CMAP = "inferno"
 _MASK_COLOUR = "cyan"
@@ -241,4 +241,56 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     fig.tight_layout(rect=(0, 0, 0.93, 1))
     cax = fig.add_axes((0.94, 0.15, 0.015, 0.7))
     fig.colorbar(ScalarMappable(Normalize(0, 1), cmap=cmap), cax=cax, label="map value")
+    return fig
+
+
+def frame_strip(trace: xr.Dataset, cam_map: xr.DataArray, *, alpha: float = 0.5, cmap: str = DEFAULT_CMAP,
+                size: float = 1.8, title: str | None = None):
+    """Draw a video map as a strip with one panel per frame over that frame of the clip; returns the Figure.
+
+    ``cam_map``: a map of a video trace, ``(frame, y, x)``, or ``(patch_frame, patch_row, patch_col)`` (the token
+    grid, ``upsample="none"``: one panel per frame or tubelet, drawn over its first frame). The title names the
+    recipe in words and the class (unless ``title`` is given); one colour bar holds for every panel (a min-max
+    map is normalised over the whole clip, so frames share its 0..1 scale).
+
+    Example:
+        >>> fig = frame_strip(tr, vc.cam(tr, vc.Recipe()))  # doctest: +SKIP
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha: expected a float in [0, 1], got {alpha!r}")
+    if "clip" not in getattr(trace, "variables", {}):
+        raise ValueError("trace: frame_strip draws a video trace (its frames in the variable 'clip'); for an image "
+                         "use overlay()")
+    dims = tuple(cam_map.dims)
+    if dims not in (("frame", "y", "x"), ("patch_frame", "patch_row", "patch_col")):
+        raise ValueError(f"cam_map: expected a video map with dims (frame, y, x) or (patch_frame, patch_row, "
+                         f"patch_col), got {dims}")
+    mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
+    if mine and theirs and mine != theirs:
+        raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
+                         "draw a map over the clip it explains")
+    frames = np.asarray(trace["clip"].values)
+    values = np.asarray(cam_map.values, dtype=np.float32)
+    n = values.shape[0]
+    step = frames.shape[0] // n  # frames per panel: 1, or the tubelet length of a token-grid map
+    h, w = frames.shape[1:3]
+    recipe = cam_map.attrs.get("recipe")
+    scaled = (bool(recipe) and _recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
+    lo, hi = (0.0, 1.0) if scaled else (float(values.min()), float(values.max()))
+    fig, axes = plt.subplots(1, n, figsize=(size * n + 1.0, size + 1.0), squeeze=False)
+    for i, ax in enumerate(axes[0]):
+        ax.imshow(frames[i * step])
+        ax.imshow(values[i], cmap=cmap, alpha=alpha, vmin=lo, vmax=hi, extent=(-0.5, w - 0.5, h - 0.5, -0.5),
+                  interpolation="nearest")
+        label = f"frame {i}" if step == 1 else f"tubelet {i} (frames {i * step}-{(i + 1) * step - 1})"
+        ax.set_title(label, fontsize=8)
+        ax.set_axis_off()
+    fig.suptitle(title if title is not None else _map_title(trace, cam_map).replace("\n", " — "), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    cax = fig.add_axes((0.94, 0.15, 0.012, 0.7))
+    fig.colorbar(ScalarMappable(Normalize(lo, hi if hi > lo else lo + 1), cmap=cmap), cax=cax, label="map value")
     return fig

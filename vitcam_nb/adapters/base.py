@@ -141,6 +141,12 @@ class Adapter:
     def check_input(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         """Refuse an input batch (B, 3, H, W) the model cannot take, with a message naming ``image``."""
 
+    def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
+        """The prepared input (a :class:`vitcam_nb.preprocess.PreparedInput`) of a family whose input is not one
+        image (a video clip), refusing one that does not fit before any model call; None (the default): the
+        image rules of :func:`vitcam_nb.preprocess.prepare_input` apply."""
+        return None
+
     def data_config(self, model: torch.nn.Module) -> dict | None:
         """A timm-style data config (input_size, mean, std, interpolation, crop_pct, crop_mode) for models
         that do not carry a timm ``pretrained_cfg``; None uses timm's resolver."""

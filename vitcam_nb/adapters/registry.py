@@ -48,6 +48,9 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_swinv2", "vitcam_nb.adapters.hf_swin:HfSwinv2Adapter", "transformers"),
     ("hf_upernet_swin", "vitcam_nb.adapters.hf_upernet:HfUperNetSwinAdapter", "transformers"),
     ("hf_dpt", "vitcam_nb.adapters.hf_dpt:HfDptAdapter", "transformers"),
+    ("hf_videomae", "vitcam_nb.adapters.hf_video:HfVideoMaeAdapter", "transformers"),
+    ("hf_vivit", "vitcam_nb.adapters.hf_video:HfVivitAdapter", "transformers"),
+    ("hf_timesformer", "vitcam_nb.adapters.hf_video:HfTimesformerAdapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

@@ -24,6 +24,7 @@ import xarray as xr
 from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import release_freed_memory
+from vitcam_nb.capture.video import frame_coords
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
 from vitcam_nb.core.schema import (
@@ -95,13 +96,18 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     model, adapter, target = plan.model, plan.adapter, plan.target
     layer_ids = plan.layer_ids if layer_ids is None else layer_ids
     site_ids = plan.site_ids if site_ids is None else site_ids
-    gh, gw = run.grid if grid is None else grid
+    full_grid = run.grid if grid is None else grid
+    gt = int(full_grid[0]) if len(full_grid) == 3 else 0  # a video trace's frames or tubelets (0: one image)
+    gh, gw = full_grid[-2:]
     store_dtype = plan.store_dtype
     acts, grads, classes = image.acts, image.grads, image.classes
     prefix = adapter.prefix_kinds(model)
     n_prefix = len(prefix)
-    n_tokens = n_prefix + gh * gw
-    kinds, rows, cols = token_coords(prefix, (gh, gw))
+    n_tokens = n_prefix + max(gt, 1) * gh * gw
+    kinds, rows, cols = token_coords(prefix, (gh, gw)) if not gt else token_coords(prefix, (gt * gh, gw))
+    frames = frame_coords(n_prefix, (gt, gh, gw)) if gt else None
+    if gt:  # the patches are in (t, y, x) raster order: rows restart in every frame
+        rows[n_prefix:] %= gh
     n_targets = len(classes) + 1
     extra = plan.extra_sites
     token_sites = [s for s in site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra]
@@ -114,6 +120,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         "token_kind": ("token", kinds),
         "patch_row": ("token", rows),
         "patch_col": ("token", cols),
+        **({"patch_frame": ("token", frames)} if gt else {}),
         "target": ("target", np.array([target_name(c) for c in classes] + [EXPECTED_TARGET])),
         "target_class": ("target", np.array(classes + [-1], np.int64)),
         "target_label": ("target", np.array([labels[c] for c in classes] + [EXPECTED_LABEL])),
@@ -160,6 +167,8 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
             coords[f"{axis}_kind"] = (axis, kinds)
             coords[f"{axis}_patch_row"] = (axis, rows)
             coords[f"{axis}_patch_col"] = (axis, cols)
+            if gt:
+                coords[f"{axis}_patch_frame"] = (axis, frames)
         data_vars[name] = (("layer", "head", "query", "key"), attn)
         data_vars[f"{name}_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
     for site in [s for s in site_ids if s in extra]:
@@ -170,12 +179,17 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         data_vars.update(more_vars)
         coords.update(more_coords)
     data_vars["logits"] = (("class",), image.logits.to("cpu", torch.float32).numpy().copy())
-    h, w = prepared.display.shape[:2]
-    data_vars["image"] = (("y", "x", "rgb"), prepared.display)
+    h, w = prepared.display.shape[-3:-1]
+    # A clip keeps the schema's ``image`` free: its frames are the variable ``clip``.
+    data_vars["clip" if gt else "image"] = (("frame", "y", "x", "rgb") if gt else ("y", "x", "rgb"), prepared.display)
+    if gt:
+        coords["frame"] = ("frame", np.arange(prepared.display.shape[0], dtype=np.int64))
     coords["y"] = ("y", np.arange(h, dtype=np.int64))
     coords["x"] = ("x", np.arange(w, dtype=np.int64))
     coords["rgb"] = ("rgb", np.array(["r", "g", "b"]))
     attrs = _attrs(plan, prepared, classes, layer_ids, site_ids, (gh, gw), run, (h, w))
+    if gt:
+        attrs.update(grid_t=gt, clip_frames=int(prepared.display.shape[0]))
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 

@@ -51,7 +51,8 @@ def trace(
     Args:
         model: a timm VisionTransformer (or a family with a registered adapter).
         image: PIL image, HxWx3 uint8 array (preprocessed with the model's timm data config), or a
-            (1,3,H,W) float tensor used as given.
+            (1,3,H,W) float tensor used as given; for a video family (VideoMAE, ViViT, TimeSformer) one clip, a
+            normalised float tensor (T,C,H,W) or (1,T,C,H,W) with the model's ``config.num_frames`` frames.
         targets: "top5" (default: the min(5, num_classes) highest), "topK", an int class, a list of ints, or a
             target from :mod:`vitcam_nb.targets` (similarity to vectors, text prompts, image-text matching).
         sites: subset of F1..F6 and the extended sites resid_pre, attn_out, resid_mid (default F1..F6).
@@ -75,7 +76,8 @@ def trace(
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
-    prepared = prepare_input(model, image, processor)
+    # A family whose input is not one image (a video clip) prepares it itself.
+    prepared = plan.adapter.prepare_input(model, image, processor) or prepare_input(model, image, processor)
     check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         run = run_pass(plan, prepared.tensor)

@@ -6,4 +6,4 @@ Importing this package registers the built-in kernels and kinds.
 """
 
 # Each registers itself.
-from vitcam_nb.compute import flat, kernels, many, published, stages, tokentm, vitcx, xattn  # noqa: F401
+from vitcam_nb.compute import flat, kernels, many, published, stages, tokentm, video, vitcx, xattn  # noqa: F401
