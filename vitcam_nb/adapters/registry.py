@@ -48,6 +48,9 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_swinv2", "vitcam_nb.adapters.hf_swin:HfSwinv2Adapter", "transformers"),
     ("hf_upernet_swin", "vitcam_nb.adapters.hf_upernet:HfUperNetSwinAdapter", "transformers"),
     ("hf_dpt", "vitcam_nb.adapters.hf_dpt:HfDptAdapter", "transformers"),
+    ("hf_yolos", "vitcam_nb.adapters.hf_yolos:HfYolosAdapter", "transformers"),
+    ("hf_owlvit", "vitcam_nb.adapters.hf_owl:HfOwlVitAdapter", "transformers"),
+    ("hf_owlv2", "vitcam_nb.adapters.hf_owl:HfOwlv2Adapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []
