@@ -107,8 +107,9 @@ def _tokenize(texts: list[str], tokenizer: Any) -> tuple[torch.Tensor, torch.Ten
 class Detection(Target):
     """The scores of chosen detections of a YOLOS or OWL detector (see :func:`detection`).
 
-    One image per pass: the detections a box matches depend on the image, and the trace states them (``attrs``).
-    Use one instance for one trace at a time.
+    One image per trace: the detections a box matches depend on the image, and the trace states them
+    (``attrs``); use one instance for one trace at a time. Fixed detections and class (``query``, ``class_``)
+    also score a batch, e.g. the perturbed inputs of ``vc.score``.
 
     Example:
         >>> Detection(box=(0, 0, 8, 8), class_=2, score="prob").settings()["boxes"]
@@ -191,29 +192,47 @@ class Detection(Target):
         return int(model.num_patches_height) * int(model.num_patches_width)
 
     def _outputs(self, model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
-        """(logits (Q, C), boxes (Q, 4) cx, cy, w, h in [0, 1], is OWL, grid width for OWL)."""
+        """(logits (B, Q, C), boxes (B, Q, 4) cx, cy, w, h in [0, 1], is OWL, grid width for OWL)."""
         if is_transformers_model(model, OWL):
-            dev = x.device
-            out = model(input_ids=self.input_ids.to(dev), pixel_values=x, attention_mask=self.attention_mask.to(dev))
-            return out.logits[0], out.pred_boxes[0], True, int(out.image_embeds.shape[2])
+            n, dev = int(x.shape[0]), x.device  # OWL reads the queries of image b at rows b*T..(b+1)*T-1
+            out = model(input_ids=self.input_ids.repeat(n, 1).to(dev), pixel_values=x,
+                        attention_mask=self.attention_mask.repeat(n, 1).to(dev))
+            return out.logits, out.pred_boxes, True, int(out.image_embeds.shape[2])
         out = model(pixel_values=x)
-        return out.logits[0], out.pred_boxes[0], False, 0
+        return out.logits, out.pred_boxes, False, 0
 
     def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] != 1:
-            raise TraceError("targets: a detection target scores one image at a time (each image's matched "
-                             "detections are stated in its trace); trace images one by one with vitcam_nb.trace()")
+        """(B, K) scores of the K chosen detections. One image is a trace: its detections are matched and stated.
+        Several images (``vc.score``'s perturbed inputs) are scored only when nothing is decided per image: the
+        detections given by ``query`` and the class by ``class_``."""
+        n = int(x.shape[0])
+        if n != 1 and (self.boxes is not None or self.class_ is None):
+            arg = "box" if self.boxes is not None else "class_"
+            raise TraceError(f"{arg}: matching a box or choosing the top class is done per image, so this target "
+                             "scores one image at a time; trace with vitcam_nb.trace(), and to score perturbed "
+                             "inputs (vc.score) give the detection and class it stated: query=i, class_=c")
         h, w = int(x.shape[-2]), int(x.shape[-1])
         for b in self.boxes or []:
             if b[2] > w or b[3] > h:
                 raise TraceError(f"box: {b} lies outside the {w}x{h} model input (x1 <= {w}, y1 <= {h}; pixels of "
                                  "the model input)")
         logits, boxes, owl, grid_w = self._outputs(model, x)
-        n_det = int(logits.shape[0])
-        n_cls = int(logits.shape[1]) - (0 if owl else 1)  # YOLOS's last logit is "no object"
+        n_det = int(logits.shape[1])
         bad = [q for q in self.queries or [] if q >= n_det]
         if bad:
             raise TraceError(f"query: {bad[0]} is out of range; the model made {n_det} detections (0..{n_det - 1})")
+        if n != 1:
+            z = logits[:, self.queries, self.class_]
+            if self.score == "prob":
+                z = torch.sigmoid(z) if owl else torch.softmax(logits[:, self.queries], dim=-1)[..., self.class_]
+            return z
+        return self._score_one(model, logits[0], boxes[0], owl, grid_w, (h, w))
+
+    def _score_one(self, model: torch.nn.Module, logits: torch.Tensor, boxes: torch.Tensor, owl: bool, grid_w: int,
+                   size: tuple[int, int]) -> torch.Tensor:
+        """The (1, K) scores of one image's detections, matched and stated in ``found``."""
+        (h, w), n_det = size, int(logits.shape[0])
+        n_cls = int(logits.shape[1]) - (0 if owl else 1)  # YOLOS's last logit is "no object"
         cx, cy, bw, bh = boxes.detach().double().cpu().unbind(-1)
         corners = torch.stack([(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h], -1)
         corners = corners.numpy()
@@ -232,8 +251,7 @@ class Detection(Target):
         scores, self.found = [], []
         for k, (j, how) in enumerate(picks):
             row = logits[j]
-            real = row.detach()[:n_cls]
-            c = int(torch.argmax(real)) if self.class_ is None else self.class_
+            c = int(torch.argmax(row.detach()[:n_cls])) if self.class_ is None else self.class_
             logit = row[c]
             prob = torch.sigmoid(logit) if owl else torch.softmax(row, dim=-1)[c]
             scores.append(logit if self.score == "logit" else prob)

@@ -165,3 +165,31 @@ def test_bad_input_is_refused_naming_the_argument_and_the_model_is_left_alone():
         vc.trace(transformers.ViTForImageClassification(transformers.ViTConfig(
             image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
             intermediate_size=64)), x, targets=det(query=0), sites=["F1"])
+
+
+@pytest.mark.parametrize("family", ["hf_yolos", "hf_owlv2"])
+def test_fixed_detections_score_a_batch_as_the_model_does_and_vc_score_takes_them(family):
+    """query + class_ decide nothing per image, so vc.score's perturbed batches are scored; box matching is not."""
+    xs = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    if family == "hf_yolos":
+        model = build_yolos()
+        target = vc.targets.detection(query=[0, 4], class_=1, score="prob")
+        with torch.no_grad():
+            want = torch.softmax(model(pixel_values=xs).logits[:, [0, 4]], dim=-1)[..., 1]
+    else:
+        model = build_owl(family)
+        target = vc.targets.detection(query=[3, 9], text=TEXTS, class_=0, tokenizer=HandTokenizer())
+        with torch.no_grad():
+            want = torch.stack([owl_logits(model, xs[i:i + 1])[[3, 9], 0] for i in range(3)])
+    with torch.no_grad():
+        got = target.batch_scores(model, xs)
+    assert_rel_close(got.numpy(), want.numpy(), "batched detection scores")
+    tr = vc.trace(model, xs[:1], targets=target, sites=["F1"], layers=[-1])
+    if family == "hf_yolos":  # its detection tokens are moved in the trace: vc.score zeroes sites in model order
+        with pytest.raises(vc.TraceError, match="the hf_yolos adapter rearranges its sites"):
+            vc.score(tr, model, "scorecam", xs[:1], targets=target, layer=-1, progress=False)
+    else:
+        scored = vc.score(tr, model, "scorecam", xs[:1], targets=target, layer=-1, progress=False)
+        assert np.isfinite(scored["score"].values).all() and scored["score"].sizes["channel"] == 32
+    with pytest.raises(vc.TraceError, match="box: matching a box or choosing the top class is done per image"):
+        vc.targets.detection(box=(0, 0, 8, 8), class_=0).batch_scores(build_yolos(), xs)
