@@ -26,6 +26,7 @@ import torch
 
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
 
 __all__ = ["Detection", "box_iou", "detection"]
@@ -120,7 +121,7 @@ class Detection(Target):
 
     def __init__(self, box: object = None, query: object = None, class_: int | None = None,
                  text: str | Sequence[str] | None = None, score: str = "logit", match: str = "iou",
-                 tokenizer: Callable[..., Any] | None = None):
+                 tokenizer: Callable[..., Any] | None = None, image_query: torch.Tensor | None = None):
         if (box is None) == (query is None):
             raise TraceError("box: give box=(x0, y0, x1, y1) (matched to the predicted boxes) or query=i (a "
                              "detection index), exactly one of them")
@@ -149,11 +150,14 @@ class Detection(Target):
             self.input_ids, self.attention_mask = _tokenize(self.texts, tokenizer)
         elif tokenizer is not None:
             raise TraceError("tokenizer: given without text; it tokenises OWL text queries (text=[...])")
+        self.image_query, self._query_embeds = _image_query(image_query, text, self.class_), None
         self.found: list[dict[str, Any]] = []
         what = "logit" if score == "logit" else "probability"
         cls = "the top class" if self.class_ is None else f"class {self.class_}"
         if self.texts is not None:
             cls = "the top text query" if self.class_ is None else f"text query {self.texts[self.class_]!r}"
+        elif self.image_query is not None:
+            cls = "the image query"
         which = (", ".join(f"box ({', '.join(f'{v:g}' for v in b)})" for b in self.boxes) + " matched by IoU"
                  if self.boxes is not None else
                  f"detection{'s' if len(self.queries) > 1 else ''} {', '.join(map(str, self.queries))} by index")
@@ -166,9 +170,12 @@ class Detection(Target):
         if not owl and not is_transformers_model(model, YOLOS):
             raise TraceError(f"model: a detection target reads {', '.join(YOLOS + OWL)}; got "
                              f"{type(model).__name__}")
-        if owl and self.texts is None:
-            raise TraceError(f"text: {type(model).__name__} scores text queries; pass text=[...] and the model's "
-                             "tokenizer")
+        if owl and self.texts is None and self.image_query is None:
+            raise TraceError(f"text: {type(model).__name__} scores text or image queries; pass text=[...] and the "
+                             "model's tokenizer, or image_query=")
+        if not owl and self.image_query is not None:
+            raise TraceError(f"image_query: {type(model).__name__} has fixed classes; image queries are for "
+                             "OWL-ViT/OWLv2")
         if not owl and self.texts is not None:
             raise TraceError(f"text: {type(model).__name__} has fixed classes ({int(model.config.num_labels)}); "
                              "text queries are for OWL-ViT/OWLv2, choose a class with class_=c")
@@ -179,7 +186,13 @@ class Detection(Target):
         bad = [q for q in self.queries or [] if q >= n]
         if bad:
             raise TraceError(f"query: {bad[0]} is out of range; the model makes {n} detections (0..{n - 1})")
-        if owl:
+        if owl and self.image_query is not None:
+            size = int(model.config.vision_config.image_size)
+            if tuple(self.image_query.shape[-2:]) != (size, size):
+                raise TraceError(f"image_query: the model embeds {size}x{size} query images, got "
+                                 f"{self.image_query.shape[-2]}x{self.image_query.shape[-1]}")
+            self._query_embeds = (model, _embed_image_query(model, self.image_query))
+        elif owl:
             vocab = int(model.config.text_config.vocab_size)
             if int(self.input_ids.max()) >= vocab:
                 raise TraceError(f"tokenizer: its ids reach {int(self.input_ids.max())} but the model's vocabulary "
@@ -193,6 +206,8 @@ class Detection(Target):
 
     def _outputs(self, model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
         """(logits (B, Q, C), boxes (B, Q, 4) cx, cy, w, h in [0, 1], is OWL, grid width for OWL)."""
+        if self.image_query is not None:
+            return self._image_guided(model, x)
         if is_transformers_model(model, OWL):
             n, dev = int(x.shape[0]), x.device  # OWL reads the queries of image b at rows b*T..(b+1)*T-1
             out = model(input_ids=self.input_ids.repeat(n, 1).to(dev), pixel_values=x,
@@ -200,6 +215,19 @@ class Detection(Target):
             return out.logits, out.pred_boxes, True, int(out.image_embeds.shape[2])
         out = model(pixel_values=x)
         return out.logits, out.pred_boxes, False, 0
+
+    def _image_guided(self, model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
+        """OWL's ``image_guided_detection`` with the query image's embedding made before the trace (check()), so
+        the vision tower runs once, on the traced image: its class and box heads, exactly as that method calls them."""
+        held, embeds = self._query_embeds or (None, None)
+        if held is not model:
+            raise TraceError("image_query: its embedding belongs to another model (or none was made); trace with "
+                             "vitcam_nb.trace(), which embeds the query image with the traced model first")
+        feature_map = model.image_embedder(pixel_values=x)[0]
+        b, gh, gw, d = feature_map.shape
+        feats = feature_map.reshape(b, gh * gw, d)
+        logits = model.class_predictor(image_feats=feats, query_embeds=embeds.to(x.device, feats.dtype))[0]
+        return logits, model.box_predictor(feats, feature_map), True, int(gw)
 
     def batch_scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """(B, K) scores of the K chosen detections. One image is a trace: its detections are matched and stated.
@@ -257,7 +285,8 @@ class Detection(Target):
             scores.append(logit if self.score == "logit" else prob)
             token = (f"patch token {j} at grid row {j // grid_w}, column {j % grid_w} (trace token {1 + j})" if owl
                      else f"detection token {j} of {n_det} (trace token {1 + j}, kind det)")
-            label = self.texts[c] if owl else str(model.config.id2label.get(c, f"class {c}"))
+            label = (self.texts[c] if self.texts is not None else "image query") if owl else \
+                str(model.config.id2label.get(c, f"class {c}"))
             chosen = "given" if self.class_ is not None else "the detection's highest logit" + (
                 "" if owl else ", no-object excluded")
             self.found.append({"score": k, "detection": j, "token": token, "match": how,
@@ -277,7 +306,8 @@ class Detection(Target):
         return {"kind": self.kind, "boxes": [list(b) for b in self.boxes] if self.boxes else None,
                 "queries": self.queries, "class": self.class_, "text": self.texts, "score": self.score,
                 "match": self.match if self.boxes is not None else None,
-                "input_ids": self.input_ids.tolist() if self.texts is not None else None}
+                "input_ids": self.input_ids.tolist() if self.texts is not None else None,
+                "image_query": array_sha256(self.image_query) if self.image_query is not None else None}
 
     def attrs(self) -> dict[str, object]:
         return {**super().attrs(), "target_score": self.score,
@@ -293,7 +323,12 @@ class Detection(Target):
             >>> Detection(query=0).checklist_items()["matched by"]
             'detection index given (query=)'
         """
-        if self.texts is not None:  # OWL (check() refuses text for YOLOS and its absence for OWL)
+        if self.image_query is not None:
+            what = ("the image-query logit of the patch's class head: (cos(class embedding, query embedding) + shift) "
+                    "x scale" + (", then the sigmoid" if self.score == "prob" else "") + "; the query embedding is "
+                    "the class embedding of the query image's box that OWL's embed_image_query picks, made once "
+                    "before the trace without gradient")
+        elif self.texts is not None:  # OWL (check() refuses text for YOLOS and its absence for OWL)
             what = ("sigmoid of the text-query logit, as the OWL processor's post_process_object_detection scores "
                     "a box") if self.score == "prob" else (
                 "the text-query logit of the patch's class head: (cos(class embedding, text embedding) + shift) x "
@@ -315,13 +350,47 @@ class Detection(Target):
         return items
 
 
+def _image_query(image: object, text: object, class_: int | None) -> torch.Tensor | None:
+    if image is None:
+        return None
+    if text is not None:
+        raise TraceError("image_query: give text queries or an image query, not both")
+    if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[:2] != (1, 3) \
+            or not image.is_floating_point() or not bool(torch.isfinite(image).all()):
+        got = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+        raise TypeError(f"image_query: expected a finite (1, 3, H, W) float tensor of pixel values as the OWL "
+                        f"processor gives them (query_pixel_values), got {got}")
+    if class_ not in (None, 0):
+        raise TraceError(f"class_: one image query has index 0 only, got {class_}")
+    return image.detach().clone()
+
+
+def _embed_image_query(model: torch.nn.Module, image: torch.Tensor) -> torch.Tensor:
+    """(1, 1, D) query embedding of OWL's ``image_guided_detection``, without gradient, in eval mode (restored)."""
+    params = list(model.parameters())
+    q = image.to(params[0].device, params[0].dtype) if params else image
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            fmap = model.image_embedder(pixel_values=q)[0]
+            feats = fmap.reshape(fmap.shape[0], -1, fmap.shape[-1])
+            embeds, _, _ = model.embed_image_query(feats, fmap)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    if embeds is None:
+        raise TraceError("image_query: OWL found no box in the query image to take its embedding from")
+    return embeds.detach()
+
+
 def _fmt(b: Sequence[float]) -> str:
     return "(" + ", ".join(f"{float(v):.4g}" for v in b) + ")"
 
 
 def detection(box: object = None, *, query: object = None, class_: int | None = None,
               text: str | Sequence[str] | None = None, score: str = "logit", match: str = "iou",
-              tokenizer: Callable[..., Any] | None = None) -> Detection:
+              tokenizer: Callable[..., Any] | None = None, image_query: torch.Tensor | None = None) -> Detection:
     """The detection target: the scores of chosen detections of a ``YolosForObjectDetection``,
     ``OwlViTForObjectDetection`` or ``Owlv2ForObjectDetection``, each one target of the same backward pass.
 
@@ -334,9 +403,12 @@ def detection(box: object = None, *, query: object = None, class_: int | None = 
         text: OWL's text queries (a string or a list), tokenised with ``tokenizer`` as OWL's processor does
             (padded to the maximum length); refused for YOLOS.
         score: ``"logit"`` or ``"prob"`` (YOLOS: softmax over the classes and no-object; OWL: sigmoid).
+        image_query: OWL only, instead of ``text``: a query image as a (1, 3, H, W) float tensor of the model's
+            input size and normalisation (the processor's ``query_pixel_values``); scored as OWL's
+            ``image_guided_detection`` does, its embedding made once before the trace.
 
     Example:
         >>> detection(box=[(0, 0, 16, 16), (8, 8, 32, 32)], class_=0).boxes
         [(0.0, 0.0, 16.0, 16.0), (8.0, 8.0, 32.0, 32.0)]
     """
-    return Detection(box, query, class_, text, score, match, tokenizer)
+    return Detection(box, query, class_, text, score, match, tokenizer, image_query)

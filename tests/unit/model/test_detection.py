@@ -157,7 +157,7 @@ def test_bad_input_is_refused_naming_the_argument_and_the_model_is_left_alone():
         det(query=0, text=TEXTS, class_=3, tokenizer=HandTokenizer())
     assert_unchanged(before, model)
     owl = build_owl("hf_owlvit")
-    with pytest.raises(vc.TraceError, match="text: OwlViTForObjectDetection scores text queries"):
+    with pytest.raises(vc.TraceError, match="text: OwlViTForObjectDetection scores text or image queries"):
         vc.trace(owl, owl_input(), targets=det(query=0), sites=["F1"])
     with pytest.raises(vc.TraceError, match="query: 16 is out of range; the model makes 16 detections"):
         vc.trace(owl, owl_input(), targets=det(query=16, text=TEXTS, tokenizer=HandTokenizer()), sites=["F1"])

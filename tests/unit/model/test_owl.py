@@ -151,3 +151,31 @@ def test_tokens_checklist_and_attention_restored(label):
     # detection 10 of a 4x4 grid is the patch at row 2, column 2: token 11 of the trace (after the class token)
     assert "detection 10, patch token 10 at grid row 2, column 2 (trace token 11)" in checklist
     assert tr["token_kind"].values[11] == "patch" and (tr["patch_row"].values[11], tr["patch_col"].values[11]) == (2, 2)
+
+
+@pytest.mark.parametrize("label", list(FAMILIES))
+def test_an_image_query_scores_as_image_guided_detection(label):
+    """OWL's image-guided detection: the trace's scores are its logits, and the gradient at F6 of the last layer
+    is the autograd gradient through the traced image's pass (the query image's pass has no gradient to x)."""
+    model, x = build_owl(label), owl_input()
+    q = owl_input(seed=9)
+    tr = vc.trace(model, x, targets=vc.targets.detection(query=[2, 13], image_query=q), sites=["F6"], layers=[-1])
+    m = copy.deepcopy(model).eval()
+    m.set_attn_implementation("eager")
+    seen = []
+    last = m.get_submodule(f"{FAMILIES[label][2]}.vision_model.encoder.layers")[-1]
+    last.register_forward_hook(lambda _m, _i, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    with torch.enable_grad():
+        logits = m.image_guided_detection(pixel_values=x.clone().requires_grad_(True), query_pixel_values=q).logits
+        (g,) = torch.autograd.grad(logits[0, 2, 0], seen[-1])  # the query image is embedded first, x second
+    assert_rel_close(tr["logits"].values, logits[0, [2, 13], 0].detach().double().numpy(), "image-query logits")
+    stored = tr["grad"].sel(site="F6", target=str(tr["target"].values[0])).values[0]
+    assert_rel_close(stored, g[0].double().numpy(), "gradient of the image-query logit at F6")
+    assert list(tr["class_label"].values) == ["detection 2: image query", "detection 13: image query"]
+    assert "the query embedding is the class embedding of the query image's box" in tr.attrs["target_checklist"]
+    with pytest.raises(vc.TraceError, match="image_query: give text queries or an image query, not both"):
+        vc.targets.detection(query=0, image_query=q, text=TEXTS, tokenizer=HandTokenizer())
+    with pytest.raises(TypeError, match=r"image_query: expected a finite \(1, 3, H, W\) float tensor"):
+        vc.targets.detection(query=0, image_query=q[0])
+    with pytest.raises(vc.TraceError, match="image_query: the model embeds 32x32 query images, got 16x16"):
+        vc.trace(model, x, targets=vc.targets.detection(query=0, image_query=q[..., :16, :16]), sites=["F6"])
