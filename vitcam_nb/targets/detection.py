@@ -234,7 +234,9 @@ class Detection(Target):
         Several images (``vc.score``'s perturbed inputs) are scored only when nothing is decided per image: the
         detections given by ``query`` and the class by ``class_``."""
         n = int(x.shape[0])
-        if n != 1 and (self.boxes is not None or self.class_ is None):
+        single = self.image_query is not None or (self.texts is not None and len(self.texts) == 1)
+        cls = self.class_ if self.class_ is not None else 0 if single else None  # one query: nothing to choose
+        if n != 1 and (self.boxes is not None or cls is None):
             arg = "box" if self.boxes is not None else "class_"
             raise TraceError(f"{arg}: matching a box or choosing the top class is done per image, so this target "
                              "scores one image at a time; trace with vitcam_nb.trace(), and to score perturbed "
@@ -250,9 +252,9 @@ class Detection(Target):
         if bad:
             raise TraceError(f"query: {bad[0]} is out of range; the model made {n_det} detections (0..{n_det - 1})")
         if n != 1:
-            z = logits[:, self.queries, self.class_]
+            z = logits[:, self.queries, cls]
             if self.score == "prob":
-                z = torch.sigmoid(z) if owl else torch.softmax(logits[:, self.queries], dim=-1)[..., self.class_]
+                z = torch.sigmoid(z) if owl else torch.softmax(logits[:, self.queries], dim=-1)[..., cls]
             return z
         return self._score_one(model, logits[0], boxes[0], owl, grid_w, (h, w))
 

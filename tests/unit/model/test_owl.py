@@ -172,6 +172,13 @@ def test_an_image_query_scores_as_image_guided_detection(label):
     stored = tr["grad"].sel(site="F6", target=str(tr["target"].values[0])).values[0]
     assert_rel_close(stored, g[0].double().numpy(), "gradient of the image-query logit at F6")
     assert list(tr["class_label"].values) == ["detection 2: image query", "detection 13: image query"]
+    # one image query leaves no class to choose: a batch (vc.score's perturbed inputs) is scored as the model does
+    target = vc.targets.detection(query=[2, 13], image_query=q)
+    target.check(model)
+    xs = torch.cat([x, owl_input(seed=3)])
+    with torch.no_grad():
+        want = model.image_guided_detection(pixel_values=xs, query_pixel_values=q).logits[:, [2, 13], 0]
+        assert_rel_close(target.batch_scores(model, xs).numpy(), want.numpy(), "batched image-query logits")
     assert "the query embedding is the class embedding of the query image's box" in tr.attrs["target_checklist"]
     with pytest.raises(vc.TraceError, match="image_query: give text queries or an image query, not both"):
         vc.targets.detection(query=0, image_query=q, text=TEXTS, tokenizer=HandTokenizer())
