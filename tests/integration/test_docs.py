@@ -16,8 +16,9 @@ BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
 
 
 def test_the_document_has_its_worked_examples():
-    # a model family, a weighting, a target, a trace kind (a site is a list of steps: it edits the package)
-    assert len(BLOCKS) == 4
+    # a model family, a detector, a weighting, a target, a trace kind (a site is a list of steps: it edits the
+    # package)
+    assert len(BLOCKS) == 5
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))

@@ -51,6 +51,9 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_videomae", "vitcam_nb.adapters.hf_video:HfVideoMaeAdapter", "transformers"),
     ("hf_vivit", "vitcam_nb.adapters.hf_video:HfVivitAdapter", "transformers"),
     ("hf_timesformer", "vitcam_nb.adapters.hf_video:HfTimesformerAdapter", "transformers"),
+    ("hf_yolos", "vitcam_nb.adapters.hf_yolos:HfYolosAdapter", "transformers"),
+    ("hf_owlvit", "vitcam_nb.adapters.hf_owl:HfOwlVitAdapter", "transformers"),
+    ("hf_owlv2", "vitcam_nb.adapters.hf_owl:HfOwlv2Adapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

@@ -286,6 +286,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "scalar": scalar,
             "derivation": how,
             "scores": str(attrs.get("target_scores", "classifier logits" if attrs else "see trace")),
+            **json.loads(attrs.get("target_checklist", "{}")),  # a target's own items (e.g. each detection)
         },
         "token handling": {
             "prefix tokens present": prefix_text,

@@ -8,6 +8,8 @@
 - :func:`layerwise`: one class's score read out after every block (exact LeGrad), all in one backward;
 - :func:`region` and :func:`dense`: scores of a dense (B, C, H, W) output, e.g. a segmentation model's class
   logits summed over a pixel region;
+- :func:`detection` (``vitcam_nb[hf]``): scores of chosen detections of a YOLOS or OWL-ViT/OWLv2 detector (by
+  index or matched to a box by IoU), each its own target of one backward pass;
 - :func:`segmentation_loss`: the cross-entropy of a dense output against a label map, as torch computes it;
 - :func:`contrast`: a class logit minus a weighted sum of other logits (FinerCAM's "nearest" classes and softmax
   weights, or classes and constant weights given).
@@ -29,10 +31,11 @@ from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
 from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
 from vitcam_nb.targets.contrast import Contrast, contrast
 from vitcam_nb.targets.dense import DenseScores, Region, dense, region
+from vitcam_nb.targets.detection import Detection, detection
 from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 from vitcam_nb.targets.layerwise import Layerwise, layerwise
 from vitcam_nb.targets.segmentation import SegmentationLoss, segmentation_loss
 
-__all__ = ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "ItmTarget", "Layerwise", "Region",
-           "SegmentationLoss", "Similarity", "Target", "as_target", "class_labels", "contrast", "dense", "itm",
-           "layerwise", "prompts", "region", "segmentation_loss", "similarity", "similarity_scores"]
+__all__ = ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget", "Layerwise", "Region",
+           "SegmentationLoss", "Similarity", "Target", "as_target", "class_labels", "contrast", "dense", "detection",
+           "itm", "layerwise", "prompts", "region", "segmentation_loss", "similarity", "similarity_scores"]
