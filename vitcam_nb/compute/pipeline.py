@@ -300,7 +300,7 @@ def zero_gradient_reason(recipe: Recipe, logits: np.ndarray) -> str:
     """Why a map whose gradients are all zero is degenerate, for ``recipe`` on an image of these ``logits``.
 
     Example:
-        >>> zero_gradient_reason(Recipe(target="prob"), np.array([0.0]))[:30]
+        >>> zero_gradient_reason(Recipe(target="prob"), np.array([0.0]))[:31]
         "target 'prob': a softmax over o"
     """
     if recipe.target in ("prob", "logprob") and int(np.shape(logits)[-1]) == 1:

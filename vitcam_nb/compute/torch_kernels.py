@@ -24,9 +24,8 @@ import torch
 
 from vitcam_nb.core.errors import RecipeError
 
-__all__ = ["HEAD_RULES_TORCH", "LAYER_FUSIONS_TORCH", "ablationcam", "apply_head_rule", "eigencam", "eigengradcam",
-           "fuse", "gradcam", "gradcam_elementwise", "gradcampp", "gradient", "gscorecam", "hirescam", "layercam",
-           "relu", "scorecam", "xgradcam"]
+# The kernels themselves are reached through their registered weighting (Weighting.torch_kernel), as in kernels.
+__all__ = ["HEAD_RULES_TORCH", "LAYER_FUSIONS_TORCH", "apply_head_rule", "fuse", "relu"]
 
 Maps = tuple[torch.Tensor, torch.Tensor]
 

@@ -96,7 +96,7 @@ def torch_refusal(recipe: Recipe) -> str:
 
     Example:
         >>> torch_refusal(Recipe()), torch_refusal(Recipe(weighting="agcam"))[:30]
-        ('', 'weighting: agcam has no torch k')
+        ('', 'weighting: agcam has no torch ')
     """
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
@@ -240,6 +240,9 @@ def _raw_maps(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], lay
     """(image, layer, gh, gw) raw maps and scales, and (image, layer) whether their gradients were all zero."""
     weighting = WEIGHTINGS.get(recipe.weighting)
     attention = recipe.site == ATTENTION_SITE
+    if attention and "attn_window" in tensors:
+        raise RecipeError("site: F2 of window attention (Swin) is computed by vc.cam on a stage trace; torch maps "
+                          "read token-to-token attention ('attn') of one token grid")
     act_name, grad_name = ("attn", "attn_grad") if attention else ("act", "grad")
     A = _need(tensors, act_name, 5 if attention else 4, batch)
     device = A.device
