@@ -43,7 +43,7 @@ from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, ROLLOUTS, Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 
-__all__ = ["TorchMap", "cam_tensors", "layout_of", "tensors_of", "torch_refusal"]
+__all__ = ["TorchMap", "cam_tensors", "layout_of", "tensors_of", "token_layout", "torch_refusal"]
 
 #: Per-layer verdicts of :attr:`TorchMap.codes`: fine, gradients all zero, constant, nothing left after the ReLU.
 FINE, ZERO_GRADIENT, CONSTANT, NOTHING_LEFT = 0, 1, 2, 3
@@ -126,6 +126,43 @@ def layout_of(trace: xr.Dataset) -> TraceView:
         4
     """
     return TraceView.of(trace)
+
+
+def token_layout(token_kind: Any, patch_row: Any, patch_col: Any, grid: tuple[int, int], layers: Any,
+                 image_size: tuple[int, int], *, num_layers: int | None = None, num_heads: int = 1,
+                 dtype: str = "float32", attrs: Mapping[str, Any] | None = None) -> TraceView:
+    """The token layout of tensors that never were a trace: the coordinates a trace would have stored
+    (``token_kind``, ``patch_row``, ``patch_col`` per token, as ``capture.assemble.token_coords`` gives them), the
+    patch ``grid`` (h, w), the traced block ids of the layer axis, the image's (height, width), the model's block
+    and head counts, the storage ``dtype`` (float16 storage makes the degeneracy tolerance 1e-2, as on a trace),
+    and ``attrs`` for the padding a model adds (``dynamic_img_pad``, ``patch_size``).
+
+    Example:
+        >>> import timm, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+        >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8))
+        >>> lay = token_layout(tr["token_kind"].values, tr["patch_row"].values, tr["patch_col"].values, (4, 4),
+        ...                    [0], (32, 32), num_heads=3)
+        >>> lay.patch[:3].tolist(), lay.flat[:3].tolist(), lay.rtol
+        ([1, 2, 3], [0, 1, 2], 1e-05)
+    """
+    kinds = np.asarray(token_kind).astype(str)
+    if not np.shape(patch_row) == np.shape(patch_col) == kinds.shape:
+        raise ValueError(f"patch_row, patch_col: one per token like token_kind {kinds.shape}, got "
+                         f"{np.shape(patch_row)} and {np.shape(patch_col)}")
+    patch = np.flatnonzero(kinds == "patch")
+    gh, gw = (int(v) for v in grid)
+    if patch.size != gh * gw:
+        raise ValueError(f"token_kind: {patch.size} patch tokens for a {gh}x{gw} grid; give every token's kind")
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
+    layers = np.asarray(layers, np.int64)
+    flat = np.asarray(patch_row)[patch] * gw + np.asarray(patch_col)[patch]
+    return TraceView(attrs={"num_heads": num_heads, **(attrs or {})}, arrays={}, layers=layers, sites=[],
+                     kinds=kinds, patch=patch, flat=flat.astype(np.int64), gh=gh, gw=gw,
+                     height=int(image_size[0]), width=int(image_size[1]),
+                     num_layers=int(num_layers if num_layers is not None else layers.max() + 1),
+                     rtol=1e-2 if dtype == "float16" else 1e-5, signature=())
 
 
 def tensors_of(trace: xr.Dataset, site: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -330,9 +367,9 @@ def cam_tensors(recipe: Recipe, tensors: Mapping[str, torch.Tensor], layout: Tra
     - a scored weighting (``vc.score``'s outputs): ``score`` or ``ablation`` (image, layer, target, channel) and,
       for prob / logprob targets, ``score_logsumexp`` / ``ablation_logsumexp`` (image, layer, channel).
 
-    The layer axis is the traced blocks (``layout.layers``); ``layout`` is the token layout
-    (:func:`layout_of`). Returns a :class:`TorchMap`: the map on the token grid, degenerate flags and scale.
-    A recipe this path cannot compute is refused first (:func:`torch_refusal`).
+    The layer axis is the traced blocks (``layout.layers``); ``layout`` is the token layout (:func:`layout_of` of
+    a trace, :func:`token_layout` of a capture's coordinates). Returns a :class:`TorchMap`: the map on the token
+    grid, degenerate flags and scale. A recipe this path cannot compute is refused first (:func:`torch_refusal`).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc

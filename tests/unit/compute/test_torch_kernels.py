@@ -17,7 +17,7 @@ import torch
 
 import vitcam_nb as vc
 from vitcam_nb.compute import fusion, kernels, spatial, torch_kernels, torch_spatial
-from vitcam_nb.compute.torch_maps import cam_tensors, layout_of, tensors_of, torch_refusal
+from vitcam_nb.compute.torch_maps import cam_tensors, layout_of, tensors_of, token_layout, torch_refusal
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import HEAD_RULES, INTEGRATED_ROLLOUTS, LAYER_FUSIONS, NORMALIZES, ROLLOUTS, UPSAMPLES
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -233,3 +233,31 @@ def test_read_map_applies_every_upsampling_as_vc_cam(tiny, mode, how, device):
 def test_a_max_over_several_upsampled_layers_does_not_read_from_the_grid():
     assert not torch_spatial.grid_reads_exactly(vc.Recipe(layer=(0, 1), layer_fusion="max"))
     assert torch_spatial.grid_reads_exactly(vc.Recipe(layer=(0, 1), layer_fusion="max", upsample="none"))
+
+
+def test_a_layout_from_coordinates_gives_the_maps_of_the_traces_layout(tiny):
+    view = layout_of(tiny)
+    built = token_layout(tiny["token_kind"].values, tiny["patch_row"].values, tiny["patch_col"].values,
+                         (view.gh, view.gw), tiny["layer"].values, (view.height, view.width),
+                         num_layers=view.num_layers, num_heads=int(tiny.attrs["num_heads"]))
+    for recipe in (vc.Recipe(site="F3", layer=0, heads="max"), vc.Recipe(site="F2", layer="all",
+                                                                          layer_fusion="grad_rollout")):
+        a = cam_tensors(recipe, tensors_of(tiny, recipe.site), view)
+        b = cam_tensors(recipe, tensors_of(tiny, recipe.site), built)
+        assert torch.equal(a.values, b.values) and torch.equal(a.codes, b.codes)
+    kinds, rows, cols = (tiny[k].values for k in ("token_kind", "patch_row", "patch_col"))
+    with pytest.raises(ValueError, match="patch_row, patch_col: one per token"):
+        token_layout(kinds[1:], rows, cols, (4, 4), [0, 1], (IMG, IMG))
+    with pytest.raises(ValueError, match="token_kind: 15 patch tokens for a 4x4 grid"):
+        token_layout(kinds[:-1], rows[:-1], cols[:-1], (4, 4), [0, 1], (IMG, IMG))
+
+
+def test_float16_storage_keeps_its_tolerance_and_verdicts(tiny):
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=IMG, patch_size=8, depth=2,
+                              embed_dim=32, num_heads=2).eval()
+    half = vc.trace(model, np.random.default_rng(6).integers(0, 256, (IMG, IMG, 3), np.uint8), targets="top1",
+                    dtype="float16")
+    assert layout_of(half).rtol == 1e-2
+    for site in ("F1", "F3", "F2"):
+        for layer in (0, 1):
+            _assert_same_map(half, vc.Recipe(site=site, layer=layer, weighting="gradcampp"))
