@@ -210,25 +210,29 @@ def _index(index: slice | np.ndarray, device: torch.device) -> slice | torch.Ten
 
 
 def _target_weights(layout: TraceView, recipe: Recipe, logits: np.ndarray, classes: np.ndarray,
-                    device: torch.device) -> tuple[torch.Tensor, list[int], list[int]]:
-    """(image, target) float32 coefficients of each image's gradient combination, its class and the position of
-    that class among the targets: the view's rules (``TraceView.target_weights``) run image by image."""
+                    device: torch.device) -> tuple[torch.Tensor, list[int], list[int], list[int]]:
+    """(image, target) float32 coefficients of each image's gradient combination, its class, the position of
+    that class among the targets, and the targets any image combines: the view's rules
+    (``TraceView.target_weights``) run image by image."""
     weights = torch.zeros(classes.shape, dtype=torch.float32)
-    cls_of, pos_of = [], []
+    cls_of, pos_of, used = [], [], set()
     for i in range(classes.shape[0]):
         one = dataclasses.replace(layout, arrays={"logits": logits[i], "target_class": classes[i]})
         w, cls = one.target_weights(recipe)
         for pos, coef in w.items():
             weights[i, pos] = float(np.float32(coef))  # rounded as pipeline.combine rounds it
+        used |= set(w)
         cls_of.append(cls)
         pos_of.append(next(iter(w)))
-    return weights.to(device), cls_of, pos_of
+    return weights.to(device), cls_of, pos_of, sorted(used)
 
 
-def _combine(grad: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum over targets of weights[image, target] * grad[image, target, ...] in float32 (``pipeline.combine``)."""
+def _combine(grad: torch.Tensor, combination: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
+    """sum over the targets used of weights[image, target] * grad[image, target, ...] in float32
+    (``pipeline.combine``; a coefficient of 0, a saturated softmax's, still gives zeros, not no gradient)."""
+    weights, used = combination
     out = None
-    for t in torch.nonzero(weights.abs().sum(dim=0) > 0).flatten().tolist():
+    for t in used:
         w = weights[:, t].reshape(-1, *([1] * (grad.ndim - 2)))
         term = grad[:, t].to(torch.float32) * w
         out = term if out is None else out + term
@@ -272,7 +276,7 @@ def _stored(tensors: Mapping[str, Any], recipe: Recipe, layer_pos: list[int], lo
 
 
 def _raw_maps(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], layer_pos: list[int],
-              weights: torch.Tensor, stored: dict, batch: int
+              combination: tuple[torch.Tensor, list[int]], stored: dict, batch: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(image, layer, gh, gw) raw maps and scales, and (image, layer) whether their gradients were all zero."""
     weighting = WEIGHTINGS.get(recipe.weighting)
@@ -286,7 +290,7 @@ def _raw_maps(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], lay
     layers = torch.as_tensor(layer_pos, device=device)
     A = A[:, layers].to(torch.float32)
     if grad_name in tensors:
-        G = _combine(_need(tensors, grad_name, A.ndim + 1, batch)[:, :, layers], weights)
+        G = _combine(_need(tensors, grad_name, A.ndim + 1, batch)[:, :, layers], combination)
     elif weighting.uses_gradient:
         raise RecipeError(f"weighting: {recipe.weighting!r} reads gradients and the tensors hold no {grad_name!r}; "
                           "use a gradient-free weighting (e.g. 'eigencam') or capture the gradients")
@@ -331,7 +335,7 @@ def _finish(layout: TraceView, recipe: Recipe, raw: torch.Tensor, scale: torch.T
 
 
 def _rollout(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], layer_pos: list[int],
-             weights: torch.Tensor, batch: int) -> torch.Tensor:
+             combination: tuple[torch.Tensor, list[int]], batch: int) -> torch.Tensor:
     """(image, gh, gw) rollout maps (``fusion.rollout``), products over blocks in forward order in float64."""
     layer_pos = sorted(set(layer_pos), key=lambda p: int(layout.layers[p]))
     attn = _need(tensors, "attn", 5, batch)
@@ -344,7 +348,7 @@ def _rollout(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], laye
         for li in range(attn.shape[1]):
             R = (0.5 * attn[:, li].mean(dim=1) + 0.5 * eye) @ R
     else:
-        grads = _combine(_need(tensors, "attn_grad", 6, batch)[:, :, layers], weights).to(torch.float64)
+        grads = _combine(_need(tensors, "attn_grad", 6, batch)[:, :, layers], combination).to(torch.float64)
         for li in range(attn.shape[1]):
             R = R + tk.relu(grads[:, li] * attn[:, li]).mean(dim=1) @ R
     rows = _query_rows(layout, R[:, None].to(torch.float32), recipe.attn_rows)[..., 0]
@@ -394,16 +398,16 @@ def cam_tensors(recipe: Recipe, tensors: Mapping[str, torch.Tensor], layout: Tra
     classes = _need(tensors, "target_class", 2, batch).detach().cpu().numpy()
     layer_pos = layout.layer_positions(recipe.layer)
     device = logits_t.device
-    weights, cls_of, pos_of = _target_weights(layout, recipe, logits, classes, device)
+    weights, cls_of, pos_of, used = _target_weights(layout, recipe, logits, classes, device)
     layer_ids = [int(layout.layers[p]) for p in layer_pos]
     if recipe.layer_fusion in ROLLOUTS:
-        raw = _rollout(layout, recipe, tensors, layer_pos, weights, batch)[:, None]
+        raw = _rollout(layout, recipe, tensors, layer_pos, (weights, used), batch)[:, None]
         maps, codes = _finish(layout, recipe, raw, raw.abs(), torch.zeros(raw.shape[:2], dtype=torch.bool,
                                                                           device=raw.device))
         return TorchMap(maps[:, 0], codes[:, 0] != FINE, raw.abs().amax(dim=(-3, -2, -1)), codes,
                         torch.zeros(batch, dtype=torch.bool, device=raw.device), recipe, layer_ids, logits)
     stored = _stored(tensors, recipe, layer_pos, logits, cls_of, pos_of, batch, device)
-    raw, scale, zero_grad = _raw_maps(layout, recipe, tensors, layer_pos, weights, stored, batch)
+    raw, scale, zero_grad = _raw_maps(layout, recipe, tensors, layer_pos, (weights, used), stored, batch)
     maps, codes = _finish(layout, recipe, raw, scale, zero_grad)
     fused = maps[:, 0] if len(layer_pos) == 1 else tk.fuse(maps.transpose(0, 1), recipe.layer_fusion)
     flat = (fused.amax(dim=(-2, -1)) - fused.amin(dim=(-2, -1))) <= 0

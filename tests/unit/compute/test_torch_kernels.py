@@ -261,3 +261,12 @@ def test_float16_storage_keeps_its_tolerance_and_verdicts(tiny):
     for site in ("F1", "F3", "F2"):
         for layer in (0, 1):
             _assert_same_map(half, vc.Recipe(site=site, layer=layer, weighting="gradcampp"))
+
+
+def test_a_target_whose_coefficient_is_zero_is_degenerate_as_in_vc_cam(tiny):
+    # The top class far ahead: the second class's probability is 0 in float64, so its gradient coefficient is 0.
+    saturated = tiny.copy(deep=True)
+    top = int(saturated["target_class"].values[0])
+    saturated["logits"].values[top] += 1e4
+    out, ref = _assert_same_map(saturated, vc.Recipe(site="F1", layer=0, class_="top2", target="prob"))
+    assert bool(out.degenerate[0]) and ref.attrs["degenerate_cause"] == "softmax saturated"
