@@ -227,14 +227,15 @@ def _target_weights(layout: TraceView, recipe: Recipe, logits: np.ndarray, class
     return weights.to(device), cls_of, pos_of, sorted(used)
 
 
-def _combine(grad: torch.Tensor, combination: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
-    """sum over the targets used of weights[image, target] * grad[image, target, ...] in float32
+def _combine(grad: torch.Tensor, combination: tuple[torch.Tensor, list[int]], layers: slice | torch.Tensor
+             ) -> torch.Tensor:
+    """sum over the targets used of weights[image, target] * grad[image, target, layers, ...] in float32
     (``pipeline.combine``; a coefficient of 0, a saturated softmax's, still gives zeros, not no gradient)."""
     weights, used = combination
     out = None
     for t in used:
         w = weights[:, t].reshape(-1, *([1] * (grad.ndim - 2)))
-        term = grad[:, t].to(torch.float32) * w
+        term = grad[:, t, layers].to(torch.float32) * w  # one target's layers: the other targets are never read
         out = term if out is None else out + term
     return out
 
@@ -287,10 +288,10 @@ def _raw_maps(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], lay
     act_name, grad_name = ("attn", "attn_grad") if attention else ("act", "grad")
     A = _need(tensors, act_name, 5 if attention else 4, batch)
     device = A.device
-    layers = torch.as_tensor(layer_pos, device=device)
+    layers = _index(compact(np.asarray(layer_pos)), device)
     A = A[:, layers].to(torch.float32)
     if grad_name in tensors:
-        G = _combine(_need(tensors, grad_name, A.ndim + 1, batch)[:, :, layers], combination)
+        G = _combine(_need(tensors, grad_name, A.ndim + 1, batch), combination, layers)
     elif weighting.uses_gradient:
         raise RecipeError(f"weighting: {recipe.weighting!r} reads gradients and the tensors hold no {grad_name!r}; "
                           "use a gradient-free weighting (e.g. 'eigencam') or capture the gradients")
@@ -348,7 +349,7 @@ def _rollout(layout: TraceView, recipe: Recipe, tensors: Mapping[str, Any], laye
         for li in range(attn.shape[1]):
             R = (0.5 * attn[:, li].mean(dim=1) + 0.5 * eye) @ R
     else:
-        grads = _combine(_need(tensors, "attn_grad", 6, batch)[:, :, layers], combination).to(torch.float64)
+        grads = _combine(_need(tensors, "attn_grad", 6, batch), combination, layers).to(torch.float64)
         for li in range(attn.shape[1]):
             R = R + tk.relu(grads[:, li] * attn[:, li]).mean(dim=1) @ R
     rows = _query_rows(layout, R[:, None].to(torch.float32), recipe.attn_rows)[..., 0]

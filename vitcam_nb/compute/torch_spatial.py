@@ -71,9 +71,16 @@ def to_grid(raw: torch.Tensor, flat: np.ndarray | torch.Tensor, grid: tuple[int,
         >>> to_grid(torch.tensor([1.0, 2.0]), np.array([1, 0]), (1, 2))
         tensor([[2., 1.]])
     """
-    out = torch.zeros((*raw.shape[:-1], grid[0] * grid[1]), dtype=torch.float32, device=raw.device)
-    out[..., torch.as_tensor(np.asarray(flat), device=raw.device)] = raw.to(torch.float32)
-    return out.reshape(*raw.shape[:-1], *grid)
+    flat = np.asarray(flat.cpu() if isinstance(flat, torch.Tensor) else flat)
+    if np.sort(flat).tolist() != list(range(grid[0] * grid[1])):
+        raise ValueError(f"flat: expected each of the {grid[0]}x{grid[1]} raster positions once (a view's patch "
+                         f"tokens cover the grid), got {flat.size} positions")
+    # Every cell has one token: a gather, or no copy at all in raster order, instead of a scatter into zeros.
+    order = np.argsort(flat)
+    raw = raw.to(torch.float32)
+    if not np.array_equal(order, np.arange(order.size)):
+        raw = raw[..., torch.as_tensor(order, device=raw.device)]
+    return raw.reshape(*raw.shape[:-1], *grid)
 
 
 def grid_reads_exactly(recipe: Recipe) -> bool:

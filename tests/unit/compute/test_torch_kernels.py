@@ -270,3 +270,14 @@ def test_a_target_whose_coefficient_is_zero_is_degenerate_as_in_vc_cam(tiny):
     saturated["logits"].values[top] += 1e4
     out, ref = _assert_same_map(saturated, vc.Recipe(site="F1", layer=0, class_="top2", target="prob"))
     assert bool(out.degenerate[0]) and ref.attrs["degenerate_cause"] == "softmax saturated"
+
+
+def test_to_grid_places_each_token_at_its_raster_position():
+    raw = torch.arange(6.0).reshape(1, 6)
+    flat = np.array([3, 0, 5, 1, 4, 2])
+    want = np.zeros((1, 6), np.float32)
+    want[:, flat] = raw.numpy()
+    _close(torch_spatial.to_grid(raw, flat, (2, 3)), want.reshape(1, 2, 3))
+    _close(torch_spatial.to_grid(raw, np.arange(6), (2, 3)), raw.numpy().reshape(1, 2, 3))
+    with pytest.raises(ValueError, match="flat: expected each of the 2x3 raster positions once"):
+        torch_spatial.to_grid(raw, np.array([0, 0, 1, 2, 3, 4]), (2, 3))
