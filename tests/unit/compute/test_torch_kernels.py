@@ -281,3 +281,21 @@ def test_to_grid_places_each_token_at_its_raster_position():
     _close(torch_spatial.to_grid(raw, np.arange(6), (2, 3)), raw.numpy().reshape(1, 2, 3))
     with pytest.raises(ValueError, match="flat: expected each of the 2x3 raster positions once"):
         torch_spatial.to_grid(raw, np.array([0, 0, 1, 2, 3, 4]), (2, 3))
+
+
+def test_a_weighting_registered_with_a_torch_kernel_is_computed_on_the_device(tiny):
+    from vitcam_nb.core.weighting import Weighting, register_weighting
+
+    def grad_abs(A, G, wmask, patch, groups):
+        terms = abs(G[..., patch, :])
+        terms = terms.reshape(*terms.shape[:-1], groups, terms.shape[-1] // groups)
+        return terms.sum(-1), terms.sum(-1)
+
+    register_weighting(Weighting("grad_abs_torch_demo", "map[t] = sum_k |G[t,k]|", grad_abs, torch_kernel=grad_abs))
+    try:
+        assert torch_refusal(vc.Recipe(weighting="grad_abs_torch_demo")) == ""
+        _assert_same_map(tiny, vc.Recipe(weighting="grad_abs_torch_demo", site="F3", layer=0, heads="max"))
+        with pytest.raises(TypeError, match="torch_kernel"):
+            register_weighting(Weighting("bad_demo", "x", grad_abs, torch_kernel="grad_abs"))
+    finally:
+        WEIGHTINGS.unregister("grad_abs_torch_demo")
