@@ -15,11 +15,13 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from vitcam_nb.capture.scoring import top_channels
+from vitcam_nb.compute import torch_kernels as tk
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.weighting import WEIGHTINGS, Weighting, register_weighting
 
@@ -244,7 +246,8 @@ for _weighting in (
               "A[t,k] (Chen et al. 2022)", gscorecam, all_channels=True, title="gScore-CAM", scores="score",
               channel_weights=_gscorecam_alpha),
 ):
-    register_weighting(_weighting, replace=True)
+    # Each built-in kernel's torch twin has its name in torch_kernels (the same formula on the trace's device).
+    register_weighting(dataclasses.replace(_weighting, torch_kernel=getattr(tk, _weighting.name)), replace=True)
 
 
 #: Kernels whose map is zero wherever the gradients they read are zero (each term has a gradient factor).

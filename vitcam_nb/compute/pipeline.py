@@ -32,8 +32,8 @@ from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE
 from vitcam_nb.core.weighting import WEIGHTINGS
 
-__all__ = ["combine", "compact", "finish_layers", "grid_maps", "layer_maps", "query_rows", "raw_maps", "score_call",
-           "weight_mask", "window_rows"]
+__all__ = ["CONSTANT_REASON", "RELU_REASON", "combine", "compact", "finish_layers", "grid_maps", "layer_maps",
+           "query_rows", "raw_maps", "score_call", "weight_mask", "window_rows", "zero_gradient_reason"]
 
 
 def compact(index: np.ndarray) -> slice | np.ndarray:
@@ -291,6 +291,28 @@ def _saturated(logits: np.ndarray) -> bool:
     return bool(np.float32(1.0) / np.sum(np.exp(z - z.max())) == np.float32(1.0))
 
 
+#: Why a map within rounding noise of a constant is degenerate (and why the ReLU left nothing of one).
+CONSTANT_REASON = "the map is constant (after the ReLU nothing is left, or only rounding noise remains)"
+RELU_REASON = f"{NOTHING_AFTER_RELU} (every value is <= 0, or within rounding noise of 0, before it)"
+
+
+def zero_gradient_reason(recipe: Recipe, logits: np.ndarray) -> str:
+    """Why a map whose gradients are all zero is degenerate, for ``recipe`` on an image of these ``logits``.
+
+    Example:
+        >>> zero_gradient_reason(Recipe(target="prob"), np.array([0.0]))[:31]
+        "target 'prob': a softmax over o"
+    """
+    if recipe.target in ("prob", "logprob") and int(np.shape(logits)[-1]) == 1:
+        return (f"target {recipe.target!r}: a softmax over one score is constant, so its gradient is zero; use "
+                "target='logit' on a one-logit model")
+    if recipe.target in ("prob", "logprob") and _saturated(logits):
+        return (f"target {recipe.target!r}: the softmax is saturated (one score exceeds the others by so much "
+                "that its probability is 1 in float32), so its gradient is exactly zero; use target='logit'")
+    return ("gradients are exactly zero at these tokens (the target does not depend on them: with CLS "
+            "pooling, the last block's patch tokens never reach the output)")
+
+
 def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.ndarray,
                    zero_grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ReLU, degeneracy check, per-layer normalisation. Returns (maps, reasons) with reasons '' if fine.
@@ -308,21 +330,12 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
     span = _span(recipe, raw, (-2, -1))
     ref = scale.max(axis=(-2, -1))
     constant = span <= view.rtol * ref
-    why_zero = ("gradients are exactly zero at these tokens (the target does not depend on them: with CLS "
-                "pooling, the last block's patch tokens never reach the output)")
-    if recipe.target in ("prob", "logprob") and int(view.arrays["logits"].shape[-1]) == 1:
-        why_zero = (f"target {recipe.target!r}: a softmax over one score is constant, so its gradient is zero; use "
-                    "target='logit' on a one-logit model")
-    elif recipe.target in ("prob", "logprob") and _saturated(view.arrays["logits"]):
-        why_zero = (f"target {recipe.target!r}: the softmax is saturated (one score exceeds the others by so much "
-                    "that its probability is 1 in float32), so its gradient is exactly zero; use target='logit'")
-    why_constant = np.where(constant, "the map is constant (after the ReLU nothing is left, or only rounding "
-                                      "noise remains)", "")
+    why_zero = zero_gradient_reason(recipe, view.arrays["logits"])
+    why_constant = np.where(constant, CONSTANT_REASON, "")
     if recipe.relu == "after" and constant.any():
         # Every value at most rounding noise above 0: the ReLU left nothing (a cause of its own, not a flat map).
         negative = constant & (raw.max(axis=(-2, -1)) <= view.rtol * ref)
-        why_constant = np.where(negative, f"{NOTHING_AFTER_RELU} (every value is <= 0, or within rounding noise "
-                                          "of 0, before it)", why_constant)
+        why_constant = np.where(negative, RELU_REASON, why_constant)
     reasons = np.where(zero_grad, why_zero, why_constant)
     bad = reasons != ""
     maps = np.where(bad[..., None, None], np.float32(0), maps)

@@ -51,6 +51,8 @@ class Weighting:
     **stored) -> (..., channel)`` its kernel applies. Given it, a map on a trace can bound its magnitude scale
     from activation norms cached per trace instead of summing ``|alpha_k| |A[t,k]|`` again, and asks the kernel
     for the exact scale only where the bound cannot tell a real map from rounding noise.
+    ``torch_kernel``: the same formula on torch tensors (same signature, tensors in and out, on any device), used
+    where maps are computed on the trace's device (:mod:`vitcam_nb.compute.torch_maps`); None: NumPy only.
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -68,6 +70,7 @@ class Weighting:
     method: bool = False
     scored_target: str = "logit"
     channel_weights: Callable[..., np.ndarray] | None = None
+    torch_kernel: Callable[..., tuple] | None = None
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")
@@ -92,6 +95,8 @@ def register_weighting(weighting: Weighting, *, replace: bool = False) -> None:
         raise TypeError(f"weighting: the kernel of {weighting.name!r} is not callable")
     if weighting.channel_weights is not None and not callable(weighting.channel_weights):
         raise TypeError(f"weighting: the channel_weights of {weighting.name!r} is not callable")
+    if weighting.torch_kernel is not None and not callable(weighting.torch_kernel):
+        raise TypeError(f"weighting: the torch_kernel of {weighting.name!r} is not callable")
     WEIGHTINGS.register(weighting.name, weighting, replace=replace)
 
 
