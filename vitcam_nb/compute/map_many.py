@@ -153,7 +153,8 @@ def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: Stor
     if n is not None and expected >= 0 and expected != n:
         raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these are other "
                              "images. Use a new path, or overwrite=True")
-    writer.group.attrs.update({"complete": 0})
+    # A store begun from an iterator learns its length from the first call that knows it.
+    writer.group.attrs.update({"complete": 0, "n_expected": expected if n is None or expected >= 0 else int(n)})
     return writer
 
 

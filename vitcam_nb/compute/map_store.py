@@ -129,7 +129,8 @@ def report_trace(one: xr.Dataset) -> xr.Dataset:
         'vit'
     """
     attrs = {**json.loads(one.attrs["trace_attrs"]), **json.loads(str(one["provenance"].values))}
-    return xr.Dataset(coords={"token_kind": ("token", one["token_kind"].values.astype(str))}, attrs=attrs)
+    kinds = np.array([str(k) for k in one["token_kind"].values])
+    return xr.Dataset(coords={"token_kind": ("token", kinds)}, attrs=attrs)
 
 
 def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:

@@ -128,7 +128,9 @@ class MapWriter:
                 fill = "" if kind in "OUS" else (False if kind == "b" else 0)
                 group.create_array(name, shape=shape, chunks=(rows, *value.shape[1:]), dtype=dtype,
                                    fill_value=fill, dimension_names=dims)
-            group.create_array("token_kind", data=np.asarray(token_kind, dtype=str), dimension_names=("token",))
+            kinds = group.create_array("token_kind", shape=(len(token_kind),), dtype=str, fill_value="",
+                                       dimension_names=("token",))
+            kinds[:] = np.asarray(token_kind, dtype=object)
             if path.exists():
                 raise FileExistsError(path)
             os.rename(tmp, path)
