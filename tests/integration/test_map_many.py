@@ -16,6 +16,7 @@ import zarr
 import vitcam_nb as vc
 from vitcam_nb import Recipe
 from vitcam_nb.compute import map_many as map_many_module
+from vitcam_nb.evaluate import atlas
 
 N = 4
 SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}
@@ -122,6 +123,12 @@ def test_batched_store_equals_cam_on_the_same_batched_pass(store, model, images,
         np.testing.assert_array_equal(stacked.values[1], _quiet(vc.cam, vc.image_maps(ds, 1), r).values)
     assert ds["target_class"].shape == (N, 3) and (ds["target_class"].values[:, -1] == -1).all()
     np.testing.assert_array_equal(ds["logits"].values, traces["logits"].values)
+    # Readers of a trace store read a map store alike: the atlas over its images, and cam_many.
+    want = _quiet(atlas, [vc.image_trace(traces, i) for i in range(N)], RECIPES[:4])
+    got = _quiet(atlas, ds, RECIPES[:4])
+    for name in ("mean", "std", "count"):
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    np.testing.assert_array_equal(vc.cam_many(ds, RECIPES[0]).values, _quiet(vc.cam, ds, RECIPES[0]).values)
 
 
 def test_a_space_and_preset_names(tmp_path, model, images):
@@ -179,6 +186,7 @@ def test_interrupted_runs_resume_to_the_same_store(tmp_path, store, model, image
     (Recipe(site="F2", layer_fusion="transition"), "transition"),
     (Recipe(site="xattn"), "xattn"),
     (Recipe(site="F1", class_=3), "class 3"),
+    (Recipe(site="F1", weighting="gradsam"), "'published' trace kind"),
 ])
 def test_recipes_it_cannot_compute_are_refused_before_any_model_call(tmp_path, model, images, recipe, match):
     sizes, handle = _forward_count(model)

@@ -5,4 +5,7 @@ stages, cross-attention, many images), each registered in :data:`vitcam_nb.core.
 Importing this package registers the built-in kernels and kinds.
 """
 
-from vitcam_nb.compute import flat, kernels, many, map_store, published, stages, vitcx, xattn  # noqa: F401  (each registers itself)
+from vitcam_nb.compute import flat, kernels, many, published, stages, vitcx, xattn  # noqa: F401, I001  (each registers itself)
+
+# Last, so that it is looked up first: a map store's image is a Dataset other kinds would take for a trace.
+from vitcam_nb.compute import map_store  # noqa: F401, E402

@@ -45,6 +45,8 @@ def subset(ds: xr.Dataset, recipes: Sequence[Recipe]) -> xr.Dataset:
         >>> sorted(sub.data_vars), sub["site"].values.tolist(), sub["layer"].values.tolist()
         (['act', 'grad', 'logits'], ['F4'], [0])
     """
+    if kind_for(ds).name != MANY.name:  # a map store (vc.map_many) holds maps, read whole: nothing to narrow
+        return ds
     names = ["logits"]
     token_sites = sorted({r.site for r in recipes if r.site != ATTENTION_SITE})
     if token_sites:
@@ -135,6 +137,9 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
     if not is_store(ds):
         raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     recipe = recipe_arguments(recipe, grid, fields)
+    kind = kind_for(ds, recipe)
+    if kind.name != MANY.name:  # a map store (vc.map_many) reads its stored maps
+        return kind.cam(ds, recipe)
     n = ds.sizes["image"]
     try:
         sub = subset(ds, [recipe])

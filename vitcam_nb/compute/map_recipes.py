@@ -23,6 +23,7 @@ from vitcam_nb.compute.map_store import replay
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.presets import PRESETS
 from vitcam_nb.core.presets import get as preset
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, ROLLOUTS, Recipe
@@ -112,8 +113,15 @@ def plan_entries(recipes: list[Recipe], n_layers: int, sites: Sequence[str], tar
     """
     entries, need_sites, need_layers = [], set(), set()
     part = slot = 0
+    # A recipe the flat kind computes on a plain ViT trace is one the token-grid pipeline stores; the attributes
+    # make this empty Dataset a trace of that kind to the kinds' table.
+    probe = xr.Dataset(attrs={"grid_h": 1})
     for r in recipes:
         text = r.to_string()
+        kind = kind_for(probe, r).name
+        if kind != "flat":
+            raise RecipeError(f"recipe {text}: computed by the {kind!r} trace kind, not from one pass's maps on the "
+                              "token grid; compute it with vc.trace and vc.cam")
         if r.site in EXTRA_SITES or r.site not in sites:
             raise RecipeError(f"recipe {text}: site {r.site!r} is not a site map_many can trace on this model "
                               f"({list(sites)})")
