@@ -146,8 +146,12 @@ class Sharder:
         from vitcam_nb.core.provenance import settings_id
 
         spec = dict(worker_model) if worker_model is not None else {"timm": model_name(model)[0]}
-        if not isinstance(spec.get("timm"), str):
-            raise TraceError(f"worker_model: expected {{'timm': name, **create_model kwargs}}, got {worker_model!r}")
+        import timm
+
+        if not isinstance(spec.get("timm"), str) or not timm.is_model(spec["timm"]):
+            raise TraceError(f"worker_model: a distributed map_many rebuilds the model on each worker with "
+                             f"timm.create_model; expected {{'timm': a timm model name, **its create_model kwargs}}, "
+                             f"got {spec!r}")
         sha = weights_sha256(model)
         weights = save({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()})
         self.key = f"{sha[:16]}-{os.getpid()}"
