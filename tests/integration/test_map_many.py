@@ -5,6 +5,7 @@ the same store a single process writes."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -87,9 +88,15 @@ def test_maps_equal_cam_on_a_full_trace_bitwise(tmp_path, model, images):
     ds = vc.open_maps(path)
     assert ds["maps"].dims == ("image", "recipe", "gy", "gx") and ds["maps"].shape == (3, len(RECIPES), 4, 4)
     assert ds["parts"].shape == (3, 2, 4, 4)  # only the fused recipe keeps its blocks
+    table = json.loads(ds.attrs["recipes"])
     for i, img in enumerate(images[:3]):
         tr = vc.trace(model, img, targets="top2")
         one = vc.image_maps(ds, i)
+        if i == 0:  # the recipes as stored: id, canonical text, JSON and id, checklist (on this first image)
+            assert [(row["id"], row["text"], row["json"], row["canonical_id"]) for row in table] == \
+                [(r.id, r.to_string(), r.to_json(), r.canonical_id(tr)) for r in RECIPES]
+            checklists = [json.loads(_quiet(vc.cam, one, r).attrs["checklist"]) for r in RECIPES]
+            assert [json.loads(row["checklist"]) for row in table] == checklists
         assert str(one["input_sha256"].values) == tr.attrs["input_sha256"]
         for r in RECIPES:
             got, want = _quiet(vc.cam, one, r), _quiet(vc.cam, tr, r)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import xarray as xr
 
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import available_bytes, check_budget, check_max_bytes
@@ -34,8 +35,9 @@ from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.capture.trace_many import store_settings
 from vitcam_nb.compute.map_recipes import Entry, as_recipes, image_maps_of, plan_entries
-from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION
+from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_writer import MapWriter, batch_arrays, check_store, write_region
+from vitcam_nb.compute.report import cached_report
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
@@ -241,7 +243,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             "img_height": int(attrs["img_height"]), "img_width": int(attrs["img_width"]),
             "grid_h": int(attrs["grid_h"]), "grid_w": int(attrs["grid_w"]),
             "pad": pad,
-            "recipes": json.dumps([_info(e) for e in entries]),
+            "recipes": json.dumps([_info(e, report_of(attrs, str(arrays["provenance"][0]), kinds)) for e in entries]),
         }
         new = MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
         lock.acquire()
@@ -316,9 +318,12 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     return path
 
 
-def _info(e: Entry) -> dict:
+def _info(e: Entry, report: xr.Dataset) -> dict:
+    """A recipe's row of the store's table; its checklist is the one on the store's first image (each image's
+    own, with its trace id, is what ``vc.cam`` gives on read)."""
     r = e.recipe
     return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
+            "checklist": cached_report(r, report)[0],
             "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
             "part": list(e.part) if e.part else None, "slot": list(e.slot)}
 

@@ -40,7 +40,7 @@ from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["MAPS", "MAPS_STORE_KIND", "MAPS_STORE_VERSION", "MapsKind", "image_maps", "is_map_store", "open_maps",
-           "replay", "report_trace"]
+           "replay", "report_of", "report_trace"]
 
 MAPS_STORE_KIND = "vitcam_nb.maps"
 MAPS_STORE_VERSION = 1
@@ -128,9 +128,18 @@ def report_trace(one: xr.Dataset) -> xr.Dataset:
         >>> report_trace(image_maps(open_maps("maps.zarr"), 0)).attrs["model_family"]  # doctest: +SKIP
         'vit'
     """
-    attrs = {**json.loads(one.attrs["trace_attrs"]), **json.loads(str(one["provenance"].values))}
-    kinds = np.array([str(k) for k in one["token_kind"].values])
-    return xr.Dataset(coords={"token_kind": ("token", kinds)}, attrs=attrs)
+    return report_of(json.loads(one.attrs["trace_attrs"]), str(one["provenance"].values), one["token_kind"].values)
+
+
+def report_of(trace_attrs: dict, provenance: str, token_kind: Any) -> xr.Dataset:
+    """The attributes and token kinds of an image's trace, as a Dataset the report functions read.
+
+    Example:
+        >>> report_of({"model_family": "vit"}, '{"trace_id": "abc"}', ["cls", "patch"]).attrs
+        {'model_family': 'vit', 'trace_id': 'abc'}
+    """
+    kinds = np.array([str(k) for k in np.asarray(token_kind)])
+    return xr.Dataset(coords={"token_kind": ("token", kinds)}, attrs={**trace_attrs, **json.loads(provenance)})
 
 
 def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:
