@@ -182,7 +182,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         recipes_or_space: a list of Recipes, preset names or recipe lines, or a space ``{field: [values]}``.
         path: the store folder (``.zarr``).
         batch_size: images per pass, and per chunk of the store.
-        device, dtype, labels, image_labels: as in :func:`vitcam_nb.trace_many`.
+        device, labels, image_labels: as in :func:`vitcam_nb.trace_many`.
+        dtype: the storage dtype of the traces the maps are computed from, as in :func:`vitcam_nb.trace` (the
+            maps themselves are float32, as ``vc.cam`` returns them).
         targets: the classes traced; default: ``"topK"`` for the recipes' largest ``class_="topK"``.
         overwrite, verify, progress, max_bytes: as in :func:`vitcam_nb.trace_many`.
         worker_model: for a distributed run, ``{"timm": name, **create_model kwargs}`` that builds the model's

@@ -136,7 +136,8 @@ def plan_entries(recipes: list[Recipe], n_layers: int, sites: Sequence[str], tar
             if not (isinstance(targets, str) and int(targets[3:]) >= rank):
                 raise RecipeError(f"recipe {text}: class {r.class_} needs targets='top{rank}' or more, got "
                                   f"{targets!r}")
-        elif isinstance(targets, str) or int(r.class_) not in list(targets):
+        elif isinstance(targets, str) or int(r.class_) not in (
+                [int(targets)] if isinstance(targets, (int, np.integer)) else [int(c) for c in targets]):
             raise RecipeError(f"recipe {text}: class {r.class_} is not among targets {targets!r}")
         blocks = _blocks(r, n_layers)
         rolled = r.layer_fusion in ROLLOUTS
