@@ -26,27 +26,23 @@ import numpy as np
 import torch
 import xarray as xr
 
-from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import available_bytes, check_budget, check_max_bytes
 from vitcam_nb.capture.inputs import iter_items
-from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.capture.trace_many import store_settings
-from vitcam_nb.compute.map_recipes import Entry, as_recipes, image_maps_of, plan_entries
+from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
-from vitcam_nb.compute.map_writer import MapWriter, batch_arrays, check_store, write_region
+from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
 from vitcam_nb.compute.report import cached_report
-from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.core.schema import PER_IMAGE_ATTRS
-from vitcam_nb.preprocess import PreparedInput, prepare_input
+from vitcam_nb.preprocess import prepare_input
 from vitcam_nb.targets.classes import head_size
 
-__all__ = ["compute_batch", "map_many", "store_plan"]
+__all__ = ["map_many", "store_plan"]
 
 
 def _targets(recipes: list[Recipe], targets: Any) -> Any:
@@ -80,41 +76,6 @@ def store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: Any, dtyp
                                                    targets)
     plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
     return plan, entries, n_parts
-
-
-def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared: list[PreparedInput]
-                  ) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
-    """One pass over a batch and every image's maps: the batch's arrays, the first image's trace attributes
-    (without the per-image ones, with the ``pad`` the map is upsampled over) and its token kinds.
-
-    Example:
-        >>> import timm
-        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
-        >>> plan, entries, n_parts = store_plan(m, [Recipe(layer=0)], "top1", "float32", None, None)
-        >>> arrays, attrs, kinds = compute_batch(plan, entries, n_parts, [prepare_input(m, np.zeros((32, 32, 3)))])
-        >>> arrays["maps"].shape, kinds.tolist()[:2]
-        ((1, 1, 4, 4), ['cls', 'patch'])
-    """
-    shapes = {tuple(p.tensor.shape) for p in prepared}
-    if len(shapes) > 1:
-        raise TraceError(f"images: a map store holds images of one input size; this batch has {sorted(shapes)}")
-    run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
-    per, first = [], None
-    for b, p in enumerate(prepared):
-        trace = assemble(plan, p, run.image(b), run)
-        if first is None:
-            first = trace
-        out = image_maps_of(trace, entries, n_parts)
-        facts = {k: trace.attrs[k] for k in PER_IMAGE_ATTRS if k in trace.attrs}
-        out.update(trace_id=str(trace.attrs["trace_id"]), input_sha256=str(trace.attrs["input_sha256"]),
-                   provenance=json.dumps(facts, sort_keys=True, default=str),
-                   target_class=trace["target_class"].values, target_label=trace["target_label"].values.astype(object),
-                   logits=trace["logits"].values.astype(np.float32))
-        per.append(out)
-    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.attrs.items()
-             if k not in PER_IMAGE_ATTRS}
-    attrs["pad"] = json.dumps([int(v) for v in TraceView.of(first).pad])
-    return batch_arrays(per), attrs, first["token_kind"].values
 
 
 def _check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],

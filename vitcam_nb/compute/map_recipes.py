@@ -1,5 +1,6 @@
 """What a :func:`vitcam_nb.map_many` call computes: its recipes (a list, preset names, recipe lines or a space of
-field values), what the pass must capture for them, and each image's token-grid maps from its trace.
+field values), what the pass must capture for them, and per batch the pass and each image's token-grid maps from
+its trace.
 
 Example:
     >>> [r.site for r in as_recipes(["F1@0", "gradcam"])]
@@ -11,26 +12,33 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 import xarray as xr
 
+from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.passes import run_pass
+from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
+from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.presets import PRESETS
 from vitcam_nb.core.presets import get as preset
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, ROLLOUTS, Recipe
-from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES
+from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES, PER_IMAGE_ATTRS
 from vitcam_nb.core.weighting import WEIGHTINGS
+from vitcam_nb.preprocess import PreparedInput
 
-__all__ = ["Entry", "as_recipes", "grid_parts", "image_maps_of", "plan_entries"]
+__all__ = ["Entry", "as_recipes", "compute_batch", "grid_parts", "image_maps_of", "plan_entries"]
 
 
 def _one(item: Any, i: int) -> Recipe:
@@ -79,7 +87,12 @@ def as_recipes(recipes_or_space: Any) -> list[Recipe]:
 @dataclass(frozen=True)
 class Entry:
     """One recipe of a store: its blocks (absolute), whether it is a rollout, and where its parts and per-layer
-    reasons are stored (``part``: None when the recipe's map itself is its one part)."""
+    reasons are stored (``part``: None when the recipe's map itself is its one part).
+
+    Example:
+        >>> Entry(Recipe(layer=0), (0,), False, None, (0, 1)).layers
+        (0,)
+    """
 
     recipe: Recipe
     layers: tuple[int, ...]
@@ -210,3 +223,40 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
             out["parts"][e.part[0]:e.part[0] + e.part[1]] = parts
             out["maps"][i] = grid
     return out
+
+
+def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared: list[PreparedInput]
+                  ) -> tuple[dict[str, np.ndarray], dict, np.ndarray]:
+    """One pass over a batch and every image's maps: the batch's arrays, the first image's trace attributes
+    (without the per-image ones, with the ``pad`` the map is upsampled over) and its token kinds.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> from vitcam_nb.compute.map_many import store_plan
+        >>> from vitcam_nb.preprocess import prepare_input
+        >>> plan, entries, n_parts = store_plan(m, [Recipe(layer=0)], "top1", "float32", None, None)
+        >>> arrays, attrs, kinds = compute_batch(plan, entries, n_parts, [prepare_input(m, np.zeros((32, 32, 3)))])
+        >>> arrays["maps"].shape, kinds.tolist()[:2]
+        ((1, 1, 4, 4), ['cls', 'patch'])
+    """
+    shapes = {tuple(p.tensor.shape) for p in prepared}
+    if len(shapes) > 1:
+        raise TraceError(f"images: a map store holds images of one input size; this batch has {sorted(shapes)}")
+    run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
+    per, first = [], None
+    for b, p in enumerate(prepared):
+        trace = assemble(plan, p, run.image(b), run)
+        if first is None:
+            first = trace
+        out = image_maps_of(trace, entries, n_parts)
+        facts = {k: trace.attrs[k] for k in PER_IMAGE_ATTRS if k in trace.attrs}
+        out.update(trace_id=str(trace.attrs["trace_id"]), input_sha256=str(trace.attrs["input_sha256"]),
+                   provenance=json.dumps(facts, sort_keys=True, default=str),
+                   target_class=trace["target_class"].values, target_label=trace["target_label"].values.astype(object),
+                   logits=trace["logits"].values.astype(np.float32))
+        per.append(out)
+    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.attrs.items()
+             if k not in PER_IMAGE_ATTRS}
+    attrs["pad"] = json.dumps([int(v) for v in TraceView.of(first).pad])
+    return batch_arrays(per), attrs, first["token_kind"].values

@@ -28,10 +28,11 @@ import torch
 
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import exclusive, on_device
-from vitcam_nb.compute.map_recipes import Entry
+from vitcam_nb.capture.trace_many import store_settings
+from vitcam_nb.compute.map_recipes import Entry, compute_batch
 from vitcam_nb.compute.map_writer import BIG, write_region
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.core.provenance import weights_sha256
+from vitcam_nb.core.provenance import settings_id, weights_sha256
 
 try:  # the plugin's base class; without distributed there is no Client to shard over
     from distributed import WorkerPlugin as _PluginBase
@@ -112,10 +113,6 @@ class _ModelPlugin(_PluginBase):
 def _worker_batch(key: str, entries: list[Entry], n_parts: int, plan_args: dict, settings_id_: str, path: str,
                   start: int, prepared: list) -> dict[str, np.ndarray]:
     """One batch on a worker: the pass, the maps, this batch's chunks written; the small arrays returned."""
-    from vitcam_nb.capture.trace_many import store_settings
-    from vitcam_nb.compute.map_many import compute_batch
-    from vitcam_nb.core.provenance import settings_id
-
     model, device, lock = _MODELS[key]
     with lock:
         plan = TracePlan.for_store(model, plan_args["targets"], sites=plan_args["sites"], layers=plan_args["layers"],
@@ -141,9 +138,6 @@ class Sharder:
                  get_writer: Callable[[], Any], bar: Any) -> None:
         from distributed import as_completed
         from safetensors.torch import save
-
-        from vitcam_nb.capture.trace_many import store_settings
-        from vitcam_nb.core.provenance import settings_id
 
         spec = dict(worker_model) if worker_model is not None else {"timm": model_name(model)[0]}
         import timm

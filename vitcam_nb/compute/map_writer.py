@@ -38,12 +38,24 @@ _DIMS = {"maps": ("image", "recipe", "gy", "gx"), "parts": ("image", "part", "gy
 
 
 def batch_arrays(per_image: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Per-image dicts of arrays stacked along a leading image axis."""
+    """Per-image dicts of arrays stacked along a leading image axis.
+
+    Example:
+        >>> batch_arrays([{"a": np.zeros(3)}, {"a": np.ones(3)}])["a"].shape
+        (2, 3)
+    """
     return {k: np.stack([np.asarray(p[k]) for p in per_image]) for k in per_image[0]}
 
 
 def check_store(path: Path, settings: dict) -> None:
-    """Refuse a path that is not a map store, or one written with another model or settings (naming them)."""
+    """Refuse a path that is not a map store, or one written with another model or settings (naming them).
+
+    Example:
+        >>> import tempfile
+        >>> check_store(Path(tempfile.mkdtemp()), {})  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceFileError: path: ... is not a vitcam_nb map store ...
+    """
     import zarr
 
     try:
