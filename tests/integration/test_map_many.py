@@ -217,7 +217,7 @@ def test_other_models_settings_paths_and_sizes_are_refused(tmp_path, store, mode
     with pytest.raises(vc.TraceFileError, match="another model or settings.*recipes"):
         vc.map_many(model, images, RECIPES[:3], store, batch_size=2, progress=False)
     assert all(np.array_equal(v, before[k]) for k, v in _arrays(store).items())
-    with StoreLock(store, writer="map_many"), pytest.raises(vc.TraceFileError, match="process"):
+    with StoreLock(store, writer="map_many"), pytest.raises(vc.TraceFileError, match="another map_many call"):
         vc.map_many(model, images, RECIPES, store, batch_size=2, progress=False)  # one writer per store
     traces = vc.trace_many(model, images[:1], tmp_path / "t.zarr", targets="top1", sites=["F1"], progress=False)
     with pytest.raises(vc.TraceFileError, match="not a vitcam_nb map store"):
