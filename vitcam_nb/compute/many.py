@@ -120,7 +120,8 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
     variables, sites and layers the recipe needs. ``.compute()`` it (on a dask.distributed Client if one is
     active) or write it to zarr. Degenerate maps are zeros with the reason in the ``degenerate`` coordinate
     (the tasks raise no warning). The recipe is checked eagerly on the first image: a bad recipe raises its
-    RecipeError now, and a map degenerate there gives one DegenerateMapWarning.
+    RecipeError now, and a map degenerate there gives one DegenerateMapWarning. A map store
+    (:func:`vitcam_nb.open_maps`) is read by its own kind: its stored maps, every image's.
 
     Example:
         >>> import timm, numpy as np, tempfile, vitcam_nb as vc

@@ -167,8 +167,9 @@ def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray
 def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Dataset:
     """Open a :func:`vitcam_nb.map_many` store: a lazy Dataset of the finished images (``image`` dimension).
 
-    ``vc.cam(ds, recipe)`` gives every image's map, ``vc.cam(vc.image_maps(ds, i), recipe)`` one image's, both
-    exactly as ``vc.cam`` gives them on the image's trace. A store still being written (or interrupted) is refused
+    ``vc.cam(ds, recipe)`` gives every image's map (read now, image by image: (image, y, x)),
+    ``vc.cam(vc.image_maps(ds, i), recipe)`` one image's, both exactly as ``vc.cam`` gives them on the image's
+    trace. A store still being written (or interrupted) is refused
     unless ``incomplete=True`` (then only the images marked done are opened).
 
     Example:
