@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.compute.many import image_blocks, is_lazy
+from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.core.escape import escape_markdown
 
 __all__ = ["AmbiguityMany", "ambiguity_many"]
@@ -190,6 +191,9 @@ def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: A
     """
     import dask
 
+    if is_map_store(traces):  # its maps are the ones it was asked for; the analysis computes a space's on traces
+        raise TypeError("trace: vc.ambiguity reads traces (a list, or an open_traces store), not a map store; "
+                        "atlas and vc.cam read a map store")
     store = is_store(traces)
     if store:
         n = traces.sizes["image"]
