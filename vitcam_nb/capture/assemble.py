@@ -25,8 +25,8 @@ from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import release_freed_memory
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
+from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.schema import (
     ATTENTION_SITE,
     EXPECTED_LABEL,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import ContextManager
 
 import torch
 
