@@ -5,4 +5,5 @@ stages, cross-attention, many images), each registered in :data:`vitcam_nb.core.
 Importing this package registers the built-in kernels and kinds.
 """
 
-from vitcam_nb.compute import flat, kernels, many, published, stages, vitcx, xattn  # noqa: F401  (each registers itself)
+# each registers itself
+from vitcam_nb.compute import flat, kernels, many, published, relevance, stages, vitcx, xattn  # noqa: F401

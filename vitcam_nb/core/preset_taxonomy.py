@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from vitcam_nb.core import presets_attention  # noqa: F401  (adds the attention-gradient presets' citations)
 from vitcam_nb.core.presets import CITATIONS
+from vitcam_nb.core.presets_rules import RULE_TAXONOMY
 
 __all__ = ["PGC", "TAXONOMY"]
 
@@ -131,3 +132,4 @@ TAXONOMY.update({
                          "aggregation": "relu(sum_h sum_(c in h) g_c v_pc minmax cos(q^h_cls, k^h_p))",
                          "reconstruction": "raster grid, bilinear upsampling, min-max"},
 })
+TAXONOMY.update(RULE_TAXONOMY)

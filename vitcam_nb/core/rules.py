@@ -90,11 +90,14 @@ def check_rule(rule: object) -> str:
 
 
 def rule_text(rule: str) -> str:
-    """The rule as the checklist states it: name, what it substitutes, citation.
+    """The rule as the checklist states it: name, what it substitutes, citation (a name this version does not
+    know, e.g. from a newer file, is stated as such).
 
     Example:
         >>> rule_text("gradient")
         "gradient: autograd's gradient, nothing substituted (none (plain backpropagation))"
     """
-    info = RULES[check_rule(rule)]
+    info = RULES.get(rule)
+    if info is None:
+        return f"{rule} (a backward rule this vitcam_nb does not know)"
     return f"{rule}: {info.description} ({info.citation})"
