@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from timm.models.beit import Beit
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
@@ -22,10 +23,13 @@ IMG = 32
 SITES = ["resid_pre", "F1", "F2", "F3", "F4", "F5", "attn_scores"]
 
 
-def _model(distilled: bool = False, seed: int = 0, zero_bias: bool = False) -> VisionTransformer:
+def _model(family: str = "vit", seed: int = 0, zero_bias: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
-    cls = VisionTransformerDistilled if distilled else VisionTransformer
-    kw = dict(init_values=0.5) if distilled else {}  # the distilled variant also carries LayerScale
+    cls = {"vit": VisionTransformer, "deit_distilled_layerscale": VisionTransformerDistilled, "beit": Beit}[family]
+    # the distilled variant also carries LayerScale; BEiT its gammas and a relative position bias
+    kw = dict(init_values=0.5) if family != "vit" else {}
+    if family == "beit":
+        kw["use_rel_pos_bias"] = True
     model = cls(img_size=IMG, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **kw)
     for name, p in model.named_parameters():  # O(1) activations and attention; biases non-zero unless asked
         torch.nn.init.normal_(p, std=0.0 if zero_bias and name.endswith("bias") else 0.3)
@@ -64,8 +68,18 @@ def _gelu(u, rule):
     return u * (F.gelu(u) / u).detach()  # identity rule (no exact zeros in these inputs)
 
 
-def reference(model: VisionTransformer, h: torch.Tensor, rule: str) -> tuple[torch.Tensor, dict]:
+def _scale(blk, timm_name: str, beit_name: str):
+    """A block's layer scale (timm ViT's LayerScale, BEiT's gamma), or 1."""
+    layer = getattr(blk, timm_name, None)
+    if layer is not None and hasattr(layer, "gamma"):
+        return layer.gamma
+    gamma = getattr(blk, beit_name, None)
+    return 1.0 if gamma is None else gamma
+
+
+def reference(model: torch.nn.Module, h: torch.Tensor, rule: str) -> tuple[torch.Tensor, dict]:
     """Logits from the hidden state entering block 0, and the tensors at every site, with ``rule`` written out."""
+    beit = isinstance(model, Beit)
     kept = {}
     for i, blk in enumerate(model.blocks):
         kept[(i, "resid_pre")] = h
@@ -73,12 +87,16 @@ def reference(model: VisionTransformer, h: torch.Tensor, rule: str) -> tuple[tor
         kept[(i, "F1")] = a
         B, N, C = a.shape
         heads = blk.attn.num_heads
-        qkv = (a @ blk.attn.qkv.weight.T + blk.attn.qkv.bias).reshape(B, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
+        bias = torch.cat([blk.attn.q_bias, 0 * blk.attn.v_bias, blk.attn.v_bias]) if beit else blk.attn.qkv.bias
+        qkv = (a @ blk.attn.qkv.weight.T + bias).reshape(B, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if rule == "attnlrp":
             q, k = _Half.apply(q), _Half.apply(k)
         s = (q * blk.attn.scale) @ k.transpose(-2, -1)
-        kept[(i, "attn_scores")] = s
+        if beit:  # a constant of the model (relative position bias); BEiT has no attn_scores site
+            s = s + blk.attn._get_rel_pos_bias()
+        else:
+            kept[(i, "attn_scores")] = s
         A = s.softmax(-1)
         if rule in ("cp_lrp", "libragrad"):
             A = A.detach().requires_grad_(True)
@@ -88,13 +106,15 @@ def reference(model: VisionTransformer, h: torch.Tensor, rule: str) -> tuple[tor
             o = _Half.apply(o)
         kept[(i, "F3")] = o
         attn_out = o @ blk.attn.proj.weight.T + blk.attn.proj.bias
-        ls1 = blk.ls1.gamma if hasattr(blk.ls1, "gamma") else 1.0
+        ls1 = _scale(blk, "ls1", "gamma_1")
         h = h + attn_out * ls1
         a2 = _ln(h, blk.norm2, rule)
         kept[(i, "F4")] = a2
         mlp = _gelu(a2 @ blk.mlp.fc1.weight.T + blk.mlp.fc1.bias, rule) @ blk.mlp.fc2.weight.T + blk.mlp.fc2.bias
         kept[(i, "F5")] = mlp
-        h = h + mlp * (blk.ls2.gamma if hasattr(blk.ls2, "gamma") else 1.0)
+        h = h + mlp * _scale(blk, "ls2", "gamma_2")
+    if beit:  # BEiT: mean over the patch tokens, then fc_norm (its final norm is an Identity)
+        return (_ln(h[:, 1:].mean(1), model.fc_norm, rule) @ model.head.weight.T + model.head.bias)[0], kept
     h = _ln(h, model.norm, rule)
     logits = h[:, 0] @ model.head.weight.T + model.head.bias
     if isinstance(model, VisionTransformerDistilled):
@@ -102,11 +122,14 @@ def reference(model: VisionTransformer, h: torch.Tensor, rule: str) -> tuple[tor
     return logits[0], kept
 
 
-@pytest.mark.parametrize("distilled", [False, True], ids=["vit", "deit_distilled_layerscale"])
+@pytest.mark.parametrize("family", ["vit", "deit_distilled_layerscale", "beit"])
 @pytest.mark.parametrize("rule", ["gradient", "cp_lrp", "attnlrp", "libragrad"])
-def test_stored_gradients_equal_the_reference(rule, distilled):
-    model = _model(distilled)
-    tr = vc.trace(model, _image(), targets="top2", sites=SITES, rule=rule)
+def test_stored_gradients_equal_the_reference(rule, family):
+    """BEiT's attention has no q/k modules: the trace halves the gradient leaving its softmax, the reference halves
+    it at q and k (AttnLRP's uniform rule as written); every stored gradient agrees."""
+    model = _model(family)
+    sites = SITES if family != "beit" else [s for s in SITES if s != "attn_scores"]
+    tr = vc.trace(model, _image(), targets="top2", sites=sites, rule=rule)
     with torch.no_grad():
         h0 = torch.tensor(tr["act"].sel(site="resid_pre").isel(layer=0).values[None])
     for p in model.parameters():
@@ -126,7 +149,7 @@ def test_stored_gradients_equal_the_reference(rule, distilled):
                 got = tr["grad"].sel(site=site).isel(target=t, layer=layer).values
             scale = max(float(np.abs(want).max()), 1e-12)
             assert float(np.abs(got - want).max()) <= 1e-5 * scale, (rule, site, layer)
-    if rule in ("cp_lrp", "libragrad"):  # the attention is a constant: nothing flows into q k^T, A still has one
+    if rule in ("cp_lrp", "libragrad") and family != "beit":  # a constant attention: nothing into q k^T, A has one
         assert not tr["attn_scores_grad"].values.any() and tr["attn_grad"].values.any()
     assert tr.attrs.get("backward_rule", "gradient") == rule
 
@@ -185,12 +208,15 @@ def test_a_bad_rule_is_refused_before_any_model_call():
 def test_an_unsupported_family_is_refused_by_name_before_any_model_call():
     import timm
 
-    beit = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=IMG, patch_size=8, depth=1,
-                             embed_dim=32, num_heads=2, num_classes=5).eval()
-    calls = _never_called(beit)
-    with pytest.raises(TraceError, match=r"rule='attnlrp' is defined for vit \(timm VisionTransformer.*the beit "
-                                         r"family \(Beit\) is not supported"):
-        vc.trace(beit, _image(), rule="attnlrp")
+    eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=IMG, patch_size=8, depth=1,
+                            num_classes=5).eval()
+    calls = _never_called(eva)
+    with pytest.raises(TraceError, match=r"rule='attnlrp' is defined for vit \(timm VisionTransformer.*; beit "
+                                         r"\(timm Beit.*; the eva family \(Eva\) is not supported"):
+        vc.trace(eva, _image(), rule="attnlrp")
+    swiglu = Beit(img_size=IMG, patch_size=8, embed_dim=32, depth=1, num_heads=2, swiglu_mlp=True).eval()
+    with pytest.raises(TraceError, match="MLP is a SwiGLU"):
+        vc.trace(swiglu, _image(), rule="libragrad")
     qk = VisionTransformer(img_size=IMG, patch_size=8, embed_dim=32, depth=1, num_heads=2, qk_norm=True).eval()
     with pytest.raises(TraceError, match="query/key norms"):
         vc.trace(qk, _image(), rule="cp_lrp")

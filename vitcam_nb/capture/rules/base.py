@@ -13,7 +13,7 @@ Example:
     >>> check_rule_for("attnlrp", m, find_adapter(m))
     'attnlrp'
     >>> rule_families("cp_lrp")
-    ['vit']
+    ['vit', 'beit']
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def _gelu_approximation(act: torch.nn.Module) -> str | None:
     return None
 
 
-def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str) -> None:
+def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str, block_type: type | None = None,
+              models: str = MODELS) -> None:
     """Refuse a timm ViT whose blocks hold a module ``rule`` is not defined on here (query/key norms, gated or
     GLU MLPs, RMS norms, attention pooling, parallel or post-norm blocks).
 
@@ -80,10 +81,11 @@ def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str) -> None:
     from timm.layers import Mlp
     from timm.models.vision_transformer import Block
 
+    block_type = block_type or Block
     blocks = adapter.blocks(model)
-    where = f"rule: rule={rule!r} is defined here for {MODELS};"
+    where = f"rule: rule={rule!r} is defined here for {models};"
     for i, blk in enumerate(blocks):
-        if type(blk) is not Block:
+        if type(blk) is not block_type:
             raise TraceError(f"{where} block {i} is a {type(blk).__name__}, not timm's pre-norm Block")
         if type(blk.mlp) is not Mlp or _gelu_approximation(blk.mlp.act) is None:
             raise TraceError(f"{where} block {i}'s MLP is a {type(blk.mlp).__name__} with "
@@ -92,7 +94,7 @@ def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str) -> None:
             if not isinstance(getattr(blk, name), torch.nn.LayerNorm):
                 raise TraceError(f"{where} block {i}'s {name} is a {type(getattr(blk, name)).__name__}, not a "
                                  "LayerNorm")
-    if not timm_qkv_sites(blocks):
+    if block_type is Block and not timm_qkv_sites(blocks):
         raise TraceError(f"{where} this model's attention is not timm's plain Attention (it has query/key norms, "
                          "an output norm or a gate)")
     if getattr(model, "attn_pool", None) is not None:
@@ -126,9 +128,12 @@ def _half_input(_module: torch.nn.Module, args: tuple) -> tuple:
 
 
 @contextlib.contextmanager
-def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu: str) -> Iterator[None]:
+def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu: str,
+               scores_half: str = "qk") -> Iterator[None]:
     """The hooks of one rule (``attention``: "constant" or "uniform"; ``gelu``: "identity" or "gate"), removed on
-    exit, also on error."""
+    exit, also on error. ``scores_half``: where the uniform rule halves the gradient of ``q k^T``: on the outputs
+    of ``q_norm`` and ``k_norm`` ("qk"), or where the softmax leaves, before ``attn_drop`` ("softmax": the same
+    gradients at q, k and everything before them; the pre-softmax scores then carry half the rule's gradient)."""
     with removable_hooks() as handles:
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
@@ -138,10 +143,13 @@ def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu
             attn = blk.attn
             if attention == "constant":
                 handles.append(attn.attn_drop.register_forward_pre_hook(_constant_input))
-            else:
+                continue
+            if scores_half == "qk":
                 handles.append(attn.q_norm.register_forward_hook(_half_output, prepend=True))
                 handles.append(attn.k_norm.register_forward_hook(_half_output, prepend=True))
-                handles.append(attn.proj.register_forward_pre_hook(_half_input, prepend=True))
+            else:  # no module holds q and k: halve the gradient entering the softmax, which halves it at q and k
+                handles.append(attn.attn_drop.register_forward_pre_hook(_half_input))
+            handles.append(attn.proj.register_forward_pre_hook(_half_input, prepend=True))
         yield
 
 
