@@ -66,9 +66,10 @@ def trace(
         max_bytes: refuse (``TraceError``) when the estimated peak memory (:func:`vitcam_nb.estimate`) is
             above this; default half the memory available when the trace starts.
         rule: the backward rule (:mod:`vitcam_nb.core.rules`): "gradient" (default, autograd's gradient),
-            "cp_lrp", "attnlrp" or "libragrad" (timm ViT/DeiT family). The forward pass and the activations are
-            unchanged; the stored gradients are the rule's, and input x gradient is the rule's relevance. The rule
-            is recorded in ``attrs["backward_rule"]`` and the trace id (a "gradient" trace keeps both as before).
+            "cp_lrp", "attnlrp" or "libragrad" (timm ViT/DeiT/DINOv2 and BEiT families; others are refused by
+            name). The forward pass and the activations are unchanged; the stored gradients are the rule's, and
+            input x gradient is the rule's relevance. The rule is recorded in ``attrs["backward_rule"]`` and the
+            trace id (a "gradient" trace keeps both as before).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
