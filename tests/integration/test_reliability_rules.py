@@ -103,3 +103,10 @@ def test_trace_many_records_the_rule_and_equals_single_traces(tmp_path):
     assert ds.attrs["backward_rule"] == "libragrad" and '"backward_rule": "libragrad"' in ds.attrs["settings"]
     with pytest.raises(vc.TraceFileError, match="another model or settings"):  # a store holds one rule
         vc.trace_many(model, imgs, store, targets="top1", sites=["resid_pre"], layers=[0], progress=False)
+
+
+def test_vc_score_refuses_to_integrate_autograd_gradients_into_a_rule_trace():
+    model, img = _model(), _image()
+    tr = vc.trace(model, img, targets="top1", sites=["F2"], rule="cp_lrp")
+    with pytest.raises(vc.TraceError, match="backward rule 'cp_lrp'"):
+        vc.score(tr, model, vc.presets.transition_attention_maps(start_layer=-2), img)
