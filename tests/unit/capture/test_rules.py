@@ -25,11 +25,14 @@ SITES = ["resid_pre", "F1", "F2", "F3", "F4", "F5", "attn_scores"]
 
 def _model(family: str = "vit", seed: int = 0, zero_bias: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
-    cls = {"vit": VisionTransformer, "deit_distilled_layerscale": VisionTransformerDistilled, "beit": Beit}[family]
-    # the distilled variant also carries LayerScale; BEiT its gammas and a relative position bias
+    cls = {"vit": VisionTransformer, "deit_distilled_layerscale": VisionTransformerDistilled, "beit": Beit,
+           "dinov2_registers": VisionTransformer}[family]
+    # the others carry layer scales; BEiT also a relative position bias, the DINOv2-style ViT four register tokens
     kw = dict(init_values=0.5) if family != "vit" else {}
     if family == "beit":
         kw["use_rel_pos_bias"] = True
+    if family == "dinov2_registers":
+        kw["reg_tokens"] = 4
     model = cls(img_size=IMG, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, **kw)
     for name, p in model.named_parameters():  # O(1) activations and attention; biases non-zero unless asked
         torch.nn.init.normal_(p, std=0.0 if zero_bias and name.endswith("bias") else 0.3)
@@ -122,7 +125,7 @@ def reference(model: torch.nn.Module, h: torch.Tensor, rule: str) -> tuple[torch
     return logits[0], kept
 
 
-@pytest.mark.parametrize("family", ["vit", "deit_distilled_layerscale", "beit"])
+@pytest.mark.parametrize("family", ["vit", "deit_distilled_layerscale", "dinov2_registers", "beit"])
 @pytest.mark.parametrize("rule", ["gradient", "cp_lrp", "attnlrp", "libragrad"])
 def test_stored_gradients_equal_the_reference(rule, family):
     """BEiT's attention has no q/k modules: the trace halves the gradient leaving its softmax, the reference halves
