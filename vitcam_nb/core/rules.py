@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["DEFAULT_RULE", "LRP_PATENT_NOTE", "RULES", "RuleInfo", "check_rule", "rule_names", "rule_text"]
+__all__ = ["DEFAULT_RULE", "LRP_PATENT_NOTE", "RULES", "RuleInfo", "check_rule", "rule_items", "rule_names",
+           "rule_sentence", "rule_text"]
 
 #: The rule of a plain trace: autograd's own gradient (nothing substituted).
 DEFAULT_RULE = "gradient"
@@ -101,3 +102,27 @@ def rule_text(rule: str) -> str:
     if info is None:
         return f"{rule} (a backward rule this vitcam_nb does not know)"
     return f"{rule}: {info.description} ({info.citation})"
+
+
+def rule_items(attrs: dict) -> dict[str, str]:
+    """The checklist's gradient-target item of a trace's rule: only a rule trace has one, so the checklist of every
+    gradient trace stays what it was.
+
+    Example:
+        >>> rule_items({})
+        {}
+        >>> rule_items({"backward_rule": "attnlrp"})["backward rule"][:8]
+        'attnlrp:'
+    """
+    rule = attrs.get("backward_rule")
+    return {"backward rule": rule_text(str(rule))} if rule else {}
+
+
+def rule_sentence(items: dict) -> str:
+    """The methods paragraph's clause for a checklist's gradient-target ``items`` ("" without a rule).
+
+    Example:
+        >>> rule_sentence({"backward rule": "cp_lrp: ..."})
+        '; backward rule cp_lrp: ...'
+    """
+    return f"; backward rule {items['backward rule']}" if "backward rule" in items else ""
