@@ -133,7 +133,18 @@ def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu
     """The hooks of one rule (``attention``: "constant" or "uniform"; ``gelu``: "identity" or "gate"), removed on
     exit, also on error. ``scores_half``: where the uniform rule halves the gradient of ``q k^T``: on the outputs
     of ``q_norm`` and ``k_norm`` ("qk"), or where the softmax leaves, before ``attn_drop`` ("softmax": the same
-    gradients at q, k and everything before them; the pre-softmax scores then carry half the rule's gradient)."""
+    gradients at q, k and everything before them; the pre-softmax scores then carry half the rule's gradient).
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.adapters import find_adapter
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+        >>> with rule_hooks(m, find_adapter(m), attention="constant", gelu="gate"):
+        ...     len(m.blocks[0].attn.attn_drop._forward_pre_hooks)
+        1
+        >>> len(m.blocks[0].attn.attn_drop._forward_pre_hooks)
+        0
+    """
     with removable_hooks() as handles:
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
