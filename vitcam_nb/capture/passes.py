@@ -28,6 +28,7 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.rules import rule_context
 from vitcam_nb.capture.runtime import (
     deterministic,
     frozen_parameters,
@@ -166,9 +167,11 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
     check_input(model, adapter, x)
     ctx = TraceContext(model)
     extra = plan.extra_sites
+    # The rule's hooks go on after the capture's: its forward hooks run first (prepend), so the sites read the
+    # rule's tensors; its pre-hooks run after the capture's (the attn_scores site rebuilds the softmax it then sees).
     with deterministic(plan.run_device) as (det, det_settings), frozen_parameters(model), \
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
-            torch.inference_mode(False), torch.enable_grad():
+            rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         with releasing_during_forward(adapter.blocks(model)):
             z = plan.target.batch_scores(model, x)

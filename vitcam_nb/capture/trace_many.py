@@ -97,6 +97,8 @@ def store_settings(plan: TracePlan, processor: object = None) -> dict:
     single = single_head_layers(plan.model, plan.adapter.attention_modules(plan.model))
     if single:  # inside vitcam_nb.adapters.single_head_attention: resuming outside it is another model
         settings["single_head"] = list(single)
+    if plan.rule != "gradient":  # only then, as for the processor: gradient stores keep their settings id
+        settings["backward_rule"] = plan.rule
     return settings
 
 
@@ -119,6 +121,7 @@ def trace_many(
     progress: bool = True,
     processor: Any = None,
     max_bytes: float | None = None,
+    rule: str = "gradient",
 ) -> Path:
     """Trace every image into one zarr store: batched forward and backward passes, resumable.
 
@@ -149,6 +152,7 @@ def trace_many(
             data config, as in :func:`vitcam_nb.trace`; its facts are part of the store's settings.
         max_bytes: refuse (``TraceError``) a batch whose estimated peak memory (one pass plus the batch's
             stacked copy) is above this, before its pass runs; default half the memory available then.
+        rule: the backward rule, as for :func:`vitcam_nb.trace` (a store holds one rule; it is in its settings).
 
     Returns:
         the store path; open it with :func:`open_traces`.
@@ -162,7 +166,8 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
-    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
+    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels,
+                               rule=rule)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")

@@ -25,6 +25,7 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.presets import preset_text
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
+from vitcam_nb.core.rules import rule_items, rule_sentence
 from vitcam_nb.core.schema import POSITION_R2, SITE_MEANINGS, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 
@@ -312,6 +313,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         },
         "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": preset_text(recipe) or "none"},
     })
+    checklist["gradient target"].update(rule_items(attrs))
     if _words_apply(attrs):
         _add_map_words(checklist, recipe, trace, attrs)
     if attrs:
@@ -395,7 +397,7 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
     return (
         f"Heatmaps were computed with vitcam_nb recipe {recipe.id}{model}. "
         f"Feature representation: {where}. "
-        f"Gradient target: {gt['scalar']}; {gt['derivation']}. "
+        f"Gradient target: {gt['scalar']}; {gt['derivation']}{rule_sentence(gt)}. "
         f"Token handling: prefix tokens {th['prefix tokens present']}; the map covers {th['map over']}; "
         f"channel weights pooled over: {th['weight tokens']}. "
         f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
