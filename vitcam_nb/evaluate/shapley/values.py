@@ -36,7 +36,7 @@ from vitcam_nb.evaluate.faithfulness.perturbation import (
 from vitcam_nb.evaluate.faithfulness.substrates import blur
 from vitcam_nb.targets.classes import class_labels
 
-__all__ = ["BASELINES", "coalition_masks", "exact_shapley", "shapley_bytes", "shapley_patches"]
+__all__ = ["BASELINES", "check_shapley", "coalition_masks", "exact_shapley", "shapley_bytes", "shapley_patches"]
 
 BASELINES = ("blur", "mean")
 # Bytes held per coalition besides the model: its score (float64), the masks and indices of the Shapley sum
@@ -160,6 +160,34 @@ def _check_budget(n: int, batch_size: int, shape: tuple[int, int], channels: int
                      f"batch of {batch_size}), over the budget ({said}); use fewer groups or a smaller batch_size")
 
 
+def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], baseline: object, batch_size: int, *,
+                  score: str = "logit", max_bytes: float | None = None, blur_sigma: float | None = None) -> tuple:
+    """Every check of :func:`shapley_patches`, with no model call: ``(scorer, model input, input kind, grid,
+    baseline input, baseline description)``; bad input raises ``ValueError`` naming the argument.
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 2))
+        >>> check_shapley(net, torch.ones(1, 3, 4, 4), (2, 2), "mean", 16)[3]
+        (2, 2)
+    """
+    check_choice("score", score, SCORES)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    scorer = Scorer(model, score)
+    x, input_kind = model_input(model, image)
+    if x.ndim != 4 or x.shape[0] != 1:
+        raise ValueError(f"image: expected one image, got a model input of shape {tuple(x.shape)}")
+    h, w = (int(v) for v in x.shape[-2:])
+    gy, gx = _check_grid(grid, (h, w))
+    if blur_sigma is None:
+        blur_sigma = 5.0 * math.sqrt(h * w) / 224.0
+    if isinstance(blur_sigma, bool) or not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
+        raise ValueError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
+    base, base_said = _baseline(baseline, x, float(blur_sigma))
+    _check_budget(gy * gx, int(batch_size), (h, w), int(x.shape[1]), max_bytes)
+    return scorer, x, input_kind, (gy, gx), base, base_said
+
+
 def shapley_patches(
     model: torch.nn.Module,
     image: object,
@@ -205,22 +233,10 @@ def shapley_patches(
     """
     from tqdm.auto import tqdm
 
-    check_choice("score", score, SCORES)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-    scorer = Scorer(model, score)
-    x, input_kind = model_input(model, image)
-    if x.ndim != 4 or x.shape[0] != 1:
-        raise ValueError(f"image: expected one image, got a model input of shape {tuple(x.shape)}")
+    scorer, x, input_kind, (gy, gx), base, base_said = check_shapley(
+        model, image, grid, baseline, batch_size, score=score, max_bytes=max_bytes, blur_sigma=blur_sigma)
     h, w = (int(v) for v in x.shape[-2:])
-    gy, gx = _check_grid(grid, (h, w))
     n = gy * gx
-    if blur_sigma is None:
-        blur_sigma = 5.0 * math.sqrt(h * w) / 224.0
-    if isinstance(blur_sigma, bool) or not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
-        raise ValueError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
-    base, base_said = _baseline(baseline, x, float(blur_sigma))
-    _check_budget(n, int(batch_size), (h, w), int(x.shape[1]), max_bytes)
     # Validation done: from here on the model is called.
     cls = resolve_target(scorer, x, target, None)
     total = 1 << n
