@@ -33,8 +33,8 @@ from vitcam_nb.evaluate.shapley.values import shapley_patches
 __all__ = ["SHAPLEY_DEFAULTS", "robustness_metric"]
 
 #: The registered ``shapley_agreement``'s settings unless ``settings["shapley"]`` says otherwise: 4x4 groups
-#: (65,536 model calls per image and class), blurred baseline, logit of the class.
-SHAPLEY_DEFAULTS = {"grid": (4, 4), "baseline": "blur", "score": "logit", "batch_size": 512}
+#: (65,536 model calls per image and class), mean baseline (as deletion_auc's substrate), logit of the class.
+SHAPLEY_DEFAULTS = {"grid": (4, 4), "baseline": "mean", "score": "logit", "batch_size": 512}
 
 
 def robustness_metric(name: str):

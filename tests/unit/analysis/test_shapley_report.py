@@ -20,7 +20,7 @@ def test_the_shapley_column_equals_shapley_agreement_of_the_token_grid_map():
     images, labels, _ = shapes(1, 1)
     label = int(labels[0])
     tr = vc.trace(model, images[0], targets=[label], sites=["F1", "F2"])
-    phi = vc.evaluate.shapley_patches(model, tr, (2, 2), "blur", target=label, progress=False)
+    phi = vc.evaluate.shapley_patches(model, tr, (2, 2), "mean", target=label, progress=False)
     for name in names:
         recipe = vc.presets.get(name)
         recipe = recipe if recipe.layer_fusion == "rollout" else recipe.replace(class_=label)

@@ -137,7 +137,7 @@ def _prepare(names: Sequence[str], num_layers: int) -> tuple[dict[str, Recipe], 
 def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 100, seed: int = 0, *,
                    names: Sequence[str] | None = None, deletion_steps: int = 16, substrate: str = "mean",
                    score: str = "prob", batch_size: int = 512, shapley_images: int = 0,
-                   shapley_grid: tuple[int, int] = (4, 4), shapley_baseline: str = "blur",
+                   shapley_grid: tuple[int, int] = (4, 4), shapley_baseline: str = "mean",
                    out_dir: str | Path | None = None, progress: bool | None = None) -> Any:
     """Pointing game and deletion AUC of every preset on ``n_images`` images of :func:`vitcam_nb.data.shapes`
     (one row per preset; a preset that does not apply has ``status`` "skipped: <reason>"). With ``out_dir``,

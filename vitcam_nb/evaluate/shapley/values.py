@@ -192,7 +192,7 @@ def shapley_patches(
     model: torch.nn.Module,
     image: object,
     grid: Sequence[int] = (4, 4),
-    baseline: str | float | object = "blur",
+    baseline: str | float | object = "mean",
     target: int | None = None,
     *,
     score: str = "logit",
@@ -209,9 +209,10 @@ def shapley_patches(
             gradients, every module's mode restored afterwards (parameters never touched).
         image: a trace, an HxWx3 uint8 array or a normalised float tensor (as :func:`~vitcam_nb.evaluate.deletion`).
         grid: ``(rows, columns)`` of equal groups tiling the model input (e.g. ``(4, 4)``: 65,536 passes).
-        baseline: ``"blur"`` (Gaussian blur of the image, RISE's width: 5 px at 224 px, scaled), ``"mean"`` (a zero
-            model input, the normalisation mean colour), a number (model-input units) or a tensor broadcastable
-            to the model input (one value per channel, or a whole input).
+        baseline: ``"mean"`` (a zero model input, the normalisation mean colour; the deletion metrics' default),
+            ``"blur"`` (Gaussian blur of the image, RISE's width: 5 px at 224 px, scaled; on small images it hides
+            little), a number (model-input units) or a tensor broadcastable to the model input (one value per
+            channel, or a whole input).
         target: class index; None = the class the model predicts for the intact image (one more pass).
         score: ``"logit"`` (default) or ``"prob"`` (softmax probability) of the class.
         batch_size: masked inputs per forward call; max_bytes: refuse (naming the size) when the scores and one
