@@ -30,6 +30,8 @@ One job per module:
   images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard.plot`.
 * :mod:`~vitcam_nb.evaluate.audit.position_probe`: how well each token site's activations still predict the tokens' grid
   positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
+* :mod:`~vitcam_nb.evaluate.shapley.values`: exact Shapley values of a grid of patch groups (all 2^n masked forward
+  passes) and :mod:`~vitcam_nb.evaluate.shapley.agreement`, a map's rank agreement with them.
 * :mod:`~vitcam_nb.evaluate.report.known_answer`: the known-answer report ranking every variant on the bundled model.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
@@ -105,6 +107,8 @@ from vitcam_nb.evaluate.report.known_answer import report_known_answer
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
 from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
+from vitcam_nb.evaluate.shapley.agreement import shapley_agreement
+from vitcam_nb.evaluate.shapley.values import shapley_patches
 
 __all__ = [
     "MODEL_FAITHFULNESS_METRICS",
@@ -171,6 +175,8 @@ __all__ = [
     "robustness",
     "robustness_scores",
     "scorecard",
+    "shapley_agreement",
+    "shapley_patches",
     "sign_agreement",
     "signed_rank_agreement",
     "sparseness",

@@ -38,6 +38,7 @@ from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe, is_int
 from vitcam_nb.core.schema import EXTRA_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.data import shapes
+from vitcam_nb.evaluate._common import MetricWarning
 from vitcam_nb.evaluate.faithfulness.perturbation import (
     Scorer,
     area_under_curve,
@@ -46,6 +47,8 @@ from vitcam_nb.evaluate.faithfulness.perturbation import (
     pixel_rank,
 )
 from vitcam_nb.evaluate.localisation.metrics import default_tolerance
+from vitcam_nb.evaluate.shapley.agreement import shapley_agreement
+from vitcam_nb.evaluate.shapley.values import check_shapley, shapley_patches
 from vitcam_nb.models import load_model
 from vitcam_nb.targets.layerwise import layerwise
 
@@ -109,6 +112,13 @@ def _grid_map(tr: Any, recipe: Recipe, up: np.ndarray, grid: tuple[int, int]) ->
         return _cells(up, grid)
 
 
+def _agreement(cells: np.ndarray, phi: Any) -> float:
+    """Rank agreement of a token-grid map with the image's Shapley values (NaN for a constant pooled map)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MetricWarning)
+        return float(shapley_agreement(cells, phi).attrs["value"])
+
+
 def _prepare(names: Sequence[str], num_layers: int) -> tuple[dict[str, Recipe], dict[str, str]]:
     recipes, skipped = {}, {}
     for name in names:
@@ -126,11 +136,18 @@ def _prepare(names: Sequence[str], num_layers: int) -> tuple[dict[str, Recipe], 
 
 def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 100, seed: int = 0, *,
                    names: Sequence[str] | None = None, deletion_steps: int = 16, substrate: str = "mean",
-                   score: str = "prob", batch_size: int = 512, out_dir: str | Path | None = None,
-                   progress: bool | None = None) -> Any:
+                   score: str = "prob", batch_size: int = 512, shapley_images: int = 0,
+                   shapley_grid: tuple[int, int] = (4, 4), shapley_baseline: str = "mean",
+                   out_dir: str | Path | None = None, progress: bool | None = None) -> Any:
     """Pointing game and deletion AUC of every preset on ``n_images`` images of :func:`vitcam_nb.data.shapes`
     (one row per preset; a preset that does not apply has ``status`` "skipped: <reason>"). With ``out_dir``,
     writes ``presets.csv`` and ``presets.json`` (the settings) there.
+
+    With ``shapley_images=k`` (at most ``n_images``), the first ``k`` images also get the exact Shapley values of
+    ``shapley_grid`` patch groups for the true class's logit (:func:`~vitcam_nb.evaluate.shapley_patches`; 4x4
+    groups: 65,536 model calls per image) and each preset the Spearman agreement of its token-grid map (the map
+    that orders the deletion) pooled per group (:func:`~vitcam_nb.evaluate.shapley_agreement`): columns
+    ``shapley_agreement`` (mean) and ``shapley_n_images``.
 
     Example:
         >>> report_presets(n_images=20, out_dir="reports/known_answer")  # doctest: +SKIP
@@ -142,14 +159,19 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
         model = load_model(model)
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
         raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
+    if isinstance(shapley_images, bool) or not isinstance(shapley_images, int) or not 0 <= shapley_images <= n_images:
+        raise ValueError(f"shapley_images: expected an int in 0..n_images ({n_images}), got {shapley_images!r}")
     names = list(presets.names() if names is None else names)
     images, labels, masks = shapes(n_images, seed)
+    if shapley_images:  # grid, baseline and memory refused before any trace or model call
+        check_shapley(model, images[0], shapley_grid, shapley_baseline, batch_size)
     scorer = Scorer(model, score)
     recipes: dict[str, Recipe] = {}
     skipped: dict[str, str] = {}
     pg: dict[str, list[float]] = {}
     auc: dict[str, list[float]] = {}
     used: dict[str, Recipe] = {}
+    agree: dict[str, list[float]] = {}
     sites: list[str] | None = None
     for i in tqdm(range(n_images), desc="preset report", disable=not (n_images > 4 if progress is None else progress)):
         label = int(labels[i])
@@ -169,6 +191,9 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
         n_cells = grid[0] * grid[1]
         step = max(1, int(np.ceil(n_cells / deletion_steps)))
         counts = np.unique(np.append(np.arange(0, n_cells, step), n_cells))
+        # exact Shapley values of this image (true class, logit)
+        phi = shapley_patches(model, tr, shapley_grid, shapley_baseline, target=label, batch_size=batch_size,
+                              progress=False) if i < shapley_images else None
         for name, base in list(recipes.items()):
             try:  # a gradient-free rollout keeps class_ at its default (its recipe refuses a class)
                 recipe = base.replace(class_=label)
@@ -196,10 +221,13 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             values = up.values.astype(np.float64)
             bad = bool(up.attrs.get("degenerate"))
             pg.setdefault(name, []).append(float("nan") if bad else _pointing(values, masks[i], tol))
+            cells = None if bad else _grid_map(src, recipe, values, grid)
+            if phi is not None:
+                agree.setdefault(name, []).append(float("nan") if bad else _agreement(cells, phi))
             if bad:
                 auc.setdefault(name, []).append(float("nan"))
                 continue
-            rank = pixel_rank(_grid_map(src, recipe, values, grid), (h, w), "morf")
+            rank = pixel_rank(cells, (h, w), "morf")
             curve = perturbation_scores(scorer, model_input(model, tr)[0], [rank], counts, kind="deletion",
                                         substrate=substrate, target=label, batch_size=batch_size, seed=seed,
                                         nli_noise=0.01, blur_sigma=5.0 * np.sqrt(h * w) / 224.0, progress=False,
@@ -217,6 +245,9 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                          "pointing_game": float(np.nanmean(p)), "deletion_auc": float(np.nanmean(a)),
                          "degenerate_frac": float(np.isnan(p).mean()), "n_images": int(np.sum(~np.isnan(p))),
                          "recipe_id": used[name].id, "recipe": used[name].to_json()})
+            if shapley_images:
+                s = np.array(agree[name])
+                rows[-1].update(shapley_agreement=float(np.nanmean(s)), shapley_n_images=int(np.isfinite(s).sum()))
     table = pd.DataFrame(rows)
     table.attrs = {"model": str(getattr(model, "pretrained_cfg", {}).get("tag", type(model).__name__)),
                    "n_images": n_images, "seed": seed, "deletion_steps": deletion_steps, "substrate": substrate,
@@ -225,6 +256,12 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)",
                    "sites": ",".join(sites or []), "legrad": "a second trace, targets=vc.targets.layerwise(label)",
                    "grad_eclip": "a third trace inside vc.adapters.single_head_attention(model, its blocks)"}
+    if shapley_images:
+        gy, gx = shapley_grid
+        table.attrs["shapley"] = (
+            f"exact Shapley values of {gy}x{gx} patch groups (all {2 ** (gy * gx):,} masked passes per image), "
+            f"baseline {shapley_baseline}, logit of the true class, on the first {shapley_images} image(s); "
+            "shapley_agreement = mean Spearman of the token-grid map pooled (mean) per group against them")
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -130,8 +130,8 @@ def image_scores(trace: xr.Dataset, recipes: Sequence[Recipe], metrics: Sequence
 def _metrics(metrics: Sequence[str] | None, has_mask: bool, model: Any) -> list[Metric]:
     if metrics is None:
         return [METRICS.get(n) for n in METRICS.names()
-                if (has_mask or "mask" not in METRICS.get(n).needs) and (model is not None or
-                                                                          "model" not in METRICS.get(n).needs)]
+                if METRICS.get(n).by_default and (has_mask or "mask" not in METRICS.get(n).needs)
+                and (model is not None or "model" not in METRICS.get(n).needs)]
     if isinstance(metrics, str) or not metrics:
         raise ValueError(f"metrics: expected a non-empty list of metric names from {METRICS.names()}, got {metrics!r}")
     chosen = [METRICS.get(n) for n in metrics]
@@ -244,7 +244,8 @@ def scorecard(
         recipes: the recipes (distinct ids); their class is resolved per image (``"topN"``: the N-th highest logit)
             or, with ``target="label"``, replaced by the image's ground-truth label.
         metrics: names from the metric registry (``vc.evaluate.METRICS.names()``); default every registered metric
-            whose needs (mask, model) are met.
+            whose needs (mask, model) are met, but those registered ``by_default=False`` (``shapley_agreement``:
+            2^16 model calls per image), which run when named.
         masks: one boolean mask per image at the input size (default the store's ``mask`` variable if any).
         model: the model, for the metrics that call it (faithfulness, robustness).
         n_boot, seed: bootstrap resamples and their seed (the seed also seeds seeded metrics).
