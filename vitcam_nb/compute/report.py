@@ -288,6 +288,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "derivation": how,
             "scores": str(attrs.get("target_scores", "classifier logits" if attrs else "see trace")),
             **json.loads(attrs.get("target_checklist", "{}")),  # a target's own items (e.g. each detection)
+            **rule_items(attrs),
         },
         "token handling": {
             "prefix tokens present": prefix_text,
@@ -313,7 +314,6 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
         },
         "recipe": {"id": recipe.id, "json": recipe.to_json(), "preset": preset_text(recipe) or "none"},
     })
-    checklist["gradient target"].update(rule_items(attrs))
     if _words_apply(attrs):
         _add_map_words(checklist, recipe, trace, attrs)
     if attrs:
