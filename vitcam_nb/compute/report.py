@@ -402,8 +402,7 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
         f"channel weights pooled over: {th['weight tokens']}. "
         f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
         f"Spatial reconstruction: {sr['reshape']}; upsampling {sr['upsampling']}; normalisation {sr['normalisation']}."
-        f"{words}"
-    )
+        f"{words}")
 
 
 _REPORTS: dict[tuple, tuple[str, str]] = {}
