@@ -243,7 +243,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 progress: bool = True) -> str:
         """This explorer as one self-contained HTML page (no kernel, no network), starting at the current
         recipe, colormap, opacity and size; see :func:`vitcam_nb.export_html` for ``axes`` and ``quantize``.
-        With several traces, the page holds the trace shown.
+        With several traces, the page holds each (its trace picker starting at the one shown).
         With ``path``, the page is also written there (its size printed first).
 
         Example:
@@ -251,9 +251,11 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         """
         args = dict(recipe=self._recipe, axes=axes, quantize=quantize, colormap=self.colormap,
                     opacity=self.opacity, size=self.size, progress=progress)
+        # With several traces the page holds them all, starting at the one shown.
+        shown = {self.trace_shown: self._trace, **self._traces} if self._traces else self._trace
         if path is not None:
-            return export_html(self._trace, path, **args).read_text(encoding="utf-8")
-        return explorer_html(self._trace, **args)
+            return export_html(shown, path, **args).read_text(encoding="utf-8")
+        return explorer_html(shown, **args)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)

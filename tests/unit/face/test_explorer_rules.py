@@ -7,6 +7,7 @@ exercised in a browser by tests/ui/test_explorer_rules.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -151,3 +152,35 @@ def test_a_single_trace_has_no_trace_picker(pair):
         ex.trace_name = "gradient"
     send(ex, trace_request={"id": 1, "name": "gradient"})
     assert "expected one of []" in ex.error and ex.trace is tr
+
+
+# -- the one-file export (its trace picker runs in a browser in tests/ui/test_explorer_rules.py) ------------------
+def page_meta(html: str) -> dict:
+    return json.loads(re.search(r"<script type='application/json' id='vc-meta'>(.*?)</script>", html).group(1))
+
+
+def test_an_export_of_two_traces_holds_a_table_for_each_starting_at_the_trace_shown(pair):
+    tr, rel = pair
+    axes = {"site": ["F1"], "layer": [0], "weighting": ["gradcam", "layercam"], "target": ["logit"]}
+    ex = Explorer({"gradient": tr, "cp_lrp": rel}, START)
+    single = page_meta(Explorer(tr, START).to_html(axes=axes, progress=False))
+    assert "trace_choices" not in single and "trace_parts" not in single  # one trace: the page of before
+    ex.trace_name = "cp_lrp"
+    html = ex.to_html(axes=axes, progress=False)
+    meta = page_meta(html)
+    assert meta["trace_shown"] == "cp_lrp" and [n for n, _ in meta["trace_choices"]] == ["cp_lrp", "gradient"]
+    assert meta["trace_id"] == rel.attrs["trace_id"] and meta["trace_parts"][0]["trace_id"] == tr.attrs["trace_id"]
+    assert "id='vc-maps-1'" in html and "id='vc-texts-1'" in html and "id='vc-maps-2'" not in html
+    assert meta["count"] == meta["trace_parts"][0]["count"] == 2
+
+
+def test_an_export_of_traces_of_different_images_is_refused_before_any_map(model, model_input, pair, tmp_path,
+                                                                         monkeypatch):
+    from vitcam_nb.widgets import standalone
+
+    tr, _ = pair
+    other = vc.trace(model, model_input("vit", seed=1), targets="top1", sites=["F1"])
+    monkeypatch.setattr(standalone, "build_bundle", lambda *a, **k: pytest.fail("a map was computed"))
+    with pytest.raises(TraceError, match="of one input"):
+        vc.export_html({"a": tr, "b": other}, tmp_path / "two.html", progress=False)
+    assert not (tmp_path / "two.html").exists()

@@ -121,18 +121,24 @@ function render({ model, el }) {
 
   // The preset menu: choosing a published method sets every field of its recipe in one request.
   function presetPicker() {
-    const presets = options.presets || [];
-    if (!presets.length) return null;
+    if (!(options.presets || []).length) return null;
     const select = h("select", { className: "vc-preset-picker", attrs: { "aria-label": "preset" } });
-    select.append(h("option", { value: "", textContent: "preset…" }));
-    for (const [name, label] of presets) select.append(h("option", { value: name, textContent: label }));
+    fillPresets(select);
     select.addEventListener("change", () => {
-      const chosen = presets.find(([name]) => name === select.value);
+      const chosen = (model.get("options").presets || []).find(([name]) => name === select.value);
       select.value = "";
       if (!chosen) return;
       onControls(chosen[2], true); // one request: no intermediate draft is sent or painted
     });
     return select;
+  }
+
+  // The menu offers the presets of the options shown (another trace of the image may offer others).
+  function fillPresets(select) {
+    select.replaceChildren(h("option", { value: "", textContent: "preset…" }));
+    for (const [name, label] of model.get("options").presets || []) {
+      select.append(h("option", { value: name, textContent: label }));
+    }
   }
 
   // -- requests ----------------------------------------------------------------------------------
@@ -328,10 +334,11 @@ function render({ model, el }) {
     paint();
   };
   const onOptions = () => {
-    // Another image of a store traced other classes: the controls are rebuilt from its options.
+    // Another image of a store traced other classes, or another trace other sites: the controls are rebuilt.
     controlsNode.replaceChildren();
     controls = recipeControls(controlsNode, model.get("options").fields, onControl);
     controls.sync(draft);
+    if (presetMenu) fillPresets(presetMenu);
   };
   const onImageIndex = () => {
     if (picker) picker.value = String(model.get("image_index"));
