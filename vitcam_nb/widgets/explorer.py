@@ -308,8 +308,9 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         except Exception as exc:  # every refusal becomes a message in the widget, never a traceback
             if not isinstance(exc, ValueError):
                 self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            hint = self._elsewhere(request) if self._traces else ""
             with self.hold_sync():
-                self.error = error_text(exc)
+                self.error = error_text(exc) + hint
                 self.response_id = max(rid, self.response_id)
                 self.frame += 1
             return

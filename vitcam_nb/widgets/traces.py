@@ -24,8 +24,9 @@ import xarray as xr
 
 from vitcam_nb.capture.reader import is_store
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.rules import DEFAULT_RULE
-from vitcam_nb.widgets.controls import controls
+from vitcam_nb.widgets.controls import coerce_request, controls
 from vitcam_nb.widgets.facts import TraceFacts
 from vitcam_nb.widgets.results import compute_grid, error_text
 
@@ -172,6 +173,24 @@ class TracePicker(t.HasTraits):
             self.options = controls(facts)
             self.trace_shown = name
             self._publish(result, response_id=self.response_id)
+
+    def _elsewhere(self, request: Mapping) -> str:
+        """For a page request refused on the trace shown: the other traces that give it (e.g. the rule trace of a
+        rule preset), named in the refusal so that the user switches trace rather than traces again."""
+        names = []
+        for name, trace in self._traces.items():
+            if trace is self._trace:
+                continue
+            try:
+                draft = {**self._recipe.to_dict(), **request["recipe"]}
+                fields = coerce_request(draft, list(request.get("changed") or []), TraceFacts.of(trace))
+                compute_grid(trace, Recipe.from_dict(fields))
+            except Exception:  # noqa: BLE001 - a malformed request, or one this trace refuses too: not named
+                continue
+            names.append(name)
+        if not names:
+            return ""
+        return f"; this Explorer's trace {' and '.join(map(repr, names))} gives it: switch trace with the trace picker"
 
     def _on_trace_request(self, change: dict) -> None:
         request = change["new"] or {}

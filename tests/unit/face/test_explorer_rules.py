@@ -103,7 +103,11 @@ def test_a_list_is_named_by_rule_and_a_refused_switch_changes_nothing(pair, caps
     ex.trace_name = "gradient"
     send(ex, request={"id": 3, "recipe": vc.presets.cp_lrp().to_dict(), "changed": ["weighting", "site"]})
     assert "backward rule 'cp_lrp'" in ex.error
+    assert ex.error.endswith("; this Explorer's trace 'cp_lrp' gives it: switch trace with the trace picker")
     assert vc.Recipe.from_json(ex.recipe_json) == START and ex.trace_shown == "gradient"
+    for rid, changed in ((4, ["site"]), (5, 5)):  # refused on every trace (or malformed): no trace named
+        send(ex, request={"id": rid, "recipe": {"site": "F9"}, "changed": changed})
+        assert ex.error and "trace picker" not in ex.error and ex.trace_shown == "gradient"
     assert "Traceback" not in "".join(capsys.readouterr())
 
 
