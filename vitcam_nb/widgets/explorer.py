@@ -34,12 +34,13 @@ from vitcam_nb.widgets.fallback import png_bundle
 from vitcam_nb.widgets.prefetch import prefetch_message
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
 from vitcam_nb.widgets.standalone import explorer_html, export_html
+from vitcam_nb.widgets.traces import TracePicker, is_trace_set, named_traces, trace_choices
 from vitcam_nb.widgets.traits import Opacity, Pixels
 
 __all__ = ["Explorer"]
 
 
-class Explorer(anywidget.AnyWidget):
+class Explorer(TracePicker, anywidget.AnyWidget):
     """Interactive Grad-CAM explorer for one trace, or for the images of a many-image store.
 
     The image with the heatmap of the current recipe overlaid; a control for every taxonomy dimension
@@ -48,11 +49,15 @@ class Explorer(anywidget.AnyWidget):
     (e.g. "zero gradient"), when the variant is degenerate. A refused combination (a control, or a preset this
     trace cannot give) shows its message in the widget, never a traceback, and the controls go back to the
     recipe whose map is shown. Given a store
-    (``vc.open_traces``), the page shows an image picker; switching image keeps the recipe.
+    (``vc.open_traces``), the page shows an image picker; switching image keeps the recipe. Given several traces
+    of one image (``{"gradient": tr, "cp_lrp": rel}``, or a list named by backward rule), the page shows a trace
+    picker; switching trace keeps the recipe (``trace_name``; see :class:`~vitcam_nb.widgets.traces.TracePicker`).
 
     Args:
         trace: a Dataset from :func:`vitcam_nb.trace`, or a many-image Dataset from
-            :func:`vitcam_nb.open_traces`.
+            :func:`vitcam_nb.open_traces`, or several traces of one image (same ``input_sha256``, else a
+            :class:`~vitcam_nb.core.errors.TraceError` before any map is computed): a dict ``{name: trace}``, or a
+            list or tuple named by each trace's backward rule. The first is shown first.
         recipe: the recipe to start from (default :class:`~vitcam_nb.Recipe` ``()``, moved to a traced
             site/class if needed).
         opacity: overlay opacity in [0, 1].
@@ -113,6 +118,9 @@ class Explorer(anywidget.AnyWidget):
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         if colormap not in COLORMAPS:
             raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+        named = named_traces(trace) if is_trace_set(trace) else {}
+        if named:
+            trace = next(iter(named.values()))
         self._store = trace if is_store(trace) else None
         choices = []
         if self._store is not None:
@@ -125,7 +133,9 @@ class Explorer(anywidget.AnyWidget):
         first = compute_grid(trace, start)  # raises for a recipe this trace cannot give: fail at construction
         super().__init__(options=controls(facts), image=image_rgba(facts.image),
                          image_shape=list(facts.image.shape[:2]), opacity=float(opacity), colormap=colormap,
-                         size=int(size), images=choices, image_index=int(index) if choices else 0, **kwargs)
+                         size=int(size), images=choices, image_index=int(index) if choices else 0,
+                         trace_choices=trace_choices(named), trace_shown=next(iter(named), ""), **kwargs)
+        self._traces = named
         self._trace = trace
         self._facts = facts
         self._recipe = start
@@ -133,12 +143,14 @@ class Explorer(anywidget.AnyWidget):
         self._publish(first, response_id=0)
         self.observe(self._on_request, names="request")
         self.observe(self._on_image_request, names="image_request")
+        self.observe(self._on_trace_request, names="trace_request")
         self.on_msg(self._on_custom)
 
     # -- Python API --------------------------------------------------------------------------------
     @property
     def trace(self) -> xr.Dataset:
-        """The trace this explorer slices (with a store: the shown image's), kept in the kernel.
+        """The trace this explorer slices (with a store: the shown image's; with several traces: the shown one),
+        kept in the kernel.
 
         Example:
             >>> ex.trace is tr  # doctest: +SKIP
@@ -231,6 +243,7 @@ class Explorer(anywidget.AnyWidget):
                 progress: bool = True) -> str:
         """This explorer as one self-contained HTML page (no kernel, no network), starting at the current
         recipe, colormap, opacity and size; see :func:`vitcam_nb.export_html` for ``axes`` and ``quantize``.
+        With several traces, the page holds each (its trace picker starting at the one shown).
         With ``path``, the page is also written there (its size printed first).
 
         Example:
@@ -238,9 +251,11 @@ class Explorer(anywidget.AnyWidget):
         """
         args = dict(recipe=self._recipe, axes=axes, quantize=quantize, colormap=self.colormap,
                     opacity=self.opacity, size=self.size, progress=progress)
+        # With several traces the page holds them all, starting at the one shown.
+        shown = {self.trace_shown: self._trace, **self._traces} if self._traces else self._trace
         if path is not None:
-            return export_html(self._trace, path, **args).read_text(encoding="utf-8")
-        return explorer_html(self._trace, **args)
+            return export_html(shown, path, **args).read_text(encoding="utf-8")
+        return explorer_html(shown, **args)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
@@ -293,8 +308,9 @@ class Explorer(anywidget.AnyWidget):
         except Exception as exc:  # every refusal becomes a message in the widget, never a traceback
             if not isinstance(exc, ValueError):
                 self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            hint = self._elsewhere(request) if self._traces else ""
             with self.hold_sync():
-                self.error = error_text(exc)
+                self.error = error_text(exc) + hint
                 self.response_id = max(rid, self.response_id)
                 self.frame += 1
             return
