@@ -1,0 +1,176 @@
+"""Backward rule chefer_lrp (Chefer, Gur & Wolf, CVPR 2021): the relevance a rule trace stores at F2 equals an
+independent re-implementation of the official code's relprop (hila-chefer/Transformer-Explainability,
+baselines/ViT/ViT_LRP.py and layers_ours.py), written here as that code does it: a forward pass that keeps every
+layer's input, then one explicit relprop function per layer applied from the one-hot of the class down, with no
+autograd at all (NumPy, float64). Transformer Attribution's map then follows from R_A and the plain gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import erf
+from timm.models.vision_transformer import VisionTransformer
+
+import vitcam_nb as vc
+from vitcam_nb.core.errors import TraceError
+
+IMG = 32
+
+
+def _model(seed: int = 0) -> VisionTransformer:
+    torch.manual_seed(seed)
+    model = VisionTransformer(img_size=IMG, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.eval()
+
+
+def _image(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (IMG, IMG, 3), dtype=np.uint8)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().double().numpy()
+
+
+# --- the official code's layers, each a forward that keeps its input and a relprop ------------------------------
+
+def safe_divide(a, b):
+    den = np.clip(b, 1e-9, None) + np.clip(b, None, 1e-9)
+    den = den + (den == 0) * 1e-9
+    return a / den * (b != 0)
+
+
+def linear_relprop(R, x, w):
+    """Linear.relprop with alpha=1 (beta=0): the activator term only, bias left out."""
+    pw, nw = np.clip(w, 0, None), np.clip(w, None, 0)
+    px, nx = np.clip(x, 0, None), np.clip(x, None, 0)
+    S = safe_divide(R, px @ pw.T + nx @ nw.T)
+    return px * (S @ pw) + nx * (S @ nw)
+
+
+def add_relprop(R, x0, x1):
+    """Add.relprop: shares x_i R / (x0 + x1), each rescaled so that the two keep R's sum."""
+    S = safe_divide(R, x0 + x1)
+    a, b = x0 * S, x1 * S
+    a_sum, b_sum = a.sum(), b.sum()
+    a_fact = safe_divide(np.abs(a_sum), np.abs(a_sum) + np.abs(b_sum)) * R.sum()
+    b_fact = safe_divide(np.abs(b_sum), np.abs(a_sum) + np.abs(b_sum)) * R.sum()
+    return a * safe_divide(a_fact, a_sum), b * safe_divide(b_fact, b_sum)
+
+
+def clone_relprop(Rs, x):
+    """Clone.relprop: x * sum_i R_i / x."""
+    return x * sum(safe_divide(r, x) for r in Rs)
+
+
+def matmul_relprop(R, a, b):
+    """einsum.relprop (RelPropSimple) for Z = a @ b: a * (S @ b^T), b * (a^T @ S), S = R / Z."""
+    S = safe_divide(R, a @ b)
+    return a * (S @ np.swapaxes(b, -1, -2)), b * (np.swapaxes(a, -1, -2) @ S)
+
+
+def layer_norm(x, mod):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + mod.eps) * _np(mod.weight) + _np(mod.bias)
+
+
+def softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def chefer_reference(model: VisionTransformer, h0: np.ndarray, cls: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Logits from the hidden state entering block 0, and the relevance of each block's attention map (heads,
+    N, N) from ``relprop(one_hot(cls))`` as ViT_LRP.VisionTransformer.relprop computes it."""
+    saved, h = [], h0
+    for blk in model.blocks:
+        at = blk.attn
+        x_in = h
+        a = layer_norm(h, blk.norm1)
+        N, C = a.shape
+        H, d = at.num_heads, C // at.num_heads
+        qkv = a @ _np(at.qkv.weight).T + _np(at.qkv.bias)
+        q, k, v = qkv.reshape(N, 3, H, d).transpose(1, 2, 0, 3)
+        A = softmax((q @ np.swapaxes(k, -1, -2)) * at.scale)
+        o = (A @ v).transpose(1, 0, 2).reshape(N, C)
+        attn_out = o @ _np(at.proj.weight).T + _np(at.proj.bias)
+        mid = h = x_in + attn_out
+        a2 = layer_norm(h, blk.norm2)
+        u = a2 @ _np(blk.mlp.fc1.weight).T + _np(blk.mlp.fc1.bias)
+        g = 0.5 * u * (1 + erf(u / np.sqrt(2)))
+        mlp_out = g @ _np(blk.mlp.fc2.weight).T + _np(blk.mlp.fc2.bias)
+        h = mid + mlp_out
+        saved.append(dict(x_in=x_in, a=a, q=q, k=k, v=v, A=A, o=o, attn_out=attn_out, mid=mid, a2=a2, g=g,
+                          mlp_out=mlp_out))
+    pooled = layer_norm(h, model.norm)[0]
+    logits = pooled @ _np(model.head.weight).T + _np(model.head.bias)
+    # relprop: head (Linear), pool (index_select of token 0), norm (passes), then each block in reverse
+    R_tok = linear_relprop(np.eye(len(logits))[cls], pooled, _np(model.head.weight))
+    R = np.zeros_like(h)
+    R[0] = safe_divide(R_tok, pooled) * pooled  # IndexSelect.relprop: X * (R / Z) at the selected row
+    R_attn = [None] * len(model.blocks)
+    for i in reversed(range(len(model.blocks))):
+        blk, s = model.blocks[i], saved[i]
+        at = blk.attn
+        N, C = s["a"].shape
+        H = at.num_heads
+        r_mid, r_mlp = add_relprop(R, s["mid"], s["mlp_out"])
+        r = linear_relprop(r_mlp, s["g"], _np(blk.mlp.fc2.weight))
+        r = linear_relprop(r, s["a2"], _np(blk.mlp.fc1.weight))  # GELU and norm2 pass relevance unchanged
+        R = clone_relprop([r_mid, r], s["mid"])
+        r_in, r_att = add_relprop(R, s["x_in"], s["attn_out"])
+        r = linear_relprop(r_att, s["o"], _np(at.proj.weight)).reshape(N, H, -1).transpose(1, 0, 2)
+        r_A, r_v = matmul_relprop(r, s["A"], s["v"])
+        r_A, r_v = r_A / 2, r_v / 2
+        R_attn[i] = r_A  # saved after halving, as Attention.relprop does; softmax passes it unchanged
+        r_q, r_k = matmul_relprop(r_A, s["q"], np.swapaxes(s["k"], -1, -2))
+        r_q, r_k = r_q / 2, np.swapaxes(r_k, -1, -2) / 2
+        r_qkv = np.stack([r_q, r_k, r_v]).transpose(2, 0, 1, 3).reshape(N, 3 * C)
+        r = linear_relprop(r_qkv, s["a"], _np(at.qkv.weight))  # norm1 passes it unchanged
+        R = clone_relprop([r_in, r], s["x_in"])
+    return logits, R_attn
+
+
+def _rule_trace(model, img, **kw):
+    return vc.trace(model, img, targets="top2", sites=["resid_pre", "F2"], rule="chefer_lrp", **kw)
+
+
+def test_the_stored_attention_relevance_equals_the_official_relprop():
+    model, img = _model(), _image()
+    tr = _rule_trace(model, img)
+    h0 = tr["act"].sel(site="resid_pre").isel(layer=0).values.astype(np.float64)
+    for t, cls in enumerate(tr["target_class"].values[:2]):
+        logits, R_attn = chefer_reference(model, h0, int(cls))
+        np.testing.assert_allclose(logits, tr["logits"].values, rtol=1e-5, atol=1e-5)
+        for layer, want in enumerate(R_attn):
+            got = tr["attn_grad"].isel(target=t, layer=layer).values
+            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (t, layer)
+            assert np.abs(want).max() > 1e-3  # the comparison is not between zeros
+    assert tr.attrs["backward_rule"] == "chefer_lrp"
+
+
+def _snapshot(model):
+    hooks = [(len(m._forward_hooks), len(m._forward_pre_hooks), m.training) for m in model.modules()]
+    return hooks, {k: v.clone() for k, v in model.state_dict().items()}, [p.requires_grad for p in model.parameters()]
+
+
+def test_the_model_is_restored_exactly():
+    model = _model().train()
+    before = _snapshot(model)
+    _rule_trace(model, _image())
+    after = _snapshot(model)
+    assert before[0] == after[0] and before[2] == after[2]
+    assert all(torch.equal(before[1][k], after[1][k]) for k in before[1])
+
+
+def test_models_outside_chefers_vit_are_refused_before_any_model_call():
+    calls = []
+    for kw, match in ((dict(global_pool="avg"), "pools with 'avg'"), (dict(init_values=0.5), "layer scale")):
+        m = VisionTransformer(img_size=IMG, patch_size=8, embed_dim=32, depth=1, num_heads=2, **kw).eval()
+        m.register_forward_pre_hook(lambda *_: calls.append(1))
+        with pytest.raises(TraceError, match=match):
+            _rule_trace(m, _image())
+    assert calls == []
