@@ -174,3 +174,49 @@ def test_models_outside_chefers_vit_are_refused_before_any_model_call():
         with pytest.raises(TraceError, match=match):
             _rule_trace(m, _image())
     assert calls == []
+
+
+def _official_map(R_attn: list[np.ndarray], grads: list[np.ndarray], start_layer: int = 0) -> np.ndarray:
+    """ViT_LRP.relprop(method='transformer_attribution'): per block mean_h clamp(grad * cam, 0), then
+    compute_rollout_attention (each + I, multiplied from start_layer up), row 0, columns 1:."""
+    cams = [np.clip(g * r, 0, None).mean(0) for g, r in zip(grads, R_attn)]
+    mats = [c + np.eye(len(c)) for c in cams]
+    joint = mats[start_layer]
+    for m in mats[start_layer + 1:]:
+        joint = m @ joint
+    return joint[0, 1:]
+
+
+def test_the_stored_plain_gradient_is_a_plain_traces_gradient():
+    model, img = _model(), _image()
+    tr, plain = _rule_trace(model, img), vc.trace(model, img, targets="top2", sites=["F2"])
+    np.testing.assert_allclose(tr["attn_plain_grad"].values, plain["attn_grad"].values, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(tr["attn_grad"].values, plain["attn_grad"].values)
+
+
+@pytest.mark.parametrize("start_layer", [0, 1])
+def test_the_preset_map_equals_the_official_transformer_attribution(start_layer):
+    model, img = _model(), _image()
+    tr, plain = _rule_trace(model, img), vc.trace(model, img, targets="top2", sites=["F2"])
+    h0 = tr["act"].sel(site="resid_pre").isel(layer=0).values.astype(np.float64)
+    layer = "all" if start_layer == 0 else (1,)
+    for rank, t in (("top1", 0), ("top2", 1)):
+        _, R_attn = chefer_reference(model, h0, int(tr["target_class"].values[t]))
+        grads = [plain["attn_grad"].isel(target=t, layer=i).values.astype(np.float64) for i in range(2)]
+        want = _official_map(R_attn, grads, start_layer).reshape(4, 4)
+        recipe = vc.presets.transformer_attribution(layer)
+        raw = vc.cam(tr, recipe.replace(class_=rank, normalize="none"), grid=True).values
+        assert np.abs(raw - want).max() <= 1e-5 * np.abs(want).max(), rank
+        got = vc.cam(tr, recipe.replace(class_=rank), grid=True).values
+        np.testing.assert_allclose(got, (want - want.min()) / np.ptp(want), atol=1e-5)
+
+
+def test_the_preset_refuses_other_traces_naming_its_rule():
+    model, img = _model(), _image()
+    for rule in ("gradient", "attnlrp"):
+        tr = vc.trace(model, img, targets="top1", sites=["F2"], rule=rule)
+        with pytest.raises(vc.RecipeError, match=r"chefer_lrp"):
+            vc.cam(tr, vc.presets.transformer_attribution())
+    tr = _rule_trace(model, img)
+    with pytest.raises(vc.RecipeError, match="target='logit'"):
+        vc.cam(tr, vc.presets.transformer_attribution().replace(target="prob"))

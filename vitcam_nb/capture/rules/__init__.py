@@ -4,6 +4,13 @@ forward-neutral gradient substitutions (:mod:`~vitcam_nb.capture.rules.grad`) an
 """
 
 from vitcam_nb.capture.rules import beit, chefer, vit  # noqa: F401  (each registers its family's rules)
-from vitcam_nb.capture.rules.base import RuleImpl, check_rule_for, register_rule, rule_context, rule_families
+from vitcam_nb.capture.rules.base import (
+    RuleImpl,
+    check_rule_for,
+    register_rule,
+    rule_context,
+    rule_extra_grads,
+    rule_families,
+)
 
-__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_families"]

@@ -39,7 +39,10 @@ from vitcam_nb.capture.rules.base import RuleImpl, register_rule
 from vitcam_nb.capture.rules.vit import check_vit
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["check_chefer", "chefer_hooks", "safe_divide"]
+__all__ = ["PLAIN_GRAD", "check_chefer", "chefer_hooks", "plain_attention_grads", "safe_divide"]
+
+#: The trace variable holding the plain gradient of each target at F2 in a ``chefer_lrp`` trace.
+PLAIN_GRAD = "attn_plain_grad"
 
 RULE = "chefer_lrp"
 MODELS = "timm VisionTransformer with a class token head: vit_*, deit_* (no layer scale, no distillation head)"
@@ -55,6 +58,11 @@ def safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     den = b + 1e-9
     den = den + (den == 0).to(den.dtype) * 1e-9
     return a / den * (b != 0).to(b.dtype)
+
+
+#: While True (inside :func:`plain_attention_grads` only), every function below passes autograd's own gradient to
+#: the layer's real output, so a backward over the same graph is the plain gradient.
+_PLAIN = [False]
 
 
 def _per_image_sum(t: torch.Tensor) -> torch.Tensor:
@@ -77,7 +85,7 @@ class _Pass(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
-        return None, r
+        return (r, None) if _PLAIN[0] else (None, r)
 
 
 class _Linear(torch.autograd.Function):
@@ -98,6 +106,8 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
+        if _PLAIN[0]:
+            return r, None, None, None
         value, x, w = ctx.saved_tensors
         if ctx.half:
             r = 0.5 * value * r
@@ -124,6 +134,8 @@ class _Add(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
+        if _PLAIN[0]:
+            return r, None
         branch, resid = ctx.saved_tensors
         s = safe_divide(r, resid + branch)
         a, b = resid * s, branch * s
@@ -150,6 +162,8 @@ class _Scores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
+        if _PLAIN[0]:
+            return r, None
         (scores,) = ctx.saved_tensors
         return None, safe_divide(r, scores)
 
@@ -169,6 +183,8 @@ class _HalfTimesValue(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        if _PLAIN[0]:
+            return g
         (x,) = ctx.saved_tensors
         return 0.5 * x * g
 
@@ -188,6 +204,8 @@ class _DivideByValue(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> torch.Tensor:
+        if _PLAIN[0]:
+            return r
         (x,) = ctx.saved_tensors
         return safe_divide(r, x)
 
@@ -288,4 +306,26 @@ def _block_hooks(blk: torch.nn.Module, add) -> None:
     add(blk.drop_path2, residual("resid2"))
 
 
-register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS))
+def plain_attention_grads(outputs: torch.Tensor, grad_outputs: torch.Tensor, tensors: dict) -> dict[str, dict]:
+    """The plain gradient of each output at every stored F2 tensor (Transformer Attribution's ``dA``: the
+    official code's hook on the attention after dropout), by one batched backward over the retained graph with
+    every relevance function passing autograd's own gradient; ``{}`` when F2 is not traced.
+
+    Example:
+        >>> plain_attention_grads(torch.zeros(1), torch.ones(1, 1), {})
+        {}
+    """
+    keys = [k for k, t in tensors.items() if k[1] == "F2" and t.requires_grad]
+    if not keys:
+        return {}
+    _PLAIN[0] = True
+    try:
+        got = torch.autograd.grad(outputs, [tensors[k] for k in keys], grad_outputs=grad_outputs,
+                                  is_grads_batched=True, retain_graph=True, allow_unused=True)
+    finally:
+        _PLAIN[0] = False
+    return {PLAIN_GRAD: {k: torch.zeros((len(outputs), *tensors[k].shape), dtype=tensors[k].dtype,
+                                        device=tensors[k].device) if g is None else g for k, g in zip(keys, got)}}
+
+
+register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS, plain_attention_grads))
