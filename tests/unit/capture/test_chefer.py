@@ -166,11 +166,34 @@ def test_the_model_is_restored_exactly():
     assert all(torch.equal(before[1][k], after[1][k]) for k in before[1])
 
 
+def test_the_model_is_restored_after_an_error_in_the_pass():
+    model = _model().train()
+    before = _snapshot(model)
+
+    def fail(*_args):
+        raise RuntimeError("boom")
+
+    handle = model.head.register_forward_hook(fail)  # raises after every rule hook has fired
+    with pytest.raises(RuntimeError, match="boom"):
+        _rule_trace(model, _image())
+    handle.remove()
+    assert _snapshot(model)[0] == before[0] and model.training
+
+
 def test_models_outside_chefers_vit_are_refused_before_any_model_call():
+    import timm
+    from timm.models.beit import Beit
+    from timm.models.deit import VisionTransformerDistilled
+
     calls = []
-    for kw, match in ((dict(global_pool="avg"), "pools with 'avg'"), (dict(init_values=0.5), "layer scale")):
-        m = VisionTransformer(img_size=IMG, patch_size=8, embed_dim=32, depth=1, num_heads=2, **kw).eval()
-        m.register_forward_pre_hook(lambda *_: calls.append(1))
+    small = dict(img_size=IMG, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    for m, match in ((VisionTransformer(**small, global_pool="avg"), "pools with 'avg'"),
+                     (VisionTransformer(**small, init_values=0.5), "layer scale"),
+                     (VisionTransformerDistilled(**small), "distillation head"),
+                     (Beit(**small), r"chefer_lrp'? is defined for vit .*the beit family"),
+                     (timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=IMG, patch_size=8,
+                                        depth=1), "the eva family")):
+        m.eval().register_forward_pre_hook(lambda *_: calls.append(1))
         with pytest.raises(TraceError, match=match):
             _rule_trace(m, _image())
     assert calls == []
