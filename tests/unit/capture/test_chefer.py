@@ -243,3 +243,15 @@ def test_the_preset_refuses_other_traces_naming_its_rule():
     tr = _rule_trace(model, img)
     with pytest.raises(vc.RecipeError, match="target='logit'"):
         vc.cam(tr, vc.presets.transformer_attribution().replace(target="prob"))
+
+
+def test_each_image_of_a_batch_gets_its_own_relevance(tmp_path):
+    """The residual split sums per image (the official code traces one image): a batch of two equals two traces."""
+    model = _model()
+    imgs = [_image(0), _image(1)]
+    many = vc.open_traces(vc.trace_many(model, imgs, tmp_path / "s.zarr", targets="top1", sites=["F2"],
+                                        rule="chefer_lrp", batch_size=2, progress=False))
+    for i, img in enumerate(imgs):
+        one = vc.trace(model, img, targets="top1", sites=["F2"], rule="chefer_lrp")["attn_grad"].values
+        got = many["attn_grad"].isel(image=i).values
+        assert np.abs(got - one).max() <= 1e-5 * np.abs(one).max(), i
