@@ -255,3 +255,14 @@ def test_each_image_of_a_batch_gets_its_own_relevance(tmp_path):
         one = vc.trace(model, img, targets="top1", sites=["F2"], rule="chefer_lrp")["attn_grad"].values
         got = many["attn_grad"].isel(image=i).values
         assert np.abs(got - one).max() <= 1e-5 * np.abs(one).max(), i
+
+
+def test_the_memory_estimate_counts_the_plain_gradient():
+    from vitcam_nb.capture.budget import estimate_plan
+    from vitcam_nb.capture.plan import TracePlan
+
+    model = _model()
+    tr = _rule_trace(model, _image())
+    est = estimate_plan(TracePlan.for_trace(model, "top2", sites=["resid_pre", "F2"], rule="chefer_lrp"), (IMG, IMG))
+    assert est["parts"]["attn_plain_grad"] == tr["attn_plain_grad"].nbytes
+    assert est["dataset_bytes"] == pytest.approx(tr.nbytes, rel=0.01)

@@ -10,7 +10,9 @@ from vitcam_nb.capture.rules.base import (
     register_rule,
     rule_context,
     rule_extra_grads,
+    rule_extra_names,
     rule_families,
 )
 
-__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_extra_names",
+           "rule_families"]

@@ -29,7 +29,8 @@ from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
 
-__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_extra_names",
+           "rule_families"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class RuleImpl:
     context: Callable[[torch.nn.Module, Adapter], ContextManager]
     models: str = ""
     extra_grads: Callable[[torch.Tensor, torch.Tensor, dict], dict[str, dict]] | None = None
+    #: the variables ``extra_grads`` stores, each shaped like the F2 gradient (for the memory estimate)
+    extra_names: tuple[str, ...] = ()
 
 
 # rule name -> family -> implementation
@@ -136,3 +139,14 @@ def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors
         return {}
     eye = torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype)
     return impl.extra_grads(outputs, eye, tensors)
+
+
+def rule_extra_names(rule: str, adapter: Adapter) -> tuple[str, ...]:
+    """The extra variables rule ``rule`` stores on ``adapter``'s family, each shaped like the F2 gradient.
+
+    Example:
+        >>> rule_extra_names("gradient", None)
+        ()
+    """
+    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    return impl.extra_names if impl is not None else ()

@@ -328,4 +328,4 @@ def plain_attention_grads(outputs: torch.Tensor, grad_outputs: torch.Tensor, ten
                                         device=tensors[k].device) if g is None else g for k, g in zip(keys, got)}}
 
 
-register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS, plain_attention_grads))
+register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS, plain_attention_grads, (PLAIN_GRAD,)))
