@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 
@@ -60,9 +61,12 @@ def safe_divide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a / den * (b != 0).to(b.dtype)
 
 
-#: While True (inside :func:`plain_attention_grads` only), every function below passes autograd's own gradient to
-#: the layer's real output, so a backward over the same graph is the plain gradient.
-_PLAIN = [False]
+class _Mode:
+    """One pass's switch, held by every function of the pass (its last argument): while ``plain`` is True (inside
+    :func:`plain_attention_grads` only) each passes autograd's own gradient to the layer's real output, so a
+    backward over the same graph is the plain gradient. Per pass, so concurrent passes do not see each other's."""
+
+    plain = False
 
 
 def _per_image_sum(t: torch.Tensor) -> torch.Tensor:
@@ -76,16 +80,16 @@ class _Pass(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(value: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(value: torch.Tensor, x: torch.Tensor, mode: _Mode) -> torch.Tensor:
         return value.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        pass
+        ctx.mode = inputs[-1]
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
-        return (r, None) if _PLAIN[0] else (None, r)
+        return (r, None, None) if ctx.mode.plain else (None, r, None)
 
 
 class _Linear(torch.autograd.Function):
@@ -95,26 +99,27 @@ class _Linear(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(value: torch.Tensor, x: torch.Tensor, w: torch.Tensor, half_times_value: bool) -> torch.Tensor:
+    def forward(value: torch.Tensor, x: torch.Tensor, w: torch.Tensor, half_times_value: bool,
+                mode: _Mode) -> torch.Tensor:
         return value.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        value, x, w, half = inputs
+        value, x, w, half, ctx.mode = inputs
         ctx.half = half
         ctx.save_for_backward(value, x, w)
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
-        if _PLAIN[0]:
-            return r, None, None, None
+        if ctx.mode.plain:
+            return r, None, None, None, None
         value, x, w = ctx.saved_tensors
         if ctx.half:
             r = 0.5 * value * r
         wp, wn = w.clamp(min=0), w.clamp(max=0)
         xp, xn = x.clamp(min=0), x.clamp(max=0)
         s = safe_divide(r, xp @ wp.T + xn @ wn.T)
-        return None, xp * (s @ wp) + xn * (s @ wn), None, None
+        return None, xp * (s @ wp) + xn * (s @ wn), None, None, None
 
 
 class _Add(torch.autograd.Function):
@@ -125,17 +130,18 @@ class _Add(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(branch: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+    def forward(branch: torch.Tensor, resid: torch.Tensor, mode: _Mode) -> torch.Tensor:
         return branch.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
+        ctx.mode = inputs[-1]
+        ctx.save_for_backward(*inputs[:2])
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
-        if _PLAIN[0]:
-            return r, None
+        if ctx.mode.plain:
+            return r, None, None
         branch, resid = ctx.saved_tensors
         s = safe_divide(r, resid + branch)
         a, b = resid * s, branch * s
@@ -143,7 +149,7 @@ class _Add(torch.autograd.Function):
         norm = a_sum.abs() + b_sum.abs()
         a = a * safe_divide(safe_divide(a_sum.abs(), norm) * total, a_sum)
         b = b * safe_divide(safe_divide(b_sum.abs(), norm) * total, b_sum)
-        return b, a - r
+        return b, a - r, None
 
 
 class _Scores(torch.autograd.Function):
@@ -153,19 +159,20 @@ class _Scores(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(value: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def forward(value: torch.Tensor, scores: torch.Tensor, mode: _Mode) -> torch.Tensor:
         return value.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        ctx.mode = inputs[-1]
         ctx.save_for_backward(inputs[1])
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
-        if _PLAIN[0]:
-            return r, None
+        if ctx.mode.plain:
+            return r, None, None
         (scores,) = ctx.saved_tensors
-        return None, safe_divide(r, scores)
+        return None, safe_divide(r, scores), None
 
 
 class _HalfTimesValue(torch.autograd.Function):
@@ -174,19 +181,20 @@ class _HalfTimesValue(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor, mode: _Mode) -> torch.Tensor:
         return x.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        ctx.mode = inputs[-1]
         ctx.save_for_backward(inputs[0])
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
-        if _PLAIN[0]:
-            return g
+    def backward(ctx, g: torch.Tensor) -> tuple:
+        if ctx.mode.plain:
+            return g, None
         (x,) = ctx.saved_tensors
-        return 0.5 * x * g
+        return 0.5 * x * g, None
 
 
 class _DivideByValue(torch.autograd.Function):
@@ -195,19 +203,20 @@ class _DivideByValue(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor, mode: _Mode) -> torch.Tensor:
         return x.clone()
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
+        ctx.mode = inputs[-1]
         ctx.save_for_backward(inputs[0])
 
     @staticmethod
-    def backward(ctx, r: torch.Tensor) -> torch.Tensor:
-        if _PLAIN[0]:
-            return r
+    def backward(ctx, r: torch.Tensor) -> tuple:
+        if ctx.mode.plain:
+            return r, None
         (x,) = ctx.saved_tensors
-        return safe_divide(r, x)
+        return safe_divide(r, x), None
 
 
 def check_chefer(model: torch.nn.Module, adapter: Adapter) -> None:
@@ -235,12 +244,12 @@ def check_chefer(model: torch.nn.Module, adapter: Adapter) -> None:
         raise TraceError(f"{where} the model's head is a {type(getattr(model, 'head', None)).__name__}, not a Linear")
 
 
-def _linear_hook(half: bool, module: torch.nn.Linear, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    return _Linear.apply(out, args[0], module.weight.detach(), half)
+def _linear_hook(mode: _Mode, half: bool, module: torch.nn.Linear, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    return _Linear.apply(out, args[0], module.weight.detach(), half, mode)
 
 
-def _pass_hook(_module: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    return _Pass.apply(out, args[0])
+def _pass_hook(mode: _Mode, _module: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    return _Pass.apply(out, args[0], mode)
 
 
 @contextlib.contextmanager
@@ -264,16 +273,17 @@ def chefer_hooks(model: torch.nn.Module, adapter: Adapter) -> Iterator[None]:
             register = module.register_forward_pre_hook if pre else module.register_forward_hook
             handles.append(register(hook, prepend=prepend))
 
+        mode = _Mode()
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
-                add(module, _pass_hook)
-        add(model.head, lambda m, a, o: _linear_hook(False, m, a, o))
+                add(module, partial(_pass_hook, mode))
+        add(model.head, partial(_linear_hook, mode, False))
         for blk in adapter.blocks(model):
-            _block_hooks(blk, add)
+            _block_hooks(blk, add, mode)
         yield
 
 
-def _block_hooks(blk: torch.nn.Module, add) -> None:
+def _block_hooks(blk: torch.nn.Module, add, mode: _Mode) -> None:
     attn, mlp, seen = blk.attn, blk.mlp, {}
 
     def keep(name: str):
@@ -283,25 +293,24 @@ def _block_hooks(blk: torch.nn.Module, add) -> None:
 
     def scores(_m: torch.nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
         # The scores recomputed with timm's ops: the relevance of A reaches q and k only through them.
-        return _Scores.apply(out, (seen.pop("q") * attn.scale) @ seen.pop("k").transpose(-2, -1))
+        return _Scores.apply(out, (seen.pop("q") * attn.scale) @ seen.pop("k").transpose(-2, -1), mode)
 
     def residual(name: str):
         def hook(_m: torch.nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
-            return _Add.apply(out, seen.pop(name))
+            return _Add.apply(out, seen.pop(name), mode)
         return hook
 
     add(blk.norm1, keep("resid1"), prepend=False)
     add(blk.norm2, keep("resid2"), prepend=False)
     add(attn.q_norm, keep("q"))
     add(attn.k_norm, keep("k"))
-    add(attn.qkv, lambda m, a, o: _linear_hook(True, m, a, o))
+    add(attn.qkv, partial(_linear_hook, mode, True))
     add(attn.attn_drop, scores)
-    add(attn.attn_drop, lambda _m, _a, out: _HalfTimesValue.apply(out), prepend=False)
-    add(attn.proj, lambda _m, args: (_DivideByValue.apply(args[0]), *args[1:]), pre=True)
-    add(attn.proj, lambda m, a, o: _linear_hook(False, m, a, o))
-    add(mlp.fc1, lambda m, a, o: _linear_hook(False, m, a, o))
-    add(mlp.act, _pass_hook)
-    add(mlp.fc2, lambda m, a, o: _linear_hook(False, m, a, o))
+    add(attn.attn_drop, lambda _m, _a, out: _HalfTimesValue.apply(out, mode), prepend=False)
+    add(attn.proj, lambda _m, args: (_DivideByValue.apply(args[0], mode), *args[1:]), pre=True)
+    for linear in (attn.proj, mlp.fc1, mlp.fc2):
+        add(linear, partial(_linear_hook, mode, False))
+    add(mlp.act, partial(_pass_hook, mode))
     add(blk.drop_path1, residual("resid1"))
     add(blk.drop_path2, residual("resid2"))
 
@@ -318,12 +327,17 @@ def plain_attention_grads(outputs: torch.Tensor, grad_outputs: torch.Tensor, ten
     keys = [k for k, t in tensors.items() if k[1] == "F2" and t.requires_grad]
     if not keys:
         return {}
-    _PLAIN[0] = True
+    # The pass's switch, reached through the F2 tensor: its node is this rule's scores function (ctx = grad_fn).
+    mode = getattr(tensors[keys[0]].grad_fn, "mode", None)
+    if not isinstance(mode, _Mode):
+        raise TraceError("rule: chefer_lrp: the F2 tensor is not the rule's own (another hook replaced it); remove "
+                         "other forward hooks on attn_drop")
+    mode.plain = True
     try:
         got = torch.autograd.grad(outputs, [tensors[k] for k in keys], grad_outputs=grad_outputs,
                                   is_grads_batched=True, retain_graph=True, allow_unused=True)
     finally:
-        _PLAIN[0] = False
+        mode.plain = False
     return {PLAIN_GRAD: {k: torch.zeros((len(outputs), *tensors[k].shape), dtype=tensors[k].dtype,
                                         device=tensors[k].device) if g is None else g for k, g in zip(keys, got)}}
 
