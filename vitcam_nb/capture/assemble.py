@@ -172,6 +172,10 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
                 coords[f"{axis}_patch_frame"] = (axis, frames)
         data_vars[name] = (("layer", "head", "query", "key"), attn)
         data_vars[f"{name}_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+        for extra_name, got in image.extra_grads.items():  # a rule's extra gradients of this site (attn_plain_grad)
+            if all((layer, site) in got for layer in layer_ids):
+                data_vars[extra_name] = (("target", "layer", "head", "query", "key"), np.stack(
+                    [to_numpy(got.pop((layer, site)), (n_targets, *shape), store_dtype) for layer in layer_ids], 1))
     for site in [s for s in site_ids if s in extra]:
         n = len(extra[site])
         site_acts = [to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
-from vitcam_nb.capture.rules import rule_context
+from vitcam_nb.capture.rules import rule_context, rule_extra_grads
 from vitcam_nb.capture.runtime import (
     deterministic,
     frozen_parameters,
@@ -57,6 +57,8 @@ class ImagePass:
     classes: list[int]
     acts: dict[Key, torch.Tensor]
     grads: dict[Key, torch.Tensor]
+    #: a rule's extra gradients (:func:`~vitcam_nb.capture.rules.rule_extra_grads`), by variable name
+    extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
@@ -81,11 +83,14 @@ class PassResult:
     deterministic_settings: str
     #: blocks whose attention ran as one head (inside ``vitcam_nb.adapters.single_head_attention``)
     single_head: tuple[int, ...] = ()
+    #: a rule's extra gradients (:func:`~vitcam_nb.capture.rules.rule_extra_grads`), by variable name
+    extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
 
     def image(self, b: int) -> ImagePass:
         """Image ``b``'s share (views of the batch tensors)."""
         return ImagePass(self.logits[b], self.classes[b], {k: t[b:b + 1] for k, t in self.acts.items()},
-                         {k: g[:, b:b + 1] for k, g in self.grads.items()})
+                         {k: g[:, b:b + 1] for k, g in self.grads.items()},
+                         {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in self.extra_grads.items()})
 
 
 def check_input(model: torch.nn.Module, adapter: Adapter, x: torch.Tensor) -> None:
@@ -196,6 +201,9 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         # One release per block (each costs page faults later); an extra site's layers (BLIP's text layers) share
         # the block numbers and would take the vision blocks' places.
         per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
+        # A rule may first differentiate the retained graph itself (chefer_lrp: the plain gradient at F2).
+        extra_grads = {name: {k: adapter.arrange_traced(ctx, k[1], k[0], g) for k, g in got.items()}
+                       for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         with releasing_during_backward(list(per_layer.values())):
             got = dict(zip(needed, _batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
         release_freed_memory()
@@ -210,4 +218,5 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
             acts[k], grad_by_key[k] = act, g
     return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=cap.grid, ctx=ctx,
                       deterministic=det, deterministic_settings=det_settings,
-                      single_head=single_head_layers(model, adapter.attention_modules(model)))
+                      single_head=single_head_layers(model, adapter.attention_modules(model)),
+                      extra_grads=extra_grads)

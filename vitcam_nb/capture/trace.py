@@ -68,8 +68,10 @@ def trace(
             above this; default half the memory available when the trace starts.
         rule: the backward rule (:mod:`vitcam_nb.core.rules`): "gradient" (default, autograd's gradient),
             "cp_lrp", "attnlrp" or "libragrad" (timm ViT/DeiT/DINOv2 and BEiT families; others are refused by
-            name). The forward pass and the activations are unchanged; the stored gradients are the rule's, and
-            input x gradient is the rule's relevance. The rule is recorded in ``attrs["backward_rule"]`` and the
+            name), or "chefer_lrp" (Chefer et al.'s LRP relevance pass, timm ViT/DeiT: the stored gradients ARE
+            the LRP relevance, and ``attn_plain_grad`` holds the plain gradient at F2). The forward pass and the
+            activations are unchanged; the stored gradients are the rule's, and input x gradient is the rule's
+            relevance. The rule is recorded in ``attrs["backward_rule"]`` and the
             trace id (a "gradient" trace keeps both as before).
 
     Example:

@@ -15,7 +15,7 @@ from vitcam_nb.core.presets import CITATIONS, PRESETS
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.rules import LRP_PATENT_NOTE, RULES
 
-__all__ = ["RULE_PRESET_CITATIONS", "RULE_TAXONOMY", "attnlrp", "cp_lrp", "libragrad"]
+__all__ = ["RULE_PRESET_CITATIONS", "RULE_TAXONOMY", "attnlrp", "cp_lrp", "libragrad", "transformer_attribution"]
 
 #: Where each preset comes from (also added to ``CITATIONS``): its rule's citation and the read-out.
 RULE_PRESET_CITATIONS: dict[str, str] = {
@@ -23,6 +23,8 @@ RULE_PRESET_CITATIONS: dict[str, str] = {
     "attnlrp": RULES["attnlrp"].citation + "; input x modified gradient at the first block's input",
     "libragrad": RULES["libragrad"].citation + "; read out as input x modified gradient at the first block's input "
                  "(the paper's FullGrad+ read-out adds every bias x its gradient, which a trace does not store)",
+    "transformer_attribution": RULES["chefer_lrp"].citation + "; Transformer Attribution: per block the mean over "
+                               "heads of relu(dA * R_A), rolled out from the identity, CLS row (start_layer 0)",
 }
 CITATIONS.update(RULE_PRESET_CITATIONS)
 
@@ -48,6 +50,17 @@ RULE_TAXONOMY: dict[str, dict[str, str]] = {
                   "tokens": _TOKENS, "aggregation": "sum_k h[p,k] R[p,k] (input x modified gradient; the paper's "
                                                     "FullGrad+ bias terms are not included)",
                   "reconstruction": _RECON},
+    "transformer_attribution": {
+        "paper": RULES["chefer_lrp"].citation.split(";")[0] + ". " + LRP_PATENT_NOTE,
+        "code": "https://github.com/hila-chefer/Transformer-Explainability (baselines/ViT/ViT_LRP.py, "
+                "ViT_explanation_generator.py)",
+        "site": "F2 of every block: its LRP relevance R_A (the stored attn_grad of a chefer_lrp trace) and its plain "
+                "gradient dA (attn_plain_grad, same pass)",
+        "target": "class logit; relevance started from the one-hot of the class (backward rule chefer_lrp, trace "
+                  "argument rule='chefer_lrp')",
+        "tokens": "the CLS row of the rollout, patch columns",
+        "aggregation": "Abar_l = mean_h relu(dA_l * R_A_l); R = I, R <- R + Abar_l R for each block from the first",
+        "reconstruction": "raster grid, bilinear upsampling, min-max (as the official visualisation)"},
 }
 
 
@@ -95,4 +108,20 @@ def libragrad(layer: int | tuple | str = 0) -> Recipe:
     return _relevance("libragrad", layer)
 
 
-PRESETS.update({"cp_lrp": cp_lrp, "attnlrp": attnlrp, "libragrad": libragrad})
+def transformer_attribution(layer: int | tuple | str = "all") -> Recipe:
+    """Transformer Attribution (Chefer, Gur & Wolf 2021): per block the mean over heads of relu(dA * R_A), R_A the
+    LRP relevance of the attention map and dA its plain gradient, rolled out from the identity over the blocks
+    from ``layer``'s first (default every block: the official ``start_layer=0``) to the last; the CLS row over the
+    patches, min-max. Needs ``vc.trace(model, image, rule="chefer_lrp", sites=[..., "F2"])`` (one pass stores
+    both). LRP's authors state in lxt's README that LRP is patented and free for personal and scientific use.
+
+    Example:
+        >>> transformer_attribution().weighting, transformer_attribution().site
+        ('transformer_attribution', 'F2')
+    """
+    return Recipe(site="F2", layer=layer, weighting="transformer_attribution", layer_fusion="sum" if layer == "all"
+                  or isinstance(layer, tuple) else "none", relu="none", normalize="minmax")
+
+
+PRESETS.update({"cp_lrp": cp_lrp, "attnlrp": attnlrp, "libragrad": libragrad,
+                "transformer_attribution": transformer_attribution})

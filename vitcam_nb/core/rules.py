@@ -8,7 +8,7 @@ relevance of layer-wise relevance propagation (LRP) in its gradient x input form
 
 Example:
     >>> rule_names()
-    ['gradient', 'cp_lrp', 'attnlrp', 'libragrad']
+    ['gradient', 'cp_lrp', 'attnlrp', 'libragrad', 'chefer_lrp']
     >>> check_rule("attnlrp")
     'attnlrp'
 """
@@ -64,6 +64,14 @@ RULES: dict[str, RuleInfo] = {
         "Mehri, Soleymani Baghshah & Pilehvar 2025, LibraGrad: Balancing Gradient Flow for Universally Better "
         "Vision Transformer Attributions, CVPR; official code github.com/NightMachinery/pytorch-image-models-"
         "libragrad-v1 (timm/night/decomposition.py)"),
+    "chefer_lrp": RuleInfo(
+        "Chefer et al.'s LRP relevance pass: the backward carries relevance, not a gradient, from the one-hot of "
+        "the class (the stored 'gradient' at every site IS the LRP relevance there): Linear layers by "
+        "LRP-alpha1-beta0 (bias left out), LayerNorm, GELU, softmax and dropout pass relevance unchanged, the "
+        "products q k^T and A V by the z-rule with half the relevance to each operand, each residual sum split in "
+        "proportion to its operands and rescaled to keep the sum, relevance at a fork summed",
+        "Chefer, Gur & Wolf 2021, Transformer Interpretability Beyond Attention Visualization, CVPR; official code "
+        "github.com/hila-chefer/Transformer-Explainability (baselines/ViT/ViT_LRP.py, layers_ours.py)"),
 }
 
 
@@ -83,7 +91,7 @@ def check_rule(rule: object) -> str:
     Example:
         >>> check_rule("lrp")  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
-        TraceError: rule: unknown backward rule 'lrp'; allowed: ['gradient', 'cp_lrp', 'attnlrp', 'libragrad']
+        TraceError: rule: unknown backward rule 'lrp'; allowed: ['gradient', 'cp_lrp', 'attnlrp', 'libragrad', ...]
     """
     if not isinstance(rule, str) or rule not in RULES:
         raise TraceError(f"rule: unknown backward rule {rule!r}; allowed: {rule_names()}")

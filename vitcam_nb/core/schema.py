@@ -113,6 +113,9 @@ VARIABLES: dict[str, Entry] = {
     "attn_scores": Entry(("layer", "head", "query", "key"),
                          "pre-softmax attention scores (site attn_scores, optional; softmax of it is F2)"),
     "attn_scores_grad": Entry(("target", "layer", "head", "query", "key"), "d target / d attn_scores"),
+    "attn_plain_grad": Entry(("target", "layer", "head", "query", "key"),
+                             "backward rule chefer_lrp only (where attn_grad holds the LRP relevance of F2): the "
+                             "plain gradient d target / d attn, from a second batched backward of the same pass"),
     "score": Entry(("layer", "site", "target", "channel"),
                    "Score-CAM: target score of the input times each channel's upsampled min-max map (vc.score; NaN: "
                    "not scored)"),

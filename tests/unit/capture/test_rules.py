@@ -203,7 +203,7 @@ def test_a_bad_rule_is_refused_before_any_model_call():
     model = _model()
     calls = _never_called(model)
     with pytest.raises(TraceError, match=r"rule: unknown backward rule 'lrp'; allowed: \['gradient', 'cp_lrp', "
-                                         r"'attnlrp', 'libragrad'\]"):
+                                         r"'attnlrp', 'libragrad', 'chefer_lrp'\]"):
         vc.trace(model, _image(), rule="lrp")
     assert calls == []
 

@@ -29,7 +29,8 @@ from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
 
-__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_extra_names",
+           "rule_families"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,11 @@ class RuleImpl:
 
     ``check(model, adapter)`` raises :class:`~vitcam_nb.core.errors.TraceError` when the model has a module the
     rule is not defined on; ``context(model, adapter)`` is the context manager the pass runs inside.
-    ``models`` names the models of the family it covers, for error messages.
+    ``models`` names the models of the family it covers, for error messages. ``extra_grads``, if given, runs
+    after the forward pass and before the pass's own backward, inside the rule's context: ``extra_grads(outputs,
+    grad_outputs, tensors)`` may run its own batched backward passes over the retained graph and returns
+    ``{variable name: {(layer, site): (targets, batch, ...) tensor}}``, stored beside the site's gradient (e.g.
+    ``chefer_lrp``'s plain gradient at F2, ``attn_plain_grad``).
 
     Example:
         >>> RuleImpl("vit", lambda m, a: None, lambda m, a: contextlib.nullcontext(), "timm ViT").family
@@ -49,6 +54,9 @@ class RuleImpl:
     check: Callable[[torch.nn.Module, Adapter], None]
     context: Callable[[torch.nn.Module, Adapter], ContextManager]
     models: str = ""
+    extra_grads: Callable[[torch.Tensor, torch.Tensor, dict], dict[str, dict]] | None = None
+    #: the variables ``extra_grads`` stores, each shaped like the F2 gradient (for the memory estimate)
+    extra_names: tuple[str, ...] = ()
 
 
 # rule name -> family -> implementation
@@ -115,3 +123,30 @@ def rule_context(rule: str, model: torch.nn.Module, adapter: Adapter) -> Context
     if check_rule(rule) == DEFAULT_RULE:
         return contextlib.nullcontext()
     return _IMPLS[rule][adapter.family].context(model, adapter)
+
+
+def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors: dict) -> dict[str, dict]:
+    """The extra gradients rule ``rule`` stores (``{}`` for every rule without them), computed on the pass's
+    ``outputs`` (one per target, each differentiated with its own one-hot, as the pass's backward) and its site
+    ``tensors``; called inside the rule's context, before the pass's own backward frees the graph.
+
+    Example:
+        >>> rule_extra_grads("gradient", None, torch.zeros(2), {})
+        {}
+    """
+    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    if impl is None or impl.extra_grads is None:
+        return {}
+    eye = torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype)
+    return impl.extra_grads(outputs, eye, tensors)
+
+
+def rule_extra_names(rule: str, adapter: Adapter) -> tuple[str, ...]:
+    """The extra variables rule ``rule`` stores on ``adapter``'s family, each shaped like the F2 gradient.
+
+    Example:
+        >>> rule_extra_names("gradient", None)
+        ()
+    """
+    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    return impl.extra_names if impl is not None else ()
