@@ -26,6 +26,7 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
+from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.rules import rule_context, rule_extra_grads
@@ -140,20 +141,6 @@ def _check_choice(classes: object, n: int) -> list[int]:
     return [int(c) for c in classes]
 
 
-def _batched_grad(outputs: torch.Tensor, inputs: list[torch.Tensor]) -> tuple:
-    """Gradients of every entry of ``outputs`` with respect to ``inputs``, in one vmapped backward pass."""
-    try:
-        return torch.autograd.grad(
-            outputs, inputs, grad_outputs=torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype),
-            is_grads_batched=True, allow_unused=True,
-        )
-    except RuntimeError as exc:
-        if "atching rule" not in str(exc) and "vmap" not in str(exc):
-            raise
-        raise TraceError("model: a gradient hook already on the model (e.g. another CAM library's) cannot "
-                         f"run in the batched backward pass; remove it first ({exc})") from exc
-
-
 def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
     """Trace a batch ``x`` (B, 3, H, W): one forward pass with the plan's sites hooked, one batched backward
     pass for every image's chosen targets and its expected score.
@@ -205,7 +192,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         extra_grads = {name: {k: adapter.arrange_traced(ctx, k[1], k[0], g) for k, g in got.items()}
                        for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         with releasing_during_backward(list(per_layer.values())):
-            got = dict(zip(needed, _batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
+            got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
         release_freed_memory()
         grads = [got.get(k) for k in keys]
         acts, grad_by_key = {}, {}

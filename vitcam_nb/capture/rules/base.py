@@ -41,7 +41,8 @@ class RuleImpl:
     rule is not defined on; ``context(model, adapter)`` is the context manager the pass runs inside.
     ``models`` names the models of the family it covers, for error messages. ``extra_grads``, if given, runs
     after the forward pass and before the pass's own backward, inside the rule's context: ``extra_grads(outputs,
-    grad_outputs, tensors)`` may run its own batched backward passes over the retained graph and returns
+    tensors)`` may run its own batched backward passes over the retained graph
+    (:func:`vitcam_nb.capture.backward.batched_grad` with ``retain_graph=True``) and returns
     ``{variable name: {(layer, site): (targets, batch, ...) tensor}}``, stored beside the site's gradient (e.g.
     ``chefer_lrp``'s plain gradient at F2, ``attn_plain_grad``).
 
@@ -54,7 +55,7 @@ class RuleImpl:
     check: Callable[[torch.nn.Module, Adapter], None]
     context: Callable[[torch.nn.Module, Adapter], ContextManager]
     models: str = ""
-    extra_grads: Callable[[torch.Tensor, torch.Tensor, dict], dict[str, dict]] | None = None
+    extra_grads: Callable[[torch.Tensor, dict], dict[str, dict]] | None = None
     #: the variables ``extra_grads`` stores, each shaped like the F2 gradient (for the memory estimate)
     extra_names: tuple[str, ...] = ()
 
@@ -137,8 +138,7 @@ def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors
     impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
     if impl is None or impl.extra_grads is None:
         return {}
-    eye = torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype)
-    return impl.extra_grads(outputs, eye, tensors)
+    return impl.extra_grads(outputs, tensors)
 
 
 def rule_extra_names(rule: str, adapter: Adapter) -> tuple[str, ...]:

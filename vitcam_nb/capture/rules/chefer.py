@@ -35,6 +35,7 @@ from functools import partial
 import torch
 
 from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.hooks import removable_hooks
 from vitcam_nb.capture.rules.base import RuleImpl, register_rule
 from vitcam_nb.capture.rules.vit import check_vit
@@ -315,13 +316,13 @@ def _block_hooks(blk: torch.nn.Module, add, mode: _Mode) -> None:
     add(blk.drop_path2, residual("resid2"))
 
 
-def plain_attention_grads(outputs: torch.Tensor, grad_outputs: torch.Tensor, tensors: dict) -> dict[str, dict]:
+def plain_attention_grads(outputs: torch.Tensor, tensors: dict) -> dict[str, dict]:
     """The plain gradient of each output at every stored F2 tensor (Transformer Attribution's ``dA``: the
     official code's hook on the attention after dropout), by one batched backward over the retained graph with
     every relevance function passing autograd's own gradient; ``{}`` when F2 is not traced.
 
     Example:
-        >>> plain_attention_grads(torch.zeros(1), torch.ones(1, 1), {})
+        >>> plain_attention_grads(torch.zeros(1), {})
         {}
     """
     keys = [k for k, t in tensors.items() if k[1] == "F2" and t.requires_grad]
@@ -334,8 +335,7 @@ def plain_attention_grads(outputs: torch.Tensor, grad_outputs: torch.Tensor, ten
                          "other forward hooks on attn_drop")
     mode.plain = True
     try:
-        got = torch.autograd.grad(outputs, [tensors[k] for k in keys], grad_outputs=grad_outputs,
-                                  is_grads_batched=True, retain_graph=True, allow_unused=True)
+        got = batched_grad(outputs, [tensors[k] for k in keys], retain_graph=True)
     finally:
         mode.plain = False
     return {PLAIN_GRAD: {k: torch.zeros((len(outputs), *tensors[k].shape), dtype=tensors[k].dtype,
