@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -227,6 +228,12 @@ def empty_image(entries: list[Entry], n_parts: int, grid: tuple[int, int]) -> di
             "scale": np.zeros(len(entries), np.float32)}
 
 
+@functools.lru_cache(maxsize=4096)
+def _on_grid(recipe: Recipe) -> Recipe:
+    """The recipe on the token grid, made once per recipe (a replace checks every field: 0.5 ms, per image)."""
+    return recipe.replace(upsample="none")
+
+
 def store_entry(out: dict[str, np.ndarray], i: int, e: Entry, parts: np.ndarray, reasons: list[str], scale: float,
                 size: tuple[int, int], pad: tuple[int, int]) -> None:
     """Write entry ``i``'s per-layer token-grid maps ``parts`` (layer, gy, gx), their reasons and its scale into one
@@ -242,7 +249,7 @@ def store_entry(out: dict[str, np.ndarray], i: int, e: Entry, parts: np.ndarray,
     """
     out["part_reason"][e.slot[0]:e.slot[0] + e.slot[1]] = reasons
     out["scale"][i] = scale
-    grid, notes, _ = replay(parts, reasons, list(e.layers), e.recipe.replace(upsample="none"), size, pad, e.rollout)
+    grid, notes, _ = replay(parts, reasons, list(e.layers), _on_grid(e.recipe), size, pad, e.rollout)
     out["degenerate"][i] = "; ".join(notes)
     if e.part is None:
         out["maps"][i] = parts[0]
