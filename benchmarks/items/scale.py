@@ -106,7 +106,12 @@ def _cluster(model: object, images: list, recipes: list, root: Path, batch: int,
 
 
 def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images: int = 9, threads: int = 1) -> dict:
-    """Measure everything; returns the results dict (see the module docstring)."""
+    """Measure everything; returns the results dict (see the module docstring).
+
+    Example:
+        >>> run(quick=True, n_images=2, rounds=1, cluster_images=3)["targets"][0]["item"]  # doctest: +SKIP
+        'map_many_vs_trace'
+    """
     import timm
     import torch
 
@@ -199,7 +204,12 @@ def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the item and write its JSON (``--out``, default ``benchmarks/SCALE.json``)."""
+    """Run the item and write its JSON (``--out``, default ``benchmarks/SCALE.json``).
+
+    Example:
+        >>> main(["--quick", "--out", "/tmp/scale-quick.json"])  # doctest: +SKIP
+        0
+    """
     p = argparse.ArgumentParser(prog="python -m benchmarks.items.scale", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "SCALE.json")
     p.add_argument("--quick", action="store_true", help="tiny ViT smoke run, no claims")
