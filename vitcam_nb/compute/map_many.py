@@ -34,6 +34,7 @@ from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.capture.trace_many import store_settings
 from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
+from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
 from vitcam_nb.compute.report import cached_report
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
@@ -125,7 +126,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
              batch_size: int = 8, device: str | torch.device | None = None, dtype: str = "float32",
              targets: str | int | Sequence[int] | None = None, labels: Sequence[str] | None = None,
              image_labels: Sequence[Any] | None = None, overwrite: bool = False, verify: bool = True,
-             progress: bool = True, max_bytes: float | None = None, worker_model: dict | None = None) -> Path:
+             progress: bool = True, max_bytes: float | None = None, worker_model: dict | None = None,
+             backend: str = "numpy") -> Path:
     """Compute every recipe's map of every image into one zarr store, keeping only the maps on the token grid.
 
     Per batch, one forward and one batched backward pass capture only the sites and blocks the recipes read;
@@ -148,6 +150,10 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             maps themselves are float32, as ``vc.cam`` returns them).
         targets: the classes traced; default: ``"topK"`` for the recipes' largest ``class_="topK"``.
         overwrite, verify, progress, max_bytes: as in :func:`vitcam_nb.trace_many`.
+        backend: ``"numpy"`` (default): each image's maps by the NumPy pipeline of ``vc.cam`` on its trace, bitwise
+            ``vc.cam``; ``"torch"``: each batch's maps by the torch kernels on the pass's device, straight from the
+            pass's tensors (within 1e-5 of each map's scale, the same degenerate flags; a recipe without a torch
+            kernel is refused before any model call, naming it).
         worker_model: for a distributed run, ``{"timm": name, **create_model kwargs}`` that builds the model's
             architecture on each worker (its weights travel as safetensors bytes); default: the model's timm name.
 
@@ -164,7 +170,11 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     """
     from vitcam_nb.compute import map_shard
 
+    if backend not in BACKENDS:
+        raise TraceError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
     recipes = as_recipes(recipes_or_space)
+    if backend == "torch":
+        torch_refusals(recipes)
     targets = _targets(recipes, targets)
     plan, entries, n_parts = store_plan(model, recipes, targets, dtype, device, labels)
     model = plan.model
@@ -173,6 +183,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     batch_size = int(batch_size)
     check_max_bytes(max_bytes, plan)
     settings = {**store_settings(plan), "recipes": [e.recipe.to_json() for e in entries], "batch_size": batch_size}
+    if backend != "numpy":  # a NumPy store keeps the settings (and id) it had before backends existed
+        settings["backend"] = backend
     path = Path(path)
     if path.suffix.lower() != ".zarr":
         raise TraceFileError(f"path: a map_many store is a zarr folder and its path ends in .zarr, got {path}")
@@ -227,7 +239,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
         check_budget(plan, shape[-2:], max_bytes, batch=len(batch))
-        arrays, attrs, kinds = compute_batch(plan, entries, n_parts, [p for _, p, _ in batch])
+        compute = compute_batch if backend == "numpy" else compute_batch_torch
+        arrays, attrs, kinds = compute(plan, entries, n_parts, [p for _, p, _ in batch])
         arrays.update(label=labels_, source=sources)
         if state["writer"] is None:
             state["writer"] = create(arrays, attrs, kinds)
@@ -241,7 +254,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         with exclusive(model), on_device(model, plan.run_device):
             if client is not None:
                 shard = map_shard.Sharder(client, model, plan, entries, n_parts, targets, dtype, labels, path,
-                                          worker_model, lambda: state["writer"], bar)
+                                          worker_model, lambda: state["writer"], bar, backend=backend)
             pending: list = []
             start = 0
             for i, item in enumerate(items):

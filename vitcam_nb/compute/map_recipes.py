@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,8 @@ from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES, PER_IMAGE_ATTRS
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.preprocess import PreparedInput
 
-__all__ = ["Entry", "as_recipes", "compute_batch", "grid_parts", "image_maps_of", "plan_entries"]
+__all__ = ["Entry", "as_recipes", "compute_batch", "empty_image", "grid_parts", "image_maps_of", "plan_entries",
+           "store_entry"]
 
 
 def _one(item: Any, i: int) -> Recipe:
@@ -205,24 +207,55 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
         ((1, 4, 4), [''])
     """
     view = TraceView.of(trace)
-    gh, gw, size = view.gh, view.gw, (view.height, view.width)
-    n_slots = entries[-1].slot[0] + entries[-1].slot[1]
-    out = {"maps": np.zeros((len(entries), gh, gw), np.float32), "parts": np.zeros((n_parts, gh, gw), np.float32),
-           "part_reason": np.full(n_slots, "", object), "degenerate": np.full(len(entries), "", object),
-           "scale": np.zeros(len(entries), np.float32)}
+    out = empty_image(entries, n_parts, (view.gh, view.gw))
     for i, e in enumerate(entries):
         parts, reasons, scale = grid_parts(view, e)
-        out["part_reason"][e.slot[0]:e.slot[0] + e.slot[1]] = [str(r) for r in reasons]
-        out["scale"][i] = scale
-        grid, notes, _ = replay(parts, [str(r) for r in reasons], list(e.layers), e.recipe.replace(upsample="none"),
-                                size, view.pad, e.rollout)
-        out["degenerate"][i] = "; ".join(notes)
-        if e.part is None:
-            out["maps"][i] = parts[0]
-        else:
-            out["parts"][e.part[0]:e.part[0] + e.part[1]] = parts
-            out["maps"][i] = grid
+        store_entry(out, i, e, parts, [str(r) for r in reasons], scale, (view.height, view.width), view.pad)
     return out
+
+
+def empty_image(entries: list[Entry], n_parts: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
+    """One image's stored arrays before its maps are written (:func:`image_maps_of` lists them).
+
+    Example:
+        >>> empty_image([Entry(Recipe(layer=0), (0,), False, None, (0, 1))], 0, (2, 2))["maps"].shape
+        (1, 2, 2)
+    """
+    gh, gw = grid
+    n_slots = entries[-1].slot[0] + entries[-1].slot[1]
+    return {"maps": np.zeros((len(entries), gh, gw), np.float32), "parts": np.zeros((n_parts, gh, gw), np.float32),
+            "part_reason": np.full(n_slots, "", object), "degenerate": np.full(len(entries), "", object),
+            "scale": np.zeros(len(entries), np.float32)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _on_grid(recipe: Recipe) -> Recipe:
+    """The recipe on the token grid, made once per recipe (a replace checks every field: 0.5 ms, per image)."""
+    return recipe.replace(upsample="none")
+
+
+def store_entry(out: dict[str, np.ndarray], i: int, e: Entry, parts: np.ndarray, reasons: list[str], scale: float,
+                size: tuple[int, int], pad: tuple[int, int]) -> None:
+    """Write entry ``i``'s per-layer token-grid maps ``parts`` (layer, gy, gx), their reasons and its scale into one
+    image's arrays ``out``: its map (the parts replayed as ``vc.cam`` fuses them, on the token grid) and its
+    degeneracy, by the same calls whichever backend computed the parts.
+
+    Example:
+        >>> e = Entry(Recipe(layer=0), (0,), False, None, (0, 1))
+        >>> out = empty_image([e], 0, (1, 2))
+        >>> store_entry(out, 0, e, np.array([[[0.0, 1.0]]], np.float32), [""], 2.0, (16, 32), (0, 0))
+        >>> out["maps"].tolist(), out["scale"].tolist()
+        ([[[0.0, 1.0]]], [2.0])
+    """
+    out["part_reason"][e.slot[0]:e.slot[0] + e.slot[1]] = reasons
+    out["scale"][i] = scale
+    grid, notes, _ = replay(parts, reasons, list(e.layers), _on_grid(e.recipe), size, pad, e.rollout)
+    out["degenerate"][i] = "; ".join(notes)
+    if e.part is None:
+        out["maps"][i] = parts[0]
+    else:
+        out["parts"][e.part[0]:e.part[0] + e.part[1]] = parts
+        out["maps"][i] = grid
 
 
 def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared: list[PreparedInput]

@@ -30,6 +30,7 @@ from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.trace_many import store_settings
 from vitcam_nb.compute.map_recipes import Entry, compute_batch
+from vitcam_nb.compute.map_torch import compute_batch_torch
 from vitcam_nb.compute.map_writer import BIG, write_region
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import settings_id, weights_sha256
@@ -39,7 +40,10 @@ try:  # the plugin's base class; without distributed there is no Client to shard
 except ImportError:  # pragma: no cover
     _PluginBase = object
 
-__all__ = ["Sharder", "active_client"]
+__all__ = ["COMPUTE", "Sharder", "active_client"]
+
+#: Each ``map_many(backend=...)``'s batch computation: the pass and every image's maps.
+COMPUTE = {"numpy": compute_batch, "torch": compute_batch_torch}
 
 #: Models loaded on this worker process, by key: (model, device, lock).
 _MODELS: dict[str, tuple[torch.nn.Module, str, threading.Lock]] = {}
@@ -120,7 +124,7 @@ def _worker_batch(key: str, entries: list[Entry], n_parts: int, plan_args: dict,
         if settings_id(store_settings(plan)) != settings_id_:
             raise TraceError("worker_model: the model on this worker gives other store settings than the caller's")
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
-            arrays, _, _ = compute_batch(plan, entries, n_parts, prepared)
+            arrays, _, _ = COMPUTE[plan_args.get("backend", "numpy")](plan, entries, n_parts, prepared)
     write_region(path, start, arrays)
     return {k: v for k, v in arrays.items() if k not in BIG}
 
@@ -135,7 +139,7 @@ class Sharder:
 
     def __init__(self, client: Any, model: torch.nn.Module, plan: TracePlan, entries: list[Entry], n_parts: int,
                  targets: Any, dtype: str, labels: Sequence[str] | None, path: Path, worker_model: dict | None,
-                 get_writer: Callable[[], Any], bar: Any) -> None:
+                 get_writer: Callable[[], Any], bar: Any, backend: str = "numpy") -> None:
         from distributed import as_completed
         from safetensors.torch import save
 
@@ -152,7 +156,7 @@ class Sharder:
         plugin = _ModelPlugin(self.key, spec, weights, sha, model.training, str(plan.run_device))
         self.client, self.entries, self.n_parts, self.path = client, entries, n_parts, str(path)
         self.plan_args = {"targets": targets, "sites": plan.site_ids, "layers": plan.layer_ids, "dtype": dtype,
-                          "labels": None if labels is None else list(labels)}
+                          "labels": None if labels is None else list(labels), "backend": backend}
         self.settings_id = settings_id(store_settings(plan))
         self.get_writer, self.bar = get_writer, bar
         self.plugin_name = plugin.name
