@@ -9,8 +9,9 @@ Usage::
 
 Below the table, lines compare the gallery with the peers' one-pass galleries and give the trace's page faults
 (from the same results). Next to the results file, ``TRACE_MANY.json``, ``AGAINST.json``, ``LOAD.json``,
-``AMBIGUITY.json`` and ``SCALE.json`` (``python -m benchmarks.trace_many``, ``python -m benchmarks.against``, ``python -m benchmarks.load``, ``python -m
-benchmarks.ambiguity`` and ``python -m benchmarks --items scale``) each add a line below the table when they exist.
+``AMBIGUITY.json`` and ``SCALE.json`` (``python -m benchmarks.trace_many``, ``python -m benchmarks.against``,
+``python -m benchmarks.load``, ``python -m benchmarks.ambiguity`` and ``python -m benchmarks --items scale``) each
+add a line below the table when they exist.
 
 If the README has no markers, the table is printed and the exit status is 1.
 """
@@ -233,7 +234,8 @@ def scale_row(scale_path: Path) -> str:
             f"block), x{ratio['map_many_torch']:.2f} with `backend=\"torch\"`; the store adds "
             f"{a['store_mb_per_image']['numpy']:.2f} MB per image (plus {a['store']['fixed_mb']['numpy']:.1f} MB once "
             f"for the recipe table); pytorch-grad-cam computing the maps it can express costs "
-            f"x{pgc['ratio_one_call_each']:,.0f} per map with one call each and x{pgc['ratio_best_case']:,.0f} with five layers hooked in one pass "
+            f"x{pgc['ratio_one_call_each']:,.0f} per map with one call each and x{pgc['ratio_best_case']:,.0f}"
+            f" with five layers hooked in one pass "
             f"({pgc['extrapolation']}); a 2-worker `LocalCluster` against one worker: x{cl['ratio']:.2f} "
             f"({cl['images']} images; {cl['note']}). {m['usable_cpus']} CPUs, load average "
             f"{'/'.join(f'{v:.2f}' for v in m['load_average_start'])} at start, measured {a['date']}, "
