@@ -1,0 +1,84 @@
+"""Readers of a map store (issue #35, items 3 and 4): the ambiguity analysis over the recipes a vc.map_many
+store holds equals the analysis of the same recipes on the traces of the same pass; a requested space outside
+the store is refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import vitcam_nb as vc
+from vitcam_nb import Recipe
+
+N = 3
+SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}
+SPACE = {"site": ["F1", "F4"], "layer": [0, 1], "weighting": ["gradcam", "layercam"]}
+FIELDS = [f.name for f in dataclasses.fields(Recipe)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return timm.create_model(SPEC["timm"], pretrained=False, **{k: v for k, v in SPEC.items() if k != "timm"}).eval()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return list(np.random.default_rng(1).integers(0, 256, (N, 32, 32, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, model, images):
+    # The same batches of the same pass: the map store's maps are bitwise vc.cam on the trace store's traces.
+    root = tmp_path_factory.mktemp("readers")
+    maps = vc.map_many(model, images, SPACE, root / "maps.zarr", batch_size=N, progress=False)
+    traces = vc.trace_many(model, images, root / "traces.zarr", targets="top2", batch_size=N, progress=False)
+    return vc.open_maps(maps), vc.open_traces(traces)
+
+
+def _trace_space(**open_values) -> dict:
+    # On a trace every open field ranges over its documented defaults: pin the others to the store's values.
+    return {**{f: [getattr(Recipe(), f)] for f in FIELDS}, **open_values}
+
+
+def _assert_same(got, want) -> None:
+    assert len(got.results) == len(want.results) == N
+    for g, w in zip(got.results, want.results):
+        assert [r.id for r in g.recipes] == [r.id for r in w.recipes]
+        np.testing.assert_array_equal(g.maps.values, w.maps.values)
+        assert g.sensitivity == w.sensitivity and g.open == w.open and g.skipped == w.skipped
+        np.testing.assert_array_equal(g.rho, w.rho)
+    np.testing.assert_array_equal(got.sensitivity.values, want.sensitivity.values)
+    np.testing.assert_array_equal(got.median_spearman, want.median_spearman)
+
+
+def test_ambiguity_over_a_map_store_equals_it_over_the_traces(stores):
+    maps, traces = stores
+    # No space given: the store's recipes are the space (2 sites x 2 blocks x 2 weightings, token grid).
+    got = vc.ambiguity(maps, reported={})
+    want = vc.ambiguity(traces, reported={}, space=_trace_space(**SPACE))
+    _assert_same(got, want)
+    assert len(got.results[0].recipes) == 8 and sorted(got.results[0].open) == ["layer", "site", "weighting"]
+    assert set(got.sensitivity["factor"].values) >= {"site", "layer", "weighting"}
+    # A requested upsampling opens the image grid: every stored map read at each upsampling, token maps as blocks.
+    ups = {"upsample": ["none", "bilinear", "nearest"]}
+    got = vc.ambiguity(maps, reported={"site": "F4"}, space=ups)
+    want = vc.ambiguity(traces, reported={"site": "F4"},
+                        space={k: v for k, v in _trace_space(**SPACE, **ups).items() if k != "site"})
+    _assert_same(got, want)
+    assert got.results[0].maps.attrs["grid"] == "image grid" and len(got.results[0].recipes) == 12
+    # A reported value narrows the store's recipes: the last block read as -1.
+    got = vc.ambiguity(maps, reported={"layer": -1, "weighting": "layercam"})
+    assert [r.to_string() for r in got.results[0].recipes] == \
+        [Recipe(site=s, layer=-1, weighting="layercam", upsample="none").to_string() for s in ("F1", "F4")]
+
+
+def test_a_requested_space_outside_the_store_is_refused_by_name(stores):
+    maps, _ = stores
+    with pytest.raises(vc.RecipeError, match=r"not in this map store.*hirescam") as err:
+        vc.ambiguity(maps, reported={"site": "F1", "layer": 0}, space={"weighting": ["gradcam", "hirescam"]})
+    assert "layercam" not in str(err.value)  # only the missing recipes are named
