@@ -1,10 +1,12 @@
 """Readers of a map store (issue #35, items 3 and 4): the ambiguity analysis over the recipes a vc.map_many
 store holds equals the analysis of the same recipes on the traces of the same pass; a requested space outside
-the store is refused by name."""
+the store is refused by name. The Explorer picks the images of a map store and offers only its recipes."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ import torch
 
 import vitcam_nb as vc
 from vitcam_nb import Recipe
+from vitcam_nb.core.presets import PRESETS
+from vitcam_nb.core.recipe import UPSAMPLES
 
 N = 3
 SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}
@@ -82,3 +86,44 @@ def test_a_requested_space_outside_the_store_is_refused_by_name(stores):
     with pytest.raises(vc.RecipeError, match=r"not in this map store.*hirescam") as err:
         vc.ambiguity(maps, reported={"site": "F1", "layer": 0}, space={"weighting": ["gradcam", "hirescam"]})
     assert "layercam" not in str(err.value)  # only the missing recipes are named
+
+
+def _cam(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
+        return vc.cam(*args, **kwargs)
+
+
+def test_the_explorer_picks_images_of_a_map_store_and_offers_only_its_recipes(stores):
+    maps, _ = stores
+    ex = vc.Explorer(maps, index=1)
+    assert ex.store is maps and [pos for _, pos in ex.images] == list(range(N)) and ex.index == 1
+    assert ex.recipe == Recipe(site="F1", layer=0, weighting="gradcam")  # the store's first recipe
+    offered = {f["name"]: f for f in ex.options["fields"]}
+    assert [v for v, _ in offered["site"]["values"]] == ["F1", "F4"]
+    assert sorted(v for v, _ in offered["weighting"]["values"]) == ["gradcam", "layercam"]
+    assert offered["layer"]["layers"] == [0, 1]
+    assert [v for v, _ in offered["target"]["values"]] == ["logit"]
+    assert [v for v, _ in offered["layer_fusion"]["values"]] == ["none"]
+    assert [v for v, _ in offered["upsample"]["values"]] == list(UPSAMPLES)  # applied on read
+    held = {r.replace(upsample="none").id for r in (Recipe(**dict(zip(SPACE, c)))
+                                                   for c in itertools.product(*SPACE.values()))}
+    assert [name for name, _, _ in ex.options["presets"]] == \
+        [name for name, make in PRESETS.items() if make().replace(upsample="none").id in held]
+    # Each map shown is the store's, read as vc.cam reads it, on the image picked.
+    for i, recipe in ((1, Recipe(site="F4", layer=1, weighting="layercam", upsample="nearest")),
+                      (2, Recipe(site="F1", layer=-1))):
+        ex.index = i
+        ex.recipe = recipe
+        one = vc.image_maps(maps, i)
+        np.testing.assert_array_equal(ex.cam().values, _cam(one, recipe).values)
+        np.testing.assert_array_equal(ex.map, _cam(one, recipe, grid=True).values)
+        assert ex.image_shape == [32, 32] and ex.methods == recipe.describe(one)
+    assert ex.static() is not None
+    # A combination of offered values the store lacks is refused in the page, the map kept.
+    shown = ex.map.copy()
+    ex.request = {"id": 7, "recipe": {"relu": "none"}, "changed": ["relu"]}
+    assert "not in this map store" in ex.error and ex.response_id == 7
+    np.testing.assert_array_equal(ex.map, shown)
+    with pytest.raises(TypeError, match="to_html"):
+        ex.to_html()
