@@ -1,6 +1,7 @@
 """Readers of a map store (issue #35, items 3 and 4): the ambiguity analysis over the recipes a vc.map_many
 store holds equals the analysis of the same recipes on the traces of the same pass; a requested space outside
-the store is refused by name. The Explorer picks the images of a map store and offers only its recipes."""
+the store is refused by name. The Explorer picks the images of a map store and offers only its recipes.
+vc.trace_many sharded over a LocalCluster of processes writes the store a single process writes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+import zarr
 
 import vitcam_nb as vc
 from vitcam_nb import Recipe
@@ -127,3 +129,30 @@ def test_the_explorer_picks_images_of_a_map_store_and_offers_only_its_recipes(st
     np.testing.assert_array_equal(ex.map, shown)
     with pytest.raises(TypeError, match="to_html"):
         ex.to_html()
+
+
+# -- trace_many sharded over a dask.distributed cluster ---------------------------------------------------------------
+def _arrays(path) -> dict[str, np.ndarray]:
+    group = zarr.open_group(str(path), mode="r")
+    return {name: np.asarray(arr[:]) for name, arr in group.arrays()}
+
+
+@pytest.mark.slow
+def test_trace_many_on_a_local_cluster_of_processes_writes_the_single_process_store(tmp_path, model, images):
+    distributed = pytest.importorskip("distributed")
+    many = images * 2  # three batches of two: the first in this process, the others on the workers
+    masks = [np.pad(np.ones((8 + 2 * k, 8), bool), ((4, 20 - 2 * k), (4, 20))) for k in range(len(many))]
+    args = dict(targets="top2", batch_size=2, image_labels=[3, -1, 7, 0, 1, 2], masks=masks, progress=False)
+    path = tmp_path / "cluster.zarr"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        vc.trace_many(model, many, path, worker_model=SPEC, **args)
+        executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    assert sum(executed.values()) >= 2, executed
+    whole = vc.trace_many(model, many, tmp_path / "whole.zarr", **args)
+    got, want = _arrays(path), _arrays(whole)
+    assert sorted(got) == sorted(want) and {"act", "grad", "mask", "done"} <= set(got)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert dict(zarr.open_group(str(path)).attrs) == dict(zarr.open_group(str(whole)).attrs)
+    assert got["done"].all() and got["label"].tolist() == [3, -1, 7, 0, 1, 2]
