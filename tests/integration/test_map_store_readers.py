@@ -1,6 +1,7 @@
 """Readers of a map store (issue #35, items 3 and 4): the ambiguity analysis over the recipes a vc.map_many
 store holds equals the analysis of the same recipes on the traces of the same pass; a requested space outside
 the store is refused by name. The Explorer picks the images of a map store and offers only its recipes.
+The score card of a map store equals the traces' for the metrics that read maps only.
 vc.trace_many sharded over a LocalCluster of processes writes the store a single process writes."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import vitcam_nb as vc
 from vitcam_nb import Recipe
 from vitcam_nb.core.presets import PRESETS
 from vitcam_nb.core.recipe import UPSAMPLES
+from vitcam_nb.evaluate.metric_registry import metric_names
 
 N = 3
 SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}
@@ -130,6 +132,25 @@ def test_the_explorer_picks_images_of_a_map_store_and_offers_only_its_recipes(st
     with pytest.raises(TypeError, match="to_html"):
         ex.to_html()
 
+
+
+def test_the_scorecard_of_a_map_store_equals_the_traces_for_the_metrics_that_read_maps(stores):
+    maps, traces = stores
+    recipes = [Recipe(site="F1", layer=0), Recipe(site="F4", layer=-2, weighting="layercam", upsample="bicubic")]
+    masks = [np.pad(np.ones((12, 10 + 2 * k), bool), ((4, 16), (2, 20 - 2 * k))) for k in range(N)]
+    card = vc.evaluate.scorecard(maps, recipes, masks=masks, n_boot=50, progress=False)
+    names = [str(m) for m in card["metric"].values]
+    assert names == metric_names("localisation") + metric_names("complexity")  # no model, no trace: these only
+    want = vc.evaluate.scorecard(traces, recipes, names, masks=masks, n_boot=50, progress=False)
+    for var in ("values", "mean", "low", "high", "count"):
+        np.testing.assert_array_equal(card[var].values, want[var].values, err_msg=var)
+    assert int(card["count"].min()) == N
+    with pytest.raises(ValueError, match=r"deletion_auc.*map store holds maps only"):
+        vc.evaluate.scorecard(maps, recipes, ["sparseness", "deletion_auc"], progress=False)
+    with pytest.raises(ValueError, match="target"):
+        vc.evaluate.scorecard(maps, recipes, ["sparseness"], target="label", progress=False)
+    with pytest.raises(vc.RecipeError, match="hirescam"):
+        vc.evaluate.scorecard(maps, [*recipes, Recipe(weighting="hirescam")], ["sparseness"], progress=False)
 
 # -- trace_many sharded over a dask.distributed cluster ---------------------------------------------------------------
 def _arrays(path) -> dict[str, np.ndarray]:

@@ -118,7 +118,7 @@ def explorer_view(trace: xr.Dataset) -> tuple[TraceFacts, dict[str, Any], Recipe
 
     Example:
         >>> facts, table, start = explorer_view(vc.image_maps(ds, 0))  # doctest: +SKIP
-        >>> start.site
+        >>> start.site  # doctest: +SKIP
         'F4'
     """
     if is_map_store(trace):
