@@ -38,6 +38,7 @@ from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_layout import stack_images, store_target_names
 from vitcam_nb.capture.store_lock import StoreLock
+from vitcam_nb.capture.trace_shard import TraceSharder
 from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
@@ -45,15 +46,11 @@ from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
 from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
 from vitcam_nb.targets.classes import head_size
 
-__all__ = ["store_settings", "trace_batch", "trace_many"]
+__all__ = ["store_settings", "trace_many"]
 
 
-def trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
-    """One pass over a batch; each image's single-trace Dataset (in this process, or on a worker).
-
-    Example:
-        >>> trace_batch(plan, [prepare_input(model, img) for img in imgs])  # doctest: +SKIP
-    """
+def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
+    """One pass over a batch; each image's single-trace Dataset."""
     shapes = {tuple(p.tensor.shape) for p in prepared}
     if len(shapes) > 1:
         raise TraceError(f"images: a store holds images of one input size; this batch has {sorted(shapes)}")
@@ -235,7 +232,7 @@ def trace_many(
         if not pending:
             return
         check_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
-        per = trace_batch(plan, [p for _, _, p in pending])
+        per = _trace_batch(plan, [p for _, _, p in pending])
         batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
         if shard is not None and store is not None:  # the first batch shapes the store here; the others go out
             shard.submit(store, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks,
@@ -258,9 +255,8 @@ def trace_many(
     try:
         client = active_client()
         if client is not None:
-            from vitcam_nb.capture.trace_shard import TraceSharder  # it imports this module's pass
-
-            shard = TraceSharder(client, model, plan, targets, labels, worker_model, bar)
+            shard = TraceSharder(client, model, plan, targets, labels, worker_model, bar,
+                                 (_trace_batch, store_settings))
         with exclusive(model), on_device(model, plan.run_device):
             for i, item in enumerate(items):
                 if i % batch_size == 0:

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import xarray as xr
@@ -25,7 +25,6 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import TRACE_VARS, Store, runs
 from vitcam_nb.capture.store_layout import stack_images
-from vitcam_nb.capture.trace_many import store_settings, trace_batch
 from vitcam_nb.capture.worker_model import drop_model, loaded_model, send_model
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import settings_id
@@ -53,9 +52,12 @@ def write_traces(path: str, batch: xr.Dataset) -> list[str]:
     return names
 
 
-def _worker_traces(key: str, plan_args: dict, settings_id_: str, path: str, indices: list[int], items: list[Item],
-                   masks: list, prepared: list, names: list[str]) -> tuple[xr.Dataset, list[str]]:
-    """One batch on a worker: the pass, its large arrays written; the rest of the batch and what was written."""
+def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, settings_id_: str, path: str,
+                   indices: list[int], items: list[Item], masks: list, prepared: list, names: list[str]
+                   ) -> tuple[xr.Dataset, list[str]]:
+    """One batch on a worker: the pass, its large arrays written; the rest of the batch and what was written.
+    ``steps``: trace_many's batch pass and store settings (handed in: trace_many imports this module)."""
+    trace_batch, store_settings = steps
     model, device, lock = loaded_model(key)
     with lock:
         plan = TracePlan.for_store(model, plan_args["targets"], sites=plan_args["sites"], layers=plan_args["layers"],
@@ -74,18 +76,20 @@ class TraceSharder:
     """Sends trace_many's batches to the Client's workers and records each finished batch in the store.
 
     Example:
-        >>> shard = TraceSharder(client, model, plan, "top5", None, None, bar)  # doctest: +SKIP
+        >>> shard = TraceSharder(client, model, plan, "top5", None, None, bar, (batch_pass, store_settings))
+        ... # doctest: +SKIP
     """
 
     def __init__(self, client: Any, model: Any, plan: TracePlan, targets: Any, labels: Sequence[str] | None,
-                 worker_model: dict | None, bar: Any) -> None:
+                 worker_model: dict | None, bar: Any, steps: tuple[Callable, Callable]) -> None:
         from distributed import as_completed
 
+        self.steps = steps  # (the batch pass, the store settings) of trace_many; functions travel by name
         self.key, self.plugin_name = send_model(client, model, worker_model, str(plan.run_device), "trace_many")
         self.client, self.bar = client, bar
         self.plan_args = {"targets": targets, "sites": plan.site_ids, "layers": plan.layer_ids, "dtype": plan.dtype,
                           "labels": None if labels is None else list(labels), "rule": plan.rule}
-        self.settings_id = settings_id(store_settings(plan))
+        self.settings_id = settings_id(steps[1](plan))
         self.queue = as_completed()
         self.meta: dict[Any, Store] = {}
         self.limit = 2 * max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})) or 1)
@@ -95,8 +99,8 @@ class TraceSharder:
         """Send one batch (the store lengthened first, so that its worker writes inside it)."""
         store.grow(max(indices) + 1)
         light = [Item(None, it.label, None, it.source) for it in items]  # the pixels travel prepared, once
-        future = self.client.submit(_worker_traces, self.key, self.plan_args, self.settings_id, str(store.path),
-                                    indices, light, masks, prepared, names, retries=2, pure=False)
+        future = self.client.submit(_worker_traces, self.steps, self.key, self.plan_args, self.settings_id,
+                                    str(store.path), indices, light, masks, prepared, names, retries=2, pure=False)
         self.meta[future] = store
         self.queue.add(future)
         while self.queue.count() >= self.limit:

@@ -380,7 +380,9 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     intervals do not correct this (:mod:`vitcam_nb.evaluate.ambiguity.sensitivity`).
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
 
-    ``trace`` may be a list of traces or an ``open_traces`` store: then the answer is an
+    ``trace`` may also be one image of a map store (``vc.image_maps``; the analysis over the recipes the store
+    holds, :mod:`~vitcam_nb.evaluate.ambiguity.stored`), or a list of traces, an ``open_traces`` store or an
+    ``open_maps`` store: then the answer is an
     :class:`~vitcam_nb.evaluate.ambiguity.many.AmbiguityMany` (one analysis per image; over a store, one dask task
     per image, run on the active dask.distributed Client if there is one).
 
