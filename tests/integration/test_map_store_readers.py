@@ -167,9 +167,15 @@ def test_trace_many_on_a_local_cluster_of_processes_writes_the_single_process_st
     path = tmp_path / "cluster.zarr"
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   silence_logs=40) as cluster, distributed.Client(cluster) as client:
-        vc.trace_many(model, many, path, worker_model=SPEC, **args)
+        calls: list[int] = []
+        hook = model.register_forward_pre_hook(lambda _m, a: calls.append(int(a[0].shape[0])))
+        try:
+            vc.trace_many(model, many, path, worker_model=SPEC, **args)
+        finally:
+            hook.remove()
         executed = client.run(lambda dask_worker: dask_worker.state.executed_count)
-    assert sum(executed.values()) >= 2, executed
+    # The first batch is traced here (it shapes the store), the other two on the workers, each batch once.
+    assert calls == [2] and sum(executed.values()) >= 2, (calls, executed)
     whole = vc.trace_many(model, many, tmp_path / "whole.zarr", **args)
     got, want = _arrays(path), _arrays(whole)
     assert sorted(got) == sorted(want) and {"act", "grad", "mask", "done"} <= set(got)

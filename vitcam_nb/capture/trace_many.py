@@ -232,13 +232,13 @@ def trace_many(
         if not pending:
             return
         check_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
-        per = _trace_batch(plan, [p for _, _, p in pending])
         batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
         if shard is not None and store is not None:  # the first batch shapes the store here; the others go out
             shard.submit(store, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks,
                          [p for _, _, p in pending], names)
             pending.clear()
             return
+        per = _trace_batch(plan, [p for _, _, p in pending])
         batch = stack_images(per, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks, names)
         if store is None:
             batch.attrs.update({"store_kind": STORE_KIND, "store_version": STORE_VERSION,
