@@ -31,6 +31,8 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.audit.position_probe`: how well each token site's activations still predict the tokens' grid
   positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
 * :mod:`~vitcam_nb.evaluate.report.known_answer`: the known-answer report ranking every variant on the bundled model.
+* :mod:`~vitcam_nb.evaluate.report.known_answer_video`: the video known answer (right-frames share, pointing per
+  frame) on the bundled ``shapes-video``.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
 ``ValueError`` naming the argument.
@@ -102,6 +104,7 @@ from vitcam_nb.evaluate.randomisation.parameters import (
     randomised_logit,
 )
 from vitcam_nb.evaluate.report.known_answer import report_known_answer
+from vitcam_nb.evaluate.report.known_answer_video import frame_pointing, report_known_answer_video, right_frames
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
 from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
@@ -166,6 +169,7 @@ __all__ = [
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
     "report_known_answer",
+    "report_known_answer_video",
     "resolve_k",
     "road",
     "robustness",
@@ -178,4 +182,6 @@ __all__ = [
     "ssim",
     "topk_intersection",
     "topk_iou",
+    "frame_pointing",
+    "right_frames",
 ]
