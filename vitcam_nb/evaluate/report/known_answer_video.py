@@ -27,7 +27,8 @@ import torch
 
 from vitcam_nb.api import cam
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core import presets
+from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.data.shapes_video import shape_clips
 from vitcam_nb.data.train_video import normalise_clips
@@ -35,13 +36,16 @@ from vitcam_nb.models import load_model
 
 __all__ = ["VIDEO_RECIPES", "frame_pointing", "report_known_answer_video", "right_frames"]
 
-#: The recipes the report scores by default (nearest time upsampling: each frame takes its own tubelet's value).
+#: The recipes the report scores by default: Grad-CAM at three sites and depths, HiResCAM and LayerCAM, attention
+#: rollout (rows averaged over the tokens: VideoMAE has no class token), and nearest time upsampling.
 VIDEO_RECIPES: dict[str, Recipe] = {
     "gradcam F1 last block": Recipe(site="F1", layer=-1),
     "gradcam F4 last block": Recipe(site="F4", layer=-1),
-    "gradcam F4 first block": Recipe(site="F4", layer=0),
-    "gradcam F6 last block": Recipe(site="F6", layer=-1),
-    "gradcam F4 last block, nearest": Recipe(site="F4", layer=-1, upsample="nearest"),
+    "gradcam F6 first block": Recipe(site="F6", layer=0),
+    "hirescam F1 last block": presets.hirescam(),
+    "layercam F1 last block": presets.layercam(),
+    "attention rollout, mean rows": presets.attention_rollout().replace(attn_rows="mean"),
+    "gradcam F1 last block, nearest in time": Recipe(site="F1", layer=-1, upsample="nearest"),
 }
 
 
@@ -100,6 +104,14 @@ def frame_pointing(cam_map: object, masks: np.ndarray, evidence: np.ndarray, tol
     return float(np.mean(hits)) if hits else float("nan")
 
 
+def _for_class(recipe: Recipe, class_: int) -> Recipe:
+    """``recipe`` for the clip's true class; a recipe that uses no gradient (attention rollout) has no class."""
+    try:
+        return recipe.replace(class_=class_)
+    except RecipeError:
+        return recipe
+
+
 def report_known_answer_video(model: torch.nn.Module | str = "shapes-video", n_clips: int = 50, seed: int = 0,
                               recipes: Mapping[str, Recipe] | None = None,
                               tolerance: float = 4.0) -> tuple[list[dict], dict]:
@@ -131,7 +143,7 @@ def report_known_answer_video(model: torch.nn.Module | str = "shapes-video", n_c
         for name, recipe in recipes.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DegenerateMapWarning)
-                m = cam(tr, recipe.replace(class_=int(labels[i])))
+                m = cam(tr, _for_class(recipe, int(labels[i])))
             scores[name][0].append(right_frames(m, evidence[i]))
             scores[name][1].append(frame_pointing(m, masks[i], evidence[i], tolerance))
     rows = [{"recipe": name, "recipe_id": recipe.id, "right_frames": float(np.nanmean(rf)),
