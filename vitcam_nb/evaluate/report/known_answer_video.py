@@ -25,10 +25,10 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from vitcam_nb.api import cam
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.data.shapes_video import shape_clips
 from vitcam_nb.data.train_video import normalise_clips
@@ -143,7 +143,8 @@ def report_known_answer_video(model: torch.nn.Module | str = "shapes-video", n_c
         for name, recipe in recipes.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DegenerateMapWarning)
-                m = cam(tr, _for_class(recipe, int(labels[i])))
+                r = _for_class(recipe, int(labels[i]))
+                m = kind_for(tr, r).cam(tr, r)  # the video trace kind (vitcam_nb.compute registers it)
             scores[name][0].append(right_frames(m, evidence[i]))
             scores[name][1].append(frame_pointing(m, masks[i], evidence[i], tolerance))
     rows = [{"recipe": name, "recipe_id": recipe.id, "right_frames": float(np.nanmean(rf)),
