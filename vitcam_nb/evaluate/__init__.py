@@ -33,6 +33,8 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.shapley.values`: exact Shapley values of a grid of patch groups (all 2^n masked forward
   passes) and :mod:`~vitcam_nb.evaluate.shapley.agreement`, a map's rank agreement with them.
 * :mod:`~vitcam_nb.evaluate.report.known_answer`: the known-answer report ranking every variant on the bundled model.
+* :mod:`~vitcam_nb.evaluate.report.known_answer_video`: the video known answer (right-frames share, pointing per
+  frame) on the bundled ``shapes-video``.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
 ``ValueError`` naming the argument.
@@ -104,6 +106,7 @@ from vitcam_nb.evaluate.randomisation.parameters import (
     randomised_logit,
 )
 from vitcam_nb.evaluate.report.known_answer import report_known_answer
+from vitcam_nb.evaluate.report.known_answer_video import frame_pointing, report_known_answer_video, right_frames
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
 from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
@@ -170,6 +173,7 @@ __all__ = [
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
     "report_known_answer",
+    "report_known_answer_video",
     "resolve_k",
     "road",
     "robustness",
@@ -184,4 +188,6 @@ __all__ = [
     "ssim",
     "topk_intersection",
     "topk_iou",
+    "frame_pointing",
+    "right_frames",
 ]
