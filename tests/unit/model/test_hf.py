@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -149,24 +149,7 @@ def make_input(fam: Family, seed: int = 0) -> torch.Tensor:
 
 def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[torch.Tensor], torch.Tensor]):
     """({(layer, site): (act, grad)} float64, scores) from my own hooks on an eager deep copy."""
-    m = copy.deepcopy(model).eval()
-    m.set_attn_implementation("eager")
-    store: dict[tuple[int, str], torch.Tensor] = {}
-
-    def keep(key, t):
-        assert key not in store, f"{key} fired twice"
-        t.retain_grad()
-        store[key] = t
-
-    for layer, blk in enumerate(m.get_submodule(fam.layers)):
-        for site, (path, io) in fam.sites.items():
-            mod = blk.get_submodule(path) if path else blk
-            if io == "input":
-                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
-            else:
-                index = 1 if io == "weights" else 0
-                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
-                                          keep(key, out[index] if isinstance(out, tuple) else out))
+    m, store = hooked_eager_copy(model, fam.layers, fam.sites)
     with torch.enable_grad():
         scores = fam.scores(m, x.detach().clone().requires_grad_(True))
         scalar(scores).backward()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -84,24 +84,7 @@ def region_scores(m: nn.Module, x: torch.Tensor, mask: np.ndarray) -> torch.Tens
 
 def reference(model: nn.Module, x: torch.Tensor, mask: np.ndarray, scalar):
     """({(layer, site): (act, grad)} float64, region scores) from my own hooks on an eager deep copy."""
-    m = copy.deepcopy(model).eval()
-    m.set_attn_implementation("eager")
-    store: dict[tuple[int, str], torch.Tensor] = {}
-
-    def keep(key, t):
-        assert key not in store, f"{key} fired twice"
-        t.retain_grad()
-        store[key] = t
-
-    for layer, blk in enumerate(m.get_submodule(LAYERS)):
-        for site, (path, io) in DPT_LAYER.items():
-            mod = blk.get_submodule(path) if path else blk
-            if io == "input":
-                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
-            else:
-                index = 1 if io == "weights" else 0
-                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
-                                          keep(key, out[index] if isinstance(out, tuple) else out))
+    m, store = hooked_eager_copy(model, LAYERS, DPT_LAYER)
     with torch.enable_grad():
         scores = region_scores(m, x.detach().clone().requires_grad_(True), mask)
         scalar(scores).backward()
