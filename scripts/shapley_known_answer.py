@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     table[cols].to_csv(targets[0], index=False)
     settings = {**table.attrs, "command": "python scripts/shapley_known_answer.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "seconds": round(seconds, 1), "device": str(args.device or "cpu")}
+    if "shapley_cache" in settings:  # the repository's own paths relative, as in the command line
+        settings["shapley_cache"] = settings["shapley_cache"].replace(str(ROOT) + "/", "")
     targets[1].write_text(json.dumps(settings, indent=2, default=str) + "\n")
     print(table[cols].to_string(index=False))
     return 0
