@@ -91,15 +91,20 @@ def needs_scores(recipe: Recipe) -> bool:
         bool(WEIGHTINGS.get(recipe.weighting).scores)
 
 
+#: Weightings that read a rule not named after them (Transformer Attribution reads Chefer's LRP pass).
+_RULE_OF = {"transformer_attribution": "chefer_lrp"}
+
+
 def rule_for(recipe: Recipe) -> str:
     """The backward rule of the trace ``recipe`` reads: a relevance weighting is named after its rule
-    (:mod:`vitcam_nb.compute.relevance`); every other weighting reads a plain (``"gradient"``) trace.
+    (:mod:`vitcam_nb.compute.relevance`) or listed in ``_RULE_OF``; every other weighting reads a plain
+    (``"gradient"``) trace.
 
     Example:
         >>> rule_for(presets.get("attnlrp")), rule_for(presets.gradcam())
         ('attnlrp', 'gradient')
     """
-    return recipe.weighting if recipe.weighting in RULES else DEFAULT_RULE
+    return _RULE_OF.get(recipe.weighting) or (recipe.weighting if recipe.weighting in RULES else DEFAULT_RULE)
 
 
 def _pointing(up: np.ndarray, mask: np.ndarray, tol: float) -> float:
