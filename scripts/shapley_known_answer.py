@@ -14,7 +14,11 @@ game and deletion AUC on the same images, as :func:`vitcam_nb.evaluate.report.pr
 them. One image took 824 s here on two CPU cores shared with other jobs (about 3 ms per pass unshared): the default
 of 2 images (the committed ``reports/known_answer/shapley.csv``: 1,370 s here) is a quick look, not a ranking.
 Writes ``shapley.csv`` and ``shapley.json`` (the settings and the time taken) to ``--out``; an existing file is
-not overwritten unless ``--overwrite``.
+not overwritten unless ``--overwrite``. The Shapley values themselves are kept in ``--cache`` (default
+``shapley_values.json`` beside the report; ``--no-cache`` computes everything): they depend on the image, the
+grid, the baseline and the class, never on a map, so a rerun that adds a method (e.g. the backward-rule presets)
+reads them instead of repeating 65,536 passes per image; the settings say how many images were read.
+The table has a ``rule`` column: the backward rule of the trace each row was computed from.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="run a copy of the model there (e.g. cuda)")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "known_answer")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="JSON file of Shapley values to read and extend (default <out>/shapley_values.json)")
+    p.add_argument("--no-cache", action="store_true", help="compute every Shapley value, read and write no cache")
     args = p.parse_args(argv)
 
     import vitcam_nb as vc
@@ -60,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     table = report_presets(model, n_images=args.n_images, seed=args.seed, shapley_images=args.n_images,
                            shapley_grid=tuple(args.grid), shapley_baseline=args.baseline, batch_size=args.batch_size,
+                           shapley_cache=None if args.no_cache else (args.cache or out / "shapley_values.json"),
                            progress=True)
     seconds = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
-    cols = [c for c in ("preset", "status", "shapley_agreement", "shapley_n_images", "pointing_game", "deletion_auc",
-                        "recipe_id") if c in table.columns]
+    cols = [c for c in ("preset", "status", "rule", "shapley_agreement", "shapley_n_images", "pointing_game",
+                        "deletion_auc", "recipe_id") if c in table.columns]
     table[cols].to_csv(targets[0], index=False)
     settings = {**table.attrs, "command": "python scripts/shapley_known_answer.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "seconds": round(seconds, 1), "device": str(args.device or "cpu")}
+    if "shapley_cache" in settings:  # the repository's own paths relative, as in the command line
+        settings["shapley_cache"] = settings["shapley_cache"].replace(str(ROOT) + "/", "")
     targets[1].write_text(json.dumps(settings, indent=2, default=str) + "\n")
     print(table[cols].to_string(index=False))
     return 0

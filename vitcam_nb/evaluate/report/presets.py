@@ -9,7 +9,11 @@ Score-CAM) get them from ``vc.score`` at its defaults. The deletion is ordered b
 map (ViT-CX) by its mean over each patch. Each image is traced at every site the model offers (the published
 attention-gradient methods read q, k, v, attn_scores, resid_pre), and once more with one read-out score per block
 for LeGrad (``vc.targets.layerwise``) and, for Grad-ECLIP's code version, inside
-:func:`~vitcam_nb.adapters.single_head_attention` (its official code runs the block as one head).
+:func:`~vitcam_nb.adapters.single_head_attention` (its official code runs the block as one head). A preset that
+reads a backward rule's relevance (``cp_lrp``, ``attnlrp``, ``libragrad``: :func:`rule_for`) gets the image traced
+once more with that rule (same sites, ``vc.trace(..., rule=...)``); the ``rule`` column names the rule of the trace
+each row was computed from. Exact Shapley values can be read from and written to a cache file
+(:class:`~vitcam_nb.evaluate.report.shapley_cache.ShapleyCache`): they depend on the image, never on the map.
 
 Example:
     >>> table = report_presets(n_images=2, names=["attention_rollout", "albef_itm_gradcam"])  # doctest: +SKIP
@@ -34,7 +38,9 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.provenance import weights_sha256
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe, is_int
+from vitcam_nb.core.rules import DEFAULT_RULE, RULES
 from vitcam_nb.core.schema import EXTRA_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.data import shapes
@@ -47,12 +53,13 @@ from vitcam_nb.evaluate.faithfulness.perturbation import (
     pixel_rank,
 )
 from vitcam_nb.evaluate.localisation.metrics import default_tolerance
+from vitcam_nb.evaluate.report.shapley_cache import ShapleyCache
 from vitcam_nb.evaluate.shapley.agreement import shapley_agreement
 from vitcam_nb.evaluate.shapley.values import check_shapley, shapley_patches
 from vitcam_nb.models import load_model
 from vitcam_nb.targets.layerwise import layerwise
 
-__all__ = ["fit_to_model", "needs_scores", "report_presets"]
+__all__ = ["fit_to_model", "needs_scores", "report_presets", "rule_for"]
 
 _FAMILY_ONLY = {site: "needs a vision-language family with text cross-attention (BLIP/ALBEF); the model is an "
                       "image classifier without it" for site in EXTRA_SITES}
@@ -82,6 +89,22 @@ def needs_scores(recipe: Recipe) -> bool:
     """
     return recipe.layer_fusion in INTEGRATED_ROLLOUTS or recipe.weighting == "vitcx" or \
         bool(WEIGHTINGS.get(recipe.weighting).scores)
+
+
+#: Weightings that read a rule not named after them (Transformer Attribution reads Chefer's LRP pass).
+_RULE_OF = {"transformer_attribution": "chefer_lrp"}
+
+
+def rule_for(recipe: Recipe) -> str:
+    """The backward rule of the trace ``recipe`` reads: a relevance weighting is named after its rule
+    (:mod:`vitcam_nb.compute.relevance`) or listed in ``_RULE_OF``; every other weighting reads a plain
+    (``"gradient"``) trace.
+
+    Example:
+        >>> rule_for(presets.get("attnlrp")), rule_for(presets.gradcam())
+        ('attnlrp', 'gradient')
+    """
+    return _RULE_OF.get(recipe.weighting) or (recipe.weighting if recipe.weighting in RULES else DEFAULT_RULE)
 
 
 def _pointing(up: np.ndarray, mask: np.ndarray, tol: float) -> float:
@@ -119,6 +142,20 @@ def _agreement(cells: np.ndarray, phi: Any) -> float:
         return float(shapley_agreement(cells, phi).attrs["value"])
 
 
+def _shapley(model: torch.nn.Module, tr: Any, cache: ShapleyCache, where: tuple[int, int, int],
+             grid: tuple[int, int], baseline: str, label: int, batch_size: int) -> Any:
+    """The image's exact Shapley values (true class, logit): from ``cache`` when it holds them, else computed and
+    stored there."""
+    seed, n_images, index = where
+    key = {"weights": weights_sha256(model), "seed": seed, "n_images": n_images, "image": index, "grid": grid,
+           "baseline": baseline, "score": "logit", "target": label}
+    phi = cache.get(**key)
+    if phi is None:
+        phi = shapley_patches(model, tr, grid, baseline, target=label, batch_size=batch_size, progress=False)
+        cache.put(phi, **key)
+    return phi
+
+
 def _prepare(names: Sequence[str], num_layers: int) -> tuple[dict[str, Recipe], dict[str, str]]:
     recipes, skipped = {}, {}
     for name in names:
@@ -138,7 +175,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    names: Sequence[str] | None = None, deletion_steps: int = 16, substrate: str = "mean",
                    score: str = "prob", batch_size: int = 512, shapley_images: int = 0,
                    shapley_grid: tuple[int, int] = (4, 4), shapley_baseline: str = "mean",
-                   out_dir: str | Path | None = None, progress: bool | None = None) -> Any:
+                   shapley_cache: str | Path | None = None, out_dir: str | Path | None = None,
+                   progress: bool | None = None) -> Any:
     """Pointing game and deletion AUC of every preset on ``n_images`` images of :func:`vitcam_nb.data.shapes`
     (one row per preset; a preset that does not apply has ``status`` "skipped: <reason>"). With ``out_dir``,
     writes ``presets.csv`` and ``presets.json`` (the settings) there.
@@ -147,7 +185,12 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
     ``shapley_grid`` patch groups for the true class's logit (:func:`~vitcam_nb.evaluate.shapley_patches`; 4x4
     groups: 65,536 model calls per image) and each preset the Spearman agreement of its token-grid map (the map
     that orders the deletion) pooled per group (:func:`~vitcam_nb.evaluate.shapley_agreement`): columns
-    ``shapley_agreement`` (mean) and ``shapley_n_images``.
+    ``shapley_agreement`` (mean) and ``shapley_n_images``. With ``shapley_cache`` (a JSON file), values stored
+    there for the same weights, image set, grid, baseline and class are read instead of computed, and computed
+    ones are added to it; ``table.attrs["shapley_cache"]`` says how many were read.
+
+    Each row's ``rule`` is the backward rule of the trace its map was computed from (``gradient`` except for the
+    rule presets, whose images are traced once more with their rule).
 
     Example:
         >>> report_presets(n_images=20, out_dir="reports/known_answer")  # doctest: +SKIP
@@ -166,6 +209,7 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
     if shapley_images:  # grid, baseline and memory refused before any trace or model call
         check_shapley(model, images[0], shapley_grid, shapley_baseline, batch_size)
     scorer = Scorer(model, score)
+    cache = ShapleyCache(shapley_cache) if shapley_images else None
     recipes: dict[str, Recipe] = {}
     skipped: dict[str, str] = {}
     pg: dict[str, list[float]] = {}
@@ -183,6 +227,7 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
         tr = trace(model, image, targets=[label], sites=sites)
         # LeGrad's trace (one read-out score per block) and Grad-ECLIP's (its blocks run as one head), made when needed
         by_block = one_head = None
+        by_rule: dict[str, Any] = {}  # this image traced with a backward rule, once per rule a preset needs
         if not recipes and not skipped:
             recipes, skipped = _prepare(names, int(tr.attrs["num_layers"]))
         h, w = masks[i].shape
@@ -192,8 +237,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
         step = max(1, int(np.ceil(n_cells / deletion_steps)))
         counts = np.unique(np.append(np.arange(0, n_cells, step), n_cells))
         # exact Shapley values of this image (true class, logit)
-        phi = shapley_patches(model, tr, shapley_grid, shapley_baseline, target=label, batch_size=batch_size,
-                              progress=False) if i < shapley_images else None
+        phi = _shapley(model, tr, cache, (seed, n_images, i), shapley_grid, shapley_baseline, label, batch_size) \
+            if cache is not None and i < shapley_images else None
         for name, base in list(recipes.items()):
             try:  # a gradient-free rollout keeps class_ at its default (its recipe refuses a class)
                 recipe = base.replace(class_=label)
@@ -207,9 +252,12 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                     with single_head_attention(model, layers=blocks):
                         one_head = trace(model, image, targets=[label], sites=["F3", "v", "q_out", "k_out"],
                                          layers=blocks)
+                rule = rule_for(recipe)
+                if rule != DEFAULT_RULE and rule not in by_rule:
+                    by_rule[rule] = trace(model, image, targets=[label], sites=sites, rule=rule)
                 if needs_scores(recipe):
                     tr = score_trace(tr, model, recipe, image, progress=False)
-                src = {"legrad": by_block, "grad_eclip": one_head}.get(recipe.weighting, tr)
+                src = {"legrad": by_block, "grad_eclip": one_head}.get(recipe.weighting, by_rule.get(rule, tr))
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DegenerateMapWarning)
                     up = kind_for(src, recipe).cam(src, recipe)
@@ -244,7 +292,7 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             rows.append({"preset": name, "status": "ok", "pointing_game_all": float(np.nan_to_num(p).mean()),
                          "pointing_game": float(np.nanmean(p)), "deletion_auc": float(np.nanmean(a)),
                          "degenerate_frac": float(np.isnan(p).mean()), "n_images": int(np.sum(~np.isnan(p))),
-                         "recipe_id": used[name].id, "recipe": used[name].to_json()})
+                         "rule": rule_for(used[name]), "recipe_id": used[name].id, "recipe": used[name].to_json()})
             if shapley_images:
                 s = np.array(agree[name])
                 rows[-1].update(shapley_agreement=float(np.nanmean(s)), shapley_n_images=int(np.isfinite(s).sum()))
@@ -255,13 +303,17 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    "class": "true label of each image", "layers": "tuples counted from the end clipped to the model",
                    "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)",
                    "sites": ",".join(sites or []), "legrad": "a second trace, targets=vc.targets.layerwise(label)",
-                   "grad_eclip": "a third trace inside vc.adapters.single_head_attention(model, its blocks)"}
+                   "grad_eclip": "a third trace inside vc.adapters.single_head_attention(model, its blocks)",
+                   "rules": "rule presets (cp_lrp, attnlrp, libragrad): the image traced once more per rule, same "
+                            "sites, vc.trace(..., rule=<rule>); column rule = the rule of each row's trace"}
     if shapley_images:
         gy, gx = shapley_grid
         table.attrs["shapley"] = (
             f"exact Shapley values of {gy}x{gx} patch groups (all {2 ** (gy * gx):,} masked passes per image), "
             f"baseline {shapley_baseline}, logit of the true class, on the first {shapley_images} image(s); "
             "shapley_agreement = mean Spearman of the token-grid map pooled (mean) per group against them")
+        table.attrs["shapley_cache"] = (f"{cache.hits} image(s) read from {cache.path}, {cache.misses} computed"
+                                        if cache.path is not None else f"none: all {cache.misses} computed")
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
