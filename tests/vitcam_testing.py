@@ -286,3 +286,13 @@ def hooked_eager_copy(model: torch.nn.Module, layers: str, sites: dict, extra=No
         if extra is not None:
             extra(layer, blk, keep)
     return m, store
+
+
+def target_scalar(target_class: int, select=None):
+    """The scalar a trace differentiates for one target, written independently of vitcam_nb: score
+    ``target_class`` of ``select(output)`` (the output itself by default), or for ``target_class < 0`` the expected
+    score ``sum_i p_i s_i`` with the softmax weights ``p`` detached."""
+    pick = select or (lambda z: z)
+    if target_class < 0:
+        return lambda z: (torch.softmax(pick(z).detach(), dim=0) * pick(z)).sum()
+    return lambda z: pick(z)[target_class]

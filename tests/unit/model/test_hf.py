@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -157,12 +157,6 @@ def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[
     return out, scores.detach().double().numpy()
 
 
-def scalar_for(target_class: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    if target_class < 0:
-        return lambda z: (torch.softmax(z.detach(), dim=0) * z).sum()
-    return lambda z: z[target_class]
-
-
 @functools.cache
 def family_run(label: str):
     fam = FAMILIES[label]
@@ -172,7 +166,7 @@ def family_run(label: str):
     assert_unchanged(before, model)
     refs, ref_scores = {}, None
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        refs[str(target)], ref_scores = reference(fam, model, x, scalar_for(int(c)))
+        refs[str(target)], ref_scores = reference(fam, model, x, target_scalar(int(c)))
     return model, x, tr, refs, ref_scores
 
 
@@ -374,7 +368,7 @@ def test_prompts_take_a_hugging_face_tokenizer_and_text_model():
     prompt_fam = Family("hf_clip", fam.build, fam.input_hw, fam.grid, fam.prefix, fam.layers, fam.sites,
                         scores=zero_shot)
     for target_name, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        ref, scores = reference(prompt_fam, model, x, scalar_for(int(c)))
+        ref, scores = reference(prompt_fam, model, x, target_scalar(int(c)))
         assert_rel_close(tr["logits"].values, scores, "zero-shot logits")
         for site in ("F1", "F2"):
             for layer in (0, 1):

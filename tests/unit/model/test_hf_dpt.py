@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -92,12 +92,6 @@ def reference(model: nn.Module, x: torch.Tensor, mask: np.ndarray, scalar):
     return out, scores.detach().double().numpy()
 
 
-def scalar_for(target_class: int):
-    if target_class < 0:  # the expected region score, softmax weights detached
-        return lambda s: (torch.softmax(s.detach(), dim=0) * s).sum()
-    return lambda s: s[target_class]
-
-
 @functools.cache
 def dpt_run():
     model, x, mask = build(), make_input(), make_mask()
@@ -106,7 +100,7 @@ def dpt_run():
     assert_unchanged(before, model)
     refs = {}
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        refs[str(target)], scores = reference(model, x, mask, scalar_for(int(c)))
+        refs[str(target)], scores = reference(model, x, mask, target_scalar(int(c)))
     return model, x, mask, tr, refs, scores
 
 

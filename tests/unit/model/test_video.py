@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.core.errors import TraceError
@@ -149,12 +149,6 @@ def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[
     return out, logits.detach().double().numpy()
 
 
-def scalar_for(target_class: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    if target_class < 0:
-        return lambda z: (torch.softmax(z.detach(), dim=0) * z).sum()
-    return lambda z: z[target_class]
-
-
 @functools.cache
 def family_run(label: str):
     fam = FAMILIES[label]
@@ -165,7 +159,7 @@ def family_run(label: str):
     assert_unchanged(before, model)
     refs, logits = {}, None
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        refs[str(target)], logits = reference(fam, model, x, scalar_for(int(c)))
+        refs[str(target)], logits = reference(fam, model, x, target_scalar(int(c)))
     return model, x, tr, refs, logits
 
 
