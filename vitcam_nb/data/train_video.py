@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import sys
 import time
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes import MEAN, STD
 from vitcam_nb.data.shapes_video import CLASS_NAMES, shape_clips, video_generator_settings
-from vitcam_nb.data.train import MODELS_DIR, state_dict_sha256
+from vitcam_nb.data.train import MODELS_DIR, learning_rate, state_dict_sha256
 
 __all__ = ["CONFIG", "HF_CLASS", "NAME", "SETTINGS", "accuracy", "build_video_model", "normalise_clips", "train"]
 
@@ -95,14 +94,6 @@ def accuracy(model: torch.nn.Module, clips: np.ndarray, labels: np.ndarray, batc
     return correct / max(1, len(clips))
 
 
-def _lr(step: int, total: int, cfg: dict) -> float:
-    """Linear warmup, then cosine decay to ``min_lr`` (the schedule of vitcam_nb.data.train)."""
-    if step < cfg["warmup_steps"]:
-        return cfg["lr"] * (step + 1) / cfg["warmup_steps"]
-    t = (step - cfg["warmup_steps"]) / max(1, total - cfg["warmup_steps"])
-    return cfg["min_lr"] + 0.5 * (cfg["lr"] - cfg["min_lr"]) * (1.0 + math.cos(math.pi * t))
-
-
 def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
     """Train ``shapes-video`` and write its weights and card to ``out``; returns the card.
 
@@ -135,7 +126,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         for i in range(steps_per_epoch):
             idx = order[i * cfg["batch_size"]:(i + 1) * cfg["batch_size"]].numpy()
             for group in opt.param_groups:
-                group["lr"] = _lr(step, total, cfg)
+                group["lr"] = learning_rate(step, total, cfg)
             loss = F.cross_entropy(model(pixel_values=normalise_clips(clips[idx])).logits,
                                    torch.from_numpy(labels[idx]))
             opt.zero_grad(set_to_none=True)
