@@ -176,8 +176,8 @@ class _Scores(torch.autograd.Function):
         return None, safe_divide(r, scores), None
 
 
-class _HalfTimesValue(torch.autograd.Function):
-    """``x`` forward; backward ``0.5 * x * g``: the z-rule's last step on ``A`` in ``A @ V``."""
+class _OnValue(torch.autograd.Function):
+    """``x`` forward, ``x`` kept for a backward that rescales by it (the z-rule's steps on ``A @ V``)."""
 
     generate_vmap_rule = True
 
@@ -189,6 +189,10 @@ class _HalfTimesValue(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         ctx.mode = inputs[-1]
         ctx.save_for_backward(inputs[0])
+
+
+class _HalfTimesValue(_OnValue):
+    """``x`` forward; backward ``0.5 * x * g``: the z-rule's last step on ``A`` in ``A @ V``."""
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> tuple:
@@ -198,19 +202,8 @@ class _HalfTimesValue(torch.autograd.Function):
         return 0.5 * x * g, None
 
 
-class _DivideByValue(torch.autograd.Function):
+class _DivideByValue(_OnValue):
     """``x`` forward; backward ``r / x``: the z-rule's first step on ``A @ V`` (its output's relevance / output)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: torch.Tensor, mode: _Mode) -> torch.Tensor:
-        return x.clone()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.mode = inputs[-1]
-        ctx.save_for_backward(inputs[0])
 
     @staticmethod
     def backward(ctx, r: torch.Tensor) -> tuple:
