@@ -258,6 +258,8 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
                 out = cfg.out / f"{item}-quick.json"
             quick = cfg.quick and item in ("export_html", "scale", "rules")
             argv = ["--out", str(out)] + (["--quick"] if quick else [])
+            if item == "scale" and cfg.device != "cpu":
+                argv += ["--device", cfg.device]
             results[item] = {"status": "ok" if _module_main(module)(argv) == 0 else "error", "file": str(out)}
     results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     results["wall_s"] = time.perf_counter() - started

@@ -13,7 +13,9 @@ blocks 7-11, on the token grid), on seeded random 224 px images:
   500; its best case (all five layers hooked, five maps from one pass via ``compute_cam_per_layer``) is reported
   beside it;
 * a ``dask.distributed`` ``LocalCluster`` of 2 worker processes (one thread each) against one worker, on the same
-  images (map_many computes the first batch in the calling process, then shards the rest).
+  images (map_many computes the first batch in the calling process, then shards the rest);
+* with ``--device cuda`` (or ``--device-batch N`` on CPU), ``vc.map_many`` images/s on that device against timm's
+  forward-only images/s there (:mod:`benchmarks.items.scale_device`: float16, batch 64 on CUDA).
 
 ``python -m benchmarks --items scale`` (or ``python -m benchmarks.items.scale``) writes ``benchmarks/SCALE.json``.
 """
@@ -105,7 +107,8 @@ def _cluster(model: object, images: list, recipes: list, root: Path, batch: int,
     return out
 
 
-def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images: int = 9, threads: int = 1) -> dict:
+def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images: int = 9, threads: int = 1,
+        device: str = "cpu", device_batch: int | None = None) -> dict:
     """Measure everything; returns the results dict (see the module docstring).
 
     Example:
@@ -153,6 +156,11 @@ def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images:
                     store_bytes[backend] = nbytes
         pgc = _pgc(copy.deepcopy(model), prepare_input(model, images[0]).tensor, 3 if not quick else 1)
         cluster = _cluster(model, images[:cluster_images], recipes, root, 1, "torch", {"timm": name, **kw})
+        on_device = None
+        if device != "cpu" or device_batch:
+            from benchmarks.items.scale_device import device_throughput
+
+            on_device = device_throughput(name, kw, torch_ok, device, device_batch or 64, rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     per_image = {k: statistics.median(v) / n_images for k, v in rows.items()}
@@ -167,8 +175,10 @@ def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images:
     measured = {
         "map_many_vs_trace": max(ratios.values()), "store_mb_per_image": max(marginal_mb.values()),
         "vs_pytorch_grad_cam": vs_pgc, "two_workers_vs_one": cluster["ratio"]}
+    if on_device is not None:
+        measured["device_vs_timm_forward"] = on_device["ratio"]
     targets = []
-    for key, goal in TARGETS.items():
+    for key, goal in {**TARGETS, **({"device_vs_timm_forward": on_device["target"]} if on_device else {})}.items():
         ok = measured[key] <= goal if key == "store_mb_per_image" else measured[key] >= goal
         targets.append({"item": key, "measured": round(measured[key], 4), "target": goal,
                         "rule": "<=" if key == "store_mb_per_image" else ">=", "met": bool(ok)})
@@ -199,6 +209,8 @@ def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images:
         "cluster": {**cluster, "images": cluster_images, "batch_size": 1, "backend": "torch",
                     "note": "the first batch is computed in the calling process before the rest is sharded; a "
                             "busy 2-core machine shared with other jobs caps what 2 workers can gain"},
+        "device_throughput": on_device if on_device is not None else {
+            "note": "not measured in this run: python -m benchmarks.items.scale --device cuda measures it"},
         "targets": targets, "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -217,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cluster-images", type=int, default=9)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="also measure map_many against timm's forward on this device")
+    p.add_argument("--device-batch", type=int, default=None, help="batch size of that measurement (default 64)")
     args = p.parse_args(argv)
-    result = run(args.quick, args.images, args.rounds, args.cluster_images, args.threads)
+    result = run(args.quick, args.images, args.rounds, args.cluster_images, args.threads, args.device,
+                 args.device_batch)
     result["argv"] = list(sys.argv[1:] if argv is None else argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
