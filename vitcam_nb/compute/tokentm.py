@@ -79,6 +79,10 @@ def tokentm(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[
     if recipe.attn_rows not in ("cls", "mean"):
         raise RecipeError(f"attn_rows: tokentm reads the CLS row or the mean row; choose 'cls' or 'mean', got "
                           f"{recipe.attn_rows!r}")
+    if recipe.attn_rows == "cls" and "cls" not in set(map(str, view.kinds)):
+        raise RecipeError("attn_rows='cls': tokentm reads the CLS row of its contribution matrix, but this model has "
+                          "no CLS token; use attn_rows='mean' (the mean over all rows) instead")
+    cls = view.token_index("cls", "attn_rows") if recipe.attn_rows == "cls" else None
     order = sorted(set(layer_pos), key=lambda p: int(view.layers[p]))  # a product over blocks in forward order
     pos = {s: view.sites.index(s) for s in SITES if s != "F2"}
     act = view.arrays["act"]
@@ -92,7 +96,7 @@ def tokentm(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[
         mixed = view.arrays["attn"][p].astype(np.float64).mean(axis=0) * transformation_weights(pre, mid)[None, :]
         C = C + (mixed * np.maximum(grads[i], 0).mean(axis=0)) @ C
         C = C + transformation_weights(mid, out)[:, None] * C  # MLP: I + diag(w_mlp)
-    row = C[view.token_index("cls", "attn_rows")] if recipe.attn_rows == "cls" else C.mean(axis=0)
+    row = C.mean(axis=0) if cls is None else C[cls]
     return row[view.patch]
 
 

@@ -99,3 +99,15 @@ def test_one_block_and_refusals():
         vc.cam(thin, vc.presets.tokentm())
     with pytest.raises(RecipeError, match="^attn_rows:"):
         vc.cam(tr, vc.presets.tokentm(layer=1, attn_rows="patch_mean"))
+
+
+def test_a_model_without_cls_is_refused_for_the_cls_row_and_read_by_the_mean_row():
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
+                          class_token=False, global_pool="avg", num_classes=4).eval()
+    img = np.random.default_rng(1).integers(0, 256, (32, 32, 3), np.uint8)
+    tr = vc.trace(m, img, targets=[2], sites=SITES)
+    with pytest.raises(RecipeError, match=r"^attn_rows='cls': tokentm .* no CLS token; use attn_rows='mean'"):
+        vc.cam(tr, vc.presets.tokentm().replace(class_=2))
+    ours = vc.cam(tr, vc.presets.tokentm(attn_rows="mean").replace(class_=2, upsample="none", normalize="none")).values
+    ref = _reference(tr, 2, "mean")
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
