@@ -79,10 +79,12 @@ def tokentm(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[
     if recipe.attn_rows not in ("cls", "mean"):
         raise RecipeError(f"attn_rows: tokentm reads the CLS row or the mean row; choose 'cls' or 'mean', got "
                           f"{recipe.attn_rows!r}")
-    if recipe.attn_rows == "cls" and "cls" not in set(map(str, view.kinds)):
-        raise RecipeError("attn_rows='cls': tokentm reads the CLS row of its contribution matrix, but this model has "
-                          "no CLS token; use attn_rows='mean' (the mean over all rows) instead")
-    cls = view.token_index("cls", "attn_rows") if recipe.attn_rows == "cls" else None
+    cls = None  # the mean row
+    if recipe.attn_rows == "cls":
+        if "cls" not in set(map(str, view.kinds)):
+            raise RecipeError("attn_rows='cls': tokentm reads the CLS row of its contribution matrix, but this model "
+                              "has no CLS token; use attn_rows='mean' (the mean over all rows) instead")
+        cls = view.token_index("cls", "attn_rows")
     order = sorted(set(layer_pos), key=lambda p: int(view.layers[p]))  # a product over blocks in forward order
     pos = {s: view.sites.index(s) for s in SITES if s != "F2"}
     act = view.arrays["act"]
