@@ -135,13 +135,14 @@ TAXONOMY.update({
 })
 TAXONOMY.update(RULE_TAXONOMY)
 
-# TokenTM (vitcam_nb/core/presets_tokentm.py), as vitcam_nb reads it from a plain trace.
+# TokenTM (vitcam_nb/core/presets_tokentm.py), as the LibraGrad authors' code computes it.
 TAXONOMY["tokentm"] = {
+    # "code" is the official code: TokenTM's was not found; the formula's source is named in the citation
     "paper": CITATIONS["tokentm"], "code": "none",
-    "site": "F2 attention and its gradient; resid_pre, attn_out, resid_mid, F5 of every block (no extra pass)",
-    "target": "class logit (gradient-weighted attention, Chefer et al. 2021b)",
+    "site": "F2 attention and its gradient; resid_pre, resid_mid, F6 of every block (no extra pass)",
+    "target": "class logit",
     "tokens": "CLS row of the contribution matrix, patch columns",
-    "aggregation": "C = diag(|x|); per block C += diag(w_attn) mean_h relu(G*A) C, C += diag(w_mlp) C; w = length "
-                   "ratio * normalised exp(cosine) of resid_pre->attn_out and resid_mid->F5",
+    "aggregation": "C = diag(|x|); per block C <- (I + diag(w_mlp)) (I + (mean_h A diag(w_attn)) * mean_h relu(dA)) "
+                   "C; w = length ratio * softmax over tokens of the cosine, resid_pre->resid_mid and resid_mid->F6",
     "reconstruction": "raster grid, bilinear upsampling, min-max",
 }

@@ -3,12 +3,13 @@ the tokens' length and direction, read from a plain trace (no extra pass). Impor
 :data:`~vitcam_nb.core.presets.PRESETS` and its source to ``CITATIONS``; :mod:`vitcam_nb.compute.tokentm`
 computes it.
 
-This is vitcam_nb's reading of the paper, not a copy of its official code (which was not available to us), and
-it departs from the paper where a trace does not store what the paper measures: the paper weighs each attention
-KEY token by the change the value and output projections make to it (``x_j -> W_O W_V x_j``, per token, before
-the attention mixes them); a trace stores the attention sublayer's output after the mixing (``attn_out``), so the
-attention's weight here is the change ``resid_pre_i -> attn_out_i`` of each QUERY token. The MLP's per-token
-change ``resid_mid_i -> F5_i`` is the paper's quantity.
+The formula is TokenTM as the LibraGrad authors' public code computes it (``transform_TokenTM`` in
+github.com/NightMachinery/decompv-libragrad-v1, ``decompv/x/ds/utils.py``, the TokenTM baseline of Mehri et al.,
+CVPR 2025); TokenTM's own code was not found. Of the paper only its abstract (and third-party summaries of it)
+could be read here: they state what the code does (token lengths by the L2 norm, directions by the cosine,
+normalised exponentially; a contribution matrix initialised with the tokens' lengths on its diagonal and updated
+block by block with the attention and the transformation weights), not its equations, so the equations below are
+that code's, and where it departs from the paper's text is not known. Every quantity it reads is in a plain trace.
 
 Example:
     >>> tokentm().weighting, tokentm().site
@@ -20,26 +21,30 @@ from __future__ import annotations
 from vitcam_nb.core.presets import CITATIONS, PRESETS
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["TOKENTM_CITATION", "tokentm"]
+__all__ = ["TOKENTM_CITATION", "TOKENTM_TITLE", "tokentm"]
 
 #: Where the method comes from (also added to ``CITATIONS``).
 TOKENTM_CITATION = (
     "after Wu, Duan, Kang, Tang & Yan 2024, Token Transformation Matters: Towards Faithful Post-hoc Explanation "
-    "for Vision Transformer, CVPR (arXiv:2403.14552; official code not available to us). vitcam_nb's reading from "
-    "a plain trace: the attention's transformation weight is measured on each query token (resid_pre -> "
-    "attn_out, after the attention mixes the tokens), not on each key token's projected value as the paper does")
+    "for Vision Transformer, CVPR (arXiv:2403.14552); the formula as the LibraGrad authors' code computes it "
+    "(Mehri, Soleymani Baghshah & Pilehvar 2025, CVPR: github.com/NightMachinery/decompv-libragrad-v1, "
+    "decompv/x/ds/utils.py, transform_TokenTM); TokenTM's official code and the paper's equations were not "
+    "available to us, only its abstract")
+#: The method's name in every map's checklist: it says whose formula the map is.
+TOKENTM_TITLE = "TokenTM (as LibraGrad's code computes it)"
 CITATIONS["tokentm"] = TOKENTM_CITATION
 
 
 def tokentm(layer: int | tuple | str = "all", attn_rows: str = "cls") -> Recipe:
-    """TokenTM after Wu et al. 2024, as vitcam_nb reads it from one trace (sites F2, resid_pre, attn_out,
-    resid_mid, F5). Per token i and sublayer, the transformation weight ``w_i = (|y_i| / |u_i|) * NECC_i`` of the
-    change ``u -> y`` (attention: ``resid_pre -> attn_out``; MLP: ``resid_mid -> F5``; both before any layer scale),
-    where ``NECC_i = N exp(cos(u_i, y_i)) / sum_j exp(cos(u_j, y_j))`` (the normalised exponential of the cosines,
-    mean 1 over the N tokens). The contribution matrix starts as ``C = diag(|x_i|)`` (x: the first block's input) and
-    each block updates it in forward order: ``C <- C + diag(w_attn) Abar C``, then ``C <- C + diag(w_mlp) C``,
-    ``Abar = mean_h relu(dy/dA_h * A_h)`` (the gradient-weighted attention of Chefer et al. 2021b, recipe's
-    target). The map is ``C`` at the CLS row (``attn_rows="mean"``: the mean row), patch columns, min-max.
+    """TokenTM after Wu et al. 2024, as the LibraGrad authors' code computes it, from one trace (sites F2,
+    resid_pre, resid_mid, F6). Per token i and sublayer, the transformation weight
+    ``w_i = |y_i| / (|u_i| + 1e-8) * NECC_i`` of the residual stream's change ``u -> y`` across it (attention:
+    ``resid_pre -> resid_mid``; MLP: ``resid_mid -> F6``), where ``NECC_i = exp(cos(u_i, y_i)) / sum_j
+    exp(cos(u_j, y_j))`` (the softmax of the cosines over the N tokens). The contribution matrix starts as
+    ``C = diag(|x_i|)`` (x: the first block's input) and each block updates it in forward order:
+    ``C <- (I + (Abar diag(w_attn)) * Gbar) C``, then ``C <- (I + diag(w_mlp)) C``, with ``Abar = mean_h A_h``
+    (each key column j scaled by token j's weight), ``Gbar = mean_h relu(dy/dA_h)`` (recipe's target) and ``*``
+    entry-wise. The map is ``C`` at the CLS row (``attn_rows="mean"``: the mean row), patch columns, min-max.
 
     Example:
         >>> tokentm().layer, tokentm(layer=(-2, -1)).layer
