@@ -3,13 +3,15 @@ the page from ``file://`` offline; moving its frame slider shows frame f of the 
 ``vc.cam(trace, recipe).values[f]`` (float32 export: the grid the page holds is equal), coloured on the whole
 clip's range (the canvas pixel of each map cell is the gray colour table's entry of ``(v - lo) / (hi - lo)``, lo and
 hi the clip's min and max); a recipe change keeps the frame; a frame outside the clip is refused in the page and
-the frame shown stays. Run: ``python -m pytest tests/ui/test_export_frames.py -q``.
+the frame shown stays; the kernel Explorer's page (explorer.js on its synced traits) paints the same pixels at a
+frame. Run: ``python -m pytest tests/ui/test_export_frames.py -q``.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ import torch
 from lab_harness import required_chromium
 
 import vitcam_nb as vc
+from vitcam_nb.widgets import Explorer
+from vitcam_nb.widgets.assets import css, esm
 
 pytestmark = pytest.mark.browser
 transformers = pytest.importorskip("transformers")
@@ -118,3 +122,43 @@ def test_a_recipe_change_keeps_the_frame_and_a_frame_outside_the_clip_is_refused
     assert page.locator(".vc-explorer").evaluate("(r) => r.dataset.frameShown") == "3"
     assert page.locator("input[data-field='frame']").input_value() == "3"
     np.testing.assert_array_equal(grid(page), before)
+
+
+def kernel_page(path, ex) -> None:
+    """explorer.js rendered from the traits a kernel Explorer syncs to the browser (binary traits as bytes)."""
+    state = {k: v for k, v in ex.get_state().items() if not k.startswith("_") and k != "layout"}
+    binary = {k: base64.b64encode(bytes(v)).decode() for k, v in state.items() if isinstance(v, (bytes, memoryview))}
+    plain = {k: v for k, v in state.items() if k not in binary}
+    code = esm("explorer.js") + """
+const plain = JSON.parse(document.getElementById("state").textContent);
+const binary = JSON.parse(document.getElementById("binary").textContent);
+for (const [k, v] of Object.entries(binary)) plain[k] = Uint8Array.from(atob(v), (c) => c.charCodeAt(0));
+const model = { get: (k) => plain[k], set: (k, v) => { plain[k] = v; }, save_changes() {}, on() {}, off() {} };
+render({ model, el: document.getElementById("app") });
+document.body.dataset.loaded = "true";
+"""
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><style>{css()}</style></head><body>"
+                    f"<div id='app'></div><script type='application/json' id='state'>"
+                    f"{json.dumps(plain).replace('<', chr(92) + 'u003c')}</script>"
+                    f"<script type='application/json' id='binary'>{json.dumps(binary)}</script>"
+                    f"<script type='module'>{code}</script></body></html>")
+
+
+def test_the_kernel_explorers_frame_paints_the_exported_pages_pixels(page, tmp_path):
+    recipe = vc.Recipe(layer=1, site="F4", weighting="layercam")
+    ex = Explorer(video_trace(), recipe, frame_index=2, colormap="gray", opacity=1.0, size=SIDE * SCALE)
+    kernel_page(tmp_path / "kernel.html", ex)
+    slide(page, 2)
+    if page.locator(".vc-recipe-id").inner_text() != recipe.id:
+        page.locator("select[data-field='site']").select_option(value='"F4"')
+        page.locator("select[data-field='weighting']").select_option(value='"layercam"')
+    page.wait_for_function("(id) => document.querySelector('.vc-explorer').dataset.recipeId === id", arg=recipe.id)
+    kernel = page.context.new_page()
+    try:
+        kernel.goto((tmp_path / "kernel.html").as_uri())
+        kernel.wait_for_function("document.body.dataset.loaded === 'true'", timeout=30_000)
+        assert kernel.locator(".vc-explorer").evaluate("(r) => r.dataset.frameShown") == "2"
+        assert kernel.locator(".vc-frame-readout").inner_text() == f"2 of {FRAMES} (0–{FRAMES - 1})"
+        np.testing.assert_array_equal(pixels(kernel), pixels(page))
+    finally:
+        kernel.close()
