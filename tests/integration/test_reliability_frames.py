@@ -21,6 +21,7 @@ import torch
 
 import vitcam_nb as vc
 from vitcam_nb.widgets.bundle import build_bundle
+from vitcam_nb.widgets.standalone import page_html
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::vitcam_nb.core.errors.DegenerateMapWarning")
@@ -145,6 +146,8 @@ def test_the_export_holds_every_frames_map_of_every_recipe_exactly():
         for f, g in enumerate(entry["g"]):
             np.testing.assert_array_equal(grids[g], full[f])
         assert entry["v"] == [float(full.min()), float(full.max())]
+    # The page says what it draws: vc.cam's maps as computed, not upsampled again.
+    assert "a video trace of 4 frames: each frame&#x27;s map is the one vc.cam computed" in page_html(bundle, "t")
 
 
 def test_static_view_of_a_video_trace_is_the_frame_strip():

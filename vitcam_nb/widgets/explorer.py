@@ -292,7 +292,8 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 progress: bool = True) -> str:
         """This explorer as one self-contained HTML page (no kernel, no network), starting at the current
         recipe, colormap, opacity and size; see :func:`vitcam_nb.export_html` for ``axes`` and ``quantize``.
-        With several traces, the page holds each (its trace picker starting at the one shown).
+        With several traces, the page holds each (its trace picker starting at the one shown); of a video trace,
+        every frame (its slider starting at frame 0).
         With ``path``, the page is also written there (its size printed first).
 
         Example:
