@@ -156,3 +156,10 @@ def test_static_view_of_a_video_trace_is_the_frame_strip():
     matplotlib.use("Agg")
     fig = vc.Explorer(video_trace()).static()
     assert [ax.get_title() for ax in fig.axes[:FRAMES]] == [f"frame {f}" for f in range(FRAMES)]
+
+
+def test_an_export_mixing_the_token_grid_with_upsampled_frames_is_refused_by_name():
+    with pytest.raises(vc.ExportError, match=r"grids of different shapes.*of a video trace, upsample 'none'"):
+        build_bundle(video_trace(), vc.Recipe(), axes={"site": ["F1"], "layer": [1], "weighting": ["gradcam"],
+                                                       "target": ["logit"], "class_": ["top1"],
+                                                       "upsample": ["bilinear", "none"]}, progress=False)
