@@ -1,7 +1,8 @@
 """What an exported Explorer page holds: the recipes of the chosen axes (every combination), each one's
 token-grid map (computed by the same code as the kernel Explorer, identical maps stored once, quantised) and
 its checklist, methods paragraph and recipe id, packed as two zlib-compressed, base64-encoded blobs that the
-page inflates with the browser's DecompressionStream.
+page inflates with the browser's DecompressionStream. Of a video trace the page holds every frame of the clip and,
+per recipe, each frame's map as the kernel Explorer shows it (identical frames stored once) and the clip's range.
 
 Example:
     >>> import timm, numpy as np, vitcam_nb as vc
@@ -35,7 +36,7 @@ from vitcam_nb.widgets.controls import as_recipe, coerce_request, controls
 from vitcam_nb.widgets.encoding import image_rgba
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 from vitcam_nb.widgets.offers import keep_shown, key, left_out_text, shown_presets
-from vitcam_nb.widgets.results import compute_grid, error_text
+from vitcam_nb.widgets.results import GridResult, compute_grid, error_text, frame_slice
 
 __all__ = ["DEFAULT_AXES", "QUANTIZE", "Bundle", "build_bundle", "export_axes", "quantize_grids"]
 
@@ -168,6 +169,20 @@ def quantize_grids(grids: np.ndarray, quantize: str) -> tuple[bytes, np.ndarray 
     return codes.tobytes(), np.stack([lo, hi], axis=1).astype("<f4")
 
 
+def _store(result: GridResult, frames: int, grids: list[np.ndarray], seen: dict[bytes, int]) -> int | list[int]:
+    """Add the map of a result to the page's grids (identical maps stored once); its index, or of a video trace
+    the index of each frame's map (what the kernel Explorer shows at that frame)."""
+    def one(grid: np.ndarray) -> int:
+        digest = hashlib.sha256(grid.tobytes() + str(grid.shape).encode()).digest()
+        if digest not in seen:
+            seen[digest] = len(grids)
+            grids.append(grid)
+        return seen[digest]
+    if not frames:
+        return one(result.grid)
+    return [one(frame_slice(result.grid, f, frames)) for f in range(frames)]
+
+
 def _pack(data: bytes) -> str:
     return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
 
@@ -224,13 +239,10 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
         except (RecipeError, ValueError, KeyError, IndexError, TypeError) as exc:
             entries.append({"e": error_text(exc)})
             continue
-        digest = hashlib.sha256(result.grid.tobytes() + str(result.grid.shape).encode()).digest()
-        if digest not in seen:
-            seen[digest] = len(grids)
-            grids.append(result.grid)
-        entries.append({"g": seen[digest], "r": result.recipe.to_json(), "id": result.recipe.id,
-                        "c": result.checklist, "md": result.checklist_md, "m": result.methods,
-                        "d": result.degenerate, "n": result.notes})
+        entries.append({"g": _store(result, facts.frames, grids, seen), "r": result.recipe.to_json(),
+                        "id": result.recipe.id, "c": result.checklist, "md": result.checklist_md,
+                        "m": result.methods, "d": result.degenerate, "n": result.notes,
+                        **({"v": result.value_range} if facts.frames else {})})
         if max_bytes is not None:
             # The page's texts hold these entries in this order; their compressed size so far (in base64) is
             # what the page needs at the least, less a margin for what the refusals between them change.
@@ -244,9 +256,12 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     values, combos, entries, left = keep_shown(names, values, combos, entries)
     shape = list(grids[0].shape)
     if any(list(g.shape) != shape for g in grids):
-        raise ExportError("axes: the chosen recipes give grids of different shapes; export one stage at a time")
+        raise ExportError("axes: the chosen recipes give grids of different shapes; export one stage at a time"
+                          + ("; of a video trace, upsample 'none' (the token grid) apart from the other upsamplings"
+                             if facts.frames else ""))
     codes, ranges = quantize_grids(np.stack(grids), quantize)
-    image = image_rgba(facts.image)
+    # A video page holds every frame of the clip, one after the other.
+    image = image_rgba(facts.image) if facts.clip is None else b"".join(image_rgba(f) for f in facts.clip)
     ranges_bytes = ranges.tobytes() if ranges is not None else b""
     opts = _restrict(controls(facts), values, start, facts)
     labels = {f["name"]: f["label"] for f in opts["fields"]}
@@ -260,6 +275,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
         "axes": [[n, values[n]] for n in names], "count": len(entries), "maps": len(grids), "start": start_index,
         "grid_shape": shape, "image_shape": list(facts.image.shape[:2]), "num_layers": facts.num_layers,
         "quantize": quantize, "image_bytes": len(image), "ranges_bytes": len(ranges_bytes),
+        "frames": facts.frames, "frame_bytes": len(image) // max(facts.frames, 1),
         "options": opts, "model": str(trace.attrs.get("model_name", "?")),
         "trace_id": str(trace.attrs.get("trace_id", "?")),
         "left_out": left_out_text([*left, *presets_left], labels),

@@ -94,7 +94,7 @@ class Compare(anywidget.AnyWidget):
         if not 0.0 <= float(opacity) <= 1.0:
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         self._check_k(k)
-        facts = TraceFacts.of(trace)
+        facts = TraceFacts.of(trace, view="Compare")
         a, b = compute_grid(trace, as_recipe(recipe_a)), compute_grid(trace, as_recipe(recipe_b))
         super().__init__(image=image_rgba(facts.image), image_shape=list(facts.image.shape[:2]),
                          opacity=float(opacity), colormap=colormap, size=int(size), k=float(k), **kwargs)

@@ -1,6 +1,7 @@
 """The Explorer: one trace (or one image of a many-image store, with an image picker), the heatmap of the
 current recipe and a control for every taxonomy dimension. The trace stays in the kernel; the browser gets
-the image once and then one small float32 grid per change, which it upsamples and colours itself.
+the image once and then one small float32 grid per change, which it upsamples and colours itself. A video
+trace gets a frame slider: the page shows one frame of the clip under that frame of ``vc.cam(trace, recipe)``.
 
 Example:
     >>> import timm, numpy as np, vitcam_nb as vc
@@ -26,14 +27,14 @@ from vitcam_nb.capture.reader import image_choices, is_store
 from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.plot import overlay
+from vitcam_nb.plot import frame_strip, overlay
 from vitcam_nb.widgets.assets import css, esm
 from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, coerce_request
 from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
 from vitcam_nb.widgets.fallback import png_bundle
 from vitcam_nb.widgets.mapstore import display_trace, explorer_view, read_image
 from vitcam_nb.widgets.prefetch import prefetch_message
-from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
+from vitcam_nb.widgets.results import GridResult, compute_grid, error_text, frame_slice
 from vitcam_nb.widgets.standalone import explorer_html, export_html
 from vitcam_nb.widgets.traces import TracePicker, is_trace_set, named_traces, trace_choices
 from vitcam_nb.widgets.traits import Opacity, Pixels
@@ -54,7 +55,11 @@ class Explorer(TracePicker, anywidget.AnyWidget):
     (``vc.open_maps``), the controls offer only the recipes it holds, each map read as ``vc.cam`` reads it,
     drawn over a grey image (a map store holds no pixels). Given several traces of one image (``{"gradient": tr,
     "cp_lrp": rel}``, or a list named by backward rule), the page shows a trace picker; switching trace keeps the
-    recipe (``trace_name``; see :class:`~vitcam_nb.widgets.traces.TracePicker`).
+    recipe (``trace_name``; see :class:`~vitcam_nb.widgets.traces.TracePicker`). Given a video trace (VideoMAE,
+    ViViT, TimeSformer), the page has a frame slider (``frame_index``): it shows that frame of the clip under that
+    frame of ``vc.cam(trace, recipe)`` (upsampled in space and time and normalised over the whole clip, as vc.cam
+    gives it: drawn pixel for pixel, coloured on the clip's one scale); with ``upsample="none"``, the token grid of
+    the frame's tubelet. Switching frame keeps the recipe and computes nothing.
 
     Args:
         trace: a Dataset from :func:`vitcam_nb.trace`, or a many-image Dataset from
@@ -68,6 +73,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         colormap: one of ``inferno`` (default, perceptually uniform), ``viridis``, ``gray`` or ``jet``.
         size: display width of the image in CSS pixels.
         index: with a store, the position of the image shown first.
+        frame_index: with a video trace, the frame shown first.
 
     Example:
         >>> import vitcam_nb as vc
@@ -116,8 +122,18 @@ class Explorer(TracePicker, anywidget.AnyWidget):
     #: (off: every change waits for the kernel, as benchmarks of the round trip need).
     prefetch = t.Bool(True).tag(sync=True)
 
+    #: With a video trace: the number of frames of its clip, for the page's frame slider; 0 for an image trace.
+    frames = t.Int(0).tag(sync=True)
+    #: With a video trace: the frame shown (set by the kernel once it is shown).
+    frame_shown = t.Int(0).tag(sync=True)
+    #: The page's frame slider: {"id": int, "index": int}; answered like an image request (frame_shown, or error).
+    frame_request = t.Dict().tag(sync=True, echo_update=False)
+    #: With a video trace: the [low, high] the colours span, the map's range over the whole clip; else empty.
+    value_range = t.List(t.Float()).tag(sync=True)
+
     def __init__(self, trace: xr.Dataset, recipe: Recipe | None = None, *, opacity: float = 0.5,
-                 colormap: str = "inferno", size: int = 360, index: int = 0, **kwargs: Any) -> None:
+                 colormap: str = "inferno", size: int = 360, index: int = 0,
+                 frame_index: int = 0, **kwargs: Any) -> None:
         if not 0.0 <= float(opacity) <= 1.0:
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         if colormap not in COLORMAPS:
@@ -133,12 +149,15 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 raise ValueError("store: holds no traced images yet")
             trace = read_image(self._store, index)
         facts, options, start = explorer_view(trace)
+        _check_frame(frame_index, facts.frames)
         start = start if recipe is None else as_recipe(recipe)
         first = compute_grid(trace, start)  # raises for a recipe this trace cannot give: fail at construction
-        super().__init__(options=options, image=image_rgba(facts.image),
+        shown = facts.image if facts.clip is None else facts.clip[frame_index]
+        super().__init__(options=options, image=image_rgba(shown),
                          image_shape=list(facts.image.shape[:2]), opacity=float(opacity), colormap=colormap,
                          size=int(size), images=choices, image_index=int(index) if choices else 0,
-                         trace_choices=trace_choices(named), trace_shown=next(iter(named), ""), **kwargs)
+                         trace_choices=trace_choices(named), trace_shown=next(iter(named), ""),
+                         frames=facts.frames, frame_shown=int(frame_index), **kwargs)
         self._traces = named
         self._trace = trace
         self._facts = facts
@@ -148,6 +167,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         self.observe(self._on_request, names="request")
         self.observe(self._on_image_request, names="image_request")
         self.observe(self._on_trace_request, names="trace_request")
+        self.observe(self._on_frame_request, names="frame_request")
         self.on_msg(self._on_custom)
 
     # -- Python API --------------------------------------------------------------------------------
@@ -192,6 +212,24 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         self._show_image(int(value))  # a Python caller gets the exception (e.g. a class this image lacks)
 
     @property
+    def frame_index(self) -> int:
+        """With a video trace: the frame shown; setting it shows that frame of the clip and of the current map
+        (nothing is recomputed).
+
+        Example:
+            >>> ex.frame_index = 2  # doctest: +SKIP
+        """
+        return int(self.frame_shown)
+
+    @frame_index.setter
+    def frame_index(self, value: int) -> None:
+        if not self.frames:
+            raise TypeError("frame_index: this Explorer shows an image trace; a video trace (vc.trace of a clip) "
+                            "has frames to pick")
+        _check_frame(value, self.frames)
+        self._show_frame(int(value))
+
+    @property
     def recipe(self) -> Recipe:
         """The current recipe: the one whose map is shown. Setting it updates the page.
 
@@ -208,7 +246,9 @@ class Explorer(TracePicker, anywidget.AnyWidget):
 
     @property
     def map(self) -> np.ndarray:
-        """The grid the browser shows: ``vc.cam(trace, recipe, grid=True).values`` as float32.
+        """The grid the browser shows: ``vc.cam(trace, recipe, grid=True).values`` as float32; of a video trace,
+        the frame shown: ``vc.cam(trace, recipe).values[ex.frame_index]`` (with ``upsample="none"``, the token
+        grid of its tubelet).
 
         Example:
             >>> ex.map.shape == (tr.attrs["grid_h"], tr.attrs["grid_w"])  # doctest: +SKIP
@@ -217,7 +257,8 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         return grid_from_bytes(self.grid, self.grid_shape)
 
     def cam(self) -> xr.DataArray:
-        """The full-resolution map of the current recipe (``vc.cam(trace, recipe)``), with its attrs.
+        """The full-resolution map of the current recipe (``vc.cam(trace, recipe)``; of a video trace the whole
+        clip's), with its attrs.
 
         Example:
             >>> ex.cam().dims  # doctest: +SKIP
@@ -236,11 +277,14 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         self._callbacks.append(callback)
 
     def static(self) -> Any:
-        """The current view as a matplotlib Figure (for static renders, papers and widget-less viewers).
+        """The current view as a matplotlib Figure (for static renders, papers and widget-less viewers); of a
+        video trace, the strip of every frame (``vc.plot.frame_strip``).
 
         Example:
             >>> fig = ex.static()  # doctest: +SKIP
         """
+        if self.frames:
+            return frame_strip(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
         shown = display_trace(self._trace, self._facts) if is_map_store(self._trace) else self._trace
         return overlay(shown, self.cam(), alpha=self.opacity, cmap=self.colormap)
 
@@ -248,7 +292,8 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 progress: bool = True) -> str:
         """This explorer as one self-contained HTML page (no kernel, no network), starting at the current
         recipe, colormap, opacity and size; see :func:`vitcam_nb.export_html` for ``axes`` and ``quantize``.
-        With several traces, the page holds each (its trace picker starting at the one shown).
+        With several traces, the page holds each (its trace picker starting at the one shown); of a video trace,
+        every frame (its slider starting at frame 0).
         With ``path``, the page is also written there (its size printed first).
 
         Example:
@@ -300,6 +345,28 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 self.error = error_text(exc)
                 self.frame += 1
 
+    def _show_frame(self, index: int) -> None:
+        """Show frame ``index`` of the clip under the same frame of the current map (already computed)."""
+        with self.hold_sync():  # frame and map in one message: the page never paints one with the other's map
+            self.image = image_rgba(self._facts.clip[index])
+            self.frame_shown = index
+            self._publish(self._result, response_id=self.response_id)
+
+    def _on_frame_request(self, change: dict) -> None:
+        request = change["new"] or {}
+        try:
+            if not self.frames:
+                raise TypeError("frame: this Explorer shows an image trace, which has no frames")
+            index = request.get("index")
+            _check_frame(index, self.frames)
+            self._show_frame(index)
+        except Exception as exc:  # said in the page, frame kept
+            if not isinstance(exc, (ValueError, IndexError, TypeError)):
+                self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            with self.hold_sync():
+                self.error = error_text(exc)
+                self.frame += 1
+
     def _on_request(self, change: dict) -> None:
         request = change["new"] or {}
         try:
@@ -333,7 +400,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
     def _prefetch(self) -> None:
         """Send the page the views one step away on the layer slider and the site list (after the answer, so
         the shown view never waits for them)."""
-        if not self.prefetch:
+        if not self.prefetch or self.frames:  # a video view is a whole clip's map: not prefetched
             return
         try:
             message, buffers = prefetch_message(self._trace, self._recipe, self._facts)
@@ -345,12 +412,14 @@ class Explorer(TracePicker, anywidget.AnyWidget):
 
     def _publish(self, result: GridResult, response_id: int) -> None:
         changed = result.recipe != self._recipe
-        self._recipe = result.recipe
+        self._recipe, self._result = result.recipe, result
+        grid = result.grid if not self.frames else frame_slice(result.grid, self.frame_shown, self.frames)
         with self.hold_sync():
             self.recipe_json = result.recipe.to_json()
             self.recipe_id = result.recipe.id
-            self.grid = grid_bytes(result.grid)
-            self.grid_shape = list(result.grid.shape)
+            self.grid = grid_bytes(grid)
+            self.grid_shape = list(grid.shape)
+            self.value_range = list(result.value_range or [])
             self.checklist = result.checklist
             self.checklist_md = result.checklist_md
             self.methods = result.methods
@@ -365,3 +434,10 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                     callback(result.recipe)
                 except Exception:
                     self.log.warning("vitcam_nb Explorer: on_change callback failed", exc_info=True)
+
+
+def _check_frame(value: object, frames: int) -> None:
+    """Refuse a frame that is not a frame of the clip (an image trace has only "frame" 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < max(frames, 1):
+        allowed = f"an int in [0, {frames - 1}] (the clip has {frames} frames)" if frames else "0 (an image trace)"
+        raise IndexError(f"frame: expected {allowed}, got {value!r}")

@@ -20,9 +20,19 @@ import xarray as xr
 
 from vitcam_nb.core.recipe import SITES, Recipe
 
-__all__ = ["TraceFacts", "default_recipe"]
+__all__ = ["TraceFacts", "default_recipe", "is_video"]
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
+
+
+def is_video(trace: xr.Dataset) -> bool:
+    """Whether a trace is a video trace: its frames in ``clip`` (maps (frame, y, x)), no single ``image``.
+
+    Example:
+        >>> is_video(xr.Dataset({"clip": (("frame", "y", "x", "rgb"), np.zeros((2, 1, 1, 3), np.uint8))}))
+        True
+    """
+    return "clip" in trace.variables and "image" not in trace.variables
 
 
 @dataclass(frozen=True)
@@ -46,10 +56,13 @@ class TraceFacts:
     ranked: tuple[int, ...]
     image: np.ndarray
     text_tokens: tuple[str, ...] = ()
+    #: A video trace's frames (frame, y, x, 3) uint8 (``image`` is its first frame); None for an image trace.
+    clip: np.ndarray | None = None
 
     @classmethod
-    def of(cls, trace: xr.Dataset) -> TraceFacts:
-        """Read the facts from a trace Dataset.
+    def of(cls, trace: xr.Dataset, view: str | None = None) -> TraceFacts:
+        """Read the facts from a trace Dataset. ``view``: the name of a widget that shows one image only
+        (``"Compare"``, ``"Gallery"``): a video trace is then refused, naming what shows one.
 
         Example:
             >>> facts = TraceFacts.of(tr)  # doctest: +SKIP
@@ -59,11 +72,17 @@ class TraceFacts:
                     if isinstance(trace, xr.DataTree) else "")
             raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
                             f"{type(trace).__name__}{hint}")
-        if "clip" in trace.variables and "image" not in trace.variables:
-            # A video trace: the widgets draw one image under one (y, x) map; say what draws a clip instead.
-            raise ValueError("trace: a video trace (its frames in 'clip', maps (frame, y, x)); the Explorer, Compare, "
-                             "Gallery and export_html show one image's trace. Draw a video map with "
-                             "vc.plot.frame_strip(trace, vc.cam(trace, recipe))")
+        clip = None
+        if is_video(trace):
+            if view is not None:
+                # Compare and Gallery draw one image under one (y, x) map; say what shows a clip instead.
+                raise ValueError(f"trace: a video trace (its frames in 'clip', maps (frame, y, x)); {view} shows one "
+                                 "image's trace. Show a video trace with vc.Explorer(trace) (a frame slider) or "
+                                 "vc.export_html, or draw a map with vc.plot.frame_strip(trace, vc.cam(trace, recipe))")
+            clip = np.asarray(trace["clip"].values)
+            if clip.ndim != 4 or clip.shape[-1] != 3 or clip.shape[0] == 0:
+                raise ValueError(f"trace: clip has shape {clip.shape}; expected (frame, y, x, 3)")
+            trace = trace.assign(image=(("y", "x", "rgb"), clip[0]))
         for name in ("image", "logits", "target_class", "layer"):
             if name not in trace.variables:
                 raise ValueError(f"trace: has no {name!r}; pass a Dataset made by vitcam_nb.trace()")
@@ -89,9 +108,21 @@ class TraceFacts:
             raise ValueError(f"trace: image has shape {image.shape}; expected (y, x, 3)")
         if image.dtype != np.uint8:
             image = np.clip(image, 0, 255).astype(np.uint8)
+        if clip is not None and clip.dtype != np.uint8:
+            clip = np.clip(clip, 0, 255).astype(np.uint8)
         return cls(sites=sites, layers=layers, num_layers=num_layers,
                    num_heads=int(trace.attrs.get("num_heads", 1)), classes=classes, labels=labels,
-                   ranked=ranked, image=image, text_tokens=text)
+                   ranked=ranked, image=image, text_tokens=text, clip=clip)
+
+    @property
+    def frames(self) -> int:
+        """The number of frames of a video trace's clip (0 for an image trace).
+
+        Example:
+            >>> TraceFacts.of(tr).frames  # doctest: +SKIP
+            0
+        """
+        return 0 if self.clip is None else int(self.clip.shape[0])
 
     def top_ranks(self) -> list[int]:
         """The N of every "topN" class choice whose class was traced.

@@ -103,7 +103,7 @@ class Gallery(ipywidgets.VBox):
             raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
         if not 0.0 <= float(opacity) <= 1.0:
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
-        facts = TraceFacts.of(trace)
+        facts = TraceFacts.of(trace, view="Gallery")
         base = default_recipe(facts) if recipe is None else as_recipe(recipe)
         if isinstance(vary, str):
             vary = (vary,)

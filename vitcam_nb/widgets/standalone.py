@@ -44,6 +44,9 @@ _PAGE_CSS = "body{font-family:system-ui,sans-serif;margin:1em;color:#222}.vc-exp
 # Every page says who wrote it; a file at the export path is replaced only when it carries this mark.
 _GENERATOR = f"<meta name='generator' content='vitcam_nb {__version__} export_html'>"
 _OURS = re.compile(r"<meta name='generator' content='vitcam_nb [0-9A-Za-z.+-]+ export_html'>")
+# What a video page draws: vc.cam's maps as computed, one colour range for the clip.
+_VIDEO_NOTE = ("a video trace of {} frames: each frame's map is the one vc.cam computed (upsampled in space and time); "
+               "this page enlarges its pixels, colours every frame on the whole clip's range and draws the overlay.")
 #: The least a page spends on each recipe it shows: its own 12-hex-digit id, a hash that does not compress
 #: (6 bytes, 8 in base64).
 RECIPE_FLOOR_BYTES = 8
@@ -71,7 +74,8 @@ def page_html(bundle: Bundle, title: str, others: Sequence[Bundle] = ()) -> str:
     note = (f"vitcam_nb Explorer, exported: {meta['count']} recipes ({meta['maps']} distinct maps, stored as "
             f"{meta['quantize']}) of model {meta['model']}, trace {meta['trace_id']}. Varied: "
             + "; ".join(f"{name} ({len(values)})" for name, values in meta["axes"])
-            + ". Other fields stay as shown; upsampling, colours and overlay are drawn in this page.")
+            + ". Other fields stay as shown; " + (_VIDEO_NOTE.format(meta["frames"]) if meta.get("frames") else
+                                                  "upsampling, colours and overlay are drawn in this page."))
     left = meta.get("left_out", "")
     if others:
         parts = [meta, *(b.meta for b in others)]

@@ -194,11 +194,12 @@ function imageCanvas(value, shape) {
 }
 
 /**
- * Paint image + coloured map on `canvas` (its size is set here). `grid` is (gh, gw) float32.
+ * Paint image + coloured map on `canvas` (its size is set here). `grid` is (gh, gw) float32. `range`: the
+ * [low, high] the colours span when it is not the drawn values' own (a video frame: the whole clip's).
  * Returns the value range the colours span (for the colour bar).
  */
 function paintOverlay(canvas, image, grid, gh, gw, opts) {
-  const { width, height, mode = "bilinear", normalize = "minmax", cmap = "inferno", opacity = 0.5 } = opts;
+  const { width, height, mode = "bilinear", normalize = "minmax", cmap = "inferno", opacity = 0.5, range } = opts;
   if (canvas.width !== width) canvas.width = width;
   if (canvas.height !== height) canvas.height = height;
   const ctx = canvas.getContext("2d");
@@ -207,7 +208,7 @@ function paintOverlay(canvas, image, grid, gh, gw, opts) {
   ctx.drawImage(image, 0, 0, width, height);
   if (!grid || grid.length !== gh * gw || gh === 0) return [0, 1];
   const values = upsample(grid, gh, gw, height, width, mode);
-  const [lo, hi] = displayRange(values, normalize);
+  const [lo, hi] = range && range.length === 2 ? range : displayRange(values, normalize);
   const lut = colormapLut(cmap);
   const heat = new ImageData(width, height);
   const alpha = Math.round(255 * Math.min(Math.max(opacity, 0), 1));

@@ -8,6 +8,11 @@
 //   with several traces of one image: `trace_choices` ([name, label] per trace); the trace picker sends
 //   `trace_request` = {id, name}; the kernel answers in one message with options, map (the recipe is kept) and
 //   `trace_shown` (the trace shown, also root.dataset.trace), or with `error` (the trace shown stays).
+//   with a video trace: `frames` (the clip's frame count, 0 for an image) and `value_range` (the [low, high] of the
+//   whole clip's map, so every frame is coloured on one scale); the frame slider sends `frame_request` = {id, index};
+//   the kernel answers in one message with that frame's image and map (the recipe is kept) and `frame_shown`
+//   (also root.dataset.frameShown), or with `error` (the frame shown stays). A video map arrives at the clip's
+//   pixel size, already upsampled as vc.cam gives it: the page enlarges its pixels (nearest), nothing else.
 // An answer whose response_id is older than the newest request sent is stale and never painted.
 // The controls always show the recipe of the map on screen: a refused request (a combination the kernel or the
 // exported file cannot give, e.g. a preset) puts the controls back at the shown recipe, repaints its map if a
@@ -52,6 +57,7 @@ function render({ model, el }) {
   const picker = imagePicker();
   const tracePick = tracePicker();
   const presetMenu = presetPicker();
+  const frameSlider = framePicker();
   const header = h("div", { className: "vc-header" },
     h("strong", { textContent: "vitcam_nb Explorer" }), picker, tracePick, presetMenu, h("span", { textContent: " recipe " }),
     recipeId,
@@ -62,7 +68,7 @@ function render({ model, el }) {
   const errorBox = h("div", { className: "vc-error", hidden: true, attrs: { role: "alert" } });
   const degenerateBox = h("div", { className: "vc-degenerate", hidden: true, attrs: { role: "status" } });
   const notesBox = h("div", { className: "vc-notes", hidden: true });
-  const view = h("div", { className: "vc-view" }, canvas, bar, display.node);
+  const view = h("div", { className: "vc-view" }, canvas, bar, frameSlider && frameSlider.node, display.node);
   const controlsNode = h("div", { className: "vc-controls" });
   let controls = recipeControls(controlsNode, options.fields, onControl);
   const methods = h("p", { className: "vc-methods" });
@@ -117,6 +123,33 @@ function render({ model, el }) {
       model.save_changes();
     });
     return select;
+  }
+
+  // A video trace's frame slider (null for an image trace): moving it asks for that frame; the recipe is kept.
+  function framePicker() {
+    const n = model.get("frames") || 0;
+    if (!n) return null;
+    const id = `vc-${Math.random().toString(36).slice(2)}`;
+    const slider = h("input", { type: "range", id, min: 0, max: n - 1, step: 1, disabled: n < 2 });
+    slider.dataset.field = "frame";
+    const readout = h("output", { className: "vc-readout vc-frame-readout" });
+    const say = (f) => (readout.textContent = `${f} of ${n} (0–${n - 1})`);
+    let requests = 0;
+    slider.addEventListener("input", () => {
+      say(Number(slider.value));
+      root.dataset.state = "pending";
+      model.set("frame_request", { id: ++requests, index: Number(slider.value) });
+      model.save_changes();
+    });
+    const sync = () => {
+      slider.value = String(model.get("frame_shown"));
+      say(model.get("frame_shown"));
+      root.dataset.frameShown = String(model.get("frame_shown"));
+    };
+    sync();
+    const node = h("div", { className: "vc-row vc-frame", dataset: { field: "frame" } },
+      h("label", { textContent: "frame", htmlFor: id }), slider, readout);
+    return { node, sync };
   }
 
   // The preset menu: choosing a published method sets every field of its recipe in one request.
@@ -222,11 +255,13 @@ function render({ model, el }) {
   const displayKey = (shown) => JSON.stringify([model.get("size"), model.get("colormap"), model.get("opacity"),
     shown.upsample, shown.normalize, model.get("image_shape")]);
 
-  function overlayOptions(shown) {
+  function overlayOptions(shown, get = fromModel) {
     const [ih, iw] = model.get("image_shape");
     const scale = Math.max(1, Math.ceil(model.get("size") / Math.max(iw, 1)));
-    return { width: iw * scale, height: ih * scale, mode: shown.upsample, normalize: shown.normalize,
-      cmap: model.get("colormap"), opacity: model.get("opacity") };
+    const video = model.get("frames") > 0; // the map is already upsampled, its range the clip's
+    return { width: iw * scale, height: ih * scale, mode: video ? "nearest" : shown.upsample,
+      normalize: shown.normalize, cmap: model.get("colormap"), opacity: model.get("opacity"),
+      range: video ? get("value_range") : null };
   }
 
   // A prefetched view is drawn off screen while the page is idle, so showing it is one drawImage.
@@ -251,7 +286,7 @@ function render({ model, el }) {
       canvas.getContext("2d").drawImage(rendered.canvas, 0, 0);
       [lo, hi] = rendered.range;
     } else {
-      [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, overlayOptions(shown));
+      [lo, hi] = paintOverlay(canvas, image, grid, gh, gw, overlayOptions(shown, get));
     }
     canvas.style.width = `${model.get("size")}px`;
     bar.replaceChildren(colorbar(model.get("colormap"), lo, hi));
@@ -301,11 +336,12 @@ function render({ model, el }) {
     if (error && painted !== model.get("recipe_id")) paint(); // a cached view of the refused draft is replaced
     if (picker) picker.value = String(model.get("image_index")); // a refused image: back to the one shown
     if (tracePick) tracePick.value = model.get("trace_shown"); // likewise a refused trace
+    if (frameSlider) frameSlider.sync(); // and a refused frame
     if (!error) {
       remember(keyOf(JSON.parse(model.get("recipe_json"))), {
         recipe_json: model.get("recipe_json"), recipe_id: model.get("recipe_id"), grid: fromModel("grid"),
         grid_shape: model.get("grid_shape"), checklist: model.get("checklist"), methods: model.get("methods"),
-        degenerate: model.get("degenerate"), notes: model.get("notes"),
+        degenerate: model.get("degenerate"), notes: model.get("notes"), value_range: model.get("value_range"),
       });
       if (model.get("recipe_id") !== shownFromCache) paint(); // a cached view is already on the canvas
     }
@@ -348,7 +384,12 @@ function render({ model, el }) {
     root.dataset.trace = model.get("trace_shown");
     if (tracePick) tracePick.value = model.get("trace_shown");
   };
+  const onFrame = () => {
+    cache.clear(); // the maps cached so far are another frame's
+    if (frameSlider) frameSlider.sync();
+  };
   model.on("change:frame", onAnswer);
+  model.on("change:frame_shown", onFrame);
   model.on("msg:custom", onCustom);
   model.on("change:image", onImage);
   model.on("change:opacity", onDisplay);
@@ -366,6 +407,7 @@ function render({ model, el }) {
   return () => {
     clearTimeout(timer);
     model.off("change:frame", onAnswer);
+    model.off("change:frame_shown", onFrame);
     model.off("msg:custom", onCustom);
     model.off("change:image", onImage);
     model.off("change:opacity", onDisplay);

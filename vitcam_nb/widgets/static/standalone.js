@@ -4,6 +4,9 @@
 //   #vc-maps  base64 of zlib(image RGBA, [low, high] float32 per map when uint8, the quantised grids)
 //   #vc-texts base64 of zlib(JSON list, one entry per combination of the axes, first axis slowest):
 //             {g: map index, r: recipe JSON, id, c: checklist, md, m: methods, d: degenerate, n: notes} or {e}
+//   of a video trace (meta.frames > 0): the image is every frame's RGBA (meta.frame_bytes each), an entry's g is
+//   the map index of each frame and v the [low, high] of the whole clip's map; a `frame_request` shows another
+//   frame of the clip and of the entry shown, as the kernel does.
 //   with several traces of one image, #vc-meta also holds trace_choices, trace_shown and trace_parts (the meta of
 //   each further trace's table), whose blobs are #vc-maps-1, #vc-texts-1, ... (the first trace's: the above).
 // A local model stands in for the kernel: it answers the Explorer's `request` from the table, with the same
@@ -61,17 +64,26 @@ function localModel(parts) {
     p.varied = new Set(p.meta.axes.map(([field]) => field));
   }
   let part = parts[0];
+  const frames = meta.frames || 0;
+  // The pixels of frame `f` (of an image trace: the image).
+  const picture = (p, f) => (frames ? p.maps.subarray(f * p.meta.frame_bytes, (f + 1) * p.meta.frame_bytes)
+    : p.maps.subarray(0, p.meta.image_bytes));
   const state = {
-    options: meta.options, image: part.maps.subarray(0, meta.image_bytes), image_shape: meta.image_shape,
+    options: meta.options, image: picture(part, 0), image_shape: meta.image_shape,
     size: meta.size, opacity: meta.opacity, colormap: meta.colormap, images: [], image_index: 0,
-    trace_choices: meta.trace_choices || [], trace_shown: meta.trace_shown || "",
-    response_id: 0, frame: 0, error: "", request: {}, image_request: {}, trace_request: {},
+    trace_choices: meta.trace_choices || [], trace_shown: meta.trace_shown || "", frames, frame_shown: 0,
+    response_id: 0, frame: 0, error: "", request: {}, image_request: {}, trace_request: {}, frame_request: {},
   };
-  const shown = (entry, p = part) => ({
-    recipe_json: entry.r, recipe_id: entry.id, grid: gridBytes(p.meta, p.maps, entry.g), grid_shape: p.meta.grid_shape,
-    checklist: entry.c, checklist_md: entry.md, methods: entry.m, degenerate: entry.d, notes: entry.n, error: "",
-  });
-  Object.assign(state, shown(part.entries[meta.start]));
+  let current = part.entries[meta.start]; // the entry shown
+  const shown = (entry, p = part, f = state.frame_shown) => {
+    current = entry;
+    return {
+      recipe_json: entry.r, recipe_id: entry.id, grid: gridBytes(p.meta, p.maps, frames ? entry.g[f] : entry.g),
+      grid_shape: p.meta.grid_shape, value_range: entry.v || [], checklist: entry.c, checklist_md: entry.md,
+      methods: entry.m, degenerate: entry.d, notes: entry.n, error: "",
+    };
+  };
+  Object.assign(state, shown(current));
 
   function update(changes) {
     const changed = Object.keys(changes).filter((k) => state[k] !== changes[k]);
@@ -144,17 +156,30 @@ function localModel(parts) {
     update({ options: other.meta.options, trace_shown: other.name, ...shown(entry), frame: state.frame + 1 });
   }
 
+  // Another frame of the clip under the same frame of the map shown; refused as the kernel refuses it.
+  function showFrame(request) {
+    const f = request.index;
+    if (!frames || !Number.isInteger(f) || f < 0 || f >= frames) {
+      const allowed = frames ? `an int in [0, ${frames - 1}] (the clip has ${frames} frames)` : "0 (an image trace)";
+      update({ error: `IndexError: frame: expected ${allowed}, got ${JSON.stringify(f)}`, frame: state.frame + 1 });
+      return;
+    }
+    update({ image: picture(part, f), frame_shown: f, ...shown(current, part, f), frame: state.frame + 1 });
+  }
+
   return {
     get: (name) => state[name],
     set: (name, value) => {
-      if (name === "request" || name === "image_request" || name === "trace_request") state[name] = value;
+      if (name.endsWith("request")) state[name] = value;
       else update({ [name]: value });
     },
     save_changes: () => {
-      const [request, traceRequest] = [state.request, state.trace_request];
+      const [request, traceRequest, frameRequest] = [state.request, state.trace_request, state.frame_request];
       state.request = {};
       state.trace_request = {};
+      state.frame_request = {};
       if (traceRequest && traceRequest.id !== undefined) switchTrace(traceRequest);
+      if (frameRequest && frameRequest.id !== undefined) showFrame(frameRequest);
       if (request && request.id !== undefined) answer(request);
     },
     on: (event, fn) => listeners.set(event, [...(listeners.get(event) || []), fn]),
