@@ -1,10 +1,10 @@
 """Issue #34 item 1, backward rules on every family that has the modules: on timm EVA, open_clip and Hugging Face
-ViT, DeiT, CLIP and SigLIP vision towers (all refused by name before), CP-LRP and LibraGrad conserve the target
-score, a known answer: with every bias zero (blocks, norms, heads), the attention and LayerNorm's std held constant
-and the activation's gate held constant, the network is linear in the hidden state entering block 0, so that
-state times its stored gradient sums to the score (float32: 1e-4 relative). A rule that let any gradient through
-the softmax or the std, or a family left on autograd's gradient, breaks the identity (the plain gradient does
-not satisfy it, checked too)."""
+ViT, DeiT, DINOv2 (with registers), CLIP and SigLIP vision towers (all refused by name before), CP-LRP and
+LibraGrad conserve the target score, a known answer: with every bias zero (blocks, norms, heads), the attention and
+LayerNorm's std held constant and the activation's gate held constant, the network is linear in the hidden state
+entering block 0, so that state times its stored gradient sums to the score (float32: 1e-4 relative). A rule that
+let any gradient through the softmax or the std, or a family left on autograd's gradient, breaks the identity (the
+plain gradient does not satisfy it, checked too)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,11 @@ def _family(name: str) -> tuple[torch.nn.Module, object]:
         return _hf("ViTConfig", "ViTForImageClassification", num_labels=5), "top1"
     if name == "hf_deit":
         return _hf("DeiTConfig", "DeiTForImageClassificationWithTeacher", num_labels=5), "top1"
+    if name == "hf_dinov2":
+        cfg = transformers.Dinov2WithRegistersConfig(image_size=IMG, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=2, mlp_ratio=2, num_labels=5,
+                                                     num_register_tokens=2)
+        return _zero_biases(transformers.Dinov2WithRegistersForImageClassification(cfg)), "top1"
     if name == "hf_clip":
         return _hf("CLIPVisionConfig", "CLIPVisionModel"), sim
     return _hf("SiglipVisionConfig", "SiglipVisionModel"), sim
@@ -61,7 +66,7 @@ def _relevance_and_score(tr) -> tuple[float, float]:
     return float((h * g).sum()), float(tr["logits"].values[int(tr["target_class"].values[0])])
 
 
-@pytest.mark.parametrize("family", ["eva", "open_clip", "hf_vit", "hf_deit", "hf_clip", "hf_siglip"])
+@pytest.mark.parametrize("family", ["eva", "open_clip", "hf_vit", "hf_deit", "hf_dinov2", "hf_clip", "hf_siglip"])
 def test_cp_lrp_and_libragrad_conserve_the_score_on_every_family(family):
     model, targets = _family(family)
     image = np.random.default_rng(0).integers(0, 256, (IMG, IMG, 3), dtype=np.uint8)

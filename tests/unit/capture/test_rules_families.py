@@ -144,8 +144,8 @@ def _open_clip(visual, h, rule, vectors):
     return (emb @ vectors.T)[0], kept
 
 
-def _hf_layers(layers, h, rule, kind, attention, out_proj, norms):
-    kept = {}
+def _hf_layers(layers, h, rule, kind, attention, out_proj, norms, scales=None):
+    kept, scales = {}, scales or [(1.0, 1.0)] * len(layers)
     for i, lay in enumerate(layers):
         at, m = getattr(lay, attention), lay.mlp
 
@@ -159,7 +159,7 @@ def _hf_layers(layers, h, rule, kind, attention, out_proj, norms):
         h = _block(h, i, rule, kept, ln1=getattr(lay, norms[0]), ln2=getattr(lay, norms[1]), qkv=qkv,
                    post=lambda o, at=at: _lin(o, getattr(at, out_proj).weight, getattr(at, out_proj).bias),
                    mlp=lambda a, m=m: _lin(_act(_lin(a, m.fc1.weight, m.fc1.bias), kind, rule), m.fc2.weight,
-                                           m.fc2.bias))
+                                           m.fc2.bias), ls=scales[i])
     return h, kept
 
 
@@ -176,6 +176,16 @@ def _hf_deit(model, h, rule):
     h = _ln(h, model.deit.layernorm, rule)
     cls, dist = model.cls_classifier, model.distillation_classifier
     return ((_lin(h[:, 0], cls.weight, cls.bias) + _lin(h[:, 1], dist.weight, dist.bias)) / 2)[0], kept
+
+
+def _hf_dinov2(model, h, rule):
+    base = getattr(model, "dinov2", None) or model.dinov2_with_registers
+    ls = [(lay.layer_scale1.lambda1, lay.layer_scale2.lambda1) for lay in base.encoder.layer]
+    h, kept = _hf_layers(base.encoder.layer, h, rule, "none", "attention", "o_proj", ("norm1", "norm2"), ls)
+    h = _ln(h, base.layernorm, rule)
+    first_patch = 1 + getattr(model.config, "num_register_tokens", 0)
+    pooled = torch.cat([h[:, 0], h[:, first_patch:].mean(1)], dim=1)  # class token and mean of the patches
+    return _lin(pooled, model.classifier.weight, model.classifier.bias)[0], kept
 
 
 def _hf_clip(model, h, rule, vectors):
@@ -236,6 +246,13 @@ def _family(name):
         model = _hf("DeiTConfig", {"num_labels": 5, "hidden_act": "gelu_pytorch_tanh"},
                     "DeiTForImageClassificationWithTeacher")
         return model, "top2", base, _hf_deit
+    if name in ("hf_dinov2", "hf_dinov2_registers"):
+        registers = name == "hf_dinov2_registers"
+        cfg = getattr(transformers, "Dinov2WithRegistersConfig" if registers else "Dinov2Config")(
+            image_size=IMG, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+            num_labels=5, layerscale_value=0.5, **({"num_register_tokens": 2} if registers else {}))
+        cls = "Dinov2WithRegistersForImageClassification" if registers else "Dinov2ForImageClassification"
+        return _redraw(getattr(transformers, cls)(cfg)), "top2", base, _hf_dinov2
     if name == "hf_clip":
         return (_hf("CLIPVisionConfig", {}, "CLIPVisionModel"), sim, base + ["q", "k"],
                 lambda m, h, r: _hf_clip(m, h, r, VECTORS))
@@ -243,7 +260,7 @@ def _family(name):
             lambda m, h, r: _hf_siglip(m, h, r, VECTORS))
 
 
-FAMILIES = ["eva", "open_clip", "hf_vit", "hf_deit", "hf_clip", "hf_siglip"]
+FAMILIES = ["eva", "open_clip", "hf_vit", "hf_deit", "hf_dinov2", "hf_dinov2_registers", "hf_clip", "hf_siglip"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -312,8 +329,10 @@ def test_modules_the_rules_are_not_defined_on_are_refused_by_name_before_any_mod
          "block 0's attention has query/key norms"),
         (_hf("ViTConfig", {"hidden_act": "relu"}, "ViTModel"), "libragrad",
          r"transformers ViTModel.*layer 0's MLP activation is a ReLU"),
-        (_hf("Dinov2Config", {}, "Dinov2Model"), "cp_lrp",
-         r"rule='cp_lrp' is defined for .*hf_siglip .*; the hf_dinov2 family \(Dinov2Model\) is not supported"),
+        (_hf("Dinov2Config", {"use_swiglu_ffn": True}, "Dinov2Model"), "cp_lrp",
+         r"transformers Dinov2Model.*layer 0's MLP is a Dinov2SwiGLUFFN"),
+        (_hf("BeitConfig", {}, "BeitModel"), "cp_lrp",
+         r"rule='cp_lrp' is defined for .*hf_siglip .*; the hf_beit family \(BeitModel\) is not supported"),
         (timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=32, window_size=2,
                            depths=(1, 1), num_heads=(1, 2), embed_dim=16, num_classes=5),
          "attnlrp", r"the swin family \(SwinTransformer\) is not supported: .*Swin's shifted-window attention"),

@@ -12,8 +12,8 @@ Example:
     >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
     >>> check_rule_for("attnlrp", m, find_adapter(m))
     'attnlrp'
-    >>> rule_families("cp_lrp")
-    ['vit', 'beit', 'eva', 'hf_vit', 'hf_deit_distilled', 'hf_clip', 'hf_siglip', 'open_clip']
+    >>> rule_families("cp_lrp")[:4], "open_clip" in rule_families("cp_lrp")
+    (['vit', 'beit', 'eva', 'hf_vit'], True)
 """
 
 from __future__ import annotations

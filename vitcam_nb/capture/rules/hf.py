@@ -1,5 +1,5 @@
-"""The backward rules on Hugging Face vision transformers (transformers 5 layout): ViT, DeiT, CLIP's and SigLIP's
-vision towers.
+"""The backward rules on Hugging Face vision transformers (transformers 5 layout): ViT, DeiT, DINOv2 (with and
+without registers), CLIP's and SigLIP's vision towers.
 
 transformers computes ``softmax(q k^T) @ V`` in an attention *function* (eager during a trace), with no module
 around the softmax matrix or the product. Every module the rules need is still there: the layer's attention holds
@@ -69,6 +69,10 @@ HF_FAMILIES: dict[str, tuple[str, str, str, str]] = {
                 "transformers CLIPModel/CLIPVisionModel(WithProjection) vision tower"),
     "hf_siglip": ("SiglipEncoderLayer", "SiglipAttention", "SiglipMLP",
                   "transformers SiglipModel/SiglipVisionModel vision tower, with its attention-pooling head"),
+    "hf_dinov2": ("Dinov2Layer", "Dinov2Attention", "Dinov2MLP",
+                  "transformers Dinov2Model/Dinov2ForImageClassification with a GELU MLP (not SwiGLU)"),
+    "hf_dinov2_registers": ("Dinov2WithRegistersLayer", "Dinov2WithRegistersAttention", "Dinov2WithRegistersMLP",
+                            "transformers Dinov2WithRegistersModel/...ForImageClassification with a GELU MLP"),
 }
 #: The attention-pooling head of a SigLIP vision tower (a probe, nn.MultiheadAttention, a LayerNorm and an MLP).
 POOL_HEAD = "SiglipMultiheadAttentionPoolingHead"
