@@ -211,12 +211,13 @@ def test_a_bad_rule_is_refused_before_any_model_call():
 def test_an_unsupported_family_is_refused_by_name_before_any_model_call():
     import timm
 
-    eva = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=IMG, patch_size=8, depth=1,
-                            num_classes=5).eval()
-    calls = _never_called(eva)
+    swin = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=IMG, window_size=2,
+                             depths=(1, 1), num_heads=(1, 2), embed_dim=16, num_classes=5).eval()
+    calls = _never_called(swin)
     with pytest.raises(TraceError, match=r"rule='attnlrp' is defined for vit \(timm VisionTransformer.*; beit "
-                                         r"\(timm Beit.*; the eva family \(Eva\) is not supported"):
-        vc.trace(eva, _image(), rule="attnlrp")
+                                         r"\(timm Beit.*; the swin family \(SwinTransformer\) is not supported: "
+                                         r"the rules are implemented here for one global softmax attention"):
+        vc.trace(swin, _image(), rule="attnlrp")
     swiglu = Beit(img_size=IMG, patch_size=8, embed_dim=32, depth=1, num_heads=2, swiglu_mlp=True).eval()
     with pytest.raises(TraceError, match="MLP is a SwiGLU"):
         vc.trace(swiglu, _image(), rule="libragrad")

@@ -3,10 +3,19 @@ forward-neutral gradient substitutions (:mod:`~vitcam_nb.capture.rules.grad`) an
 (importing this package registers them). Names, descriptions and citations: :mod:`vitcam_nb.core.rules`.
 """
 
-from vitcam_nb.capture.rules import beit, chefer, vit  # noqa: F401  (each registers its family's rules)
+from vitcam_nb.capture.rules import (  # noqa: F401  (each registers its family's rules)
+    beit,
+    chefer,
+    eva,
+    hf,
+    open_clip,
+    swin,
+    vit,
+)
 from vitcam_nb.capture.rules.base import (
     RuleImpl,
     check_rule_for,
+    register_refusal,
     register_rule,
     rule_context,
     rule_extra_grads,
@@ -14,5 +23,5 @@ from vitcam_nb.capture.rules.base import (
     rule_families,
 )
 
-__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_extra_names",
-           "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "register_refusal", "register_rule", "rule_context", "rule_extra_grads",
+           "rule_extra_names", "rule_families"]

@@ -12,8 +12,8 @@ Example:
     >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
     >>> check_rule_for("attnlrp", m, find_adapter(m))
     'attnlrp'
-    >>> rule_families("cp_lrp")
-    ['vit', 'beit']
+    >>> rule_families("cp_lrp")[:4], "open_clip" in rule_families("cp_lrp")
+    (['vit', 'beit', 'eva', 'hf_vit'], True)
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
 
-__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_extra_names",
-           "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "register_refusal", "register_rule", "rule_context", "rule_extra_grads",
+           "rule_extra_names", "rule_families"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,8 @@ class RuleImpl:
 
 # rule name -> family -> implementation
 _IMPLS: dict[str, dict[str, RuleImpl]] = {}
+# family -> why no rule is implemented for it, stated in its refusal
+_REFUSALS: dict[str, str] = {}
 
 
 def register_rule(rule: str, impl: RuleImpl, *, replace: bool = False) -> None:
@@ -81,6 +83,18 @@ def register_rule(rule: str, impl: RuleImpl, *, replace: bool = False) -> None:
         raise ValueError(f"rule: {rule!r} already has an implementation for family {impl.family!r}; pass "
                          "replace=True to replace it")
     table[impl.family] = impl
+
+
+def register_refusal(family: str, reason: str) -> None:
+    """State ``reason`` when a model of ``family`` is traced with a rule that has no implementation for it.
+
+    Example:
+        >>> register_refusal("demo", "its attention is not softmax attention")
+        >>> "demo" in _REFUSALS
+        True
+        >>> del _REFUSALS["demo"]
+    """
+    _REFUSALS[family] = reason
 
 
 def rule_families(rule: str) -> list[str]:
@@ -108,8 +122,9 @@ def check_rule_for(rule: object, model: torch.nn.Module, adapter: Adapter) -> st
     impl = impls.get(adapter.family)
     if impl is None:
         covered = "; ".join(f"{f} ({i.models})" if i.models else f for f, i in impls.items()) or "no family"
+        reason = f": {_REFUSALS[adapter.family]}" if adapter.family in _REFUSALS else ""
         raise TraceError(f"rule: rule={rule!r} is defined for {covered}; the {adapter.family} family "
-                         f"({type(model).__name__}) is not supported. Trace it with rule='gradient'")
+                         f"({type(model).__name__}) is not supported{reason}. Trace it with rule='gradient'")
     impl.check(model, adapter)
     return rule
 

@@ -79,13 +79,16 @@ def identity_ratio(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def gelu_gate(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """GELU's gate ``Phi(x)`` (``gelu(x) = x * Phi(x)``): the normal CDF, or timm/torch's tanh approximation of it.
+    """GELU's gate ``Phi(x)`` (``gelu(x) = x * Phi(x)``): the normal CDF, or timm/torch's tanh approximation of it
+    (``"tanh"``), or the quick GELU's ``sigmoid(1.702 x)`` (``"quick"``: CLIP's ``x * sigmoid(1.702 x)``).
 
     Example:
-        >>> gelu_gate(torch.tensor([0.0])).tolist()
-        [0.5]
+        >>> gelu_gate(torch.tensor([0.0])).tolist(), gelu_gate(torch.tensor([0.0]), "quick").tolist()
+        ([0.5], [0.5])
     """
     x = x.detach()
+    if approximate == "quick":
+        return torch.sigmoid(1.702 * x)
     if approximate == "tanh":
         return 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
     return 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))

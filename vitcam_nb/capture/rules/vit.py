@@ -40,29 +40,19 @@ from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.qkv import timm_qkv_sites
 from vitcam_nb.capture.hooks import removable_hooks
 from vitcam_nb.capture.rules.base import RuleImpl, register_rule
-from vitcam_nb.capture.rules.grad import (
-    constant,
-    gated_gradient,
-    gelu_gate,
-    identity_ratio,
-    layer_norm_constant_std,
-    scale_gradient,
+from vitcam_nb.capture.rules.common import (
+    activation_hook,
+    constant_input,
+    gelu_kind,
+    half_input,
+    half_output,
+    layer_norm_hook,
 )
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["check_vit", "rule_hooks"]
 
 MODELS = "timm VisionTransformer: vit_*, deit_*, DINOv2 and register variants with plain Attention and a GELU Mlp"
-
-
-def _gelu_approximation(act: torch.nn.Module) -> str | None:
-    """"none" or "tanh" for torch's or timm's GELU modules; None for any other activation."""
-    name = type(act).__name__
-    if isinstance(act, torch.nn.GELU):
-        return str(act.approximate)
-    if type(act).__module__.startswith("timm.") and name in ("GELU", "GELUTanh"):
-        return "tanh" if name == "GELUTanh" else "none"
-    return None
 
 
 def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str, block_type: type | None = None,
@@ -87,7 +77,7 @@ def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str, block_type: t
     for i, blk in enumerate(blocks):
         if type(blk) is not block_type:
             raise TraceError(f"{where} block {i} is a {type(blk).__name__}, not timm's pre-norm Block")
-        if type(blk.mlp) is not Mlp or _gelu_approximation(blk.mlp.act) is None:
+        if type(blk.mlp) is not Mlp or gelu_kind(blk.mlp.act) is None:
             raise TraceError(f"{where} block {i}'s MLP is a {type(blk.mlp).__name__} with "
                              f"{type(getattr(blk.mlp, 'act', None)).__name__}, not an Mlp with a GELU")
         for name in ("norm1", "norm2"):
@@ -105,35 +95,15 @@ def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str, block_type: t
             raise TraceError(f"{where} the model's {name} is a {type(norm).__name__}, not a LayerNorm")
 
 
-def _layer_norm_hook(module: torch.nn.LayerNorm, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    return layer_norm_constant_std(module, args[0], out)
-
-
-def _gelu_hook(mode: str, module: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    x = args[0]
-    gate = identity_ratio(x, out) if mode == "identity" else gelu_gate(x, _gelu_approximation(module) or "none")
-    return gated_gradient(x, out, gate)
-
-
-def _constant_input(_module: torch.nn.Module, args: tuple) -> tuple:
-    return (constant(args[0]), *args[1:])
-
-
-def _half_output(_module: torch.nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
-    return scale_gradient(out, 0.5)
-
-
-def _half_input(_module: torch.nn.Module, args: tuple) -> tuple:
-    return (scale_gradient(args[0], 0.5), *args[1:])
-
-
 @contextlib.contextmanager
 def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu: str,
-               scores_half: str = "qk") -> Iterator[None]:
+               scores_half: str = "qk", product_out: str = "proj") -> Iterator[None]:
     """The hooks of one rule (``attention``: "constant" or "uniform"; ``gelu``: "identity" or "gate"), removed on
     exit, also on error. ``scores_half``: where the uniform rule halves the gradient of ``q k^T``: on the outputs
     of ``q_norm`` and ``k_norm`` ("qk"), or where the softmax leaves, before ``attn_drop`` ("softmax": the same
     gradients at q, k and everything before them; the pre-softmax scores then carry half the rule's gradient).
+    ``product_out``: the attention's submodule whose input is ``A @ V`` with the heads concatenated (``proj``;
+    EVA's sub-LayerNorm ``norm``, which comes before its ``proj``).
 
     Example:
         >>> import timm
@@ -148,19 +118,19 @@ def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu
     with removable_hooks() as handles:
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
-                handles.append(module.register_forward_hook(_layer_norm_hook, prepend=True))
+                handles.append(module.register_forward_hook(layer_norm_hook, prepend=True))
         for blk in adapter.blocks(model):
-            handles.append(blk.mlp.act.register_forward_hook(partial(_gelu_hook, gelu), prepend=True))
+            handles.append(blk.mlp.act.register_forward_hook(partial(activation_hook, gelu), prepend=True))
             attn = blk.attn
             if attention == "constant":
-                handles.append(attn.attn_drop.register_forward_pre_hook(_constant_input))
+                handles.append(attn.attn_drop.register_forward_pre_hook(constant_input))
                 continue
             if scores_half == "qk":
-                handles.append(attn.q_norm.register_forward_hook(_half_output, prepend=True))
-                handles.append(attn.k_norm.register_forward_hook(_half_output, prepend=True))
+                handles.append(attn.q_norm.register_forward_hook(half_output, prepend=True))
+                handles.append(attn.k_norm.register_forward_hook(half_output, prepend=True))
             else:  # no module holds q and k: halve the gradient entering the softmax, which halves it at q and k
-                handles.append(attn.attn_drop.register_forward_pre_hook(_half_input))
-            handles.append(attn.proj.register_forward_pre_hook(_half_input, prepend=True))
+                handles.append(attn.attn_drop.register_forward_pre_hook(half_input))
+            handles.append(getattr(attn, product_out).register_forward_pre_hook(half_input, prepend=True))
         yield
 
 
