@@ -59,8 +59,9 @@ RULES: dict[str, RuleInfo] = {
         "official package lxt (lxt.efficient rules: identity_rule_implicit, divide_gradient, stop_gradient)"),
     "libragrad": RuleInfo(
         "LibraGrad: the softmax attention A treated as a constant (the gradient path through softmax pruned), "
-        "LayerNorm's standard deviation treated as a constant, GELU's gate detached (x * Phi(x).detach(): "
-        "gradient Phi(x)), every other layer by its gradient",
+        "LayerNorm's standard deviation treated as a constant, GELU's gate detached (x * g(x).detach(), g the "
+        "activation's own gate: Phi(x), its tanh approximation, or sigmoid(1.702 x) for the quick GELU), every other "
+        "layer by its gradient",
         "Mehri, Soleymani Baghshah & Pilehvar 2025, LibraGrad: Balancing Gradient Flow for Universally Better "
         "Vision Transformer Attributions, CVPR; official code github.com/NightMachinery/pytorch-image-models-"
         "libragrad-v1 (timm/night/decomposition.py)"),
