@@ -46,7 +46,7 @@ from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
 from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
 from vitcam_nb.targets.classes import head_size
 
-__all__ = ["store_settings", "trace_many"]
+__all__ = ["clip_list", "prepare_item", "store_settings", "trace_many"]
 
 
 def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
@@ -56,6 +56,38 @@ def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Data
         raise TraceError(f"images: a store holds images of one input size; this batch has {sorted(shapes)}")
     run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
     return [assemble(plan, p, run.image(b), run) for b, p in enumerate(prepared)]
+
+
+def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> PreparedInput:
+    """One item prepared as the pass takes it: a video family's clip by its adapter (a clip that does not fit
+    the model is refused naming the clip and both frame counts or sizes), an image by the model's data config.
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.adapters.registry import find_adapter
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> tuple(prepare_item(m, find_adapter(m), np.zeros((224, 224, 3), np.uint8), None, 0).tensor.shape)
+        (1, 3, 224, 224)
+    """
+    if not getattr(adapter, "video", False):
+        return prepare_input(model, image, processor)
+    try:
+        return adapter.prepare_input(model, image, processor)
+    except TraceError as exc:
+        raise type(exc)(f"images: clip {index}: {str(exc).removeprefix('image: ')}") from exc
+
+
+def clip_list(images: Any, adapter: Any) -> Any:
+    """A video family's clips as a list: a (N, T, C, H, W) array or tensor holds N clips (the image path reads
+    a 4-D array as N images). Anything else is returned as given.
+
+    Example:
+        >>> len(clip_list(np.zeros((2, 4, 3, 8, 8), np.float32), type("A", (), {"video": True})()))
+        2
+    """
+    if getattr(adapter, "video", False) and isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 5:
+        return list(images)
+    return images
 
 
 def store_settings(plan: TracePlan, processor: object = None) -> dict:
@@ -139,7 +171,11 @@ def trace_many(
         model: a timm VisionTransformer (or a family with a registered adapter).
         images: a list or array of images (PIL, HxWx3 uint8, (3,H,W) float tensors used as given), an
             iterator, a folder of image files, or a torch DataLoader. Items may be ``(image, label)``,
-            ``(image, label, mask)`` or dicts with ``image``, ``label`` and ``mask`` keys.
+            ``(image, label, mask)`` or dicts with ``image``, ``label`` and ``mask`` keys. For a video family
+            (VideoMAE, ViViT, TimeSformer): clips, each a normalised float (T,C,H,W) tensor or array with the
+            model's ``config.num_frames`` frames (a list, or one (N,T,C,H,W) array), stored with their
+            ``clip (image, frame, y, x, rgb)`` and ``patch_frame``; a clip of another frame count is refused
+            naming both, and clips take no masks.
         path: the store folder (``.zarr``).
         targets: "topK" (each image's own top K classes), an int class or a list of ints; the expected
             logit is always traced too.
@@ -190,7 +226,11 @@ def trace_many(
             raise TraceFileError(f"path: {path} is a symlink to {os.readlink(path)}, which does not exist; create "
                                  "that folder's parent, or remove the link")
         path = path.resolve()
-    items, n = iter_items(images, image_labels, masks)
+    video = getattr(plan.adapter, "video", False)
+    if masks is not None and video:
+        raise TraceError(f"masks: the {plan.adapter.family} family takes clips; a store of clips holds no masks "
+                         "(pass masks=None)")
+    items, n = iter_items(clip_list(images, plan.adapter), image_labels, masks)
 
     store: Store | None = None
     lock = StoreLock(path)
@@ -264,7 +304,7 @@ def trace_many(
                 seen = i + 1
                 if store is not None and i < len(store.done) and store.done[i]:
                     if verify:
-                        digest = array_sha256(prepare_input(model, item.image, processor).tensor)
+                        digest = array_sha256(prepare_item(model, plan.adapter, item.image, processor, i).tensor)
                         if digest != store.hashes[i]:
                             raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
                                                  f"{store.hashes[i][:12]}…, this call's {digest[:12]}…); resume "
@@ -273,7 +313,9 @@ def trace_many(
                 if item.label >= head_size(model):
                     raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
                                      f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
-                prepared = prepare_input(model, item.image, processor)
+                if video and item.mask is not None:
+                    raise TraceError(f"masks: clip {i} carries a mask; a store of clips holds no masks")
+                prepared = prepare_item(model, plan.adapter, item.image, processor, i)
                 pending.append((i, item, prepared))
             flush()
             if shard is not None:

@@ -1,0 +1,94 @@
+"""Issue #37 item 5 (and #35's memory estimate) for video families at dataset scale: ``trace_many`` stores clips
+(VideoMAE, TimeSformer with its two attentions), each read back as ``vc.trace`` gives it on that clip; a clip of
+another frame count is refused naming both counts, before any pass. Tiny random configs (hidden 32, 2 layers, 2
+heads, 32 px frames, 8 px patches, 4 frames), as in tests/unit/model/test_video.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import vitcam_nb as vc
+from vitcam_nb.core.errors import TraceError
+
+transformers = pytest.importorskip("transformers")
+
+T, HW, P, G = 4, 32, 8, 4
+BASE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=HW,
+            num_frames=T, num_labels=3)
+EXTRA_ATTRS = {"image_index", "image_label", "image_source"}
+
+
+def _redraw(model: torch.nn.Module) -> torch.nn.Module:
+    """O(1) weights, so that gradients are far from zero and a wrong slice shows."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(noise / math.sqrt(p[0].numel()) if p.ndim >= 2 else 0.1 * noise)
+    return model.eval()
+
+
+def videomae() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.VideoMAEConfig(**BASE, patch_size=P, tubelet_size=2)
+    return _redraw(transformers.VideoMAEForVideoClassification(cfg))
+
+
+def timesformer() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return _redraw(transformers.TimesformerForVideoClassification(transformers.TimesformerConfig(**BASE, patch_size=P)))
+
+
+def clips(n: int, frames: int = T) -> torch.Tensor:
+    return torch.randn((n, frames, 3, HW, HW), generator=torch.Generator().manual_seed(7))
+
+
+def _assert_same_trace(got, want) -> None:
+    """A store's clip equals vc.trace on it: schema, attrs; values to the rounding of batched kernels."""
+    assert {k: v for k, v in got.attrs.items() if k not in EXTRA_ATTRS} == want.attrs
+    assert set(got.variables) == set(want.variables)
+    for name, var in want.variables.items():
+        other = got.variables[name]
+        assert other.dims == var.dims and other.dtype == var.dtype, name
+        if var.dtype.kind == "f":
+            scale = float(np.abs(var.values.astype(np.float64)).max()) or 1.0
+            np.testing.assert_allclose(other.values, var.values, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        else:
+            np.testing.assert_array_equal(other.values, var.values, err_msg=name)
+
+
+@pytest.mark.parametrize("family", ["hf_videomae", "hf_timesformer"])
+def test_trace_many_stores_clips_each_equal_to_its_single_trace(tmp_path, family):
+    model = videomae() if family == "hf_videomae" else timesformer()
+    x = clips(3)
+    given = x if family == "hf_videomae" else list(x)  # one (N, T, C, H, W) array, or a list of clips
+    path = vc.trace_many(model, given, tmp_path / "clips.zarr", targets="top2", batch_size=2, progress=False)
+    ds = vc.open_traces(path)
+    assert ds["clip"].dims == ("image", "frame", "y", "x", "rgb") and ds.sizes["image"] == 3
+    assert ds["patch_frame"].values.tolist() == ([-1] if family == "hf_timesformer" else []) + \
+        np.repeat(np.arange(T if family == "hf_timesformer" else T // 2), G * G).tolist()
+    group = zarr.open_group(str(path), mode="r")
+    assert group["clip"].chunks == (1, T, HW, HW, 3)  # one clip per chunk, as one image per chunk
+    if family == "hf_timesformer":
+        assert group["attn_time_grad"].chunks[:3] == (1, 3, 1)  # one clip, every target, one layer
+    for i in range(3):
+        _assert_same_trace(vc.image_trace(ds, i), vc.trace(model, x[i], targets="top2"))
+
+
+def test_a_clip_of_another_frame_count_is_refused_naming_both_before_a_pass(tmp_path):
+    model = videomae()
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    mixed = [clips(1)[0], clips(1, frames=6)[0]]
+    with pytest.raises(TraceError, match=r"^images: clip 1: the model was built for clips of 4 frames .*got 6 "
+                                         r"frames"):
+        vc.trace_many(model, mixed, tmp_path / "mixed.zarr", targets="top1", batch_size=2, progress=False)
+    assert calls == [] and not (tmp_path / "mixed.zarr").exists()
+    with pytest.raises(TraceError, match=r"^masks: the hf_videomae family takes clips"):
+        vc.trace_many(model, clips(1), tmp_path / "m.zarr", masks=[np.ones((HW, HW), bool)], progress=False)
+    handle.remove()
