@@ -6,6 +6,7 @@ heads, 32 px frames, 8 px patches, 4 frames), as in tests/unit/model/test_video.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -91,4 +92,66 @@ def test_a_clip_of_another_frame_count_is_refused_naming_both_before_a_pass(tmp_
     assert calls == [] and not (tmp_path / "mixed.zarr").exists()
     with pytest.raises(TraceError, match=r"^masks: the hf_videomae family takes clips"):
         vc.trace_many(model, clips(1), tmp_path / "m.zarr", masks=[np.ones((HW, HW), bool)], progress=False)
+    handle.remove()
+
+
+RECIPES = [
+    vc.Recipe(site="F1", layer=-1),
+    vc.Recipe(site="F4", layer=0, weighting="hirescam", upsample="bicubic"),
+    vc.Recipe(site="F4", layer=(0, 1), layer_fusion="mean"),  # fused on the (t x h, w) grid, then upsampled
+    vc.Recipe(site="F3", layer=1, heads="max", weighting="layercam", upsample="nearest"),
+    vc.Recipe(site="F1", layer=0, target="prob", class_="top2", normalize="max", relu="none"),
+]
+F2_RECIPES = [  # VideoMAE has no class token: the attention rows are averaged
+    vc.presets.attention_rollout().replace(attn_rows="mean"),
+    vc.Recipe(site="F2", layer=1, heads="mean_then_relu", attn_rows="mean"),
+]
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
+        return fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["hf_videomae", "hf_timesformer"])
+def test_map_many_on_clips_reads_back_bitwise_vc_cam_on_a_full_trace(tmp_path, family):
+    # A batch of one is the pass vc.trace makes: each stored map read back equals vc.cam on a full trace of the clip,
+    # on the (t, y, x) token grid and upsampled to (frame, y, x), bit for bit.
+    model = videomae() if family == "hf_videomae" else timesformer()
+    recipes = RECIPES + (F2_RECIPES if family == "hf_videomae" else [])  # TimeSformer has no F2
+    x = clips(2)
+    ds = vc.open_maps(vc.map_many(model, x, recipes, tmp_path / "maps.zarr", batch_size=1, progress=False))
+    gt = T // 2 if family == "hf_videomae" else T
+    assert ds["maps"].dims == ("image", "recipe", "gt", "gy", "gx")
+    assert ds["maps"].shape == (2, len(recipes), gt, G, G) and ds["parts"].shape == (2, 2, gt, G, G)
+    for i in range(2):
+        tr = vc.trace(model, x[i], targets="top2")
+        one = vc.image_maps(ds, i)
+        for r in recipes:
+            for grid in (False, True):
+                got, want = _quiet(vc.cam, one, r, grid=grid), _quiet(vc.cam, tr, r, grid=grid)
+                assert got.dims == want.dims == (("patch_frame", "patch_row", "patch_col") if grid
+                                                 else ("frame", "y", "x"))
+                np.testing.assert_array_equal(got.values, want.values, err_msg=f"{r.to_string()} grid={grid}")
+                differ = {k for k in want.attrs if got.attrs[k] != want.attrs[k]}
+                assert differ <= {"trace_id", "checklist", "methods"}, (r.to_string(), differ)
+                assert got.attrs["methods"].replace(got.attrs["trace_id"], want.attrs["trace_id"]) == \
+                    want.attrs["methods"]
+                assert got.attrs["checklist"].replace(got.attrs["trace_id"], want.attrs["trace_id"]) == \
+                    want.attrs["checklist"]
+    every = _quiet(vc.cam, ds, recipes[1])
+    assert every.dims == ("image", "frame", "y", "x")
+    np.testing.assert_array_equal(every.values[1], _quiet(vc.cam, vc.image_maps(ds, 1), recipes[1]).values)
+
+
+def test_map_many_on_clips_refuses_the_torch_backend_before_a_pass(tmp_path):
+    model = videomae()
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(TraceError, match=r"^backend: the torch kernels .* hf_videomae family's clips"):
+        vc.map_many(model, clips(1), RECIPES[:1], tmp_path / "t.zarr", backend="torch", progress=False)
+    with pytest.raises(TraceError, match=r"^images: clip 0: the model was built for clips of 4 frames .*got 6"):
+        vc.map_many(model, clips(1, frames=6), RECIPES[:1], tmp_path / "f.zarr", progress=False)
+    assert calls == [] and not (tmp_path / "t.zarr").exists() and not (tmp_path / "f.zarr").exists()
     handle.remove()

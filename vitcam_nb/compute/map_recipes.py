@@ -29,6 +29,7 @@ from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
 from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
+from vitcam_nb.compute.video import stacked_frames
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
@@ -196,7 +197,8 @@ def grid_parts(view: TraceView, entry: Entry) -> tuple[np.ndarray, np.ndarray, f
 
 def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict[str, np.ndarray]:
     """One image's stored arrays from its trace: ``maps`` (recipe, gy, gx), ``parts`` (part, gy, gx),
-    ``part_reason`` (slot), ``degenerate`` and ``scale`` (recipe).
+    ``part_reason`` (slot), ``degenerate`` and ``scale`` (recipe); for a clip's trace ``maps`` and ``parts`` on
+    its (gt, gy, gx) token grid.
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -206,11 +208,17 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
         >>> out["maps"].shape, out["degenerate"].tolist()
         ((1, 4, 4), [''])
     """
-    view = TraceView.of(trace)
+    # A clip's maps are the video kind's: every per-token step on its frames stacked into one (t x h, w) grid;
+    # they are stored on the (t, h, w) grid.
+    gt = int(trace.attrs.get("grid_t", 0))
+    view = TraceView.of(stacked_frames(trace) if gt else trace)
     out = empty_image(entries, n_parts, (view.gh, view.gw))
     for i, e in enumerate(entries):
         parts, reasons, scale = grid_parts(view, e)
         store_entry(out, i, e, parts, [str(r) for r in reasons], scale, (view.height, view.width), view.pad)
+    if gt:
+        for name in ("maps", "parts"):
+            out[name] = out[name].reshape(len(out[name]), gt, view.gh // gt, view.gw)
     return out
 
 
@@ -291,5 +299,6 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
         per.append(out)
     attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.attrs.items()
              if k not in PER_IMAGE_ATTRS}
-    attrs["pad"] = json.dumps([int(v) for v in TraceView.of(first).pad])
+    view = TraceView.of(stacked_frames(first) if "grid_t" in first.attrs else first)
+    attrs["pad"] = json.dumps([int(v) for v in view.pad])
     return batch_arrays(per), attrs, first["token_kind"].values
