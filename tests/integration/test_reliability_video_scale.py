@@ -155,3 +155,36 @@ def test_map_many_on_clips_refuses_the_torch_backend_before_a_pass(tmp_path):
         vc.map_many(model, clips(1, frames=6), RECIPES[:1], tmp_path / "f.zarr", progress=False)
     assert calls == [] and not (tmp_path / "t.zarr").exists() and not (tmp_path / "f.zarr").exists()
     handle.remove()
+
+
+# -- the memory estimate covers clips ----------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["hf_videomae", "hf_timesformer"])
+def test_the_estimate_of_a_clip_equals_hand_computed_sizes_and_the_dataset(tmp_path, family):
+    model = videomae() if family == "hf_videomae" else timesformer()
+    x = clips(1)[0]
+    c, heads, k = 32, 2, 2 + 1  # channels, heads, two targets and the expected score
+    if family == "hf_videomae":  # no class token; tubelets of 2 frames: 2 x 4 x 4 tokens
+        tokens, sites = 2 * G * G, ["F1", "F2", "F4"]
+        want = {"act": 2 * 2 * tokens * c * 4, "attn": 2 * heads * tokens * tokens * 4}
+    else:  # a class token, then 4 x 4 x 4 tokens; attn_time (layer, y, x, head, t, t) and attn_space (layer, frame,
+        # head, 1 + 16, 1 + 16) are captured in both blocks
+        tokens, sites = 1 + T * G * G, ["F1", "F4", "attn_time", "attn_space"]
+        want = {"act": 2 * 2 * tokens * c * 4, "attn": 0, "attn_time": 2 * G * G * heads * T * T * 4,
+                "attn_space": 2 * T * heads * (1 + G * G) ** 2 * 4}
+    want = {**want, **{f"{n}_grad": k * v for n, v in want.items() if n != "act"}, "grad": k * want["act"]}
+    est = vc.estimate(model, x, "top2", sites=sites)
+    tr = vc.trace(model, x, "top2", sites=sites)
+    assert est["tokens"] == tokens and tr.sizes["token"] == tokens
+    for name, size in want.items():
+        assert est["parts"][name] == size == (tr[name].nbytes if name in tr else 0), name
+    assert est["dataset_bytes"] == pytest.approx(tr.nbytes, rel=0.01), (est, tr.nbytes)
+    # the Dataset's clip (4 frames) is in it, so a budget below the estimate is refused before the model runs
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(TraceError, match=r"^max_bytes: this trace needs about .* over the budget"):
+        vc.trace(model, x, "top2", sites=sites, max_bytes=est["peak_bytes"] - 1)
+    with pytest.raises(TraceError, match=r"^max_bytes: this trace needs about .*batch_size=1"):
+        vc.trace_many(model, clips(2), tmp_path / "b.zarr", targets="top2", sites=sites, batch_size=2,
+                      max_bytes=est["peak_bytes"] + est["dataset_bytes"] + 1, progress=False)
+    assert calls == [] and not (tmp_path / "b.zarr").exists()
+    handle.remove()
