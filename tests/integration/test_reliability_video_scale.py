@@ -1,7 +1,10 @@
-"""Issue #37 item 5 (and #35's memory estimate) for video families at dataset scale: ``trace_many`` stores clips
-(VideoMAE, TimeSformer with its two attentions), each read back as ``vc.trace`` gives it on that clip; a clip of
-another frame count is refused naming both counts, before any pass. Tiny random configs (hidden 32, 2 layers, 2
-heads, 32 px frames, 8 px patches, 4 frames), as in tests/unit/model/test_video.py."""
+"""Issue #37 item 5 (and #35's memory estimate): video and detection families at dataset scale. ``trace_many``
+stores clips (VideoMAE, TimeSformer with its two attentions), each read back as ``vc.trace`` gives it on that clip,
+and a clip of another frame count is refused naming both counts, before any pass; ``map_many`` stores a clip's maps
+on its (t, y, x) token grid, read back bitwise as ``vc.cam`` gives them on the clip's full trace; the memory estimate
+of a clip equals hand-computed sizes and the Dataset's nbytes, so the budget checks a video trace; ``trace_many``
+with a detection target per image (a box matched on each image) equals ``vc.trace`` bitwise. Tiny random configs
+(hidden 32, 2 layers, 2 heads, 32 px frames, 8 px patches, 4 frames), as in tests/unit/model/test_video.py."""
 
 from __future__ import annotations
 
@@ -187,4 +190,54 @@ def test_the_estimate_of_a_clip_equals_hand_computed_sizes_and_the_dataset(tmp_p
         vc.trace_many(model, clips(2), tmp_path / "b.zarr", targets="top2", sites=sites, batch_size=2,
                       max_bytes=est["peak_bytes"] + est["dataset_bytes"] + 1, progress=False)
     assert calls == [] and not (tmp_path / "b.zarr").exists()
+    handle.remove()
+
+
+# -- detection targets in trace_many ------------------------------------------------------------------------------
+def yolos() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.YolosConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                   image_size=[32, 32], patch_size=8, num_detection_tokens=3, num_labels=4)
+    return _redraw(transformers.YolosForObjectDetection(cfg))
+
+
+BOXES = [(0, 0, 16, 16), (8, 8, 30, 30), (0, 10, 20, 32)]
+
+
+def test_trace_many_with_a_detection_target_per_image_equals_vc_trace_bitwise(tmp_path):
+    # Each image's box is matched on that image: each image is traced in its own pass, exactly as vc.trace does.
+    model, x = yolos(), torch.randn((3, 3, HW, HW), generator=torch.Generator().manual_seed(3))
+    targets = [vc.targets.detection(box=b) for b in BOXES]
+    path = vc.trace_many(model, x, tmp_path / "det.zarr", targets=targets, batch_size=2, progress=False)
+    ds = vc.open_traces(path)
+    for i, box in enumerate(BOXES):
+        got, want = vc.image_trace(ds, i), vc.trace(model, x[i], targets=vc.targets.detection(box=box))
+        assert {k: v for k, v in got.attrs.items() if k not in EXTRA_ATTRS} == want.attrs
+        assert f"box ({', '.join(f'{v:g}' for v in box)}) matched by IoU" in got.attrs["target_scores"]
+        assert set(got.variables) == set(want.variables)
+        for name, var in want.variables.items():
+            np.testing.assert_array_equal(got[name].values, var.values, err_msg=name)
+    # resumed with the same targets: nothing is traced again; with other boxes it is another store
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    vc.trace_many(model, x, path, targets=targets, batch_size=2, progress=False)
+    with pytest.raises(vc.TraceFileError, match=r"another model or settings.*targets"):
+        vc.trace_many(model, x, path, targets=[vc.targets.detection(box=(0, 0, 8, 8))] * 3, batch_size=2,
+                      progress=False)
+    assert calls == []
+    handle.remove()
+
+
+def test_detection_targets_that_do_not_fit_the_images_are_refused(tmp_path):
+    model, x = yolos(), torch.randn((3, 3, HW, HW), generator=torch.Generator().manual_seed(3))
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(TraceError, match=r"^targets: 2 detection targets \(one per image\) for 3 images"):
+        vc.trace_many(model, x, tmp_path / "a.zarr", targets=[vc.targets.detection(query=0)] * 2, progress=False)
+    with pytest.raises(TraceError, match=r"^targets: a list of detection targets .*int"):
+        vc.trace_many(model, x, tmp_path / "a.zarr", targets=[vc.targets.detection(query=0), 1, 2], progress=False)
+    assert calls == [] and not (tmp_path / "a.zarr").exists()
+    uneven = [vc.targets.detection(box=b) for b in (BOXES[0], BOXES[:2], BOXES[2])]
+    with pytest.raises(TraceError, match=r"^targets: image 1 has 2 detection scores, the store 1"):
+        vc.trace_many(model, x, tmp_path / "b.zarr", targets=uneven, batch_size=3, progress=False)
     handle.remove()
