@@ -241,3 +241,24 @@ def test_detection_targets_that_do_not_fit_the_images_are_refused(tmp_path):
     with pytest.raises(TraceError, match=r"^targets: image 1 has 2 detection scores, the store 1"):
         vc.trace_many(model, x, tmp_path / "b.zarr", targets=uneven, batch_size=3, progress=False)
     handle.remove()
+
+
+def test_map_many_with_a_detection_target_per_image_reads_back_bitwise_vc_cam(tmp_path):
+    model, x = yolos(), torch.randn((3, 3, HW, HW), generator=torch.Generator().manual_seed(3))
+    recipes = [vc.Recipe(site="F4", layer=0), vc.presets.attention_rollout(),
+               vc.Recipe(site="F1", layer=(0, 1), layer_fusion="mean", upsample="bicubic", target="prob")]
+    targets = [vc.targets.detection(box=b) for b in BOXES]
+    ds = vc.open_maps(vc.map_many(model, x, recipes, tmp_path / "det.zarr", targets=targets, batch_size=2,
+                                  progress=False))
+    for i, box in enumerate(BOXES):
+        tr = vc.trace(model, x[i], targets=vc.targets.detection(box=box))
+        one = vc.image_maps(ds, i)
+        for r in recipes:
+            got, want = _quiet(vc.cam, one, r), _quiet(vc.cam, tr, r)
+            np.testing.assert_array_equal(got.values, want.values, err_msg=f"{i} {r.to_string()}")
+            assert {k for k in want.attrs if got.attrs[k] != want.attrs[k]} <= {"trace_id", "checklist", "methods"}
+            # the checklist states this image's own matched box
+            assert got.attrs["checklist"].replace(got.attrs["trace_id"], want.attrs["trace_id"]) == \
+                want.attrs["checklist"]
+    with pytest.raises(TraceError, match=r"^backend: detection targets are matched per image"):
+        vc.map_many(model, x, recipes[:1], tmp_path / "t.zarr", targets=targets, backend="torch", progress=False)

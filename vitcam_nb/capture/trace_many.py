@@ -54,7 +54,7 @@ from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
 from vitcam_nb.targets.classes import ClassTargets, head_size
 from vitcam_nb.targets.detection import Detection
 
-__all__ = ["clip_list", "prepare_item", "store_settings", "trace_many"]
+__all__ = ["clip_list", "image_count", "prepare_item", "store_settings", "trace_many"]
 
 
 def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
@@ -96,9 +96,14 @@ def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: An
         raise type(exc)(f"images: clip {index}: {str(exc).removeprefix('image: ')}") from exc
 
 
-def _count(images: Any) -> int | None:
+def image_count(images: Any) -> int | None:
     """How many images a list, array or folder holds (None for an iterator): a per-image target list is checked
-    against it before any pass."""
+    against it before any pass.
+
+    Example:
+        >>> image_count([1, 2]), image_count(iter([1]))
+        (2, None)
+    """
     if isinstance(images, (str, os.PathLike)):
         return None if not Path(images).is_dir() else sum(1 for p in Path(images).iterdir() if p.is_file())
     return len(images) if isinstance(images, (Sequence, np.ndarray, torch.Tensor)) else None
@@ -241,7 +246,7 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
-    dets = detection_targets(targets, _count(images))
+    dets = detection_targets(targets, image_count(images))
     plan_args = dict(sites=sites, layers=layers, dtype=dtype, device=device, labels=labels, rule=rule)
     plan = detection_plan(model, dets, **plan_args) if dets else TracePlan.for_store(model, targets, **plan_args)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
