@@ -193,7 +193,8 @@ class TracePlan:
     def for_store(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
                   dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None,
                   rule: str = DEFAULT_RULE) -> TracePlan:
-        """The plan of a :func:`vitcam_nb.trace_many` store: class targets of a flat (non-hierarchical) model.
+        """The plan of a :func:`vitcam_nb.trace_many` store: class targets of a flat (non-hierarchical) model or of
+        a video family's clips.
 
         Example:
             >>> import timm
