@@ -17,9 +17,11 @@ hierarchical Swin (timm V1/V2, Hugging Face Swin/Swinv2), summed per block over 
 per window (``attn_window``, its gradients and the int64 ``attn_window_key``; the pass holds the padded windows,
 and putting a windowed site back in raster order copies it while the windowed original is still held); BLIP, the
 vision tower plus the text encoder and the cross-attention ``xattn`` over the text the target names
-(:func:`vitcam_nb.targets.itm`). Any other model, or a BLIP target that does not state its text, is not
-estimated (:func:`estimate` raises): it passes the default budget of :func:`check_budget` unchecked, and an
-explicit ``max_bytes`` for it is refused before the pass, naming the family and what is covered.
+(:func:`vitcam_nb.targets.itm`); the video families (VideoMAE, ViViT, TimeSformer), one clip's (t, y, x) token
+grid with its frames and TimeSformer's ``attn_time`` and ``attn_space``. Any other model, or a BLIP target that
+does not state its text, is not estimated (:func:`estimate` raises): it passes the default budget of
+:func:`check_budget` unchecked, and an explicit ``max_bytes`` for it is refused before the pass, naming the family
+and what is covered.
 
 Example:
     >>> import timm
@@ -81,6 +83,9 @@ def available_bytes() -> int | None:
 
 
 def _input_hw(plan: TracePlan, image: object) -> tuple[int, int]:
+    if getattr(plan.adapter, "video", False):  # a clip: the frame size the model was built for (others are refused)
+        return plan.adapter.configured_size(plan.model) if image is None else \
+            tuple(plan.adapter.prepare_input(plan.model, image).tensor.shape[-2:])
     if image is None:
         size = data_config(plan.model)["input_size"]
         return int(size[-2]), int(size[-1])
@@ -129,6 +134,9 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         parts.update({name: k * attn for name in rule_extra_names(plan.rule, plan.adapter)})  # chefer_lrp's dA
     if SCORES_SITE in sites:
         parts.update(attn_scores=attn, attn_scores_grad=k * attn)
+    extra = batch * sum(shapes.site_elements.values()) * store  # TimeSformer's attn_time, attn_space
+    for name, n in shapes.site_elements.items():
+        parts.update({name: batch * n * store, f"{name}_grad": k * batch * n * store})
     text = shapes.text
     xattn = 0
     if text is not None and "xattn" in sites:
@@ -136,7 +144,7 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         parts.update(xattn=xattn, xattn_grad=k * xattn)
     parts["other"] = _coordinates(plan, shapes, hw, batch, k, token_sites)
     dataset = sum(parts.values())
-    captured = act + matrices * attn_pass + xattn  # in the store dtype, as the pass captures them
+    captured = act + matrices * attn_pass + xattn + extra  # in the store dtype, as the pass captures them
     graph = batch * (sum(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
                          for b in shapes.blocks) + shapes.extra_graph + _text_graph(text)) * compute
     transient = k * batch * max(_ATTN_GRADS * b.heads * b.rows * b.keys + b.tokens * b.hidden
@@ -184,8 +192,8 @@ def _coordinates(plan: TracePlan, shapes: Shapes, hw: tuple[int, int], batch: in
     n_classes = int(getattr(plan.model, "num_classes", 0) or 0) or len(labels)
     blocks = [shapes.blocks[i] for i in plan.layer_ids]
     heads = max(b.heads for b in blocks)
-    out = (batch * (n_classes * 4 + hw[0] * hw[1] * 3) + 8 * (hw[0] + hw[1]) + n_classes * 8 + k * 128
-           + len(labels) * 4 * max((len(s) for s in labels), default=0))
+    out = (batch * (n_classes * 4 + shapes.frames * hw[0] * hw[1] * 3) + 8 * (hw[0] + hw[1]) + n_classes * 8
+           + k * 128 + len(labels) * 4 * max((len(s) for s in labels), default=0) + shapes.coords)
     matrices = ATTENTION_SITE in plan.site_ids or SCORES_SITE in plan.site_ids
     if not shapes.windowed:
         tokens = blocks[0].tokens
@@ -305,8 +313,9 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
     if batch > 1:
         ways.append((total(plan, 1), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
-    # trace_many stores flat layouts only (TracePlan.for_store): a Swin or BLIP user is not sent there.
-    if not getattr(plan.adapter, "hierarchical", False) and not plan.extra_sites:
+    # trace_many stores flat layouts and clips only (TracePlan.for_store): a Swin or BLIP user is not sent there.
+    if not getattr(plan.adapter, "hierarchical", False) and (not plan.extra_sites or getattr(plan.adapter, "video",
+                                                                                             False)):
         hint += "; vitcam_nb.trace_many writes many images to disk batch by batch"
     raise TraceError(f"max_bytes: this trace needs about {_gb(need['peak_bytes'])} at peak (Dataset "
                      f"{_gb(need['dataset_bytes'])}), over the budget of {_gb(limit)} ({what}). Cheapest ways down: "

@@ -2,11 +2,12 @@
 modules and config before any forward pass: per block, the tokens it stores and the rows its attention holds in
 the pass, its width, heads and MLP width; for a cross-attention model, the text side.
 
-Three layouts: flat (ViT, DeiT, DINOv2, BEiT, EVA: one token grid, every query attends to every token),
+Four layouts: flat (ViT, DeiT, DINOv2, BEiT, EVA: one token grid, every query attends to every token),
 hierarchical (timm and Hugging Face Swin: a grid per stage, halved by each patch merging, attention per window,
 the grid padded to a window multiple in the pass and stored per raster token with the window's keys) and
 cross-attention (BLIP: a flat vision tower plus the text encoder, whose cross-attention ``xattn`` has the text
-tokens as queries over the vision tokens as keys).
+tokens as queries over the vision tokens as keys) and video (Hugging Face VideoMAE, ViViT, TimeSformer: one clip's
+(t, y, x) token grid after the prefix tokens; TimeSformer's ``attn_time`` and ``attn_space`` matrices).
 
 Example:
     >>> import timm
@@ -27,9 +28,11 @@ import torch
 
 from vitcam_nb.adapters.blip import BlipAdapter
 from vitcam_nb.adapters.hf_swin import HfSwinAdapter
+from vitcam_nb.adapters.hf_video import HfTimesformerAdapter
 from vitcam_nb.adapters.swin import SwinAdapter
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 
 __all__ = ["BlockShape", "Shapes", "TextShape", "model_shapes"]
 
@@ -88,8 +91,14 @@ class Shapes:
     windowed: bool = False
     text: TextShape | None = None
     grids: list[tuple[int, int]] = field(default_factory=list)  # (h, w) of each stage
-    # Elements autograd keeps outside the blocks (the patch mergings' LayerNorm inputs).
+    # Elements autograd keeps outside the blocks (the patch mergings' LayerNorm inputs; TimeSformer's temporal
+    # attention, which the per-block formula does not count).
     extra_graph: int = 0
+    frames: int = 1  # frames of the input: a clip's display copy holds every frame (video families)
+    # Per input, the elements of each matrix an extra site stores over every block (TimeSformer's attn_time and
+    # attn_space are captured in all blocks, whichever layers are traced).
+    site_elements: dict[str, int] = field(default_factory=dict)
+    coords: int = 0  # bytes of coordinates beyond an image trace's (a clip's frame axis, patch_frame, ...)
 
 
 def _hidden(block: torch.nn.Module, width: int) -> int:
@@ -107,8 +116,8 @@ def _flat(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
     pe = getattr(model, "patch_embed", None)
     if pe is None or "embed_dim" not in facts or "num_heads" not in facts or plan.extra_sites:
         raise TraceError(f"model: the memory estimate covers timm's flat token layouts (ViT, DeiT, DINOv2, BEiT, "
-                         "EVA), timm and Hugging Face Swin, and BLIP with an image-text target; this "
-                         f"{adapter.family} model is not estimated")
+                         "EVA), timm and Hugging Face Swin, BLIP with an image-text target and the Hugging Face "
+                         f"video families (VideoMAE, ViViT, TimeSformer); this {adapter.family} model is not estimated")
     ph, pw = (int(v) for v in pe.patch_size)
     rounding = math.ceil if getattr(pe, "dynamic_img_pad", False) else math.floor
     tokens = len(adapter.prefix_kinds(model)) + rounding(hw[0] / ph) * rounding(hw[1] / pw)
@@ -183,6 +192,40 @@ def _blip(plan: TracePlan) -> Shapes:
     return Shapes(blocks=[one] * len(adapter.blocks(model)), prefix=1, text=text, grids=[(gh, gw)])
 
 
+def _video(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
+    """A video family's clip: every block on the (t, y, x) token grid after the prefix tokens; TimeSformer's
+    temporal (each patch position over the frames) and spatial (each frame's patches and a class-token copy)
+    attention matrices."""
+    model, adapter = plan.model, plan.adapter
+    cfg = model.config
+    frames = adapter.frames(model)
+    tt, ph, pw = adapter.tubelet(model)
+    gt, gh, gw = frames // tt, hw[0] // ph, hw[1] // pw
+    prefix = len(adapter.prefix_kinds(model))
+    tokens = prefix + gt * gh * gw
+    facts = adapter.describe(model)
+    width, heads = int(facts["embed_dim"]), int(facts["num_heads"])
+    n_blocks = len(adapter.blocks(model))
+    matrices = ATTENTION_SITE in plan.site_ids or SCORES_SITE in plan.site_ids
+    # the frame axis, and patch_frame beside patch_row and patch_col (also query_ and key_patch_frame)
+    coords = 8 * frames + (3 if matrices else 1) * 8 * tokens
+    keys, extra, elements = tokens, 0, {}
+    if isinstance(adapter, HfTimesformerAdapter):
+        n = 1 + gh * gw  # a frame's sequence in the spatial attention: its class-token copy and its patches
+        elements = {"attn_time": n_blocks * gh * gw * heads * frames * frames,
+                    "attn_space": n_blocks * frames * heads * n * n}
+        # no F2: the per-block formula's attention is both attentions' keys per query, averaged over the tokens
+        keys = math.ceil(sum(elements.values()) / (n_blocks * heads * tokens))
+        extra = n_blocks * tokens * 4 * width  # the temporal attention's qkv output and its LayerNorm input
+        site_coords = {"attn_time": 8 * (n_blocks + gh + gw + 2 * frames),
+                       "attn_space": 8 * (n_blocks + frames) + 2 * n * (8 + 20)}  # index and 5-char kind
+        coords += sum(v for k, v in site_coords.items() if k in plan.site_ids)
+    one = BlockShape(tokens=tokens, width=width, heads=heads, head_width=heads * int(facts["head_dim"]),
+                     hidden=int(cfg.intermediate_size), keys=keys, rows=tokens)
+    return Shapes(blocks=[one] * n_blocks, prefix=prefix, extra_graph=extra, frames=frames,
+                  site_elements={k: v for k, v in elements.items() if k in plan.site_ids}, coords=coords)
+
+
 def model_shapes(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
     """The :class:`Shapes` of ``plan``'s model at input size ``hw``; a :class:`TraceError` for a model whose
     layout the estimate does not cover.
@@ -198,4 +241,6 @@ def model_shapes(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
         return _swin(plan, hw)
     if isinstance(plan.adapter, BlipAdapter):
         return _blip(plan)
+    if getattr(plan.adapter, "video", False):
+        return _video(plan, hw)
     return _flat(plan, hw)

@@ -193,7 +193,8 @@ class TracePlan:
     def for_store(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
                   dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None,
                   rule: str = DEFAULT_RULE) -> TracePlan:
-        """The plan of a :func:`vitcam_nb.trace_many` store: class targets of a flat (non-hierarchical) model.
+        """The plan of a :func:`vitcam_nb.trace_many` store: class targets of a flat (non-hierarchical) model or of
+        a video family's clips.
 
         Example:
             >>> import timm
@@ -206,10 +207,9 @@ class TracePlan:
         num_classes = head_size(model)
         if num_classes <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
-        if getattr(adapter, "video", False):
-            raise TraceError(f"model: trace_many stores images; the {adapter.family} family takes video clips. Trace "
-                             "each clip with vitcam_nb.trace()")
-        if getattr(adapter, "hierarchical", False) or adapter.extra_sites(model):
+        # A video family's extra sites (TimeSformer's attn_time, attn_space) are one clip's arrays: they stack.
+        video = getattr(adapter, "video", False)
+        if getattr(adapter, "hierarchical", False) or (adapter.extra_sites(model) and not video):
             raise TraceError(f"model: trace_many stores flat token layouts; the {adapter.family} family has "
                              "per-stage grids or extra sites. Trace its images one by one with vitcam_nb.trace()")
         # Layers and sites are checked before the targets, as trace_many always did.

@@ -41,7 +41,9 @@ __all__ = ["META_CHUNK", "Store", "TRACE_VARS", "check_contained", "dims_of", "r
 # Small per-image coordinates are chunked in blocks, so that opening a store of 100k images does not read
 # 100k tiny files per coordinate; zarr's atomic chunk writes keep a block safe when a run is interrupted.
 META_CHUNK = 1024
-TRACE_VARS = ("act", "grad", "attn", "attn_grad", "logits", STORE_PIXELS, "mask")
+# A store of clips (trace_many on a video family) holds each clip's frames and TimeSformer's two attentions.
+TRACE_VARS = ("act", "grad", "attn", "attn_grad", "logits", STORE_PIXELS, "mask", "clip", "attn_time",
+              "attn_time_grad", "attn_space", "attn_space_grad")
 
 
 def dims_of(array: Any) -> tuple[str, ...]:
@@ -65,7 +67,9 @@ def _encoding(ds: xr.Dataset) -> dict[str, dict]:
         if "image" not in var.dims:
             continue
         if name in TRACE_VARS:
-            chunks = tuple(1 if d in ("image", "layer") else n for d, n in zip(var.dims, var.shape))
+            # one image and one layer (also of TimeSformer's attn_time_layer, attn_space_layer) per chunk
+            chunks = tuple(1 if d in ("image", "layer") or d.endswith("_layer") else n
+                           for d, n in zip(var.dims, var.shape))
         else:
             chunks = tuple(META_CHUNK if d == "image" else n for d, n in zip(var.dims, var.shape))
         enc[name] = {"chunks": chunks}

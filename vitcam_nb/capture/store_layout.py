@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from vitcam_nb.core.schema import (
 )
 from vitcam_nb.targets.classes import ClassTargets
 
-__all__ = ["single_trace", "stack_images", "store_target_names", "strings"]
+__all__ = ["IMAGE_ATTRS_KEY", "single_trace", "stack_images", "store_target_names", "strings"]
 
 
 def store_target_names(target: ClassTargets) -> list[str]:
@@ -108,6 +109,11 @@ def stack_images(per: list[xr.Dataset], indices: list[int], items: list[Item], m
     return xr.Dataset(data, coords=coords, attrs=shared)
 
 
+#: The store attribute listing single-trace attributes stored per image beyond PER_IMAGE_ATTRS (a detection
+#: store's target attributes), as (image,) coordinates; a store without it has none.
+IMAGE_ATTRS_KEY = "image_attrs"
+
+
 def _plain(value: Any) -> Any:
     value = value.item() if isinstance(value, np.generic) else value
     return str(value) if isinstance(value, (np.str_, str)) else value
@@ -122,15 +128,16 @@ def single_trace(one: xr.Dataset) -> xr.Dataset:
         ('y', 'x', 'rgb')
     """
     one = one.drop_vars(["image", "done"], errors="ignore")
-    attrs = {k: v for k, v in one.attrs.items() if k not in STORE_ATTRS}
-    for key in PER_IMAGE_ATTRS:
+    extra = json.loads(one.attrs.get(IMAGE_ATTRS_KEY, "[]"))
+    attrs = {k: v for k, v in one.attrs.items() if k not in (*STORE_ATTRS, IMAGE_ATTRS_KEY)}
+    for key in (*PER_IMAGE_ATTRS, *extra):
         if key in one.coords:
             attrs[key] = _plain(one[key].values[()])
     attrs["image_index"] = int(one.attrs.get("image_index", -1))
     for key, name in (("label", "image_label"), ("source", "image_source")):
         if key in one.coords:
             attrs[name] = _plain(one[key].values[()])
-    one = one.drop_vars([k for k in (*PER_IMAGE_ATTRS, "label", "source") if k in one.coords])
+    one = one.drop_vars([k for k in (*PER_IMAGE_ATTRS, *extra, "label", "source") if k in one.coords])
     classes = [int(c) for c in one["target_class"].values]
     one = one.assign_coords(target=np.array([target_name(c) if c >= 0 else EXPECTED_TARGET for c in classes]))
     fixed = {name: (var.dims, np.array(var.values.tolist(), dtype=str).reshape(var.shape))

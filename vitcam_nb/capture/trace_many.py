@@ -36,17 +36,25 @@ from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
-from vitcam_nb.capture.store_layout import stack_images, store_target_names
+from vitcam_nb.capture.store_layout import IMAGE_ATTRS_KEY, stack_images, store_target_names, strings
 from vitcam_nb.capture.store_lock import StoreLock
+from vitcam_nb.capture.store_targets import (
+    detection_plan,
+    detection_settings,
+    detection_targets,
+    image_target,
+    split_target_attrs,
+)
 from vitcam_nb.capture.trace_shard import TraceSharder
 from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
 from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
-from vitcam_nb.targets.classes import head_size
+from vitcam_nb.targets.classes import ClassTargets, head_size
+from vitcam_nb.targets.detection import Detection
 
-__all__ = ["store_settings", "trace_many"]
+__all__ = ["clip_list", "image_count", "prepare_item", "store_settings", "trace_many"]
 
 
 def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
@@ -58,10 +66,67 @@ def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Data
     return [assemble(plan, p, run.image(b), run) for b, p in enumerate(prepared)]
 
 
-def store_settings(plan: TracePlan, processor: object = None) -> dict:
+def _trace_each(plan: TracePlan, targets: list[Detection], indices: list[int], prepared: list[PreparedInput]
+                ) -> list[xr.Dataset]:
+    """Detection targets: each image in a pass of its own with its own target, as vc.trace traces it."""
+    per = []
+    for i, p in zip(indices, prepared):
+        one = image_target(plan, targets, i)
+        run = run_pass(one, p.tensor)
+        per.append(assemble(one, p, run.image(0), run))
+    return per
+
+
+def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> PreparedInput:
+    """One item prepared as the pass takes it: a video family's clip by its adapter (a clip that does not fit
+    the model is refused naming the clip and both frame counts or sizes), an image by the model's data config.
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.adapters.registry import find_adapter
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> tuple(prepare_item(m, find_adapter(m), np.zeros((224, 224, 3), np.uint8), None, 0).tensor.shape)
+        (1, 3, 224, 224)
+    """
+    if not getattr(adapter, "video", False):
+        return prepare_input(model, image, processor)
+    try:
+        return adapter.prepare_input(model, image, processor)
+    except TraceError as exc:
+        raise type(exc)(f"images: clip {index}: {str(exc).removeprefix('image: ')}") from exc
+
+
+def image_count(images: Any) -> int | None:
+    """How many images a list, array or folder holds (None for an iterator): a per-image target list is checked
+    against it before any pass.
+
+    Example:
+        >>> image_count([1, 2]), image_count(iter([1]))
+        (2, None)
+    """
+    if isinstance(images, (str, os.PathLike)):
+        return None if not Path(images).is_dir() else sum(1 for p in Path(images).iterdir() if p.is_file())
+    return len(images) if isinstance(images, (Sequence, np.ndarray, torch.Tensor)) else None
+
+
+def clip_list(images: Any, adapter: Any) -> Any:
+    """A video family's clips as a list: a (N, T, C, H, W) array or tensor holds N clips (the image path reads
+    a 4-D array as N images). Anything else is returned as given.
+
+    Example:
+        >>> len(clip_list(np.zeros((2, 4, 3, 8, 8), np.float32), type("A", (), {"video": True})()))
+        2
+    """
+    if getattr(adapter, "video", False) and isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 5:
+        return list(images)
+    return images
+
+
+def store_settings(plan: TracePlan, processor: object = None, detections: list[Detection] | None = None) -> dict:
     """What a store holds traces of: model, weights, layers, sites, targets, dtype, labels, preprocessing (and
     the Hugging Face image processor's facts when one is given). A store written with other settings is
-    refused, and traces are never mixed.
+    refused, and traces are never mixed. A detection store (``detections``: its targets) records its targets'
+    settings instead of class targets and labels.
 
     Example:
         >>> import timm
@@ -73,6 +138,11 @@ def store_settings(plan: TracePlan, processor: object = None) -> dict:
     name, tag = model_name(plan.model)
     cfg = data_config(plan.model)
     target = plan.target
+    if isinstance(target, Detection):  # a detection store: its targets' settings; no class labels
+        base = store_settings(TracePlan(**{**plan.__dict__, "target": ClassTargets("top1"), "class_labels": []}),
+                              processor)
+        base.pop("class_labels_sha256")
+        return {**base, "targets": detection_settings(detections or [target])}
     settings = {
         "schema_version": SCHEMA_VERSION,
         "store_version": STORE_VERSION,
@@ -139,7 +209,11 @@ def trace_many(
         model: a timm VisionTransformer (or a family with a registered adapter).
         images: a list or array of images (PIL, HxWx3 uint8, (3,H,W) float tensors used as given), an
             iterator, a folder of image files, or a torch DataLoader. Items may be ``(image, label)``,
-            ``(image, label, mask)`` or dicts with ``image``, ``label`` and ``mask`` keys.
+            ``(image, label, mask)`` or dicts with ``image``, ``label`` and ``mask`` keys. For a video family
+            (VideoMAE, ViViT, TimeSformer): clips, each a normalised float (T,C,H,W) tensor or array with the
+            model's ``config.num_frames`` frames (a list, or one (N,T,C,H,W) array), stored with their
+            ``clip (image, frame, y, x, rgb)`` and ``patch_frame``; a clip of another frame count is refused
+            naming both, and clips take no masks.
         path: the store folder (``.zarr``).
         targets: "topK" (each image's own top K classes), an int class or a list of ints; the expected
             logit is always traced too.
@@ -172,13 +246,14 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
-    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels,
-                               rule=rule)
+    dets = detection_targets(targets, image_count(images))
+    plan_args = dict(sites=sites, layers=layers, dtype=dtype, device=device, labels=labels, rule=rule)
+    plan = detection_plan(model, dets, **plan_args) if dets else TracePlan.for_store(model, targets, **plan_args)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     check_max_bytes(max_bytes, plan)  # before a store is read or replaced
-    settings = store_settings(plan, processor)
+    settings = store_settings(plan, processor, dets)
     path = Path(path)
     if path.suffix.lower() != ".zarr":
         raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
@@ -190,7 +265,11 @@ def trace_many(
             raise TraceFileError(f"path: {path} is a symlink to {os.readlink(path)}, which does not exist; create "
                                  "that folder's parent, or remove the link")
         path = path.resolve()
-    items, n = iter_items(images, image_labels, masks)
+    video = getattr(plan.adapter, "video", False)
+    if masks is not None and video:
+        raise TraceError(f"masks: the {plan.adapter.family} family takes clips; a store of clips holds no masks "
+                         "(pass masks=None)")
+    items, n = iter_items(clip_list(images, plan.adapter), image_labels, masks)
 
     store: Store | None = None
     lock = StoreLock(path)
@@ -223,12 +302,12 @@ def trace_many(
     n_done = int(store.done.sum()) if store is not None else 0
     bar = tqdm(total=n, initial=n_done, disable=not progress, unit="img", desc="trace_many")
     shard = None
-    names = store_target_names(plan.target)
+    names = store_target_names(plan.target) if dets is None else None
     pending: list[tuple[int, Item, PreparedInput]] = []
     seen = 0
 
     def flush() -> None:
-        nonlocal store
+        nonlocal store, names
         if not pending:
             return
         check_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
@@ -238,9 +317,25 @@ def trace_many(
                          [p for _, _, p in pending], names)
             pending.clear()
             return
-        per = _trace_batch(plan, [p for _, _, p in pending])
-        batch = stack_images(per, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks, names)
+        indices = [i for i, _, _ in pending]
+        if dets is None:
+            per = _trace_batch(plan, [p for _, _, p in pending])
+            extra: dict = {}
+        else:
+            per, extra = split_target_attrs(_trace_each(plan, dets, indices, [p for _, _, p in pending]))
+            names = names or [str(t) for t in per[0]["target"].values]  # score positions: logit_<i>, expected
+            for i, ds in zip(indices, per):
+                if ds.sizes["target"] != len(names):
+                    raise TraceError(f"targets: image {i} has {ds.sizes['target'] - 1} detection scores, the store "
+                                     f"{len(names) - 1}; a store holds the same number of detections per image")
+        batch = stack_images(per, indices, [it for _, it, _ in pending], batch_masks, names)
+        if dets is not None:  # per image: its target attributes, and its scores' labels (the detections' classes)
+            batch = batch.assign_coords({k: ("image", v) for k, v in extra.items()})
+            batch = batch.assign_coords(class_label=(("image", "class"),
+                                                     strings(np.stack([ds["class_label"].values for ds in per]))))
         if store is None:
+            if extra:
+                batch.attrs[IMAGE_ATTRS_KEY] = json.dumps(list(extra))
             batch.attrs.update({"store_kind": STORE_KIND, "store_version": STORE_VERSION,
                                 "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
                                 "n_expected": -1 if n is None else int(n), "n_images": 0,
@@ -254,6 +349,9 @@ def trace_many(
 
     try:
         client = active_client()
+        if client is not None and dets is not None:
+            raise TraceError("targets: detection targets are traced in this process (each image in its own pass); "
+                             "close the dask.distributed Client, or trace class targets")
         if client is not None:
             shard = TraceSharder(client, model, plan, targets, labels, worker_model, bar,
                                  (_trace_batch, store_settings))
@@ -264,16 +362,18 @@ def trace_many(
                 seen = i + 1
                 if store is not None and i < len(store.done) and store.done[i]:
                     if verify:
-                        digest = array_sha256(prepare_input(model, item.image, processor).tensor)
+                        digest = array_sha256(prepare_item(model, plan.adapter, item.image, processor, i).tensor)
                         if digest != store.hashes[i]:
                             raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
                                                  f"{store.hashes[i][:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
-                if item.label >= head_size(model):
+                if dets is None and item.label >= head_size(model):
                     raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
                                      f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
-                prepared = prepare_input(model, item.image, processor)
+                if video and item.mask is not None:
+                    raise TraceError(f"masks: clip {i} carries a mask; a store of clips holds no masks")
+                prepared = prepare_item(model, plan.adapter, item.image, processor, i)
                 pending.append((i, item, prepared))
             flush()
             if shard is not None:

@@ -31,7 +31,8 @@ from vitcam_nb.capture.inputs import iter_items
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store_lock import StoreLock
-from vitcam_nb.capture.trace_many import store_settings
+from vitcam_nb.capture.store_targets import detection_plan, detection_targets, image_target
+from vitcam_nb.capture.trace_many import clip_list, image_count, prepare_item, store_settings
 from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
@@ -40,8 +41,8 @@ from vitcam_nb.compute.report import cached_report
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.preprocess import prepare_input
 from vitcam_nb.targets.classes import head_size
+from vitcam_nb.targets.detection import Detection
 
 __all__ = ["map_many", "store_plan"]
 
@@ -59,10 +60,22 @@ def _targets(recipes: list[Recipe], targets: Any) -> Any:
     return f"top{max(ranks)}" if ranks else ints
 
 
+def _n_scores(dets: list[Detection]) -> int:
+    """The detection scores every image's target gives (one per box or query); a list that differs is refused."""
+    counts = [len(t.boxes or t.queries or ()) for t in dets]
+    if len(set(counts)) > 1:
+        first = next(i for i, c in enumerate(counts) if c != counts[0])
+        raise TraceError(f"targets: image {first}'s detection target names {counts[first]} detections, image 0's "
+                         f"{counts[0]}; a map store holds the same number of detection scores per image")
+    return counts[0]
+
+
 def store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: Any, dtype: str, device: Any,
-               labels: Sequence[str] | None) -> tuple[TracePlan, list[Entry], int]:
+               labels: Sequence[str] | None, dets: list[Detection] | None = None
+               ) -> tuple[TracePlan, list[Entry], int]:
     """The pass's plan (only the sites and blocks the recipes read), the store's entries and its part count;
-    every recipe is checked here, before any model call.
+    every recipe is checked here, before any model call. With detection targets (``dets``) a recipe's
+    ``class_="topK"`` ranks the detection scores.
 
     Example:
         >>> import timm
@@ -71,20 +84,33 @@ def store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: Any, dtyp
         >>> plan.site_ids, plan.layer_ids, n_parts
         (['F4'], [2], 0)
     """
-    full = TracePlan.for_store(model, targets, dtype=dtype, device=device, labels=labels)
+    def make(**kw: Any) -> TracePlan:
+        if dets:
+            return detection_plan(model, dets, dtype=dtype, device=device, labels=labels, **kw)
+        return TracePlan.for_store(model, targets, dtype=dtype, device=device, labels=labels, **kw)
+
+    full = make()
     n_layers = len(full.adapter.blocks(full.model))
     entries, sites, layers, n_parts = plan_entries(recipes, n_layers, list(full.adapter.site_table(full.model)),
-                                                   targets)
-    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
-    return plan, entries, n_parts
+                                                   f"top{_n_scores(dets)}" if dets else targets)
+    return make(sites=sites, layers=layers), entries, n_parts
+
+
+def _cells(plan: TracePlan, hw: tuple[int, int]) -> int:
+    """Token-grid cells of one map: (h, w) patches, times the tubelets in time of a video family's clip."""
+    adapter = plan.adapter
+    if getattr(adapter, "video", False):
+        tt, ph, pw = adapter.tubelet(plan.model)
+        return max(1, adapter.frames(plan.model) // tt) * max(1, hw[0] // ph) * max(1, hw[1] // pw)
+    patch = getattr(getattr(plan.model, "patch_embed", None), "patch_size", (16, 16))
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return max(1, hw[0] // ph) * max(1, hw[1] // pw)
 
 
 def _check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
                  batch: int, max_bytes: float | None, parent: Path) -> None:
     """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk."""
-    patch = getattr(getattr(plan.model, "patch_embed", None), "patch_size", (16, 16))
-    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
-    per_image = (len(entries) + n_parts) * max(1, hw[0] // ph) * max(1, hw[1] // pw) * 4 + len(entries) * 64
+    per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
     budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
     if per_image * batch > budget:
         raise TraceError(f"recipes_or_space: {len(entries)} recipes ({n_parts} fused parts) need about "
@@ -140,8 +166,11 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     sharded over its workers (see :mod:`vitcam_nb.compute.map_shard`).
 
     Args:
-        model: a timm ViT-like model (a flat token layout; a class head).
-        images: as :func:`vitcam_nb.trace_many` takes them (list, array, folder, DataLoader, ...).
+        model: a timm ViT-like model (a flat token layout; a class head), or a video family's (VideoMAE, ViViT,
+            TimeSformer): its maps are the video kind's, stored on the (gt, gy, gx) token grid and read back as
+            ``vc.cam`` gives them on the clip's trace, (frame, y, x).
+        images: as :func:`vitcam_nb.trace_many` takes them (list, array, folder, DataLoader, ...; clips for a
+            video family).
         recipes_or_space: a list of Recipes, preset names or recipe lines, or a space ``{field: [values]}``.
         path: the store folder (``.zarr``).
         batch_size: images per pass, and per chunk of the store.
@@ -176,13 +205,22 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     if backend == "torch":
         torch_refusals(recipes)
     targets = _targets(recipes, targets)
-    plan, entries, n_parts = store_plan(model, recipes, targets, dtype, device, labels)
+    dets = detection_targets(targets, image_count(images))
+    plan, entries, n_parts = store_plan(model, recipes, targets, dtype, device, labels, dets)
     model = plan.model
+    video = getattr(plan.adapter, "video", False)
+    if video and backend == "torch":
+        raise TraceError(f"backend: the torch kernels compute maps on one image's grid; the {plan.adapter.family} "
+                         "family's clips are mapped with backend='numpy' (the video kind's (t, y, x) grid)")
+    if dets and backend == "torch":
+        raise TraceError("backend: detection targets are matched per image, each image in a pass of its own; map "
+                         "them with backend='numpy'")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     batch_size = int(batch_size)
     check_max_bytes(max_bytes, plan)
-    settings = {**store_settings(plan), "recipes": [e.recipe.to_json() for e in entries], "batch_size": batch_size}
+    settings = {**store_settings(plan, None, dets), "recipes": [e.recipe.to_json() for e in entries],
+                "batch_size": batch_size}
     if backend != "numpy":  # a NumPy store keeps the settings (and id) it had before backends existed
         settings["backend"] = backend
     path = Path(path)
@@ -191,7 +229,10 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
     client = map_shard.active_client()
-    items, n = iter_items(images, image_labels, None)
+    if client is not None and dets:
+        raise TraceError("targets: detection targets are mapped in this process (each image in its own pass); "
+                         "close the dask.distributed Client, or map class targets")
+    items, n = iter_items(clip_list(images, plan.adapter), image_labels, None)
     if client is not None and n is None:
         raise TraceError("images: a map_many sharded over a dask.distributed Client needs a list or array of images "
                          "(its length known), not an iterator")
@@ -218,6 +259,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             "img_height": int(attrs["img_height"]), "img_width": int(attrs["img_width"]),
             "grid_h": int(attrs["grid_h"]), "grid_w": int(attrs["grid_w"]),
             "pad": pad,
+            # a store of clips: the (t, y, x) grid's length in time and the clip's frames the maps upsample to
+            **({"grid_t": int(attrs["grid_t"]), "clip_frames": int(attrs["clip_frames"])} if video else {}),
             "recipes": json.dumps([_info(e, report_of(attrs, str(arrays["provenance"][0]), kinds)) for e in entries]),
         }
         new = MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
@@ -239,8 +282,13 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
         check_budget(plan, shape[-2:], max_bytes, batch=len(batch))
-        compute = compute_batch if backend == "numpy" else compute_batch_torch
-        arrays, attrs, kinds = compute(plan, entries, n_parts, [p for _, p, _ in batch])
+        if dets:  # each image in its own pass, with its own target (a box matched on that image)
+            outs = [compute_batch(image_target(plan, dets, i), entries, n_parts, [p]) for i, p, _ in batch]
+            arrays = {k: np.concatenate([o[0][k] for o in outs]) for k in outs[0][0]}
+            attrs, kinds = outs[0][1], outs[0][2]
+        else:
+            compute = compute_batch if backend == "numpy" else compute_batch_torch
+            arrays, attrs, kinds = compute(plan, entries, n_parts, [p for _, p, _ in batch])
         arrays.update(label=labels_, source=sources)
         if state["writer"] is None:
             state["writer"] = create(arrays, attrs, kinds)
@@ -267,16 +315,16 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                 chunk_done = w is not None and i < len(w.done) and bool(w.done[i])
                 if chunk_done:
                     if verify:
-                        digest = array_sha256(prepare_input(model, item.image).tensor)
+                        digest = array_sha256(prepare_item(model, plan.adapter, item.image, None, i).tensor)
                         if digest != w.hashes[i]:
                             raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
                                                  f"{str(w.hashes[i])[:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
-                if item.label >= head_size(model):
+                if not dets and item.label >= head_size(model):
                     raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
                                      f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
-                pending.append((i, prepare_input(model, item.image), (item.label, item.source)))
+                pending.append((i, prepare_item(model, plan.adapter, item.image, None, i), (item.label, item.source)))
             if pending:
                 flush(start, pending)
             if shard is not None:

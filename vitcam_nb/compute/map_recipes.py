@@ -25,10 +25,12 @@ import xarray as xr
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.store_targets import IMAGE_TARGET_ATTRS
 from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
 from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
+from vitcam_nb.compute.video import stacked_frames
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
@@ -38,6 +40,7 @@ from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, ROLLOUTS, Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES, PER_IMAGE_ATTRS
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.preprocess import PreparedInput
+from vitcam_nb.targets.detection import Detection
 
 __all__ = ["Entry", "as_recipes", "compute_batch", "empty_image", "grid_parts", "image_maps_of", "plan_entries",
            "store_entry"]
@@ -196,7 +199,8 @@ def grid_parts(view: TraceView, entry: Entry) -> tuple[np.ndarray, np.ndarray, f
 
 def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict[str, np.ndarray]:
     """One image's stored arrays from its trace: ``maps`` (recipe, gy, gx), ``parts`` (part, gy, gx),
-    ``part_reason`` (slot), ``degenerate`` and ``scale`` (recipe).
+    ``part_reason`` (slot), ``degenerate`` and ``scale`` (recipe); for a clip's trace ``maps`` and ``parts`` on
+    its (gt, gy, gx) token grid.
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -206,11 +210,17 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
         >>> out["maps"].shape, out["degenerate"].tolist()
         ((1, 4, 4), [''])
     """
-    view = TraceView.of(trace)
+    # A clip's maps are the video kind's: every per-token step on its frames stacked into one (t x h, w) grid;
+    # they are stored on the (t, h, w) grid.
+    gt = int(trace.attrs.get("grid_t", 0))
+    view = TraceView.of(stacked_frames(trace) if gt else trace)
     out = empty_image(entries, n_parts, (view.gh, view.gw))
     for i, e in enumerate(entries):
         parts, reasons, scale = grid_parts(view, e)
         store_entry(out, i, e, parts, [str(r) for r in reasons], scale, (view.height, view.width), view.pad)
+    if gt:
+        for name in ("maps", "parts"):
+            out[name] = out[name].reshape(len(out[name]), gt, view.gh // gt, view.gw)
     return out
 
 
@@ -277,19 +287,21 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
     if len(shapes) > 1:
         raise TraceError(f"images: a map store holds images of one input size; this batch has {sorted(shapes)}")
     run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
+    # A detection target's attributes describe the image's own detections: per image, in its provenance.
+    own = (*PER_IMAGE_ATTRS, *IMAGE_TARGET_ATTRS) if isinstance(plan.target, Detection) else PER_IMAGE_ATTRS
     per, first = [], None
     for b, p in enumerate(prepared):
         trace = assemble(plan, p, run.image(b), run)
         if first is None:
             first = trace
         out = image_maps_of(trace, entries, n_parts)
-        facts = {k: trace.attrs[k] for k in PER_IMAGE_ATTRS if k in trace.attrs}
+        facts = {k: trace.attrs[k] for k in own if k in trace.attrs}
         out.update(trace_id=str(trace.attrs["trace_id"]), input_sha256=str(trace.attrs["input_sha256"]),
                    provenance=json.dumps(facts, sort_keys=True, default=str),
                    target_class=trace["target_class"].values, target_label=trace["target_label"].values.astype(object),
                    logits=trace["logits"].values.astype(np.float32))
         per.append(out)
-    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.attrs.items()
-             if k not in PER_IMAGE_ATTRS}
-    attrs["pad"] = json.dumps([int(v) for v in TraceView.of(first).pad])
+    attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.attrs.items() if k not in own}
+    view = TraceView.of(stacked_frames(first) if "grid_t" in first.attrs else first)
+    attrs["pad"] = json.dumps([int(v) for v in view.pad])
     return batch_arrays(per), attrs, first["token_kind"].values

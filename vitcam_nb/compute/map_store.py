@@ -34,6 +34,7 @@ from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, cached_report, describe
 from vitcam_nb.compute.spatial import normalise, upsample
+from vitcam_nb.compute.video import VIDEO, upsample_clip
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
@@ -152,16 +153,37 @@ def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:
     reasons = [str(r) for r in one["part_reason"].values[start:start + count]]
     size = (int(one.attrs["img_height"]), int(one.attrs["img_width"]))
     pad = tuple(int(v) for v in json.loads(one.attrs["pad"]))
-    return replay(parts, reasons, list(info["layers"]), recipe, size, pad, bool(info["rollout"]))
+    if "grid_t" not in one.attrs:
+        return replay(parts, reasons, list(info["layers"]), recipe, size, pad, bool(info["rollout"]))
+    # A clip's map, as the video kind computes it: the recipe on the frames stacked into one (t x h, w) grid,
+    # then upsampled in space and time and normalised over the whole clip.
+    gt, gh, gw = parts.shape[-3:]
+    grid, notes, partial = replay(parts.reshape(len(parts), gt * gh, gw), reasons, list(info["layers"]),
+                                  recipe.replace(upsample="none"), size, pad, bool(info["rollout"]))
+    grid = grid.reshape(gt, gh, gw)
+    if recipe.upsample == "none":
+        return grid, notes, partial
+    clip_size = (int(one.attrs["clip_frames"]), *size)
+    clip = upsample_clip(grid, clip_size, recipe.upsample)
+    return normalise(clip.reshape(1, -1, size[1]), recipe.normalize).reshape(clip_size), notes, partial
 
 
 def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray:
     pos, info = _position(one, recipe)
     values, notes, partial = _values(one, pos, recipe, info)
     reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
-    checklist, methods = cached_report(recipe, report_trace(one))
-    return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial,
-                     blocks=",".join(str(v) for v in info["layers"]), blocks_of=str(one.attrs["num_layers"]))
+    blocks = {"blocks": ",".join(str(v) for v in info["layers"]), "blocks_of": str(one.attrs["num_layers"])}
+    report = report_trace(one)
+    if "grid_t" not in one.attrs:
+        checklist, methods = cached_report(recipe, report)
+        return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
+    # a clip's map: the video kind's dims and report, as vc.cam gives them on the clip's trace
+    flat = map_array(values[0], recipe, str(one["trace_id"].values), VIDEO.checklist(recipe, report).to_json(),
+                     VIDEO.describe(recipe, report), reason, partial, **blocks,
+                     time_interpolation=VIDEO.time_text(recipe, report),
+                     tubelet_size=str(report.attrs.get("tubelet_size", "")))
+    dims = ("patch_frame", "patch_row", "patch_col") if recipe.upsample == "none" else ("frame", "y", "x")
+    return xr.DataArray(values.astype(np.float32, copy=False), dims=dims, name="cam", attrs=flat.attrs)
 
 
 def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Dataset:
@@ -254,10 +276,14 @@ class MapsKind(TraceKind):
         raise TraceError("trace: a map store holds the maps it was asked for; read each with vc.cam")
 
     def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
-        return build_checklist(recipe, report_trace(_first(trace)))
+        first = _first(trace)
+        report = report_trace(first)
+        return VIDEO.checklist(recipe, report) if "grid_t" in first.attrs else build_checklist(recipe, report)
 
     def describe(self, recipe: Recipe, trace: xr.Dataset) -> str:
-        return describe(recipe, report_trace(_first(trace)))
+        first = _first(trace)
+        report = report_trace(first)
+        return VIDEO.describe(recipe, report) if "grid_t" in first.attrs else describe(recipe, report)
 
 
 MAPS = MapsKind()

@@ -25,7 +25,7 @@ from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.provenance import settings_id
 
-__all__ = ["BIG", "MapWriter", "batch_arrays", "check_store", "write_region"]
+__all__ = ["BIG", "MapWriter", "array_dims", "batch_arrays", "check_store", "write_region"]
 
 #: Arrays a batch writes into its own chunks (on a worker when sharded); the rest are the lock holder's.
 BIG = ("maps", "parts")
@@ -35,6 +35,20 @@ _DIMS = {"maps": ("image", "recipe", "gy", "gx"), "parts": ("image", "part", "gy
          "trace_id": ("image",), "input_sha256": ("image",), "provenance": ("image",), "label": ("image",),
          "source": ("image",), "target_class": ("image", "target"), "target_label": ("image", "target"),
          "logits": ("image", "class"), "done": ("image",)}
+
+
+def array_dims(name: str, ndim: int) -> tuple[str, ...]:
+    """The dimensions of a stored array: ``maps`` and ``parts`` of a store of clips (one more axis) have the
+    time axis ``gt`` of the (t, y, x) token grid before ``gy`` and ``gx``.
+
+    Example:
+        >>> array_dims("maps", 4), array_dims("maps", 5)
+        (('image', 'recipe', 'gy', 'gx'), ('image', 'recipe', 'gt', 'gy', 'gx'))
+    """
+    dims = _DIMS[name]
+    if name in BIG and ndim == len(dims) + 1:
+        return (*dims[:2], "gt", *dims[2:])
+    return dims
 
 
 def batch_arrays(per_image: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -126,7 +140,7 @@ class MapWriter:
         try:
             group = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
             group.attrs.update(attrs)
-            for name, dims in _DIMS.items():
+            for name in _DIMS:
                 if name == "done":
                     value = np.zeros((1,), bool)
                 elif name == "parts" and first["parts"].shape[1] == 0:
@@ -139,7 +153,7 @@ class MapWriter:
                 dtype = str if kind in "OUS" else value.dtype
                 fill = "" if kind in "OUS" else (False if kind == "b" else 0)
                 group.create_array(name, shape=shape, chunks=(rows, *value.shape[1:]), dtype=dtype,
-                                   fill_value=fill, dimension_names=dims)
+                                   fill_value=fill, dimension_names=array_dims(name, value.ndim))
             kinds = group.create_array("token_kind", shape=(len(token_kind),), dtype=str, fill_value="",
                                        dimension_names=("token",))
             kinds[:] = np.asarray(token_kind, dtype=object)

@@ -35,7 +35,7 @@ from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import EXTRA_SITES
 
-__all__ = ["VIDEO", "VideoKind", "time_mode", "upsample_clip"]
+__all__ = ["VIDEO", "VideoKind", "stacked_frames", "time_mode", "upsample_clip"]
 
 
 def time_mode(mode: str) -> str:
@@ -63,8 +63,16 @@ def upsample_clip(grid: np.ndarray, size: tuple[int, int, int], mode: str) -> np
     return np.tensordot(wt, space, axes=(1, 0)).astype(np.float32)
 
 
-def _stacked(trace: xr.Dataset) -> xr.Dataset:
-    """The trace with its frames stacked into one (t x h, w) grid, for the flat kind's per-token steps."""
+def stacked_frames(trace: xr.Dataset) -> xr.Dataset:
+    """The trace with its frames stacked into one (t x h, w) grid, for the flat kind's per-token steps (also
+    :func:`vitcam_nb.map_many`'s, which stores a clip's maps on that grid).
+
+    Example:
+        >>> tr = xr.Dataset(coords={"patch_frame": ("token", [0, 1]), "patch_row": ("token", [0, 0])},
+        ...                 attrs={"grid_t": 2, "grid_h": 1})
+        >>> stacked_frames(tr)["patch_row"].values.tolist(), stacked_frames(tr).attrs["grid_h"]
+        ([0, 1], 2)
+    """
     gh = int(trace.attrs["grid_h"])
     frames = trace["patch_frame"].values
     rows = np.where(frames >= 0, frames * gh + trace["patch_row"].values, -1)
@@ -98,7 +106,7 @@ class VideoKind(TraceKind):
     def compute(self, trace: xr.Dataset, recipe: Recipe) -> MapValues:
         self._check(trace, recipe)
         gt, gh, gw = (int(trace.attrs[k]) for k in ("grid_t", "grid_h", "grid_w"))
-        grid, notes, partial = FLAT.compute(_stacked(trace), recipe.replace(upsample="none"))
+        grid, notes, partial = FLAT.compute(stacked_frames(trace), recipe.replace(upsample="none"))
         grid = grid.reshape(gt, gh, gw)
         if recipe.upsample == "none":
             return grid, notes, partial
@@ -114,7 +122,7 @@ class VideoKind(TraceKind):
         flat = map_array(values[0], recipe, str(trace.attrs.get("trace_id", "")), checklist.to_json(),
                          self.describe(recipe, trace), reason, partial)
         dims = ("patch_frame", "patch_row", "patch_col") if recipe.upsample == "none" else ("frame", "y", "x")
-        attrs = {**flat.attrs, "time_interpolation": self._time_text(recipe, trace),
+        attrs = {**flat.attrs, "time_interpolation": self.time_text(recipe, trace),
                  "tubelet_size": str(trace.attrs.get("tubelet_size", ""))}
         return xr.DataArray(values.astype(np.float32, copy=False), dims=dims, name="cam", attrs=attrs)
 
@@ -122,7 +130,13 @@ class VideoKind(TraceKind):
         raise RecipeError("vary: galleries of video maps are not available yet; call vitcam_nb.cam once per recipe")
 
     @staticmethod
-    def _time_text(recipe: Recipe, trace: xr.Dataset | None) -> str:
+    def time_text(recipe: Recipe, trace: xr.Dataset | None) -> str:
+        """The map's time interpolation in words (its ``time_interpolation`` attribute).
+
+        Example:
+            >>> VIDEO.time_text(Recipe(upsample="none"), None)
+            'none (the map stays on the ? frames or tubelets of the token grid)'
+        """
         attrs = getattr(trace, "attrs", {}) or {}
         gt, frames = attrs.get("grid_t", "?"), attrs.get("clip_frames", "?")
         if recipe.upsample == "none":
@@ -139,7 +153,7 @@ class VideoKind(TraceKind):
                          f"{attrs.get('grid_w', '?')} from the patch_frame/patch_row/patch_col of each token "
                          f"(token order {attrs.get('token_order', '?')})")
         sr["tubelet size"] = str(attrs.get("tubelet_size", "?"))
-        sr["time interpolation"] = self._time_text(recipe, trace)
+        sr["time interpolation"] = self.time_text(recipe, trace)
         if recipe.normalize != "none":
             sr["normalisation"] += " (each over the whole clip: frames share one scale)"
         return checklist
