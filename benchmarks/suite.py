@@ -42,12 +42,13 @@ TARGETS = {
 }
 OFFICIAL_MODEL = workloads.VIT_BASE
 ITEM_NUMBER = {"trace_cost": 1, "single_variant": 2, "gallery": 3, "memory": 4}
-ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html", "scale", "rules")
+ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html", "scale", "rules", "families")
 #: Items with their own module and JSON file (benchmarks/<NAME>.json), run through that module's command line.
 OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
                   "export_html": ("benchmarks.export_html", "EXPORT_HTML.json"),
                   "scale": ("benchmarks.items.scale", "SCALE.json"),
-                  "rules": ("benchmarks.items.rules", "RULES.json")}
+                  "rules": ("benchmarks.items.rules", "RULES.json"),
+                  "families": ("benchmarks.items.families", "FAMILIES.json")}
 
 
 @dataclass
@@ -254,11 +255,11 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
         if item in cfg.items:
             cfg.log(f"  {item}: python -m {module} (writes benchmarks/{name})")
             out = Path(__file__).resolve().parent / name
-            if cfg.quick and item in ("scale", "rules"):  # a smoke run never replaces the committed measurement
+            if cfg.quick and item in ("scale", "rules", "families"):  # a smoke run never replaces the committed measurement
                 out = cfg.out / f"{item}-quick.json"
-            quick = cfg.quick and item in ("export_html", "scale", "rules")
+            quick = cfg.quick and item in ("export_html", "scale", "rules", "families")
             argv = ["--out", str(out)] + (["--quick"] if quick else [])
-            if item == "scale" and cfg.device != "cpu":
+            if item in ("scale", "families") and cfg.device != "cpu":
                 argv += ["--device", cfg.device]
             results[item] = {"status": "ok" if _module_main(module)(argv) == 0 else "error", "file": str(out)}
     results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
