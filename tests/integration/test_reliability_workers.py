@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -268,3 +269,96 @@ def test_map_many_caller_interrupted_on_a_cluster_resumes_to_the_same_store(tmp_
     vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
     assert sorted(recorded) == [2, 4]  # only the batches not done: nothing recorded twice
     _assert_same_store(path, whole["maps"])
+
+
+# -- a batch still running after its caller stopped ---------------------------------------------------------------
+class HoldFirstBatch(distributed.WorkerPlugin):
+    """The first map batch any worker computes takes ``folder/held`` and waits (files, not a clock, order the
+    steps) until ``folder/go`` exists; once the kit's worker function has ended, ``folder/settled`` says how."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def setup(self, worker) -> None:
+        from vitcam_nb.compute import map_shard
+
+        folder, state = Path(self.folder), {}
+        compute, batch = map_shard.COMPUTE["numpy"], map_shard._worker_batch
+
+        def held(*args):
+            try:
+                os.close(os.open(folder / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return compute(*args)
+            state["held"] = True
+            for _ in range(6000):
+                if (folder / "go").exists():
+                    return compute(*args)
+                threading.Event().wait(0.02)
+            raise RuntimeError("the test never said go")
+
+        def settled(*args):
+            try:
+                out = batch(*args)
+                outcome = "wrote"
+                return out
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                if state.pop("held", False):
+                    (folder / "settled").write_text(outcome)
+
+        map_shard.COMPUTE["numpy"], map_shard._worker_batch = held, settled
+        self.real = compute, batch
+
+    def teardown(self, worker) -> None:
+        from vitcam_nb.compute import map_shard
+
+        map_shard.COMPUTE["numpy"], map_shard._worker_batch = self.real
+
+
+def _wait_for(path: Path) -> None:
+    for _ in range(6000):
+        if path.exists():
+            return
+        threading.Event().wait(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_next_store(tmp_path, client, model,
+                                                                                        images, monkeypatch):
+    from vitcam_nb.compute import map_shard
+
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    client.register_plugin(HoldFirstBatch(str(folder)), name="hold")
+    path = tmp_path / "maps.zarr"
+    try:
+        # The first call is interrupted while a worker still computes one of its batches (cancelling a running
+        # task does not stop it).
+        def interrupted(self):
+            _wait_for(folder / "held")
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(map_shard.Sharder, "wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
+        monkeypatch.undo()
+        # The next call replaces the store with other images' maps, and finishes (in this process), before the
+        # orphaned batch gets to write.
+        monkeypatch.setattr(map_shard, "active_client", lambda: None)
+        others = images[::-1]
+        vc.map_many(model, others, RECIPES, path, batch_size=BATCH, progress=False, overwrite=True)
+        before, files = _arrays(path), _files(path)
+    finally:
+        (folder / "go").touch()
+        _wait_for(folder / "settled")
+        client.unregister_worker_plugin("hold")
+    after = _arrays(path)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    assert _files(path) == files
+    assert (folder / "settled").read_text().startswith("TraceFileError: path:"), "the orphaned batch was not refused"
+    whole = vc.map_many(model, others, RECIPES, tmp_path / "whole.zarr", batch_size=BATCH, progress=False)
+    _assert_same_store(path, whole)
