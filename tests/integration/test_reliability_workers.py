@@ -1,6 +1,7 @@
 """Issue #35, the distributed path: a worker that dies in the middle of writing its region is retried and the region
 rewritten whole, never left half-written; a caller interrupted (KeyboardInterrupt, or its process killed) leaves
-a store the next call resumes to the same bytes. Every store is compared, array for array and bitwise, with the
+a store the next call resumes to the same bytes; a batch still running after its caller stopped writes nothing into
+the store of a later call. Every store is compared, array for array and bitwise, with the
 store a single process writes. The deaths are made deterministic by a marker file taken atomically (the first
 write of any worker takes it and dies; every later write finds it taken), never by timing."""
 
@@ -188,6 +189,7 @@ KILLED_CALLER = """
 """
 
 
+@pytest.mark.slow
 def test_map_many_caller_killed_mid_run_resumes_to_the_same_store(tmp_path, whole, model, images, monkeypatch):
     path = tmp_path / "killed.zarr"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -206,6 +208,7 @@ def test_map_many_caller_killed_mid_run_resumes_to_the_same_store(tmp_path, whol
 
 
 # -- a worker dies mid-write --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_map_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp_path, client, whole, model,
                                                                               images, monkeypatch):
     marker = tmp_path / "died.json"
@@ -228,6 +231,7 @@ def test_map_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp
     assert not (path / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_trace_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp_path, client, whole, model,
                                                                                 images, monkeypatch):
     marker = tmp_path / "died.json"
@@ -249,6 +253,7 @@ def test_trace_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(t
 
 
 # -- the caller interrupted -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_map_many_caller_interrupted_on_a_cluster_resumes_to_the_same_store(tmp_path, client, whole, model,
                                                                             images, monkeypatch):
     real = MapWriter.write_meta
@@ -272,36 +277,45 @@ def test_map_many_caller_interrupted_on_a_cluster_resumes_to_the_same_store(tmp_
 
 
 # -- a batch still running after its caller stopped ---------------------------------------------------------------
-class HoldFirstBatch(distributed.WorkerPlugin):
-    """The first map batch any worker computes takes ``folder/held`` and waits (files, not a clock, order the
-    steps) until ``folder/go`` exists; once the kit's worker function has ended, ``folder/settled`` says how."""
+# Each sharded path: its module, its sharder, the function a worker runs per batch.
+SHARDED = {"maps": ("vitcam_nb.compute.map_shard", "Sharder", "_worker_batch"),
+           "traces": ("vitcam_nb.capture.trace_shard", "TraceSharder", "_worker_traces")}
 
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
+
+def _run(kind: str, model, images, path: Path, **kwargs) -> Path:
+    if kind == "maps":
+        return vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, **kwargs)
+    return vc.trace_many(model, images, path, **TRACE_ARGS, **kwargs)
+
+
+class HoldFirstBatch(distributed.WorkerPlugin):
+    """The first batch any worker starts (``module``'s worker function) takes ``folder/held`` and waits (files, not
+    a clock, order the steps) until ``folder/go`` exists; once that batch's worker function has ended,
+    ``folder/settled`` says how."""
+
+    def __init__(self, module: str, func: str, folder: str) -> None:
+        self.module, self.func, self.folder = module, func, folder
 
     def setup(self, worker) -> None:
-        from vitcam_nb.compute import map_shard
-
+        module = importlib.import_module(self.module)
         folder, state = Path(self.folder), {}
-        compute, batch = map_shard.COMPUTE["numpy"], map_shard._worker_batch
+        loaded, batch = module.loaded_model, getattr(module, self.func)
+        self.real = loaded, batch
 
-        def held(*args):
+        def held(key):
+            model = loaded(key)  # before the hold: the stopped call unloads the model from its workers
             try:
                 os.close(os.open(folder / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
-                return compute(*args)
+                return model
             state["held"] = True
-            for _ in range(6000):
-                if (folder / "go").exists():
-                    return compute(*args)
-                threading.Event().wait(0.02)
-            raise RuntimeError("the test never said go")
+            _wait_for(folder / "go")
+            return model
 
         def settled(*args):
+            outcome = "wrote"
             try:
-                out = batch(*args)
-                outcome = "wrote"
-                return out
+                return batch(*args)
             except Exception as exc:
                 outcome = f"{type(exc).__name__}: {exc}"
                 raise
@@ -309,13 +323,13 @@ class HoldFirstBatch(distributed.WorkerPlugin):
                 if state.pop("held", False):
                     (folder / "settled").write_text(outcome)
 
-        map_shard.COMPUTE["numpy"], map_shard._worker_batch = held, settled
-        self.real = compute, batch
+        module.loaded_model = held
+        setattr(module, self.func, settled)
 
     def teardown(self, worker) -> None:
-        from vitcam_nb.compute import map_shard
-
-        map_shard.COMPUTE["numpy"], map_shard._worker_batch = self.real
+        module = importlib.import_module(self.module)
+        module.loaded_model = self.real[0]
+        setattr(module, self.func, self.real[1])
 
 
 def _wait_for(path: Path) -> None:
@@ -326,30 +340,35 @@ def _wait_for(path: Path) -> None:
     raise AssertionError(f"{path} never appeared")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(SHARDED))
 def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_next_store(tmp_path, client, model,
-                                                                                        images, monkeypatch):
+                                                                                        images, monkeypatch, kind):
+    from vitcam_nb.capture import trace_many
     from vitcam_nb.compute import map_shard
 
+    module, sharder, func = SHARDED[kind]
     folder = tmp_path / "steps"
     folder.mkdir()
-    client.register_plugin(HoldFirstBatch(str(folder)), name="hold")
-    path = tmp_path / "maps.zarr"
+    client.register_plugin(HoldFirstBatch(module, func, str(folder)), name="hold")
+    path = tmp_path / "store.zarr"
     try:
-        # The first call is interrupted while a worker still computes one of its batches (cancelling a running
-        # task does not stop it).
+        # The first call is interrupted while a worker still runs one of its batches (cancelling a running task
+        # does not stop it).
         def interrupted(self):
             _wait_for(folder / "held")
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(map_shard.Sharder, "wait", interrupted)
+        monkeypatch.setattr(getattr(importlib.import_module(module), sharder), "wait", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
+            _run(kind, model, images, path, worker_model=SPEC)
         monkeypatch.undo()
-        # The next call replaces the store with other images' maps, and finishes (in this process), before the
-        # orphaned batch gets to write.
+        # The next call replaces the store with other images', and finishes (in this process, no Client), before
+        # the orphaned batch gets to write.
         monkeypatch.setattr(map_shard, "active_client", lambda: None)
+        monkeypatch.setattr(trace_many, "active_client", lambda: None)
         others = images[::-1]
-        vc.map_many(model, others, RECIPES, path, batch_size=BATCH, progress=False, overwrite=True)
+        _run(kind, model, others, path, overwrite=True)
         before, files = _arrays(path), _files(path)
     finally:
         (folder / "go").touch()
@@ -360,5 +379,23 @@ def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_ne
         np.testing.assert_array_equal(after[name], before[name], err_msg=name)
     assert _files(path) == files
     assert (folder / "settled").read_text().startswith("TraceFileError: path:"), "the orphaned batch was not refused"
-    whole = vc.map_many(model, others, RECIPES, tmp_path / "whole.zarr", batch_size=BATCH, progress=False)
-    _assert_same_store(path, whole)
+    _assert_same_store(path, _run(kind, model, others, tmp_path / "whole.zarr"))
+
+
+def test_a_worker_writes_only_while_its_sender_holds_the_store_lock(tmp_path):
+    from vitcam_nb.capture.store_lock import StoreLock
+    from vitcam_nb.capture.worker_model import check_sender
+
+    with pytest.raises(vc.TraceFileError, match="no longer written by the call that sent this batch"):
+        check_sender(str(tmp_path), "any")  # no lock at all
+    lock = StoreLock(tmp_path)
+    lock.acquire()
+    check_sender(str(tmp_path), lock.token)  # the sender holds it: the batch writes
+    with pytest.raises(vc.TraceFileError, match="no longer written"):
+        check_sender(str(tmp_path), StoreLock(tmp_path).token)  # another call's lock
+    lock.release()
+    with pytest.raises(vc.TraceFileError, match="no longer written"):
+        check_sender(str(tmp_path), lock.token)  # released: the sender stopped
+    (tmp_path / LOCK_NAME).write_text("[garbled")
+    with pytest.raises(vc.TraceFileError, match="no longer written"):
+        check_sender(str(tmp_path), lock.token)
