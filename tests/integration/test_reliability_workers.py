@@ -399,3 +399,29 @@ def test_a_worker_writes_only_while_its_sender_holds_the_store_lock(tmp_path):
     (tmp_path / LOCK_NAME).write_text("[garbled")
     with pytest.raises(vc.TraceFileError, match="no longer written"):
         check_sender(str(tmp_path), lock.token)
+
+
+def _loaded(key: str) -> bool:
+    from vitcam_nb.capture.worker_model import loaded_model
+
+    try:
+        loaded_model(key)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_two_calls_sending_one_model_unload_only_their_own(client, model):
+    from vitcam_nb.capture.worker_model import drop_model, send_model
+
+    first = send_model(client, model, SPEC, "cpu", "map_many")
+    second = send_model(client, model, SPEC, "cpu", "trace_many")
+    try:
+        assert first[0] != second[0] and first[1] != second[1]
+        drop_model(client, first[1])  # the first call ends while the second still runs batches
+        assert not any(client.run(_loaded, first[0]).values())
+        assert all(client.run(_loaded, second[0]).values())
+    finally:
+        drop_model(client, second[1])
+    assert not any(client.run(_loaded, second[0]).values())

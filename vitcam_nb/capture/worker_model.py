@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,8 @@ def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, d
                          f"got {spec!r}")
     sha = weights_sha256(model)
     weights = save({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()})
-    key = f"{sha[:16]}-{os.getpid()}"
+    # One key per call: two calls sending the same model (two threads of one process) each unload only their own.
+    key = f"{sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     plugin = _ModelPlugin(key, spec, weights, sha, model.training, device)
     client.register_plugin(plugin, name=plugin.name)
     return key, plugin.name
