@@ -354,7 +354,7 @@ def trace_many(
                              "close the dask.distributed Client, or trace class targets")
         if client is not None:
             shard = TraceSharder(client, model, plan, targets, labels, worker_model, bar,
-                                 (_trace_batch, store_settings))
+                                 (_trace_batch, store_settings), lock.token)
         with exclusive(model), on_device(model, plan.run_device):
             for i, item in enumerate(items):
                 if i % batch_size == 0:

@@ -3,9 +3,12 @@ process (it shapes the store); each later batch runs on a worker, which loads th
 (:mod:`vitcam_nb.capture.worker_model`: a timm spec and safetensors weights, never pickled), traces the batch with
 the pass of ``trace_many`` and writes the batch's own chunks of the large arrays (one image per chunk: no two
 writers on one chunk). The calling process holds the store's lock, lengthens the store before a batch is sent,
-and writes each finished batch's per-image facts and ``done`` flags (their chunks hold many images). A failed
-batch is retried (twice) on any worker and its chunks rewritten whole; it is marked done only once written, so
-the store equals, array for array, the one a single process writes.
+and writes each finished batch's per-image facts and ``done`` flags (their chunks hold many images). A batch that
+raises is retried (twice) on any worker, and one whose worker dies is run again on another (the scheduler's
+``distributed.scheduler.allowed-failures`` deaths, default 3); either way its chunks are rewritten whole, and it
+is marked done only once written, so the store equals, array for array, the one a single process writes. A batch
+writes only while the call that sent it holds the store's lock (:func:`vitcam_nb.capture.worker_model.check_sender`):
+one still running after its call stopped writes nothing.
 
 Example:
     >>> from vitcam_nb.capture.worker_model import active_client
@@ -25,7 +28,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import TRACE_VARS, Store, runs
 from vitcam_nb.capture.store_layout import stack_images
-from vitcam_nb.capture.worker_model import drop_model, loaded_model, send_model
+from vitcam_nb.capture.worker_model import check_sender, drop_model, loaded_model, send_model
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import settings_id
 
@@ -53,9 +56,10 @@ def write_traces(path: str, batch: xr.Dataset) -> list[str]:
 
 
 def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, settings_id_: str, path: str,
-                   indices: list[int], items: list[Item], masks: list, prepared: list, names: list[str]
-                   ) -> tuple[xr.Dataset, list[str]]:
-    """One batch on a worker: the pass, its large arrays written; the rest of the batch and what was written.
+                   indices: list[int], items: list[Item], masks: list, prepared: list, names: list[str],
+                   token: str) -> tuple[xr.Dataset, list[str]]:
+    """One batch on a worker: the pass, its large arrays written (while the call of lock ``token`` still holds the
+    store); the rest of the batch and what was written.
     ``steps``: trace_many's batch pass and store settings (handed in: trace_many imports this module)."""
     trace_batch, store_settings = steps
     model, device, lock = loaded_model(key)
@@ -68,6 +72,7 @@ def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, 
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
             per = trace_batch(plan, prepared)
     batch = stack_images(per, indices, items, masks, names)
+    check_sender(path, token)
     written = write_traces(path, batch)
     return batch.drop_vars(written), written
 
@@ -76,17 +81,18 @@ class TraceSharder:
     """Sends trace_many's batches to the Client's workers and records each finished batch in the store.
 
     Example:
-        >>> shard = TraceSharder(client, model, plan, "top5", None, None, bar, (batch_pass, store_settings))
-        ... # doctest: +SKIP
+        >>> shard = TraceSharder(client, model, plan, "top5", None, None, bar, (batch_pass, store_settings),
+        ...                      lock.token)  # doctest: +SKIP
     """
 
     def __init__(self, client: Any, model: Any, plan: TracePlan, targets: Any, labels: Sequence[str] | None,
-                 worker_model: dict | None, bar: Any, steps: tuple[Callable, Callable]) -> None:
+                 worker_model: dict | None, bar: Any, steps: tuple[Callable, Callable], lock_token: str) -> None:
         from distributed import as_completed
 
         self.steps = steps  # (the batch pass, the store settings) of trace_many; functions travel by name
         self.key, self.plugin_name = send_model(client, model, worker_model, str(plan.run_device), "trace_many")
         self.client, self.bar = client, bar
+        self.token = lock_token  # the caller's store lock: a batch writes only while it is held
         self.plan_args = {"targets": targets, "sites": plan.site_ids, "layers": plan.layer_ids, "dtype": plan.dtype,
                           "labels": None if labels is None else list(labels), "rule": plan.rule}
         self.settings_id = settings_id(steps[1](plan))
@@ -100,7 +106,8 @@ class TraceSharder:
         store.grow(max(indices) + 1)
         light = [Item(None, it.label, None, it.source) for it in items]  # the pixels travel prepared, once
         future = self.client.submit(_worker_traces, self.steps, self.key, self.plan_args, self.settings_id,
-                                    str(store.path), indices, light, masks, prepared, names, retries=2, pure=False)
+                                    str(store.path), indices, light, masks, prepared, names, self.token, retries=2,
+                                    pure=False)
         self.meta[future] = store
         self.queue.add(future)
         while self.queue.count() >= self.limit:

@@ -8,6 +8,11 @@ the rebuilt model must equal the caller's, or the batch is refused. Where GPUs e
 ``cuda:0`` of what ``CUDA_VISIBLE_DEVICES`` leaves it (dask-cuda's LocalCUDACluster gives each worker its own),
 else the GPU numbered by the worker's name modulo the GPU count.
 
+Who may write: a batch is written by its worker only while the call that sent it still holds the store's lock
+(:func:`check_sender`). Cancelling a task does not stop one already running, so a batch of a call that was
+interrupted (or failed) may still be computing when a later call resumes or replaces the store; it then writes
+nothing, instead of its maps or traces into the later call's store.
+
 Example:
     >>> active_client() is None  # no Client running here
     True
@@ -15,14 +20,18 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import uuid
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from vitcam_nb.capture.plan import model_name
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.capture.store_lock import LOCK_NAME
+from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import weights_sha256
 
 try:  # the plugin's base class; without distributed there is no Client to shard over
@@ -30,7 +39,7 @@ try:  # the plugin's base class; without distributed there is no Client to shard
 except ImportError:  # pragma: no cover
     _PluginBase = object
 
-__all__ = ["active_client", "drop_model", "loaded_model", "send_model"]
+__all__ = ["active_client", "check_sender", "drop_model", "loaded_model", "send_model"]
 
 #: Models loaded on this worker process, by key: (model, device, lock).
 _MODELS: dict[str, tuple[torch.nn.Module, str, threading.Lock]] = {}
@@ -120,7 +129,8 @@ def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, d
                          f"got {spec!r}")
     sha = weights_sha256(model)
     weights = save({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()})
-    key = f"{sha[:16]}-{os.getpid()}"
+    # One key per call: two calls sending the same model (two threads of one process) each unload only their own.
+    key = f"{sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     plugin = _ModelPlugin(key, spec, weights, sha, model.training, device)
     client.register_plugin(plugin, name=plugin.name)
     return key, plugin.name
@@ -133,6 +143,28 @@ def loaded_model(key: str) -> tuple[torch.nn.Module, str, threading.Lock]:
         >>> model, device, lock = loaded_model(key)  # doctest: +SKIP
     """
     return _MODELS[key]
+
+
+def check_sender(path: str, token: str) -> None:
+    """On a worker, just before it writes a batch's chunks: refuse (``TraceFileError``, nothing written) unless the
+    call that sent the batch still holds the store's lock, its ``token`` in the lock file. That call took the lock
+    before sending any batch and keeps it until every batch has finished; a lock that is gone or another call's
+    means the sender stopped, and the store may be another call's by now.
+
+    Example:
+        >>> import tempfile
+        >>> check_sender(tempfile.mkdtemp(), "0123")  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceFileError: path: ... is no longer written by the call that sent this batch ...
+    """
+    try:
+        owner = json.loads((Path(path) / LOCK_NAME).read_text())
+    except (OSError, ValueError):  # no lock file (released), or not one this kit wrote
+        owner = None
+    if not isinstance(owner, dict) or owner.get("token") != token:
+        raise TraceFileError(f"path: {path} is no longer written by the call that sent this batch (that call "
+                             "stopped: interrupted, failed, or another call holds the store's lock now); the "
+                             "batch's chunks were not written. Rerun the call to resume the store")
 
 
 def drop_model(client: Any, name: str) -> None:

@@ -302,7 +302,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         with exclusive(model), on_device(model, plan.run_device):
             if client is not None:
                 shard = map_shard.Sharder(client, model, plan, entries, n_parts, targets, dtype, labels, path,
-                                          worker_model, lambda: state["writer"], bar, backend=backend)
+                                          worker_model, lambda: state["writer"], bar, lock.token, backend=backend)
             pending: list = []
             start = 0
             for i, item in enumerate(items):

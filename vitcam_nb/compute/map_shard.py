@@ -3,8 +3,11 @@ whole batches and writes their chunks of the store; the calling process holds th
 per-image facts and ``done`` flags as batches finish.
 
 How the model travels (not pickled: a timm spec and safetensors weights, one device pinned per worker where
-GPUs exist) is :mod:`vitcam_nb.capture.worker_model`'s, shared with ``trace_many``. A failed batch is retried
-(twice) on any worker and its chunks rewritten whole; it is marked done only once written.
+GPUs exist) is :mod:`vitcam_nb.capture.worker_model`'s, shared with ``trace_many``. A batch that raises is retried
+(twice) on any worker, and one whose worker dies is run again on another (the scheduler's
+``distributed.scheduler.allowed-failures`` deaths, default 3); either way its chunks are rewritten whole, and it
+is marked done only once written. A batch writes only while the call that sent it holds the store's lock
+(:func:`~vitcam_nb.capture.worker_model.check_sender`): one still running after its call stopped writes nothing.
 
 Example:
     >>> active_client() is None  # no Client running here
@@ -23,7 +26,7 @@ import torch
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.trace_many import store_settings
-from vitcam_nb.capture.worker_model import active_client, drop_model, loaded_model, send_model
+from vitcam_nb.capture.worker_model import active_client, check_sender, drop_model, loaded_model, send_model
 from vitcam_nb.compute.map_recipes import Entry, compute_batch
 from vitcam_nb.compute.map_torch import compute_batch_torch
 from vitcam_nb.compute.map_writer import BIG, write_region
@@ -37,8 +40,9 @@ COMPUTE = {"numpy": compute_batch, "torch": compute_batch_torch}
 
 
 def _worker_batch(key: str, entries: list[Entry], n_parts: int, plan_args: dict, settings_id_: str, path: str,
-                  start: int, prepared: list) -> dict[str, np.ndarray]:
-    """One batch on a worker: the pass, the maps, this batch's chunks written; the small arrays returned."""
+                  start: int, prepared: list, token: str) -> dict[str, np.ndarray]:
+    """One batch on a worker: the pass, the maps, this batch's chunks written (while the call of lock ``token``
+    still holds the store); the small arrays returned."""
     model, device, lock = loaded_model(key)
     with lock:
         plan = TracePlan.for_store(model, plan_args["targets"], sites=plan_args["sites"], layers=plan_args["layers"],
@@ -47,6 +51,7 @@ def _worker_batch(key: str, entries: list[Entry], n_parts: int, plan_args: dict,
             raise TraceError("worker_model: the model on this worker gives other store settings than the caller's")
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
             arrays, _, _ = COMPUTE[plan_args.get("backend", "numpy")](plan, entries, n_parts, prepared)
+    check_sender(path, token)
     write_region(path, start, arrays)
     return {k: v for k, v in arrays.items() if k not in BIG}
 
@@ -56,12 +61,12 @@ class Sharder:
 
     Example:
         >>> shard = Sharder(client, model, plan, entries, 0, "top1", "float32", None, path, None,
-        ...                 get_writer, bar)  # doctest: +SKIP
+        ...                 get_writer, bar, lock.token)  # doctest: +SKIP
     """
 
     def __init__(self, client: Any, model: torch.nn.Module, plan: TracePlan, entries: list[Entry], n_parts: int,
                  targets: Any, dtype: str, labels: Sequence[str] | None, path: Path, worker_model: dict | None,
-                 get_writer: Callable[[], Any], bar: Any, backend: str = "numpy") -> None:
+                 get_writer: Callable[[], Any], bar: Any, lock_token: str, backend: str = "numpy") -> None:
         from distributed import as_completed
 
         self.key, self.plugin_name = send_model(client, model, worker_model, str(plan.run_device), "map_many")
@@ -70,13 +75,15 @@ class Sharder:
                           "labels": None if labels is None else list(labels), "backend": backend}
         self.settings_id = settings_id(store_settings(plan))
         self.get_writer, self.bar = get_writer, bar
+        self.token = lock_token  # the caller's store lock: a batch writes only while it is held
         self.queue = as_completed()
         self.meta: dict[Any, tuple[int, np.ndarray, np.ndarray]] = {}
         self.limit = 2 * max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})) or 1)
 
     def submit(self, start: int, prepared: list, labels: np.ndarray, sources: np.ndarray) -> None:
         future = self.client.submit(_worker_batch, self.key, self.entries, self.n_parts, self.plan_args,
-                                    self.settings_id, self.path, start, prepared, retries=2, pure=False)
+                                    self.settings_id, self.path, start, prepared, self.token, retries=2,
+                                    pure=False)
         self.meta[future] = (start, labels, sources)
         self.queue.add(future)
         while self.queue.count() >= self.limit:

@@ -1,0 +1,427 @@
+"""Issue #35, the distributed path: a worker that dies in the middle of writing its region is retried and the region
+rewritten whole, never left half-written; a caller interrupted (KeyboardInterrupt, or its process killed) leaves
+a store the next call resumes to the same bytes; a batch still running after its caller stopped writes nothing into
+the store of a later call. Every store is compared, array for array and bitwise, with the
+store a single process writes. The deaths are made deterministic by a marker file taken atomically (the first
+write of any worker takes it and dies; every later write finds it taken), never by timing."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+import zarr
+
+import vitcam_nb as vc
+from vitcam_nb import Recipe
+from vitcam_nb.capture.store import Store
+from vitcam_nb.capture.store_lock import LOCK_NAME
+from vitcam_nb.compute.map_writer import MapWriter
+
+distributed = pytest.importorskip("distributed")
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}
+# One map of one block (``maps``) and one fused over both blocks (its blocks' maps in ``parts``).
+RECIPES = [Recipe(site="F1", layer=-1), Recipe(site="F4", layer=(0, 1), layer_fusion="mean")]
+N, BATCH = 6, 2  # three batches: the first in the calling process (it shapes the store), two on the workers
+GARBAGE = 7.0
+TRACE_ARGS = dict(targets="top2", sites=["F1", "F4"], batch_size=BATCH, progress=False)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(SPEC["timm"], pretrained=False, **{k: v for k, v in SPEC.items() if k != "timm"}).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model()
+
+
+def _images() -> list[np.ndarray]:
+    return list(np.random.default_rng(3).integers(0, 256, (N, 32, 32, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def images():
+    return _images()
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, model, images) -> dict[str, Path]:
+    """The stores a single process writes (made before the cluster starts: with a Client active, they would be
+    sharded)."""
+    folder = tmp_path_factory.mktemp("whole")
+    return {"maps": vc.map_many(model, images, RECIPES, folder / "maps.zarr", batch_size=BATCH, progress=False),
+            "traces": vc.trace_many(model, images, folder / "traces.zarr", **TRACE_ARGS)}
+
+
+@pytest.fixture(scope="module")
+def client(whole):
+    import cloudpickle
+
+    # The plugin below travels by value: a worker process need not import this test module.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                      silence_logs=50) as cluster, distributed.Client(cluster) as c:
+            yield c
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+class DieMidWrite(distributed.WorkerPlugin):
+    """Wraps a worker's write function (``module.name``): the first call of any worker takes ``marker``
+    (O_EXCL: exactly one caller can), writes garbage over the first image of its region, records the region and
+    kills its own process (``os._exit``: no cleanup, no exception the task could report); every later call writes
+    as the kit does."""
+
+    def __init__(self, module: str, name: str, marker: str) -> None:
+        self.module, self.func, self.marker = module, name, marker
+
+    def setup(self, worker) -> None:
+        module = importlib.import_module(self.module)
+        real = getattr(module, self.func)
+        real = getattr(real, "__wrapped__", real)
+        marker, half = self.marker, self.half
+
+        def dying(path, *args):
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return real(path, *args)
+            region = half(real, path, *args)
+            os.write(fd, json.dumps({"pid": os.getpid(), "region": region}).encode())
+            os.close(fd)
+            os._exit(1)
+
+        dying.__wrapped__ = real
+        setattr(module, self.func, dying)
+
+    def teardown(self, worker) -> None:
+        module = importlib.import_module(self.module)
+        setattr(module, self.func, getattr(getattr(module, self.func), "__wrapped__", getattr(module, self.func)))
+
+    @staticmethod
+    def half(real, path, *args) -> list[int]:
+        """Write garbage over the region's first image only (a region half written); the region's indices."""
+        if len(args) == 2:  # map_writer.write_region(path, start, arrays)
+            start, arrays = args
+            real(path, start, {k: np.full_like(v[:1], GARBAGE) for k, v in arrays.items()})
+            return list(range(start, start + len(next(iter(arrays.values())))))
+        (batch,) = args  # trace_shard.write_traces(path, batch)
+        first = batch.isel(image=[0]).copy(deep=True)
+        for name, var in first.data_vars.items():
+            if var.dtype.kind == "f":
+                first[name] = var.copy(data=np.full(var.shape, GARBAGE, var.dtype))
+        real(path, first)
+        return [int(i) for i in batch["image"].values]
+
+
+def _arrays(path) -> dict[str, np.ndarray]:
+    return {name: np.asarray(arr[:]) for name, arr in zarr.open_group(str(path), mode="r").arrays()}
+
+
+def _files(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def _assert_same_store(got: Path, want: Path) -> None:
+    """The same arrays, bitwise, the same attributes and the same files (no stray chunk, temporary or lock file)."""
+    a, b = _arrays(got), _arrays(want)
+    assert sorted(a) == sorted(b)
+    for name in b:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert dict(zarr.open_group(str(got)).attrs) == dict(zarr.open_group(str(want)).attrs)
+    assert _files(got) == _files(want)
+
+
+def _recording(monkeypatch, cls, name: str, key) -> list:
+    """Record every call of ``cls.name`` in the calling process (``key(args)``), then make it."""
+    real, calls = getattr(cls, name), []
+
+    def record(self, *args, **kwargs):
+        calls.append(key(args))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, record)
+    return calls
+
+
+def _died(client, marker: Path) -> list[int]:
+    """The region the dead worker half wrote; that its process is gone (the worker now running is another)."""
+    assert marker.exists(), "no worker wrote, so none died: the test would prove nothing"
+    died = json.loads(marker.read_text())
+    assert died["pid"] not in client.run(os.getpid).values()
+    return died["region"]
+
+
+# -- the caller killed -----------------------------------------------------------------------------------------------
+# The caller's process killed (os._exit: no finally, no lock release) after a batch's maps are written and before
+# its facts and done flags are; the lock file stays behind, naming a process that is gone.
+KILLED_CALLER = """
+    import os, sys
+    import torch
+    torch.set_num_threads(int(sys.argv[3]))  # the store records the threads of its first batch: as in the tests
+    sys.path.insert(0, sys.argv[1])
+    import test_reliability_workers as t
+    import vitcam_nb as vc
+    from vitcam_nb.compute.map_writer import MapWriter
+
+    real = MapWriter.write_meta
+    def killed(self, start, arrays):
+        if start > 0:
+            os._exit(3)
+        return real(self, start, arrays)
+    MapWriter.write_meta = killed
+    vc.map_many(t._model(), t._images(), t.RECIPES, sys.argv[2], batch_size=t.BATCH, progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_map_many_caller_killed_mid_run_resumes_to_the_same_store(tmp_path, whole, model, images, monkeypatch):
+    path = tmp_path / "killed.zarr"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-c", textwrap.dedent(KILLED_CALLER), Path(__file__).parent, path, torch.get_num_threads()]
+    proc = subprocess.run(list(map(str, argv)), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert (path / LOCK_NAME).exists()  # stale: its writer is gone
+    group = zarr.open_group(str(path), mode="r")
+    assert group["done"][:].tolist() == [True, True, False, False, False, False]
+    assert group["maps"][2:4].any()  # the second batch's maps were written, its done flags never
+    recorded = _recording(monkeypatch, MapWriter, "write_meta", lambda args: args[0])
+    # Run first in this module, before the cluster starts (worker_model only matters if one is running).
+    vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
+    assert sorted(recorded) == [2, 4]
+    _assert_same_store(path, whole["maps"])
+
+
+# -- a worker dies mid-write --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_map_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp_path, client, whole, model,
+                                                                              images, monkeypatch):
+    marker = tmp_path / "died.json"
+    client.register_plugin(DieMidWrite("vitcam_nb.compute.map_shard", "write_region", str(marker)), name="die-map")
+    recorded = _recording(monkeypatch, MapWriter, "write_meta", lambda args: (args[0], len(args[1]["trace_id"])))
+    try:
+        path = vc.map_many(model, images, RECIPES, tmp_path / "cluster.zarr", batch_size=BATCH, progress=False,
+                           worker_model=SPEC)
+    finally:
+        client.unregister_worker_plugin("die-map")
+    region = _died(client, marker)
+    assert region in ([2, 3], [4, 5])
+    _assert_same_store(path, whole["maps"])
+    maps = _arrays(path)["maps"]
+    assert not (maps[region] == GARBAGE).any()
+    # Every batch recorded (facts, then done flags) exactly once, by the calling process.
+    assert sorted(recorded) == [(0, 2), (2, 2), (4, 2)]
+    attrs = dict(zarr.open_group(str(path)).attrs)
+    assert attrs["complete"] == 1 and attrs["n_images"] == N and _arrays(path)["done"].all()
+    assert not (path / LOCK_NAME).exists()
+
+
+@pytest.mark.slow
+def test_trace_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp_path, client, whole, model,
+                                                                                images, monkeypatch):
+    marker = tmp_path / "died.json"
+    client.register_plugin(DieMidWrite("vitcam_nb.capture.trace_shard", "write_traces", str(marker)),
+                           name="die-trace")
+    recorded = _recording(monkeypatch, Store, "write",
+                          lambda args: tuple(int(i) for i in args[0]["image"].values))
+    try:
+        path = vc.trace_many(model, images, tmp_path / "cluster.zarr", worker_model=SPEC, **TRACE_ARGS)
+    finally:
+        client.unregister_worker_plugin("die-trace")
+    region = _died(client, marker)
+    assert region in ([2, 3], [4, 5])
+    _assert_same_store(path, whole["traces"])
+    assert sorted(recorded) == [(2, 3), (4, 5)]  # the first batch created the store; each other recorded once
+    attrs = dict(zarr.open_group(str(path)).attrs)
+    assert attrs["complete"] == 1 and attrs["n_images"] == N and _arrays(path)["done"].all()
+    assert not (path / LOCK_NAME).exists()
+
+
+# -- the caller interrupted -----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_map_many_caller_interrupted_on_a_cluster_resumes_to_the_same_store(tmp_path, client, whole, model,
+                                                                            images, monkeypatch):
+    real = MapWriter.write_meta
+
+    def interrupt_at_the_first_worker_batch(self, start, arrays):
+        if start > 0:
+            raise KeyboardInterrupt
+        return real(self, start, arrays)
+
+    monkeypatch.setattr(MapWriter, "write_meta", interrupt_at_the_first_worker_batch)
+    path = tmp_path / "cluster.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
+    assert not (path / LOCK_NAME).exists()
+    assert _arrays(path)["done"].tolist() == [True, True, False, False, False, False]
+    monkeypatch.setattr(MapWriter, "write_meta", real)
+    recorded = _recording(monkeypatch, MapWriter, "write_meta", lambda args: args[0])
+    vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
+    assert sorted(recorded) == [2, 4]  # only the batches not done: nothing recorded twice
+    _assert_same_store(path, whole["maps"])
+
+
+# -- a batch still running after its caller stopped ---------------------------------------------------------------
+# Each sharded path: its module, its sharder, the function a worker runs per batch.
+SHARDED = {"maps": ("vitcam_nb.compute.map_shard", "Sharder", "_worker_batch"),
+           "traces": ("vitcam_nb.capture.trace_shard", "TraceSharder", "_worker_traces")}
+
+
+def _run(kind: str, model, images, path: Path, **kwargs) -> Path:
+    if kind == "maps":
+        return vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, **kwargs)
+    return vc.trace_many(model, images, path, **TRACE_ARGS, **kwargs)
+
+
+class HoldFirstBatch(distributed.WorkerPlugin):
+    """The first batch any worker starts (``module``'s worker function) takes ``folder/held`` and waits (files, not
+    a clock, order the steps) until ``folder/go`` exists; once that batch's worker function has ended,
+    ``folder/settled`` says how."""
+
+    def __init__(self, module: str, func: str, folder: str) -> None:
+        self.module, self.func, self.folder = module, func, folder
+
+    def setup(self, worker) -> None:
+        module = importlib.import_module(self.module)
+        folder, state = Path(self.folder), {}
+        loaded, batch = module.loaded_model, getattr(module, self.func)
+        self.real = loaded, batch
+
+        def held(key):
+            model = loaded(key)  # before the hold: the stopped call unloads the model from its workers
+            try:
+                os.close(os.open(folder / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return model
+            state["held"] = True
+            _wait_for(folder / "go")
+            return model
+
+        def settled(*args):
+            outcome = "wrote"
+            try:
+                return batch(*args)
+            except Exception as exc:
+                outcome = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                if state.pop("held", False):
+                    (folder / "settled").write_text(outcome)
+
+        module.loaded_model = held
+        setattr(module, self.func, settled)
+
+    def teardown(self, worker) -> None:
+        module = importlib.import_module(self.module)
+        module.loaded_model = self.real[0]
+        setattr(module, self.func, self.real[1])
+
+
+def _wait_for(path: Path) -> None:
+    for _ in range(6000):
+        if path.exists():
+            return
+        threading.Event().wait(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(SHARDED))
+def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_next_store(tmp_path, client, model,
+                                                                                        images, monkeypatch, kind):
+    from vitcam_nb.capture import trace_many
+    from vitcam_nb.compute import map_shard
+
+    module, sharder, func = SHARDED[kind]
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    client.register_plugin(HoldFirstBatch(module, func, str(folder)), name="hold")
+    path = tmp_path / "store.zarr"
+    try:
+        # The first call is interrupted while a worker still runs one of its batches (cancelling a running task
+        # does not stop it).
+        def interrupted(self):
+            _wait_for(folder / "held")
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(getattr(importlib.import_module(module), sharder), "wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            _run(kind, model, images, path, worker_model=SPEC)
+        monkeypatch.undo()
+        # The next call replaces the store with other images', and finishes (in this process, no Client), before
+        # the orphaned batch gets to write.
+        monkeypatch.setattr(map_shard, "active_client", lambda: None)
+        monkeypatch.setattr(trace_many, "active_client", lambda: None)
+        others = images[::-1]
+        _run(kind, model, others, path, overwrite=True)
+        before, files = _arrays(path), _files(path)
+    finally:
+        (folder / "go").touch()
+        _wait_for(folder / "settled")
+        client.unregister_worker_plugin("hold")
+    after = _arrays(path)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    assert _files(path) == files
+    assert (folder / "settled").read_text().startswith("TraceFileError: path:"), "the orphaned batch was not refused"
+    _assert_same_store(path, _run(kind, model, others, tmp_path / "whole.zarr"))
+
+
+def test_a_worker_writes_only_while_its_sender_holds_the_store_lock(tmp_path):
+    from vitcam_nb.capture.store_lock import StoreLock
+    from vitcam_nb.capture.worker_model import check_sender
+
+    with pytest.raises(vc.TraceFileError, match="no longer written by the call that sent this batch"):
+        check_sender(str(tmp_path), "any")  # no lock at all
+    lock = StoreLock(tmp_path)
+    lock.acquire()
+    check_sender(str(tmp_path), lock.token)  # the sender holds it: the batch writes
+    with pytest.raises(vc.TraceFileError, match="no longer written"):
+        check_sender(str(tmp_path), StoreLock(tmp_path).token)  # another call's lock
+    lock.release()
+    with pytest.raises(vc.TraceFileError, match="no longer written"):
+        check_sender(str(tmp_path), lock.token)  # released: the sender stopped
+    (tmp_path / LOCK_NAME).write_text("[garbled")
+    with pytest.raises(vc.TraceFileError, match="no longer written"):
+        check_sender(str(tmp_path), lock.token)
+
+
+def _loaded(key: str) -> bool:
+    from vitcam_nb.capture.worker_model import loaded_model
+
+    try:
+        loaded_model(key)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_two_calls_sending_one_model_unload_only_their_own(client, model):
+    from vitcam_nb.capture.worker_model import drop_model, send_model
+
+    first = send_model(client, model, SPEC, "cpu", "map_many")
+    second = send_model(client, model, SPEC, "cpu", "trace_many")
+    try:
+        assert first[0] != second[0] and first[1] != second[1]
+        drop_model(client, first[1])  # the first call ends while the second still runs batches
+        assert not any(client.run(_loaded, first[0]).values())
+        assert all(client.run(_loaded, second[0]).values())
+    finally:
+        drop_model(client, second[1])
+    assert not any(client.run(_loaded, second[0]).values())
