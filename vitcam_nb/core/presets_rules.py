@@ -11,22 +11,28 @@ Example:
 
 from __future__ import annotations
 
+from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.presets import CITATIONS, PRESETS
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.rules import LRP_PATENT_NOTE, RULES
 
-__all__ = ["RULE_PRESET_CITATIONS", "RULE_TAXONOMY", "attnlrp", "cp_lrp", "libragrad", "transformer_attribution"]
+__all__ = ["FULLGRAD_CITATION", "RULE_PRESET_CITATIONS", "RULE_TAXONOMY", "attnlrp", "cp_lrp", "libragrad",
+           "transformer_attribution"]
 
 #: Where each preset comes from (also added to ``CITATIONS``): its rule's citation and the read-out.
 RULE_PRESET_CITATIONS: dict[str, str] = {
     "cp_lrp": RULES["cp_lrp"].citation + "; input x modified gradient at the first block's input",
     "attnlrp": RULES["attnlrp"].citation + "; input x modified gradient at the first block's input",
     "libragrad": RULES["libragrad"].citation + "; read out as input x modified gradient at the first block's input "
-                 "(the paper's FullGrad+ read-out adds every bias x its gradient, which a trace does not store)",
+                 "(the paper's Libra FullGrad+ read-out, with every block's input and bias terms: "
+                 "libragrad(biases=True))",
     "transformer_attribution": RULES["chefer_lrp"].citation + "; Transformer Attribution: per block the mean over "
                                "heads of relu(dA * R_A), rolled out from the identity, CLS row (start_layer 0)",
 }
 CITATIONS.update(RULE_PRESET_CITATIONS)
+#: The source of ``libragrad(biases=True)``'s read-out (weighting ``libragrad_fullgrad``, not a preset of its own).
+FULLGRAD_CITATION = (RULES["libragrad"].citation + "; Libra FullGrad+ (section 2.1 of the paper): input x gradient at "
+                     "every block's input plus every bias x its gradient, summed per token")
 
 _SITE = "resid_pre of block 0 (patch embedding + position embedding + prefix tokens) and its modified gradient"
 _TOKENS = "patch tokens (prefix tokens' relevance is not on the grid)"
@@ -47,8 +53,9 @@ RULE_TAXONOMY: dict[str, dict[str, str]] = {
     "libragrad": {"paper": RULES["libragrad"].citation.split(";")[0],
                   "code": "https://github.com/NightMachinery/pytorch-image-models-libragrad-v1",
                   "site": _SITE, "target": "class logit, backward rule libragrad (trace argument rule='libragrad')",
-                  "tokens": _TOKENS, "aggregation": "sum_k h[p,k] R[p,k] (input x modified gradient; the paper's "
-                                                    "FullGrad+ bias terms are not included)",
+                  "tokens": _TOKENS, "aggregation": "sum_k h[p,k] R[p,k] (input x modified gradient); "
+                                                    "biases=True: the paper's Libra FullGrad+, every block's input "
+                                                    "term plus its bias terms b.db per token",
                   "reconstruction": _RECON},
     "transformer_attribution": {
         "paper": RULES["chefer_lrp"].citation.split(";")[0] + ". " + LRP_PATENT_NOTE,
@@ -95,17 +102,29 @@ def attnlrp(layer: int | tuple | str = 0) -> Recipe:
     return _relevance("attnlrp", layer)
 
 
-def libragrad(layer: int | tuple | str = 0) -> Recipe:
+def libragrad(layer: int | tuple | str | None = None, biases: bool = False) -> Recipe:
     """LibraGrad (Mehri et al. 2025): input x the LibraGrad gradient at the hidden state entering block ``layer``
-    (default 0), summed over channels, per patch; signed, raw. The paper's FullGrad+ read-out also adds each bias
-    times its gradient, which a trace does not hold; this is its input x gradient term. Needs ``vc.trace(model,
-    image, rule="libragrad", sites=[..., "resid_pre"])``.
+    (default 0), summed over channels, per patch; signed, raw. Needs ``vc.trace(model, image, rule="libragrad",
+    sites=[..., "resid_pre"])``.
+
+    ``biases=True`` is the paper's own read-out, Libra FullGrad+ (weighting ``libragrad_fullgrad``): per patch, the
+    sum over the blocks ``layer`` (default every block) of input x gradient at each block's input plus every bias of
+    the block times its gradient, each bias term read from the trace as ``y.dy - x.dx`` across its affine sublayer
+    (:mod:`vitcam_nb.compute.relevance`). It needs ``sites=["resid_pre", "resid_mid", "F6", "v", "F3",
+    "attn_out", "F5"]`` (timm ViTs with plain attention).
 
     Example:
-        >>> libragrad().site
-        'resid_pre'
+        >>> libragrad().site, libragrad().layer
+        ('resid_pre', 0)
+        >>> libragrad(biases=True).weighting, libragrad(biases=True).layer
+        ('libragrad_fullgrad', 'all')
     """
-    return _relevance("libragrad", layer)
+    if not isinstance(biases, bool):
+        raise RecipeError(f"biases: expected True or False, got {biases!r}")
+    if not biases:
+        return _relevance("libragrad", 0 if layer is None else layer)
+    recipe = _relevance("libragrad", "all" if layer is None else layer)
+    return recipe.replace(weighting="libragrad_fullgrad")
 
 
 def transformer_attribution(layer: int | tuple | str = "all") -> Recipe:
