@@ -34,6 +34,7 @@ CASES = {
     "vitb224_f16": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"dtype": "float16"}),
     "vitb224_last_f1": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"layers": [-1], "sites": ["F1"]}),
     "vits224_top3_f1f2": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"sites": ["F1", "F2"]}),
+    "vits224_top3_f16": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"dtype": "float16"}),
     "vitt384_top10": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {}),
     # hierarchical: four stage grids, windowed attention stored per window with its key coordinate
     "swint224": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top5", {}),
