@@ -36,6 +36,7 @@ CASES = {
     "vits224_top3_f1f2": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"sites": ["F1", "F2"]}),
     "vits224_top3_f16": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"dtype": "float16"}),
     "vitt384_top10": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {}),
+    "vitt384_top10_f16": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {"dtype": "float16"}),
     # hierarchical: four stage grids, windowed attention stored per window with its key coordinate
     "swint224": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top5", {}),
     "swint224_top2_f3f6": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top2", {"sites": ["F3", "F6"]}),

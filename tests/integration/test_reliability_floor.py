@@ -2,8 +2,8 @@
 own array (activations and gradients as the backward pass reaches them) instead of holding every tensor and
 copying it at the end; trace() and trace_many() take it for storage narrower than the computation (float16), where
 it lowers the peak. What it stores is bitwise what the tensor pass (``run_pass(..., arrays=False)``) stores, for
-every backward rule, both storage dtypes, a hierarchical model and a batch; and it hands freed memory back once
-per traced block of the backward pass, never during the forward pass or the assembly."""
+every backward rule, both storage dtypes, a hierarchical model and a batch; and it hands freed memory back after
+each gradient it writes, never during the forward pass or the assembly."""
 
 from __future__ import annotations
 
@@ -95,15 +95,16 @@ def test_a_batch_stores_for_each_image_what_its_tensor_pass_stores():
         _assert_same(assemble(plan, p, new.image(b), new), assemble(plan, p, old.image(b), old))
 
 
-def test_float16_storage_takes_the_array_pass_and_hands_memory_back_once_per_block(monkeypatch):
+def test_float16_storage_takes_the_array_pass_and_hands_memory_back_as_it_writes(monkeypatch):
     # The tensor pass hands freed memory back after every block of the forward pass, at every block of the
-    # backward pass, after it, and at every layer of the assembly (2 + 2 + 1 + 4 times for this trace): each
-    # time the next allocations fault their pages in again. A float32 trace keeps it (it peaks lower there).
+    # backward pass, after it, and at every layer of the assembly (2 + 2 + 1 + 4 times for this trace). The array
+    # pass does it only after each gradient it writes (2 layers x 6 sites), never in the forward pass (each
+    # hand-back there made the next block fault its pages in again) or the assembly (nothing left to copy).
     calls = []
     monkeypatch.setattr(runtime, "_TRIM", lambda pad: calls.append(pad))
     tr = vc.trace(_model(), _image(), "top2", dtype="float16")
-    assert calls == [0, 0]  # depth 2: once as the backward pass reaches each block
+    assert calls == [0] * 12
     assert tr["grad"].shape[:2] == (3, 2) and tr["grad"].dtype == np.float16
     calls.clear()
-    vc.trace(_model(), _image(), "top2")
+    vc.trace(_model(), _image(), "top2")  # float32 storage: the tensor pass
     assert len(calls) == 9

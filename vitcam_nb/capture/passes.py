@@ -211,7 +211,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         acts, grad_by_key, images = {}, {}, []
         if arrays:
             store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(),
-                           on_layer=release_freed_memory)
+                           on_write=release_freed_memory)
             while cap.tensors:  # each tensor leaves the capture as it is copied: the graph alone decides its life
                 store.keep(*cap.tensors.popitem())
             _backward_into(store, outputs)

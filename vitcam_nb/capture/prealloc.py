@@ -154,8 +154,8 @@ class Arrays:
         n_images: images in the pass.
         arrange: puts a captured tensor (``(batch, ...)`` or ``(targets, batch, ...)``) in schema layout.
         hooks: register the gradient hooks (False: the caller writes the gradients autograd returns).
-        on_layer: called each time the backward pass writes the first gradient of another layer (the pass hands
-            the memory the backward freed so far back to the system there).
+        on_write: called after each gradient is written (the pass hands the memory the backward pass freed so far
+            back to the system there, so the next block's transients do not stack on top of it).
 
     Example:
         >>> import timm
@@ -169,9 +169,9 @@ class Arrays:
     """
 
     def __init__(self, plan: TracePlan, n_images: int, arrange: Callable[[Key, torch.Tensor], torch.Tensor], *,
-                 hooks: bool, on_layer: Callable[[], None] | None = None):
+                 hooks: bool, on_write: Callable[[], None] | None = None):
         self.dtype = plan.store_dtype
-        self.n_images, self.arrange, self.hooks, self.on_layer = n_images, arrange, hooks, on_layer
+        self.n_images, self.arrange, self.hooks, self.on_write = n_images, arrange, hooks, on_write
         extra = plan.extra_sites
         token_sites = tuple(s for s in plan.site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra)
         if getattr(plan.adapter, "hierarchical", False):
@@ -198,7 +198,6 @@ class Arrays:
         self.n_targets = 0
         self._grad_shapes: dict[Key, tuple[int, ...]] = {}
         self._written: set[Key] = set()
-        self._layers_seen: set[int] = set()
         #: captured tensors whose values wait for their gradient (copied together, then let go)
         self._live: dict[Key, torch.Tensor] = {}
 
@@ -271,10 +270,6 @@ class Arrays:
 
     def put_grad(self, key: Key, g: torch.Tensor) -> None:
         """Write the values and the gradient ``(targets, batch, ...)`` of ``key`` (already in schema layout)."""
-        if key[0] not in self._layers_seen:
-            self._layers_seen.add(key[0])
-            if self.on_layer is not None:
-                self.on_layer()
         live = self._live.pop(key, None)
         if live is not None:
             self._put_act(key, self.arrange(key, live))
@@ -288,6 +283,8 @@ class Arrays:
             for b in range(self.n_images):
                 self.grads[b][key] = np.empty((self.n_targets, 1, *g.shape[2:]), self.dtype)
                 copy_into(self.grads[b][key], g[:, b:b + 1])
+        if self.on_write is not None:
+            self.on_write()
 
     def finish_backward(self) -> None:
         """Drop the graph's edges, write the values of every tensor no gradient reached and zeros for its
