@@ -1,6 +1,7 @@
 """Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
 memory of the pass, for the issue's three cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
-five held-out ones (other target counts, float16 storage, one layer and site, other widths), and a hierarchical
+five held-out ones (other target counts, float16 storage, one layer and site, other widths), two more float16
+ones (ViT-S/16 top3, ViT-Ti/16 at 384 px top10: the array pass float16 storage takes), and a hierarchical
 Swin-T at 224 px, random-init timm models (no download), each in a fresh process, one at a time. Writes
 ``benchmarks/MEMORY.json`` and, with ``--readme``, the README table between ``<!-- memory:start -->`` and
 ``<!-- memory:end -->``.

@@ -9,7 +9,9 @@ with parameters frozen, about six token-by-channel tensors, the MLP's hidden inp
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
 compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for ten cases and
+plus the transients and a fixed 20 MB. With storage narrower than the computation (float16) the pass writes into
+the Dataset's arrays as it goes (:mod:`vitcam_nb.capture.prealloc`): the Dataset, one block's transients and half
+the graph. ``benchmarks/memsizes.py`` measures the peak for twelve cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
 
 The shapes come from :mod:`vitcam_nb.capture.budget_shapes`: flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA);

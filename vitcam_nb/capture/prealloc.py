@@ -1,7 +1,9 @@
-"""Each captured variable's final array, allocated once per image in the storage dtype, and written as the pass
-produces its values: the activations right after the forward pass, every gradient from inside the batched
-backward pass (a tensor hook on the captured tensor) the moment autograd has summed it. Nothing large is held
-twice, freed and faulted in again, and no freed memory has to be handed back to the system.
+"""The array pass (``run_pass(..., arrays=True)``; :func:`writes_arrays` says when a trace takes it): each
+captured variable's final array, allocated once per image in the storage dtype, and written as the backward pass
+reaches it: a tensor hook on the captured tensor copies its values and its gradients the moment autograd has
+summed them, and the tensor is let go (the graph alone decides its life). Nothing large is held twice or copied
+at the end; the memory the backward pass frees is handed back to the system after each write, so the next block's
+transients do not stack on top of it.
 
 Token sites of the same layers (a flat model's layers, or one stage of a hierarchical one) share one
 ``(layer, site, token, channel)`` array and its ``(target, layer, site, token, channel)`` gradient, the arrays the
