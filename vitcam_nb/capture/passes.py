@@ -10,7 +10,6 @@ how it ran (deterministic kernels, input checks, the patch grid) comes from here
 Example:
     >>> import timm, torch
     >>> from vitcam_nb.capture.plan import TracePlan
-from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
     >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     >>> res = run_pass(TracePlan.for_trace(m, "top2", sites=["F1"], layers=[0]), torch.zeros(2, 3, 224, 224))
     >>> len(res.classes), tuple(res.grads[(0, "F1")].shape)

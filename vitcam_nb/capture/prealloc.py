@@ -29,7 +29,9 @@ import numpy as np
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
+from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 
 __all__ = ["Arrays", "batched_hooks_work", "copy_into", "lowest_tensors", "unbatched", "writes_arrays"]
@@ -107,9 +109,9 @@ def batched_hooks_work() -> bool:
             y = x * 2
             y.register_hook(lambda g: seen.append(unbatched(g, 2).clone()))
             z = torch.stack([y.sum(), (y * y).sum()])
-            (want,) = torch.autograd.grad(z, [y], grad_outputs=torch.eye(2), is_grads_batched=True)
+            (want,) = batched_grad(z, [y])
             _PROBE.append(len(seen) == 1 and seen[0].shape == want.shape and torch.equal(seen[0], want))
-        except (AttributeError, RuntimeError, TypeError):
+        except (AttributeError, RuntimeError, TypeError, TraceError):
             _PROBE.append(False)
     return _PROBE[0]
 
