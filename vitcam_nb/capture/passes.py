@@ -156,8 +156,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
 
     By default the site tensors and their gradients come back as tensors on the pass's device (``acts``,
     ``grads``). With ``arrays=True`` the pass writes them into each image's final NumPy arrays in the storage
-    dtype (:mod:`vitcam_nb.capture.prealloc`; :meth:`PassResult.image`): the activations after the forward pass,
-    the gradients from inside the backward pass as autograd produces them, so it never holds them twice. The
+    dtype (:mod:`vitcam_nb.capture.prealloc`; :meth:`PassResult.image`): each tensor's values and gradients from
+    inside the backward pass as autograd produces them, so it never holds them twice. The
     model's device placement is the caller's (``vitcam_nb.capture.runtime.on_device``); everything else the pass
     changes on the model, and the deterministic-kernel flags on CUDA, is restored on return.
 
@@ -185,8 +185,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
-        # The preallocated pass hands nothing back during the forward pass: a block's freed transients are the
-        # next block's, and handing them back made each fault its pages in again.
+        # The array pass hands nothing back during the forward pass: a block's freed transients are the next
+        # block's, and handing them back made each fault its pages in again.
         with releasing_during_forward([] if arrays else adapter.blocks(model)):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
@@ -211,7 +211,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         if arrays:
             store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(),
                            on_write=release_freed_memory)
-            while cap.tensors:  # each tensor leaves the capture as it is copied: the graph alone decides its life
+            while cap.tensors:  # the store holds each tensor until its gradient arrives, then lets it go
                 store.keep(*cap.tensors.popitem())
             _backward_into(store, outputs)
             images = [ImagePass(z[b].detach(), classes[b], store.acts[b], store.grads[b],
