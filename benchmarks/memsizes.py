@@ -1,6 +1,7 @@
 """Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
 memory of the pass, for the issue's three cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
-five held-out ones (other target counts, float16 storage, one layer and site, other widths), and a hierarchical
+five held-out ones (other target counts, float16 storage, one layer and site, other widths), two more float16
+ones (ViT-S/16 top3, ViT-Ti/16 at 384 px top10: the array pass float16 storage takes), and a hierarchical
 Swin-T at 224 px, random-init timm models (no download), each in a fresh process, one at a time. Writes
 ``benchmarks/MEMORY.json`` and, with ``--readme``, the README table between ``<!-- memory:start -->`` and
 ``<!-- memory:end -->``.
@@ -34,7 +35,9 @@ CASES = {
     "vitb224_f16": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"dtype": "float16"}),
     "vitb224_last_f1": ("vit_base_patch16_224", {}, 224, "ViT-B/16", "top5", {"layers": [-1], "sites": ["F1"]}),
     "vits224_top3_f1f2": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"sites": ["F1", "F2"]}),
+    "vits224_top3_f16": ("vit_small_patch16_224", {}, 224, "ViT-S/16", "top3", {"dtype": "float16"}),
     "vitt384_top10": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {}),
+    "vitt384_top10_f16": ("vit_tiny_patch16_384", {}, 384, "ViT-Ti/16", "top10", {"dtype": "float16"}),
     # hierarchical: four stage grids, windowed attention stored per window with its key coordinate
     "swint224": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top5", {}),
     "swint224_top2_f3f6": ("swin_tiny_patch4_window7_224", {}, 224, "Swin-T", "top2", {"sites": ["F3", "F6"]}),

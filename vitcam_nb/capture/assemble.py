@@ -44,9 +44,9 @@ from vitcam_nb.targets.classes import ClassTargets
 __all__ = ["assemble", "to_numpy", "token_coords"]
 
 
-def to_numpy(t: torch.Tensor | None, shape: tuple | None, dtype: type) -> np.ndarray:
+def to_numpy(t: torch.Tensor | np.ndarray | None, shape: tuple | None, dtype: type) -> np.ndarray:
     """A captured tensor on the CPU as ``dtype`` (reshaped to ``shape``); None (the targets do not depend on
-    the tensor at all) becomes zeros.
+    the tensor at all) becomes zeros; an array the pass wrote in the storage dtype is used as it is.
 
     Example:
         >>> to_numpy(None, (2,), np.float16)
@@ -54,6 +54,9 @@ def to_numpy(t: torch.Tensor | None, shape: tuple | None, dtype: type) -> np.nda
     """
     if t is None:
         return np.zeros(shape, dtype)
+    if isinstance(t, np.ndarray):
+        out = t.astype(dtype, copy=False)
+        return out if shape is None else out.reshape(shape)
     out = t.detach().to("cpu", torch.float32).numpy().astype(dtype, copy=False)
     return out if shape is None else out.reshape(shape)
 
@@ -129,18 +132,22 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
         "class_label": ("class", np.array(labels)),
     }
     if token_sites:
-        sample = acts[(layer_ids[0], token_sites[0])]
+        filled = (tuple(layer_ids), tuple(token_sites))
+        act, grad = image.filled.get((*filled, "act")), image.filled.get((*filled, "grad"))
+        sample = act[0, 0] if act is not None else acts[(layer_ids[0], token_sites[0])]
         if sample.shape[-2] != n_tokens:
             raise TraceError(f"model: {sample.shape[-2]} tokens at the blocks but the patch grid {gh}x{gw} "
                              f"with {n_prefix} prefix tokens gives {n_tokens}")
         n_channels = int(sample.shape[-1])
-        act = np.empty((len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
-        grad = np.empty((n_targets, len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
-        for li, layer in enumerate(layer_ids):
-            for si, site in enumerate(token_sites):
-                act[li, si] = to_numpy(acts.pop((layer, site)), (n_tokens, n_channels), store_dtype)
-                grad[:, li, si] = to_numpy(grads.pop((layer, site)), (n_targets, n_tokens, n_channels), store_dtype)
-            release_freed_memory()  # the popped tensors' pages leave as the Dataset's fill: one copy at a time
+        if act is None:  # the pass kept tensors: copied here, each freed as it is copied
+            act = np.empty((len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
+            grad = np.empty((n_targets, len(layer_ids), len(token_sites), n_tokens, n_channels), store_dtype)
+            for li, layer in enumerate(layer_ids):
+                for si, site in enumerate(token_sites):
+                    act[li, si] = to_numpy(acts.pop((layer, site)), (n_tokens, n_channels), store_dtype)
+                    grad[:, li, si] = to_numpy(grads.pop((layer, site)), (n_targets, n_tokens, n_channels),
+                                               store_dtype)
+                release_freed_memory()  # the popped tensors' pages leave as the Dataset's fill: one copy at a time
         coords["site"] = ("site", np.array(token_sites))
         coords["channel"] = ("channel", np.arange(n_channels, dtype=np.int64))
         data_vars["act"] = (("layer", "site", "token", "channel"), act)
@@ -149,19 +156,25 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     for site, name in ((ATTENTION_SITE, "attn"), (SCORES_SITE, "attn_scores")):
         if site not in site_ids:
             continue
-        heads = {layer: int(acts[(layer, site)].shape[1]) for layer in layer_ids}
-        if len(set(heads.values())) > 1:  # single_head_attention on some of the traced blocks only
-            raise TraceError(f"sites: {site} has {heads} heads per block; one trace stores one head count, so trace "
-                             f"{site} at the blocks run as one head (vitcam_nb.adapters.single_head_attention) "
-                             "separately from the others (layers=[...])")
-        n_heads = heads[layer_ids[0]]
-        shape = (n_heads, n_tokens, n_tokens)
-        attn = np.empty((len(layer_ids), *shape), store_dtype)
-        attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
-        for li, layer in enumerate(layer_ids):
-            attn[li] = to_numpy(acts.pop((layer, site)), shape, store_dtype)
-            attn_grad[:, li] = to_numpy(grads.pop((layer, site)), (n_targets, *shape), store_dtype)
-            release_freed_memory()
+        attn = image.filled.get((tuple(layer_ids), (site,), "act"))
+        attn_grad = image.filled.get((tuple(layer_ids), (site,), "grad"))
+        if attn is not None:
+            n_heads = int(attn.shape[1])
+            shape = (n_heads, n_tokens, n_tokens)
+        else:
+            heads = {layer: int(acts[(layer, site)].shape[1]) for layer in layer_ids}
+            if len(set(heads.values())) > 1:  # single_head_attention on some of the traced blocks only
+                raise TraceError(f"sites: {site} has {heads} heads per block; one trace stores one head count, so "
+                                 f"trace {site} at the blocks run as one head "
+                                 "(vitcam_nb.adapters.single_head_attention) separately from the others (layers=[...])")
+            n_heads = heads[layer_ids[0]]
+            shape = (n_heads, n_tokens, n_tokens)
+            attn = np.empty((len(layer_ids), *shape), store_dtype)
+            attn_grad = np.empty((n_targets, len(layer_ids), *shape), store_dtype)
+            for li, layer in enumerate(layer_ids):
+                attn[li] = to_numpy(acts.pop((layer, site)), shape, store_dtype)
+                attn_grad[:, li] = to_numpy(grads.pop((layer, site)), (n_targets, *shape), store_dtype)
+                release_freed_memory()
         coords["head"] = ("head", np.arange(n_heads, dtype=np.int64))
         for axis in ("query", "key"):
             coords[axis] = (axis, np.arange(n_tokens, dtype=np.int64))

@@ -9,7 +9,9 @@ with parameters frozen, about six token-by-channel tensors, the MLP's hidden inp
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
 compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB; ``benchmarks/memsizes.py`` measures it for ten cases and
+plus the transients and a fixed 20 MB. With storage narrower than the computation (float16) the pass writes into
+the Dataset's arrays as it goes (:mod:`vitcam_nb.capture.prealloc`): the Dataset, one block's transients and half
+the graph. ``benchmarks/memsizes.py`` measures the peak for twelve cases and
 ``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
 
 The shapes come from :mod:`vitcam_nb.capture.budget_shapes`: flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA);
@@ -40,6 +42,7 @@ import torch
 from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.rules import rule_extra_names
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
@@ -156,6 +159,12 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     copy = (k + 1) * batch * _windowed_elements(shapes, traced, sites) * compute
     peak = _PEAK_FIXED + parts["other"] + max(graph + captured * compute / store + transient,
                                               held + max(transient, copy))
+    if writes_arrays(plan):
+        # The array pass (narrower storage) never holds the gradients in the compute dtype, and hands freed memory
+        # back after each gradient it writes: beside the Dataset, one block's transients and the part of the graph
+        # still alive, half of it on average as the backward pass frees it block by block (fitted to the measured
+        # ViT-B/16 and ViT-S/16 float16 rows; ViT-Ti/16 at 384 px held out).
+        peak = dataset + transient + graph / 2
     tokens = [b.tokens for b in shapes.blocks]
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()},

@@ -29,6 +29,7 @@ from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
 from vitcam_nb.capture.rules import rule_context, rule_extra_grads
 from vitcam_nb.capture.runtime import (
     deterministic,
@@ -47,7 +48,9 @@ Key = tuple[int, str]
 @dataclass
 class ImagePass:
     """One image's share of a pass: its scores, traced indices, site tensors and gradients (leading batch
-    dimension of one; gradients (targets, 1, ...)).
+    dimension of one; gradients (targets, 1, ...)). From a pass that wrote its arrays (``run_pass(...,
+    arrays=True)``), ``filled`` holds the finished arrays by (layers, sites, "act" | "grad") and ``acts`` and
+    ``grads`` only the keys outside them, already NumPy arrays in the storage dtype.
 
     Example:
         >>> ImagePass(torch.zeros(3), [2], {}, {}).classes
@@ -56,10 +59,12 @@ class ImagePass:
 
     logits: torch.Tensor
     classes: list[int]
-    acts: dict[Key, torch.Tensor]
-    grads: dict[Key, torch.Tensor]
+    acts: dict[Key, torch.Tensor | np.ndarray]
+    grads: dict[Key, torch.Tensor | np.ndarray]
     #: a rule's extra gradients (:func:`~vitcam_nb.capture.rules.rule_extra_grads`), by variable name
     extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
+    #: the arrays a pass with ``arrays=True`` wrote, by (layers, sites, "act" | "grad")
+    filled: dict[tuple, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,9 +91,13 @@ class PassResult:
     single_head: tuple[int, ...] = ()
     #: a rule's extra gradients (:func:`~vitcam_nb.capture.rules.rule_extra_grads`), by variable name
     extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
+    #: each image's share, when the pass wrote its arrays (``acts`` and ``grads`` are then empty)
+    images: list[ImagePass] = field(default_factory=list)
 
     def image(self, b: int) -> ImagePass:
-        """Image ``b``'s share (views of the batch tensors)."""
+        """Image ``b``'s share (views of the batch tensors, or the arrays the pass wrote)."""
+        if self.images:
+            return self.images[b]
         return ImagePass(self.logits[b], self.classes[b], {k: t[b:b + 1] for k, t in self.acts.items()},
                          {k: g[:, b:b + 1] for k, g in self.grads.items()},
                          {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in self.extra_grads.items()})
@@ -141,12 +150,16 @@ def _check_choice(classes: object, n: int) -> list[int]:
     return [int(c) for c in classes]
 
 
-def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
+def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassResult:
     """Trace a batch ``x`` (B, 3, H, W): one forward pass with the plan's sites hooked, one batched backward
     pass for every image's chosen targets and its expected score.
 
-    The model's device placement is the caller's (``vitcam_nb.capture.runtime.on_device``); everything else
-    the pass changes on the model, and the deterministic-kernel flags on CUDA, is restored on return.
+    By default the site tensors and their gradients come back as tensors on the pass's device (``acts``,
+    ``grads``). With ``arrays=True`` the pass writes them into each image's final NumPy arrays in the storage
+    dtype (:mod:`vitcam_nb.capture.prealloc`; :meth:`PassResult.image`): each tensor's values and gradients from
+    inside the backward pass as autograd produces them, so it never holds them twice. The
+    model's device placement is the caller's (``vitcam_nb.capture.runtime.on_device``); everything else the pass
+    changes on the model, and the deterministic-kernel flags on CUDA, is restored on return.
 
     Example:
         >>> import timm
@@ -154,18 +167,27 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         >>> run = run_pass(TracePlan.for_trace(m, [0, 1], sites=["F1"]), torch.zeros(1, 3, 32, 32))
         >>> run.classes, m.training  # the model is back in train mode, as it was given
         ([[0, 1]], True)
+        >>> run_pass(TracePlan.for_trace(m, [0], sites=["F1"]), torch.zeros(1, 3, 32, 32), arrays=True
+        ...          ).image(0).filled[((0,), ("F1",), "grad")].shape
+        (2, 1, 1, 17, 192)
     """
     model, adapter = plan.model, plan.adapter
     check_input(model, adapter, x)
     ctx = TraceContext(model)
     extra = plan.extra_sites
+
+    def arrange(k: Key, t: torch.Tensor) -> torch.Tensor:
+        return t if k[1] in extra else adapter.arrange_traced(ctx, k[1], k[0], t)
+
     # The rule's hooks go on after the capture's: its forward hooks run first (prepend), so the sites read the
     # rule's tensors; its pre-hooks run after the capture's (the attn_scores site rebuilds the softmax it then sees).
     with deterministic(plan.run_device) as (det, det_settings), frozen_parameters(model), \
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
-        with releasing_during_forward(adapter.blocks(model)):
+        # The array pass hands nothing back during the forward pass: a block's freed transients are the next
+        # block's, and handing them back made each fault its pages in again.
+        with releasing_during_forward([] if arrays else adapter.blocks(model)):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
@@ -182,28 +204,54 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         expected = (torch.softmax(z.detach(), dim=1) * z).sum(dim=1)
         chosen = z.gather(1, torch.tensor(classes, device=z.device)).sum(dim=0)
         outputs = torch.cat([chosen, expected.sum()[None]])
-        keys = list(cap.tensors)
-        # Parameters are frozen, so a site that does not depend on the image has no graph: its gradient is zero.
-        needed = [k for k in keys if cap.tensors[k].requires_grad]
-        # One release per block (each costs page faults later); an extra site's layers (BLIP's text layers) share
-        # the block numbers and would take the vision blocks' places.
-        per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
         # A rule may first differentiate the retained graph itself (chefer_lrp: the plain gradient at F2).
         extra_grads = {name: {k: adapter.arrange_traced(ctx, k[1], k[0], g) for k, g in got.items()}
                        for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
-        with releasing_during_backward(list(per_layer.values())):
-            got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
-        release_freed_memory()
-        grads = [got.get(k) for k in keys]
-        acts, grad_by_key = {}, {}
-        for k, g in zip(keys, grads):
-            act = cap.tensors[k].detach()
-            if g is None:  # allow_unused: the targets do not depend on this tensor at all
-                g = torch.zeros((len(outputs), *act.shape), dtype=act.dtype, device=act.device)
-            if k[1] not in extra:
-                act, g = adapter.arrange_traced(ctx, k[1], k[0], act), adapter.arrange_traced(ctx, k[1], k[0], g)
-            acts[k], grad_by_key[k] = act, g
+        acts, grad_by_key, images = {}, {}, []
+        if arrays:
+            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(),
+                           on_write=release_freed_memory)
+            while cap.tensors:  # the store holds each tensor until its gradient arrives, then lets it go
+                store.keep(*cap.tensors.popitem())
+            _backward_into(store, outputs)
+            images = [ImagePass(z[b].detach(), classes[b], store.acts[b], store.grads[b],
+                                {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in extra_grads.items()},
+                                store.filled[b]) for b in range(int(x.shape[0]))]
+        else:
+            keys = list(cap.tensors)
+            # Parameters are frozen, so a site that does not depend on the image has no graph: its gradient is 0.
+            needed = [k for k in keys if cap.tensors[k].requires_grad]
+            # One release per block (each costs page faults later); an extra site's layers (BLIP's text layers)
+            # share the block numbers and would take the vision blocks' places.
+            per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
+            with releasing_during_backward(list(per_layer.values())):
+                got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
+            release_freed_memory()
+            for k in keys:
+                act, g = cap.tensors[k].detach(), got.get(k)
+                if g is None:  # allow_unused: the targets do not depend on this tensor at all
+                    g = torch.zeros((len(outputs), *act.shape), dtype=act.dtype, device=act.device)
+                acts[k], grad_by_key[k] = arrange(k, act), arrange(k, g)
     return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=cap.grid, ctx=ctx,
                       deterministic=det, deterministic_settings=det_settings,
                       single_head=single_head_layers(model, adapter.attention_modules(model)),
-                      extra_grads=extra_grads)
+                      extra_grads=extra_grads, images=images)
+
+
+def _backward_into(store: Arrays, outputs: torch.Tensor) -> None:
+    """The batched backward pass into ``store``: its hooks write each captured tensor's gradients as soon as
+    autograd has summed them, and autograd returns only the lowest tensors' (:func:`lowest_tensors`), which their
+    hooks wrote already. Without readable batched hooks, autograd returns them all and they are written here."""
+    store.begin_backward(len(outputs))
+    keys, edges = list(store.edges), list(store.edges.values())
+    try:
+        if edges and store.hooks:
+            batched_grad(outputs, [edges[i] for i in lowest_tensors(edges)])
+        elif edges:
+            for k, g in zip(keys, batched_grad(outputs, edges)):
+                if g is not None:
+                    store.put_grad(k, store.arrange(k, g))
+    finally:
+        del edges
+        store.edges.clear()  # the graph's nodes go with the pass
+    store.finish_backward()

@@ -19,6 +19,7 @@ from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import check_budget
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.staged import assemble_tree
 from vitcam_nb.preprocess import prepare_input
@@ -88,7 +89,8 @@ def trace(
     prepared = plan.adapter.prepare_input(model, image, processor) or prepare_input(model, image, processor)
     check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
-        run = run_pass(plan, prepared.tensor)
+        # Narrower storage: the pass writes every activation and gradient into the Dataset's own arrays as it goes.
+        run = run_pass(plan, prepared.tensor, arrays=writes_arrays(plan))
     image = run.image(0)
     # The image's views become the only references to the pass's tensors, so assembly frees each one as it
     # copies it into the Dataset: the peak holds one copy of the gradients, not two.

@@ -34,6 +34,7 @@ from vitcam_nb.capture.budget import check_budget, check_max_bytes
 from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan, model_name
+from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_layout import IMAGE_ATTRS_KEY, stack_images, store_target_names, strings
@@ -62,7 +63,7 @@ def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Data
     shapes = {tuple(p.tensor.shape) for p in prepared}
     if len(shapes) > 1:
         raise TraceError(f"images: a store holds images of one input size; this batch has {sorted(shapes)}")
-    run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
+    run = run_pass(plan, torch.cat([p.tensor for p in prepared]), arrays=writes_arrays(plan))
     return [assemble(plan, p, run.image(b), run) for b, p in enumerate(prepared)]
 
 
