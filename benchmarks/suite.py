@@ -255,7 +255,8 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
         if item in cfg.items:
             cfg.log(f"  {item}: python -m {module} (writes benchmarks/{name})")
             out = Path(__file__).resolve().parent / name
-            if cfg.quick and item in ("scale", "rules", "families"):  # a smoke run never replaces the committed measurement
+            # A smoke run never replaces the committed measurement.
+            if cfg.quick and item in ("scale", "rules", "families"):
                 out = cfg.out / f"{item}-quick.json"
             quick = cfg.quick and item in ("export_html", "scale", "rules", "families")
             argv = ["--out", str(out)] + (["--quick"] if quick else [])
