@@ -153,7 +153,9 @@ def single_head_attention(model: torch.nn.Module, layers: Sequence[int] = (-1,))
     single-head forward). A trace taken inside records the blocks in its attribute ``single_head_attention``
     (and its trace id then differs from the unmodified model's); ``grad_eclip`` refuses a trace without them.
     Works for attention modules with ``num_heads``/``head_dim``/``scale`` attributes (timm, open_clip's explicit
-    attention during a trace, Hugging Face CLIP).
+    attention during a trace, Hugging Face CLIP) or ``num_attention_heads``/``attention_head_size``/``scaling``
+    (Hugging Face ViT-style self-attention: ViT, DeiT, YOLOS); any other module is refused (``TypeError``) before
+    a block is changed.
 
     Args:
         model: the model (or a wrapper around it) to change for the duration of the context.
@@ -179,12 +181,13 @@ def single_head_attention(model: torch.nn.Module, layers: Sequence[int] = (-1,))
                          f"{n} attention blocks), got {list(layers)!r}")
     # -1 and n-1 name the same block: change it once
     chosen = list(dict.fromkeys(modules[operator.index(layer)] for layer in layers))
+    names = [_head_attributes(attn) for attn in chosen]  # every block checked before any is changed
     saved: list[tuple[object, str, object]] = []
     marked: list[torch.nn.Module] = []
     try:
-        for attn in chosen:
-            width = int(attn.num_heads) * int(attn.head_dim)
-            for name, value in (("num_heads", 1), ("head_dim", width), ("scale", width ** -0.5)):
+        for attn, (heads, dim, scale) in zip(chosen, names):
+            width = int(getattr(attn, heads)) * int(getattr(attn, dim))
+            for name, value in ((heads, 1), (dim, width), (scale, width ** -0.5)):
                 if hasattr(attn, name):
                     saved.append((attn, name, getattr(attn, name)))
                     setattr(attn, name, value)
@@ -198,6 +201,21 @@ def single_head_attention(model: torch.nn.Module, layers: Sequence[int] = (-1,))
             _SINGLE_HEAD[attn] -= 1
             if not _SINGLE_HEAD[attn]:
                 del _SINGLE_HEAD[attn]
+
+
+#: (heads, head width, scale) attribute names an attention module reads at every call: timm, open_clip and Hugging
+#: Face CLIP; Hugging Face ViT-style self-attention (ViT, DeiT, YOLOS, ...).
+_HEAD_ATTRIBUTES = (("num_heads", "head_dim", "scale"), ("num_attention_heads", "attention_head_size", "scaling"))
+
+
+def _head_attributes(attn: torch.nn.Module) -> tuple[str, str, str]:
+    """The names of ``attn``'s head count, head width and scale (the scale may be absent: then computed inside)."""
+    for heads, dim, scale in _HEAD_ATTRIBUTES:
+        if isinstance(getattr(attn, heads, None), int) and isinstance(getattr(attn, dim, None), int):
+            return heads, dim, scale
+    known = "; ".join(f"{h}, {d} (and {s})" for h, d, s in _HEAD_ATTRIBUTES)
+    raise TypeError(f"model: single_head_attention changes an attention module's head count and head width; "
+                    f"{type(attn).__name__} has neither attribute pair it knows ({known})")
 
 
 def single_head_layers(model: torch.nn.Module, modules: Sequence[torch.nn.Module] | None = None) -> tuple[int, ...]:

@@ -145,7 +145,7 @@ COORDINATES: dict[str, Entry] = {
     "layer": Entry(("layer",), "global block index"),
     "site": Entry(("site",), "token site name"),
     "token": Entry(("token",), "token position in the sequence"),
-    "token_kind": Entry(("token",), '"cls", "dist", "reg" or "patch"'),
+    "token_kind": Entry(("token",), '"cls", "dist", "reg", "det" (a YOLOS detection token) or "patch"'),
     "patch_row": Entry(("token",), "grid row of a patch token, -1 for prefix tokens"),
     "patch_col": Entry(("token",), "grid column of a patch token, -1 for prefix tokens"),
     "query": Entry(("query",), "query token (mirrors token; query_kind, query_patch_row/col)"),

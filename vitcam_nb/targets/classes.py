@@ -61,6 +61,16 @@ def head_size(model: object) -> int:
     return 0
 
 
+def _is_detector(model: object) -> bool:
+    """Whether ``model`` is a Hugging Face object detector (a ``...ForObjectDetection`` class: YOLOS, OWL-ViT, ...).
+
+    Example:
+        >>> _is_detector(torch.nn.Identity())
+        False
+    """
+    return any(c.__name__.endswith("ForObjectDetection") for c in type(model).__mro__)
+
+
 class ClassTargets(Target):
     """The classifier's logits: ``"topK"`` (the K highest), an int class or a list of ints. The default
     ``"top5"`` traces ``min(5, num_classes)`` classes; any other K above the class count is refused.
@@ -97,7 +107,12 @@ class ClassTargets(Target):
         self.classes = classes
 
     def check(self, model: torch.nn.Module) -> None:
-        self.check_count(head_size(model))
+        n = head_size(model)
+        if n <= 0 and _is_detector(model):
+            raise TraceError(f"model: {type(model).__name__} is a detector (no classifier head): class targets need "
+                             "a classifier's logits. Explain a detection with targets=vitcam_nb.targets.detection("
+                             "box=(x0, y0, x1, y1)) or detection(query=i, class_=c) (OWL: text=[...], tokenizer=)")
+        self.check_count(n)
 
     def check_count(self, n: int) -> None:
         """Refuse classes outside a head of ``n`` classes (``n = 0``: no head)."""
