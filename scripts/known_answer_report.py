@@ -8,6 +8,11 @@ Usage::
 
 Writes ``known_answer_report.csv`` (one row per site x layer x weighting x target variant),
 ``known_answer_report.png`` and ``known_answer_report.json`` (the settings) to ``--out``.
+
+The bundled detector is scored by pointing game per detection instead (Grad-CAM of the last block at each of
+``--sites``; writes ``known_answer_detection.csv`` and ``.json``)::
+
+    python scripts/known_answer_report.py --model shapes-yolos --n-images 200 --seed 0 --out reports/known_answer/det
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weightings", nargs="+", default=None, help="weightings (default every channel weighting)")
     parser.add_argument("--targets", nargs="+", default=None, help="targets (default logit, prob, logprob)")
     args = parser.parse_args(argv)
+    if args.model == "shapes-yolos":
+        return _detection(args)
     variants = {k: tuple(v) for k, v in (("sites", args.sites), ("weightings", args.weightings),
                                          ("targets", args.targets)) if v is not None}
     table, _ = report_known_answer(
@@ -47,6 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out, progress=True,
     )
     print(table.head(20).to_string(index=False))
+    return 0
+
+
+def _detection(args: argparse.Namespace) -> int:
+    """Pointing game per detection of the bundled detector, one Grad-CAM recipe per site (last block)."""
+    import vitcam_nb as vc
+
+    recipes = {f"gradcam {site} last": vc.Recipe(site=site) for site in args.sites or ("F1", "F2", "F3", "F4", "F5",
+                                                                                        "F6")}
+    _table, summary = vc.evaluate.report_known_answer_detection(args.model, n_images=args.n_images, seed=args.seed,
+                                                               recipes=recipes, out_dir=args.out)
+    for label, row in summary.items():
+        print(f"{label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
     return 0
 
 

@@ -102,6 +102,7 @@ from vitcam_nb.evaluate.randomisation.parameters import (
     randomised_logit,
 )
 from vitcam_nb.evaluate.report.known_answer import report_known_answer
+from vitcam_nb.evaluate.report.known_answer_detection import report_known_answer_detection
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
 from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
@@ -166,6 +167,7 @@ __all__ = [
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
     "report_known_answer",
+    "report_known_answer_detection",
     "resolve_k",
     "road",
     "robustness",
