@@ -104,9 +104,11 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
             f"expected sha256 {expected}, got {actual}. The file is damaged or was replaced; "
             "reinstall vitcam_nb (or retrain with `python -m vitcam_nb.data.train`)."
         )
-    # The segmentation model's card names its class; every other bundled model is a plain timm ViT.
+    # The segmentation model's and the detector's cards name their class; every other bundled model is a timm ViT.
     if card.get("timm_class") == "vitcam_nb.data.segmenter.LinearSegmenter":
         model = LinearSegmenter(**card["timm_kwargs"])
+    elif card.get("hf_class") == "transformers.YolosForObjectDetection":
+        model = _bundled_yolos(card)
     else:
         model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
@@ -115,6 +117,16 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
     model.pretrained_cfg = cfg
     model.default_cfg = cfg
     return model.eval()
+
+
+def _bundled_yolos(card: dict) -> torch.nn.Module:
+    """The bundled detector ``shapes-yolos``: a transformers YOLOS built from the card's config (``vitcam_nb[hf]``)."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"{card.get('name')} is a transformers YolosForObjectDetection; install the Hugging Face "
+                          "extra: pip install 'vitcam_nb[hf]'") from err
+    return transformers.YolosForObjectDetection(transformers.YolosConfig(**card["hf_config"]))
 
 
 def _unknown_name_message(name: str) -> str:
@@ -132,7 +144,9 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
     every trace's ``weights_origin``) says which weights it holds.
 
     * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``, and the segmentation model
-      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`): loaded from the
+      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`; a card naming
+      ``hf_class`` ``transformers.YolosForObjectDetection``, as ``python -m vitcam_nb.data.train_detection`` writes
+      for the detector ``shapes-yolos``, builds that class, ``vitcam_nb[hf]``): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
       mismatch), with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
     * any other string: ``timm.create_model(name, **timm_kwargs)``. ``pretrained=True`` loads the published

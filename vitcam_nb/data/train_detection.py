@@ -235,13 +235,20 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
     Example:
         >>> card = train(out="/tmp/vitcam_models", epochs=1)  # doctest: +SKIP
     """
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(dict(TRAIN, **overrides), Path(out), log)
+    finally:  # a process setting of the caller's: restored
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _train(cfg: dict, out: Path, log) -> dict:
     import transformers
     from safetensors.torch import save_file
 
-    cfg = dict(TRAIN, **overrides)
     torch.set_num_threads(1)
     torch.manual_seed(cfg["train_seed"])
-    torch.use_deterministic_algorithms(True)
     model = build_detector()
     init_from = _from_shapes_vit(model, MODELS_DIR / f"{cfg['init_from']}.safetensors") if cfg["init_from"] else None
     model.train()
@@ -315,7 +322,6 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
     }
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     weights_path = out / f"{NAME}.safetensors"
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
