@@ -42,10 +42,12 @@ TARGETS = {
 }
 OFFICIAL_MODEL = workloads.VIT_BASE
 ITEM_NUMBER = {"trace_cost": 1, "single_variant": 2, "gallery": 3, "memory": 4}
-ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html")
+ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html", "scale", "rules")
 #: Items with their own module and JSON file (benchmarks/<NAME>.json), run through that module's command line.
 OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
-                  "export_html": ("benchmarks.export_html", "EXPORT_HTML.json")}
+                  "export_html": ("benchmarks.export_html", "EXPORT_HTML.json"),
+                  "scale": ("benchmarks.items.scale", "SCALE.json"),
+                  "rules": ("benchmarks.items.rules", "RULES.json")}
 
 
 @dataclass
@@ -252,7 +254,10 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
         if item in cfg.items:
             cfg.log(f"  {item}: python -m {module} (writes benchmarks/{name})")
             out = Path(__file__).resolve().parent / name
-            argv = ["--out", str(out)] + (["--quick"] if cfg.quick and item == "export_html" else [])
+            if cfg.quick and item in ("scale", "rules"):  # a smoke run never replaces the committed measurement
+                out = cfg.out / f"{item}-quick.json"
+            quick = cfg.quick and item in ("export_html", "scale", "rules")
+            argv = ["--out", str(out)] + (["--quick"] if quick else [])
             results[item] = {"status": "ok" if _module_main(module)(argv) == 0 else "error", "file": str(out)}
     results["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     results["wall_s"] = time.perf_counter() - started

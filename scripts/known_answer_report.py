@@ -3,11 +3,13 @@
 Usage::
 
     python scripts/known_answer_report.py --n-images 300 --seed 0 --out known_answer_report [--device cuda]
+    python scripts/known_answer_report.py --model shapes-video --n-images 100 --seed 0 --out reports/video
     python scripts/known_answer_report.py --n-images 200 --seed 5150 --deletion-steps 4 --sites F1 \
         --weightings scorecam ablationcam --targets logit --out reports/known_answer/scored   # a subset
 
 Writes ``known_answer_report.csv`` (one row per site x layer x weighting x target variant),
-``known_answer_report.png`` and ``known_answer_report.json`` (the settings) to ``--out``.
+``known_answer_report.png`` and ``known_answer_report.json`` (the settings) to ``--out``; for the video model
+``shapes-video``, ``known_answer_video.json`` (right frames and frame pointing per recipe, and the settings).
 
 The bundled detector is scored by pointing game per detection instead (Grad-CAM of the last block at each of
 ``--sites``; writes ``known_answer_detection.csv`` and ``.json``)::
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     from vitcam_nb.evaluate.report.known_answer import report_known_answer
+    from vitcam_nb.models import bundled_names, model_card
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="shapes-vit", help="bundled model name (default shapes-vit)")
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model == "shapes-yolos":
         return _detection(args)
+    if args.model in bundled_names() and "hf_config" in model_card(args.model):
+        return _video(args)
     variants = {k: tuple(v) for k, v in (("sites", args.sites), ("weightings", args.weightings),
                                          ("targets", args.targets)) if v is not None}
     table, _ = report_known_answer(
@@ -67,6 +72,25 @@ def _detection(args: argparse.Namespace) -> int:
                                                                recipes=recipes, out_dir=args.out)
     for label, row in summary.items():
         print(f"{label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+    return 0
+
+
+def _video(args: argparse.Namespace) -> int:
+    """The video known answer (right frames, frame pointing) of a bundled video model, as JSON in ``--out``."""
+    import json
+    from pathlib import Path
+
+    from vitcam_nb.core.outfiles import OutputFolder
+    from vitcam_nb.evaluate.report.known_answer_video import report_known_answer_video
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = OutputFolder(out, ["known_answer_video.json"], "scripts/known_answer_report.py")
+    rows, settings = report_known_answer_video(args.model, n_clips=args.n_images, seed=args.seed)
+    text = json.dumps({"settings": settings, "rows": rows}, indent=1)
+    folder.write("known_answer_video.json", lambda p: p.write_text(text, encoding="utf-8"))
+    for row in rows:
+        print(f"{row['recipe']:40s} right frames {row['right_frames']:.3f}  frame pointing {row['frame_pointing']:.3f}")
     return 0
 
 

@@ -10,8 +10,10 @@ Fresh images: ``vitcam_nb.data.shapes(n, seed)`` with a seed (default 2212) othe
 listed as aliases); a preset that cannot be computed on a shapes-vit trace is skipped with the reason its refusal
 gives. Each image's maps explain its true class. ``--metrics`` picks the metrics: by default the 13 of the
 committed report (:data:`REPORT_METRICS`); ``--metrics all`` adds every metric registered since (faithfulness and
-monotonicity correlation, IROF, SaCo, efficient MPRT: about a hundred model calls per map each). Writes to
-``--out``:
+monotonicity correlation, IROF, SaCo, efficient MPRT: about a hundred model calls per map each); the Shapley row,
+``shapley_agreement`` (exact Shapley values of 4x4 patch groups: 65,536 model calls per image), runs only when named
+(``--metrics pointing_game shapley_agreement``; ``scripts/shapley_known_answer.py`` writes it for the presets' report).
+Writes to ``--out``:
 
 * ``scorecard.nc``: the score card Dataset (``vc.evaluate.scorecard``; per-image values included);
 * ``scorecard.csv``: preset, recipe id, metric, category, mean, 95 % interval, count;

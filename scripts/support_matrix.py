@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_FILES = ("tests/unit/model/test_adapters.py", "tests/unit/model/test_swin.py",
               "tests/unit/model/test_open_clip.py", "tests/unit/model/test_blip.py", "tests/unit/model/test_hf.py",
               "tests/unit/model/test_hf_swin.py", "tests/unit/model/test_hf_upernet.py",
-              "tests/unit/model/test_hf_dpt.py",
+              "tests/unit/model/test_hf_dpt.py", "tests/unit/model/test_video.py",
               "tests/unit/model/test_yolos.py", "tests/unit/model/test_owl.py")
 SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
 KINDS = {"test_site_reference": "✓", "test_site_not_applicable": "n/a"}

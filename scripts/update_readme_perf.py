@@ -8,10 +8,10 @@ Usage::
     python scripts/update_readme_perf.py --check              # exit 1 if README.md is not up to date
 
 Below the table, lines compare the gallery with the peers' one-pass galleries and give the trace's page faults
-(from the same results). Next to
-the results file, ``TRACE_MANY.json``, ``AGAINST.json``, ``LOAD.json`` and ``AMBIGUITY.json`` (``python -m
-benchmarks.trace_many``, ``python -m benchmarks.against``, ``python -m benchmarks.load`` and ``python -m
-benchmarks.ambiguity``) each add a line below the table when they exist.
+(from the same results). Next to the results file, ``TRACE_MANY.json``, ``AGAINST.json``, ``LOAD.json``,
+``AMBIGUITY.json`` and ``SCALE.json`` (``python -m benchmarks.trace_many``, ``python -m benchmarks.against``,
+``python -m benchmarks.load``, ``python -m benchmarks.ambiguity`` and ``python -m benchmarks --items scale``) each
+add a line below the table when they exist.
 
 If the README has no markers, the table is printed and the exit status is 1.
 """
@@ -214,6 +214,34 @@ def ambiguity_row(ambiguity_path: Path) -> str:
             f"From `{a['command']}` (benchmarks/AMBIGUITY.json).")
 
 
+def scale_row(scale_path: Path) -> str:
+    """The line for ``python -m benchmarks --items scale`` (SCALE.json): ``vc.map_many`` against ``vc.trace()``, the
+    store's bytes per image, pytorch-grad-cam per map and two workers against one; empty if the file is missing.
+
+    Example:
+        >>> scale_row(Path("/nonexistent.json"))
+        ''
+    """
+    if not scale_path.is_file():
+        return ""
+    a = json.loads(scale_path.read_text())
+    st, ratio, pgc, cl = a["settings"], a["map_many_vs_trace"], a["pytorch_grad_cam"], a["cluster"]
+    m = a["machine"]
+    return (f"- Maps of many images, {a['model'].split(' ')[0]}, {st['recipes']} recipes ({st['space']}), "
+            f"{st['images']} images at batch {st['batch_size']}: `vc.map_many` "
+            f"{a['images_per_s']['map_many_numpy']:.3f} "
+            f"images/s with NumPy (x{ratio['map_many_numpy']:.2f} `vc.trace()` alone, which traces every site of every "
+            f"block), x{ratio['map_many_torch']:.2f} with `backend=\"torch\"`; the store adds "
+            f"{a['store_mb_per_image']['numpy']:.2f} MB per image (plus {a['store']['fixed_mb']['numpy']:.1f} MB once "
+            f"for the recipe table); pytorch-grad-cam computing the maps it can express costs "
+            f"x{pgc['ratio_one_call_each']:,.0f} per map with one call each and x{pgc['ratio_best_case']:,.0f}"
+            f" with five layers hooked in one pass "
+            f"({pgc['extrapolation']}); a 2-worker `LocalCluster` against one worker: x{cl['ratio']:.2f} "
+            f"({cl['images']} images; {cl['note']}). {m['usable_cpus']} CPUs, load average "
+            f"{'/'.join(f'{v:.2f}' for v in m['load_average_start'])} at start, measured {a['date']}, "
+            f"`{a['command']}` (benchmarks/SCALE.json).")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Update (or, with ``--check``, verify) the README's performance section; returns the exit status."""
     p = argparse.ArgumentParser(prog="python scripts/update_readme_perf.py", description=__doc__.split("\n")[0])
@@ -230,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                                          extra_rows(results, args.results.parent / "TRACE_MANY.json"),
                                          against_row(args.results.parent / "AGAINST.json"),
                                          load_row(args.results.parent / "LOAD.json"),
-                                         ambiguity_row(args.results.parent / "AMBIGUITY.json")) if line)
+                                         ambiguity_row(args.results.parent / "AMBIGUITY.json"),
+                                         scale_row(args.results.parent / "SCALE.json")) if line)
     if extra:
         body = body.rstrip("\n") + "\n\n" + extra
     text = args.readme.read_text() if args.readme.is_file() else ""

@@ -15,6 +15,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -257,3 +258,41 @@ def tiny_open_clip() -> torch.nn.Module:
     return open_clip.model.CLIP(embed_dim=32, vision_cfg=open_clip.model.CLIPVisionCfg(
         layers=2, width=32, head_width=8, patch_size=8, image_size=32), text_cfg=open_clip.model.CLIPTextCfg(
         context_length=8, vocab_size=100, width=16, heads=2, layers=1)).eval()
+
+
+def hooked_eager_copy(model: torch.nn.Module, layers: str, sites: dict, extra=None) -> tuple[torch.nn.Module, dict]:
+    """An eager deep copy of a Hugging Face ``model`` with my own hooks (independent of vitcam_nb) keeping each
+    site's tensor, gradient retained, in the returned dict keyed ``(layer, site)``. ``sites`` maps a site to
+    ``(module path in the layer, "input" | "output" | "weights")``; ``extra(layer, block, keep)`` may hook more.
+    A site that fires twice fails the test."""
+    m = copy.deepcopy(model).eval()
+    m.set_attn_implementation("eager")
+    store: dict[tuple[int, str], torch.Tensor] = {}
+
+    def keep(key, t):
+        assert key not in store, f"{key} fired twice"
+        t.retain_grad()
+        store[key] = t
+
+    for layer, blk in enumerate(m.get_submodule(layers)):
+        for site, (path, io) in sites.items():
+            mod = blk.get_submodule(path) if path else blk
+            if io == "input":
+                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
+            else:
+                index = 1 if io == "weights" else 0
+                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
+                                          keep(key, out[index] if isinstance(out, tuple) else out))
+        if extra is not None:
+            extra(layer, blk, keep)
+    return m, store
+
+
+def target_scalar(target_class: int, select=None):
+    """The scalar a trace differentiates for one target, written independently of vitcam_nb: score
+    ``target_class`` of ``select(output)`` (the output itself by default), or for ``target_class < 0`` the expected
+    score ``sum_i p_i s_i`` with the softmax weights ``p`` detached."""
+    pick = select or (lambda z: z)
+    if target_class < 0:
+        return lambda z: (torch.softmax(pick(z).detach(), dim=0) * pick(z)).sum()
+    return lambda z: pick(z)[target_class]

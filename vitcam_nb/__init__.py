@@ -38,6 +38,8 @@ from vitcam_nb.capture.scoring_many import score
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.capture.trace_many import trace_many
 from vitcam_nb.compute.many import cam_many
+from vitcam_nb.compute.map_many import map_many
+from vitcam_nb.compute.map_store import image_maps, open_maps
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import (
     DegenerateMapWarning,
@@ -97,6 +99,9 @@ __all__ = [
     "cam_many",
     "image_choices",
     "image_trace",
+    "image_maps",
+    "map_many",
+    "open_maps",
     "open_traces",
     "trace_many",
 ]

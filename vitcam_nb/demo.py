@@ -24,6 +24,7 @@ from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes_detection import shapes_detection
+from vitcam_nb.demo_video import VIDEO_DEMO_MODELS, run_video_demo
 from vitcam_nb.models import bundled_names, load_model, sample_image
 from vitcam_nb.targets.dense import region
 from vitcam_nb.targets.detection import detection
@@ -112,15 +113,21 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     variants), ``report.html`` and ``recipes.json``; returns their paths. Each is written atomically and listed
     in the folder's manifest (``.vitcam_nb-outputs.json``); a file of those names that an earlier demo did not
     write there, or that changed since, is refused before any work (:class:`~vitcam_nb.OutputExistsError`)
-    unless ``overwrite=True``. ``pretrained`` and ``weights`` go to :func:`vitcam_nb.load_model`; ``announce`` is
-    called with the weights' origin line once the model is loaded, before any result. The trace, both PNGs (a
-    footer and their Title) and the report state that origin.
+    unless ``overwrite=True``. A bundled video model (``shapes-video``) writes the video demo's outputs instead
+    (:func:`vitcam_nb.demo_video.run_video_demo`). ``pretrained`` and ``weights`` go to
+    :func:`vitcam_nb.load_model`; ``announce`` is called with the weights' origin line once the model is loaded,
+    before any result. The trace, both PNGs (a footer and their Title) and the report state that origin.
 
     Example:
         >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
         >>> sorted(paths)  # doctest: +SKIP
         ['atlas', 'gallery', 'recipes', 'report', 'trace']
     """
+    if model in VIDEO_DEMO_MODELS:  # a bundled video model: a generated clip with known evidence frames
+        if image is not None or pretrained or weights is not None:
+            raise ValueError(f"image, pretrained, weights: the video demo of {model} traces its bundled weights on a "
+                             "generated clip with known evidence frames; leave them out")
+        return run_video_demo(out, model, progress=progress, overwrite=overwrite, announce=announce)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -2,8 +2,9 @@
 
 The bundled models (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``) are small timm
 ``VisionTransformer`` s trained on :func:`vitcam_nb.data.shapes`, shipped as safetensors with a JSON
-model card. They load offline, and their weights file is checked against the card's SHA-256 before
-anything is read from it. Every other name goes to ``timm.create_model`` unchanged.
+model card (``shapes-video``: a tiny VideoMAE trained on :func:`vitcam_nb.data.shapes_video.shape_clips`).
+They load offline, and their weights file is checked against the card's SHA-256 before anything is read from it.
+Every other name goes to ``timm.create_model`` unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from vitcam_nb.core.errors import RandomWeightsWarning, WeightsError, user_stack
 from vitcam_nb.core.provenance import BUNDLED_KEY, LOADED_KEY, file_sha256, weights_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
+from vitcam_nb.data.train_video import HF_CLASS as HF_VIDEO_CLASS
+from vitcam_nb.data.train_video import build_video_model
 
 __all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "sample_image"]
 
@@ -69,7 +72,7 @@ def list_models() -> list[dict]:
 
     Example:
         >>> [m["name"] for m in list_models()]
-        ['shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut']
+        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut']
     """
     rows = []
     for name in bundled_names():
@@ -89,6 +92,12 @@ def _pretrained_cfg(card: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in card["pretrained_cfg"].items()}
 
 
+def _video_cfg(card: dict) -> dict:
+    # A transformers model has no timm config; this one states the bundled name and the clip normalisation.
+    return {"architecture": "videomae_shapes", "tag": card["name"], "source": "vitcam_nb bundled",
+            "mean": tuple(card["mean"]), "std": tuple(card["std"]), "label_names": tuple(card["classes"])}
+
+
 def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.nn.Module:
     """Build a bundled-style model from a safetensors file and its JSON card, hash checked first."""
     from safetensors.torch import load_file
@@ -104,15 +113,18 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
             f"expected sha256 {expected}, got {actual}. The file is damaged or was replaced; "
             "reinstall vitcam_nb (or retrain with `python -m vitcam_nb.data.train`)."
         )
-    # The segmentation model's and the detector's cards name their class; every other bundled model is a timm ViT.
+    # The segmentation model's card names its class, the video model and the detector their transformers class;
+    # every other bundled model is a plain timm ViT.
     if card.get("timm_class") == "vitcam_nb.data.segmenter.LinearSegmenter":
         model = LinearSegmenter(**card["timm_kwargs"])
+    elif card.get("hf_class") == HF_VIDEO_CLASS:
+        model = build_video_model(card["hf_config"])
     elif card.get("hf_class") == "transformers.YolosForObjectDetection":
         model = _bundled_yolos(card)
     else:
         model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
-    cfg = _pretrained_cfg(card)
+    cfg = _pretrained_cfg(card) if "pretrained_cfg" in card else _video_cfg(card)
     cfg[BUNDLED_KEY] = f"{card.get('name', weights_path.stem)} (file sha256 {actual})"
     model.pretrained_cfg = cfg
     model.default_cfg = cfg
@@ -144,7 +156,9 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
     every trace's ``weights_origin``) says which weights it holds.
 
     * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``, and the segmentation model
-      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`; a card naming
+      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`, the video classifier
+      ``shapes-video``, a tiny transformers ``VideoMAEForVideoClassification`` that takes one clip (4, 3, 32, 32)
+      normalised as :func:`vitcam_nb.data.train_video.normalise_clips` does; a card naming
       ``hf_class`` ``transformers.YolosForObjectDetection``, as ``python -m vitcam_nb.data.train_detection`` writes
       for the detector ``shapes-yolos``, builds that class, ``vitcam_nb[hf]``): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a

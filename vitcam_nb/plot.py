@@ -22,7 +22,17 @@ _MASK_COLOUR = "cyan"
 
 
 def _image(trace: xr.Dataset) -> np.ndarray:
+    if "image" not in getattr(trace, "variables", {}) and "clip" in getattr(trace, "variables", {}):
+        raise ValueError("trace: a video trace (its frames in 'clip'); overlay() and grid() draw one image. Draw a "
+                         "video map with vc.plot.frame_strip(trace, cam_map)")
     return np.asarray(trace["image"].values)
+
+
+def _check_image_map(cam_map: xr.DataArray) -> None:
+    dims = tuple(getattr(cam_map, "dims", ()))
+    if len(dims) != 2:
+        hint = "; a video map: draw it with vc.plot.frame_strip(trace, cam_map)" if len(dims) == 3 else ""
+        raise ValueError(f"cam_map: overlay() draws a 2-D map (y, x), got dims {dims}{hint}")
 
 
 def _recipe_dict(recipe: Any) -> dict:
@@ -126,6 +136,8 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
 
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha: expected a float in [0, 1], got {alpha!r}")
+    img = _image(trace)
+    _check_image_map(cam_map)
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
         raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
@@ -135,7 +147,6 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
         fig, ax = plt.subplots(figsize=(4.6 if colorbar else 4, 4.2))
     else:
         fig = ax.figure
-    img = _image(trace)
     values = np.asarray(cam_map.values, dtype=np.float32)
     h, w = img.shape[:2]
     # A min-max map (and an all-zero one) is drawn on its 0..1 scale, so its colour bar reads the same everywhere.
@@ -190,6 +201,7 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
+    img = _image(trace)
     spatial = gallery.dims[-2:]
     varied = list(gallery.dims[:-2])
     if len(varied) > 2:
@@ -201,7 +213,6 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     n_rows, n_cols = gallery.shape[:2]
     fig, axes = plt.subplots(n_rows, n_cols + 1, figsize=(size * (n_cols + 1) + 1.2, size * n_rows + 1.0),
                              squeeze=False)
-    img = _image(trace)
     h, w = img.shape[:2]
     degenerate = gallery.coords["degenerate"].values if "degenerate" in gallery.coords else None
     for i in range(n_rows):

@@ -38,13 +38,16 @@ from vitcam_nb.core.presets import (
     xgradcam,
 )
 from vitcam_nb.core.presets_attention import agcam, attcat, grad_eclip, grad_eclip_paper, grad_sam, legrad
+from vitcam_nb.core.presets_rules import attnlrp, cp_lrp, libragrad, transformer_attribution
 from vitcam_nb.core.presets_tokentm import tokentm
 
 __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gradcam", "attcat", "attention_rollout",
+           "attnlrp", "cp_lrp", "libragrad",
            "beyond_intuition_head", "beyond_intuition_token", "chefer_attention_gradcam", "citation", "eigencam",
            "eigengradcam", "get", "grad_eclip", "grad_eclip_paper", "grad_sam", "gradcam", "gradcam_elementwise",
            "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad", "legrad_style", "markdown_table",
-           "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "tokentm", "transition_attention_maps",
+           "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "tokentm", "transformer_attribution",
+           "transition_attention_maps",
            "vit_cx", "xgradcam"]
 
 #: The columns of the preset table: the paper, its official code, then the audit's five categories.

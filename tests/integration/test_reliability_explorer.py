@@ -39,7 +39,7 @@ def answers(drafts: list[dict], tmp_path) -> list[dict]:
     script.write_text(
         f"import {{ localModel }} from {json.dumps(str(module))};\nimport fs from 'fs';\n"
         "const { meta, maps, entries, drafts } = JSON.parse(fs.readFileSync(0, 'utf8'));\n"
-        "const model = localModel(meta, Uint8Array.from(Buffer.from(maps, 'base64')), entries);\n"
+        "const model = localModel([{ name: '', meta, maps: Uint8Array.from(Buffer.from(maps, 'base64')), entries }]);\n"
         "const out = drafts.map((recipe, i) => { model.set('request', { id: i + 1, recipe, changed: [] });\n"
         "  model.save_changes();\n"
         "  return { id: model.get('recipe_id'), error: model.get('error'), answered: model.get('response_id') }; });\n"

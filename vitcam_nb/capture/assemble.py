@@ -27,6 +27,7 @@ from vitcam_nb.capture.runtime import release_freed_memory
 from vitcam_nb.capture.video import frame_coords
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
+from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.schema import (
     ATTENTION_SITE,
     EXPECTED_LABEL,
@@ -171,6 +172,10 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
                 coords[f"{axis}_patch_frame"] = (axis, frames)
         data_vars[name] = (("layer", "head", "query", "key"), attn)
         data_vars[f"{name}_grad"] = (("target", "layer", "head", "query", "key"), attn_grad)
+        for extra_name, got in image.extra_grads.items():  # a rule's extra gradients of this site (attn_plain_grad)
+            if all((layer, site) in got for layer in layer_ids):
+                data_vars[extra_name] = (("target", "layer", "head", "query", "key"), np.stack(
+                    [to_numpy(got.pop((layer, site)), (n_targets, *shape), store_dtype) for layer in layer_ids], 1))
     for site in [s for s in site_ids if s in extra]:
         n = len(extra[site])
         site_acts = [to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]
@@ -208,6 +213,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         settings["target"] = target.settings()
     if run.single_head:  # only then: every other trace id stays what it was
         settings["single_head"] = list(run.single_head)
+    if plan.rule != DEFAULT_RULE:  # likewise: a plain gradient trace keeps its id and attributes
+        settings["backward_rule"] = plan.rule
     h, w = size
     attrs = {
         "schema_version": SCHEMA_VERSION,
@@ -244,6 +251,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
     }
     if run.single_head:
         attrs["single_head_attention"] = ",".join(str(b) for b in run.single_head)
+    if plan.rule != DEFAULT_RULE:
+        attrs["backward_rule"] = plan.rule
     if plan.wrappers:
         attrs["model_wrapper"] = (f"looked through {' then '.join(plan.wrappers)}; the model inside was traced "
                                   "(the wrapper was not called)")

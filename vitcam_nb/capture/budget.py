@@ -38,6 +38,7 @@ import torch
 from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.rules import rule_extra_names
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 from vitcam_nb.preprocess import data_config, prepare_input
@@ -125,6 +126,7 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
                      attn_window_key=sum(b.tokens * b.keys for b in traced) * 8)
     elif ATTENTION_SITE in sites:
         parts.update(attn=attn, attn_grad=k * attn)
+        parts.update({name: k * attn for name in rule_extra_names(plan.rule, plan.adapter)})  # chefer_lrp's dA
     if SCORES_SITE in sites:
         parts.update(attn_scores=attn, attn_scores_grad=k * attn)
     text = shapes.text

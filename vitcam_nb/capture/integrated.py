@@ -201,6 +201,10 @@ def score_integrated(trace: xr.Dataset, model: torch.nn.Module, recipes: list[Re
         raise TraceError(f"batch_size: expected an int >= 1 (steps per pass), got {batch_size!r}")
     if image is None:
         raise TraceError("image: vc.score needs the image the trace was made from")
+    rule = trace.attrs.get("backward_rule") if isinstance(trace, xr.Dataset) else None
+    if rule:  # the integrated gradient is autograd's: mixed with a rule trace's gradients, the map would be neither
+        raise TraceError(f"trace: it was made with backward rule {rule!r}, and this pass integrates autograd's "
+                         "gradient; score a trace made with rule='gradient'")
     x = prepare_input(model, image).tensor
     check_traced(trace, model, x)
     n_layers = int(trace.attrs["num_layers"])

@@ -19,15 +19,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
+from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.rules import rule_context, rule_extra_grads
 from vitcam_nb.capture.runtime import (
     deterministic,
     frozen_parameters,
@@ -56,6 +58,8 @@ class ImagePass:
     classes: list[int]
     acts: dict[Key, torch.Tensor]
     grads: dict[Key, torch.Tensor]
+    #: a rule's extra gradients (:func:`~vitcam_nb.capture.rules.rule_extra_grads`), by variable name
+    extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,11 +84,14 @@ class PassResult:
     deterministic_settings: str
     #: blocks whose attention ran as one head (inside ``vitcam_nb.adapters.single_head_attention``)
     single_head: tuple[int, ...] = ()
+    #: a rule's extra gradients (:func:`~vitcam_nb.capture.rules.rule_extra_grads`), by variable name
+    extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
 
     def image(self, b: int) -> ImagePass:
         """Image ``b``'s share (views of the batch tensors)."""
         return ImagePass(self.logits[b], self.classes[b], {k: t[b:b + 1] for k, t in self.acts.items()},
-                         {k: g[:, b:b + 1] for k, g in self.grads.items()})
+                         {k: g[:, b:b + 1] for k, g in self.grads.items()},
+                         {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in self.extra_grads.items()})
 
 
 def check_input(model: torch.nn.Module, adapter: Adapter, x: torch.Tensor) -> None:
@@ -134,20 +141,6 @@ def _check_choice(classes: object, n: int) -> list[int]:
     return [int(c) for c in classes]
 
 
-def _batched_grad(outputs: torch.Tensor, inputs: list[torch.Tensor]) -> tuple:
-    """Gradients of every entry of ``outputs`` with respect to ``inputs``, in one vmapped backward pass."""
-    try:
-        return torch.autograd.grad(
-            outputs, inputs, grad_outputs=torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype),
-            is_grads_batched=True, allow_unused=True,
-        )
-    except RuntimeError as exc:
-        if "atching rule" not in str(exc) and "vmap" not in str(exc):
-            raise
-        raise TraceError("model: a gradient hook already on the model (e.g. another CAM library's) cannot "
-                         f"run in the batched backward pass; remove it first ({exc})") from exc
-
-
 def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
     """Trace a batch ``x`` (B, 3, H, W): one forward pass with the plan's sites hooked, one batched backward
     pass for every image's chosen targets and its expected score.
@@ -166,9 +159,11 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
     check_input(model, adapter, x)
     ctx = TraceContext(model)
     extra = plan.extra_sites
+    # The rule's hooks go on after the capture's: its forward hooks run first (prepend), so the sites read the
+    # rule's tensors; its pre-hooks run after the capture's (the attn_scores site rebuilds the softmax it then sees).
     with deterministic(plan.run_device) as (det, det_settings), frozen_parameters(model), \
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
-            torch.inference_mode(False), torch.enable_grad():
+            rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         with releasing_during_forward(adapter.blocks(model)):
             z = plan.target.batch_scores(model, x)
@@ -193,8 +188,11 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
         # One release per block (each costs page faults later); an extra site's layers (BLIP's text layers) share
         # the block numbers and would take the vision blocks' places.
         per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
+        # A rule may first differentiate the retained graph itself (chefer_lrp: the plain gradient at F2).
+        extra_grads = {name: {k: adapter.arrange_traced(ctx, k[1], k[0], g) for k, g in got.items()}
+                       for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         with releasing_during_backward(list(per_layer.values())):
-            got = dict(zip(needed, _batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
+            got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
         release_freed_memory()
         grads = [got.get(k) for k in keys]
         acts, grad_by_key = {}, {}
@@ -207,4 +205,5 @@ def run_pass(plan: TracePlan, x: torch.Tensor) -> PassResult:
             acts[k], grad_by_key[k] = act, g
     return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=cap.grid, ctx=ctx,
                       deterministic=det, deterministic_settings=det_settings,
-                      single_head=single_head_layers(model, adapter.attention_modules(model)))
+                      single_head=single_head_layers(model, adapter.attention_modules(model)),
+                      extra_grads=extra_grads)

@@ -20,8 +20,10 @@ import torch
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.registry import find_adapter, supported_families
 from vitcam_nb.adapters.wrappers import unsupported_message, unwrap
+from vitcam_nb.capture.rules import check_rule_for
 from vitcam_nb.capture.runtime import check_autocast, check_device
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, OPTIONAL_SITES, STORAGE_DTYPES
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import ClassTargets, as_target, head_size
@@ -138,6 +140,8 @@ class TracePlan:
     compute_dtype: torch.dtype
     #: wrappers looked through to reach ``model`` (torch.compile, DataParallel, ...), outermost first
     wrappers: tuple[str, ...] = ()
+    #: the backward rule the pass runs under (:mod:`vitcam_nb.core.rules`; "gradient": autograd's own)
+    rule: str = DEFAULT_RULE
 
     @property
     def store_dtype(self) -> type:
@@ -162,7 +166,8 @@ class TracePlan:
 
     @classmethod
     def for_trace(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
-                  dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None) -> TracePlan:
+                  dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None,
+                  rule: str = DEFAULT_RULE) -> TracePlan:
         """The plan of one :func:`vitcam_nb.trace` call: any target kind.
 
         Example:
@@ -172,6 +177,7 @@ class TracePlan:
             [3]
         """
         adapter, model, wrappers = _check_family(model, dtype)
+        rule = check_rule_for(rule, model, adapter)
         target = as_target(targets, labels)
         target.check(model)
         # Class labels are known (and wrong ones refused) before the forward pass; other targets name their
@@ -180,12 +186,13 @@ class TracePlan:
         layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
         plan = cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model), dtype,
                          device)
-        plan.wrappers = wrappers
+        plan.wrappers, plan.rule = wrappers, rule
         return plan
 
     @classmethod
     def for_store(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
-                  dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None) -> TracePlan:
+                  dtype: str = "float32", device: object = None, labels: Sequence[str] | None = None,
+                  rule: str = DEFAULT_RULE) -> TracePlan:
         """The plan of a :func:`vitcam_nb.trace_many` store: class targets of a flat (non-hierarchical) model.
 
         Example:
@@ -195,6 +202,7 @@ class TracePlan:
             1
         """
         adapter, model, wrappers = _check_family(model, dtype)
+        rule = check_rule_for(rule, model, adapter)
         num_classes = head_size(model)
         if num_classes <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
@@ -211,5 +219,5 @@ class TracePlan:
         target.check_count(num_classes)
         plan = cls._make(model, adapter, target, target.class_labels(model, num_classes), layer_ids, site_ids, dtype,
                          device)
-        plan.wrappers = wrappers
+        plan.wrappers, plan.rule = wrappers, rule
         return plan

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,20 +203,22 @@ class Store:
             self.done = np.concatenate([self.done, np.zeros(n - len(self.done), bool)])
             self.hashes = np.concatenate([self.hashes, strings([""] * (n - len(self.hashes)))])
 
-    def check_batch(self, batch: xr.Dataset) -> None:
+    def check_batch(self, batch: xr.Dataset, written: Sequence[str] = ()) -> None:
         stored = self.attrs
         diff = [k for k, v in batch.attrs.items() if k not in ENV_ATTRS and stored.get(k) != v]
         # vc.score adds its arrays to a store later; a resumed trace_many leaves them alone (grow lengthens them)
         names = {k for k in self.arrays if k not in ("image", "done", *SCORE_VARIABLES)}
         wanted = {k for k in batch.variables if "image" in batch[k].dims and k not in ("image", "done")}
+        wanted |= set(written)
         if diff or names != wanted:
             what = diff or sorted(names ^ wanted)
             raise TraceFileError(f"path: {self.path} was written with other {what}; a store holds images traced "
                                  "alike (same input size, masks for all images or none)")
 
-    def write(self, batch: xr.Dataset) -> None:
-        """Write a batch's data at its image indices, then mark those images done."""
-        self.check_batch(batch)
+    def write(self, batch: xr.Dataset, written: Sequence[str] = ()) -> None:
+        """Write a batch's data at its image indices, then mark those images done; ``written``: the arrays a
+        worker already wrote (``trace_many`` sharded), absent from ``batch``."""
+        self.check_batch(batch, written)
         indices = [int(i) for i in batch["image"].values]
         self.grow(max(indices) + 1)
         spans = runs(indices)

@@ -80,9 +80,10 @@ def _flock(fd: int) -> bool:
 
 
 def _writer(owner: dict) -> str:
-    """The kind of call that holds a lock ("trace_many", "vc.score"); locks written before 0.2 do not say."""
+    """The kind of call that holds a lock ("trace_many", "vc.score", "map_many"); locks written before 0.2 do not
+    say."""
     writer = owner.get("writer")
-    return writer if writer in ("trace_many", "vc.score") else "trace_many"
+    return writer if writer in ("trace_many", "vc.score", "map_many") else "trace_many"
 
 
 class StoreLock:

@@ -39,6 +39,7 @@ def trace(
     labels: Sequence[str] | None = None,
     processor: object = None,
     max_bytes: float | None = None,
+    rule: str = "gradient",
 ) -> xr.Dataset:
     """Trace ``model`` on ``image``: one forward pass, one batched backward pass, everything stored.
 
@@ -65,6 +66,13 @@ def trace(
             model's data config); a normalisation that differs from the model's is warned about and recorded.
         max_bytes: refuse (``TraceError``) when the estimated peak memory (:func:`vitcam_nb.estimate`) is
             above this; default half the memory available when the trace starts.
+        rule: the backward rule (:mod:`vitcam_nb.core.rules`): "gradient" (default, autograd's gradient),
+            "cp_lrp", "attnlrp" or "libragrad" (timm ViT/DeiT/DINOv2 and BEiT families; others are refused by
+            name), or "chefer_lrp" (Chefer et al.'s LRP relevance pass, timm ViT/DeiT: the stored gradients ARE
+            the LRP relevance, and ``attn_plain_grad`` holds the plain gradient at F2). The forward pass and the
+            activations are unchanged; the stored gradients are the rule's, and input x gradient is the rule's
+            relevance. The rule is recorded in ``attrs["backward_rule"]`` and the
+            trace id (a "gradient" trace keeps both as before).
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -74,7 +82,7 @@ def trace(
         ('target', 'layer', 'site', 'token', 'channel')
     """
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
-                               labels=labels)
+                               labels=labels, rule=rule)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     # A family whose input is not one image (a video clip) prepares it itself.
     prepared = plan.adapter.prepare_input(model, image, processor) or prepare_input(model, image, processor)

@@ -38,6 +38,8 @@ from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_layout import stack_images, store_target_names
 from vitcam_nb.capture.store_lock import StoreLock
+from vitcam_nb.capture.trace_shard import TraceSharder
+from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
@@ -97,6 +99,8 @@ def store_settings(plan: TracePlan, processor: object = None) -> dict:
     single = single_head_layers(plan.model, plan.adapter.attention_modules(plan.model))
     if single:  # inside vitcam_nb.adapters.single_head_attention: resuming outside it is another model
         settings["single_head"] = list(single)
+    if plan.rule != "gradient":  # only then, as for the processor: gradient stores keep their settings id
+        settings["backward_rule"] = plan.rule
     return settings
 
 
@@ -119,6 +123,8 @@ def trace_many(
     progress: bool = True,
     processor: Any = None,
     max_bytes: float | None = None,
+    rule: str = "gradient",
+    worker_model: dict | None = None,
 ) -> Path:
     """Trace every image into one zarr store: batched forward and backward passes, resumable.
 
@@ -149,6 +155,10 @@ def trace_many(
             data config, as in :func:`vitcam_nb.trace`; its facts are part of the store's settings.
         max_bytes: refuse (``TraceError``) a batch whose estimated peak memory (one pass plus the batch's
             stacked copy) is above this, before its pass runs; default half the memory available then.
+        rule: the backward rule, as for :func:`vitcam_nb.trace` (a store holds one rule; it is in its settings).
+        worker_model: with an active dask.distributed Client the batches are sharded over its workers
+            (:mod:`vitcam_nb.capture.trace_shard`), each rebuilding the model with ``timm.create_model`` from
+            ``{"timm": name, **create_model kwargs}`` (default: the model's timm name) and the caller's weights.
 
     Returns:
         the store path; open it with :func:`open_traces`.
@@ -162,7 +172,8 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
-    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
+    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels,
+                               rule=rule)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
@@ -211,6 +222,7 @@ def trace_many(
 
     n_done = int(store.done.sum()) if store is not None else 0
     bar = tqdm(total=n, initial=n_done, disable=not progress, unit="img", desc="trace_many")
+    shard = None
     names = store_target_names(plan.target)
     pending: list[tuple[int, Item, PreparedInput]] = []
     seen = 0
@@ -220,8 +232,13 @@ def trace_many(
         if not pending:
             return
         check_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
-        per = _trace_batch(plan, [p for _, _, p in pending])
         batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
+        if shard is not None and store is not None:  # the first batch shapes the store here; the others go out
+            shard.submit(store, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks,
+                         [p for _, _, p in pending], names)
+            pending.clear()
+            return
+        per = _trace_batch(plan, [p for _, _, p in pending])
         batch = stack_images(per, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks, names)
         if store is None:
             batch.attrs.update({"store_kind": STORE_KIND, "store_version": STORE_VERSION,
@@ -236,6 +253,10 @@ def trace_many(
         pending.clear()
 
     try:
+        client = active_client()
+        if client is not None:
+            shard = TraceSharder(client, model, plan, targets, labels, worker_model, bar,
+                                 (_trace_batch, store_settings))
         with exclusive(model), on_device(model, plan.run_device):
             for i, item in enumerate(items):
                 if i % batch_size == 0:
@@ -255,6 +276,8 @@ def trace_many(
                 prepared = prepare_input(model, item.image, processor)
                 pending.append((i, item, prepared))
             flush()
+            if shard is not None:
+                shard.wait()
         if store is None:  # the first image given creates the store
             raise TraceError("images: no images were given")
         if store.done[seen:].any():
@@ -262,6 +285,8 @@ def trace_many(
                           "given now; they were kept", UserWarning, stacklevel=2)
         store.finish(seen)
     finally:
+        if shard is not None:
+            shard.close()
         bar.close()
         lock.release()
     return given

@@ -45,6 +45,8 @@ def subset(ds: xr.Dataset, recipes: Sequence[Recipe]) -> xr.Dataset:
         >>> sorted(sub.data_vars), sub["site"].values.tolist(), sub["layer"].values.tolist()
         (['act', 'grad', 'logits'], ['F4'], [0])
     """
+    if kind_for(ds).name != MANY.name:  # a map store (vc.map_many) holds maps, read whole: nothing to narrow
+        return ds
     names = ["logits"]
     token_sites = sorted({r.site for r in recipes if r.site != ATTENTION_SITE})
     if token_sites:
@@ -118,7 +120,8 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
     variables, sites and layers the recipe needs. ``.compute()`` it (on a dask.distributed Client if one is
     active) or write it to zarr. Degenerate maps are zeros with the reason in the ``degenerate`` coordinate
     (the tasks raise no warning). The recipe is checked eagerly on the first image: a bad recipe raises its
-    RecipeError now, and a map degenerate there gives one DegenerateMapWarning.
+    RecipeError now, and a map degenerate there gives one DegenerateMapWarning. A map store
+    (:func:`vitcam_nb.open_maps`) is read by its own kind: its stored maps, every image's.
 
     Example:
         >>> import timm, numpy as np, tempfile, vitcam_nb as vc
@@ -135,6 +138,9 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
     if not is_store(ds):
         raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     recipe = recipe_arguments(recipe, grid, fields)
+    kind = kind_for(ds, recipe)
+    if kind.name != MANY.name:  # a map store (vc.map_many) reads its stored maps
+        return kind.cam(ds, recipe)
     n = ds.sizes["image"]
     try:
         sub = subset(ds, [recipe])

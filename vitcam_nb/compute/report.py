@@ -25,6 +25,7 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.presets import preset_text
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
+from vitcam_nb.core.rules import rule_items, rule_sentence
 from vitcam_nb.core.schema import POSITION_R2, SITE_MEANINGS, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 
@@ -287,6 +288,7 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "derivation": how,
             "scores": str(attrs.get("target_scores", "classifier logits" if attrs else "see trace")),
             **json.loads(attrs.get("target_checklist", "{}")),  # a target's own items (e.g. each detection)
+            **rule_items(attrs),
         },
         "token handling": {
             "prefix tokens present": prefix_text,
@@ -395,13 +397,12 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
     return (
         f"Heatmaps were computed with vitcam_nb recipe {recipe.id}{model}. "
         f"Feature representation: {where}. "
-        f"Gradient target: {gt['scalar']}; {gt['derivation']}. "
+        f"Gradient target: {gt['scalar']}; {gt['derivation']}{rule_sentence(gt)}. "
         f"Token handling: prefix tokens {th['prefix tokens present']}; the map covers {th['map over']}; "
         f"channel weights pooled over: {th['weight tokens']}. "
         f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
         f"Spatial reconstruction: {sr['reshape']}; upsampling {sr['upsampling']}; normalisation {sr['normalisation']}."
-        f"{words}"
-    )
+        f"{words}")
 
 
 _REPORTS: dict[tuple, tuple[str, str]] = {}

@@ -56,7 +56,16 @@ def transformation_weights(u: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def tokentm(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
-    """The TokenTM map over the patch tokens of ``view`` (see :data:`FORMULA`)."""
+    """The TokenTM map over the patch tokens of ``view`` (see :data:`FORMULA`).
+
+    Example:
+        >>> import timm, numpy as np, vitcam_nb as vc
+        >>> from vitcam_nb.compute.view import TraceView
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> tr = vc.trace(m.eval(), np.zeros((32, 32, 3), np.uint8), targets="top1", sites=list(SITES))
+        >>> tokentm(TraceView.of(tr), tr, vc.presets.tokentm(), [0, 1]).shape  # one value per patch token
+        (16,)
+    """
     have = set(view.sites)
     missing = [s for s in SITES if s not in have]
     if missing:

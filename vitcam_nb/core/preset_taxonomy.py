@@ -12,6 +12,7 @@ from __future__ import annotations
 # These add the attention-gradient presets' and TokenTM's citations.
 from vitcam_nb.core import presets_attention, presets_tokentm  # noqa: F401
 from vitcam_nb.core.presets import CITATIONS
+from vitcam_nb.core.presets_rules import RULE_TAXONOMY
 
 __all__ = ["PGC", "TAXONOMY"]
 
@@ -132,6 +133,8 @@ TAXONOMY.update({
                          "aggregation": "relu(sum_h sum_(c in h) g_c v_pc minmax cos(q^h_cls, k^h_p))",
                          "reconstruction": "raster grid, bilinear upsampling, min-max"},
 })
+TAXONOMY.update(RULE_TAXONOMY)
+
 # TokenTM (vitcam_nb/core/presets_tokentm.py), as vitcam_nb reads it from a plain trace.
 TAXONOMY["tokentm"] = {
     "paper": CITATIONS["tokentm"], "code": "none",

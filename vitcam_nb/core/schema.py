@@ -113,6 +113,9 @@ VARIABLES: dict[str, Entry] = {
     "attn_scores": Entry(("layer", "head", "query", "key"),
                          "pre-softmax attention scores (site attn_scores, optional; softmax of it is F2)"),
     "attn_scores_grad": Entry(("target", "layer", "head", "query", "key"), "d target / d attn_scores"),
+    "attn_plain_grad": Entry(("target", "layer", "head", "query", "key"),
+                             "backward rule chefer_lrp only (where attn_grad holds the LRP relevance of F2): the "
+                             "plain gradient d target / d attn, from a second batched backward of the same pass"),
     "score": Entry(("layer", "site", "target", "channel"),
                    "Score-CAM: target score of the input times each channel's upsampled min-max map (vc.score; NaN: "
                    "not scored)"),
@@ -140,6 +143,8 @@ VARIABLES: dict[str, Entry] = {
                                         "(vc.evaluate.position_probe); quoted by the checklist"),
     "logits": Entry(("class",), "the scores the targets are taken from (classifier logits, similarities)"),
     "image": Entry(("y", "x", "rgb"), "uint8 display copy of the model input"),
+    "clip": Entry(("frame", "y", "x", "rgb"), "video traces only, instead of image: uint8 display copy of the clip's "
+                                             "frames (min-max scaled over the clip for display)"),
 }
 COORDINATES: dict[str, Entry] = {
     "layer": Entry(("layer",), "global block index"),
@@ -148,6 +153,8 @@ COORDINATES: dict[str, Entry] = {
     "token_kind": Entry(("token",), '"cls", "dist", "reg", "det" (a YOLOS detection token) or "patch"'),
     "patch_row": Entry(("token",), "grid row of a patch token, -1 for prefix tokens"),
     "patch_col": Entry(("token",), "grid column of a patch token, -1 for prefix tokens"),
+    "patch_frame": Entry(("token",), "video traces only: frame or tubelet of a patch token on the (t, y, x) grid, -1 "
+                                     "for prefix tokens (also query_patch_frame, key_patch_frame)"),
     "query": Entry(("query",), "query token (mirrors token; query_kind, query_patch_row/col)"),
     "key": Entry(("key",), "key token (mirrors token; key_kind, key_patch_row/col)"),
     "head": Entry(("head",), "attention head"),
@@ -176,6 +183,10 @@ ATTRIBUTES: dict[str, Entry] = {
     "img_width": Entry((), "input width"),
     "grid_h": Entry((), "patch grid rows"),
     "grid_w": Entry((), "patch grid columns"),
+    "grid_t": Entry((), "video traces only: frames or tubelets of the (t, y, x) token grid"),
+    "clip_frames": Entry((), "video traces only: frames of the traced clip"),
+    "tubelet_size": Entry((), "video traces only: frames x rows x columns of pixels one token covers"),
+    "token_order": Entry((), "video traces only: the order of the stored patch tokens, (t, y, x), and the model's own"),
     "num_prefix_tokens": Entry((), "tokens before the patches"),
     "num_layers": Entry((), "blocks in the model"),
     "num_heads": Entry((), "attention heads"),
@@ -249,7 +260,8 @@ def _expected_dims(name: str) -> set[tuple[str, ...]]:
 def problems(ds: object) -> list[str]:
     """What makes a Dataset read from a file no trace of this schema (empty when nothing does): attributes
     that are not single str/int/float values, a ``schema_version`` that is not an int, schema variables with
-    other dimensions (a transposed ``grad``), and patch positions outside the patch grid.
+    other dimensions (a transposed ``grad``), and patch positions outside the patch grid (frames too, on a video
+    trace's (t, y, x) grid).
 
     Example:
         >>> import numpy as np, xarray as xr
@@ -268,7 +280,7 @@ def problems(ds: object) -> list[str]:
     for name, var in variables.items():
         if name in VARIABLES and tuple(var.dims) not in _expected_dims(name):
             out.append(f"variable {name!r} has dimensions {tuple(var.dims)}; the schema's are {VARIABLES[name].dims}")
-    for axis, size_key in (("row", "grid_h"), ("col", "grid_w")):
+    for axis, size_key in (("row", "grid_h"), ("col", "grid_w"), ("frame", "grid_t")):
         size = attrs.get(size_key)
         if not is_int(size):
             continue

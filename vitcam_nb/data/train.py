@@ -218,7 +218,15 @@ def _warm_start(model: torch.nn.Module, weights: Path) -> dict:
     return {"name": weights.stem, "weights_sha256": file_sha256(weights), "kept_init": missing}
 
 
-def _lr_at(step: int, total: int, cfg: dict) -> float:
+def learning_rate(step: int, total: int, cfg: dict) -> float:
+    """The training schedule of the bundled models: linear warmup over ``cfg["warmup_steps"]``, then cosine decay
+    from ``cfg["lr"]`` to ``cfg["min_lr"]`` at step ``total``.
+
+    Example:
+        >>> cfg = {"lr": 1.0, "min_lr": 0.0, "warmup_steps": 2}
+        >>> [round(learning_rate(s, 6, cfg), 3) for s in range(6)]
+        [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]
+    """
     if step < cfg["warmup_steps"]:
         return cfg["lr"] * (step + 1) / cfg["warmup_steps"]
     t = (step - cfg["warmup_steps"]) / max(1, total - cfg["warmup_steps"])
@@ -276,7 +284,7 @@ def train(name: str, out: str | Path = MODELS_DIR, log=print, **overrides) -> di
             x = normalise(images[idx])
             y = torch.from_numpy(labels[idx])
             for group in opt.param_groups:
-                group["lr"] = _lr_at(step, total, cfg)
+                group["lr"] = learning_rate(step, total, cfg)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes_detection import DET_CLASS_NAMES, MAX_OBJECTS, detection_generator_settings, shapes_detection
-from vitcam_nb.data.train import _lr_at, state_dict_sha256
+from vitcam_nb.data.train import learning_rate, state_dict_sha256
 
 NAME = "shapes-yolos"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -270,7 +270,7 @@ def _train(cfg: dict, out: Path, log) -> dict:
         for i in range(steps_per_epoch):
             idx = order[i * cfg["batch_size"]: (i + 1) * cfg["batch_size"]]
             for group in opt.param_groups:
-                group["lr"] = _lr_at(step, total, cfg)
+                group["lr"] = learning_rate(step, total, cfg)
             pred = model(pixel_values=normalise(images[idx.numpy()]))
             loss = fixed_assignment_loss(pred.logits, pred.pred_boxes, torch.from_numpy(labels[idx.numpy()]),
                                          target_boxes[idx], cfg["box_weight"], cfg["giou_weight"])

@@ -30,7 +30,11 @@ One job per module:
   images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard.plot`.
 * :mod:`~vitcam_nb.evaluate.audit.position_probe`: how well each token site's activations still predict the tokens' grid
   positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
+* :mod:`~vitcam_nb.evaluate.shapley.values`: exact Shapley values of a grid of patch groups (all 2^n masked forward
+  passes) and :mod:`~vitcam_nb.evaluate.shapley.agreement`, a map's rank agreement with them.
 * :mod:`~vitcam_nb.evaluate.report.known_answer`: the known-answer report ranking every variant on the bundled model.
+* :mod:`~vitcam_nb.evaluate.report.known_answer_video`: the video known answer (right-frames share, pointing per
+  frame) on the bundled ``shapes-video``.
 
 Metrics return plain floats; NaN only with a :class:`MetricWarning` that says why; bad input raises
 ``ValueError`` naming the argument.
@@ -103,9 +107,12 @@ from vitcam_nb.evaluate.randomisation.parameters import (
 )
 from vitcam_nb.evaluate.report.known_answer import report_known_answer
 from vitcam_nb.evaluate.report.known_answer_detection import report_known_answer_detection
+from vitcam_nb.evaluate.report.known_answer_video import frame_pointing, report_known_answer_video, right_frames
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
 from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
+from vitcam_nb.evaluate.shapley.agreement import shapley_agreement
+from vitcam_nb.evaluate.shapley.values import shapley_patches
 
 __all__ = [
     "MODEL_FAITHFULNESS_METRICS",
@@ -168,11 +175,14 @@ __all__ = [
     "relevance_rank_accuracy",
     "report_known_answer",
     "report_known_answer_detection",
+    "report_known_answer_video",
     "resolve_k",
     "road",
     "robustness",
     "robustness_scores",
     "scorecard",
+    "shapley_agreement",
+    "shapley_patches",
     "sign_agreement",
     "signed_rank_agreement",
     "sparseness",
@@ -180,4 +190,6 @@ __all__ = [
     "ssim",
     "topk_intersection",
     "topk_iou",
+    "frame_pointing",
+    "right_frames",
 ]

@@ -97,6 +97,7 @@ class Metric:
     needs: tuple[str, ...] = ()
     higher_is_better: bool = True
     description: str = ""
+    by_default: bool = True
 
 
 METRICS: Registry[Metric] = Registry("metric")
@@ -104,8 +105,9 @@ METRICS: Registry[Metric] = Registry("metric")
 
 def register_metric(name: str, category: str, func: Callable[[MetricInputs], Sequence[float]], *,
                     needs: Sequence[str] = (), higher_is_better: bool = True, description: str = "",
-                    replace: bool = False) -> None:
+                    by_default: bool = True, replace: bool = False) -> None:
     """Register a score-card metric (see the module docstring for ``func``'s signature and the adapters).
+    ``by_default=False``: a score card runs it only when named (a metric too costly to run unasked).
 
     Example:
         >>> register_metric("peak_example", "complexity", on_maps(lambda m: float(m.max())), higher_is_better=False)
@@ -120,8 +122,8 @@ def register_metric(name: str, category: str, func: Callable[[MetricInputs], Seq
         raise ValueError(f"needs: expected names from {_NEEDS}, got {bad}")
     if not callable(func):
         raise ValueError(f"func: expected a callable taking MetricInputs, got {type(func).__name__}")
-    METRICS.register(name, Metric(name, category, func, tuple(needs), bool(higher_is_better), description),
-                     replace=replace)
+    METRICS.register(name, Metric(name, category, func, tuple(needs), bool(higher_is_better), description,
+                                  bool(by_default)), replace=replace)
 
 
 def metric_names(category: str | None = None) -> list[str]:

@@ -27,8 +27,14 @@ from vitcam_nb.evaluate.metric_registry import (
 from vitcam_nb.evaluate.randomisation.mprt import efficient_mprt
 from vitcam_nb.evaluate.randomisation.parameters import randomised_logit
 from vitcam_nb.evaluate.robustness.stability import robustness
+from vitcam_nb.evaluate.shapley.agreement import shapley_agreement
+from vitcam_nb.evaluate.shapley.values import shapley_patches
 
-__all__ = ["robustness_metric"]
+__all__ = ["SHAPLEY_DEFAULTS", "robustness_metric"]
+
+#: The registered ``shapley_agreement``'s settings unless ``settings["shapley"]`` says otherwise: 4x4 groups
+#: (65,536 model calls per image and class), mean baseline (as deletion_auc's substrate), logit of the class.
+SHAPLEY_DEFAULTS = {"grid": (4, 4), "baseline": "mean", "score": "logit", "batch_size": 512}
 
 
 def robustness_metric(name: str):
@@ -85,6 +91,27 @@ def _efficient_mprt(inputs: MetricInputs) -> list[float]:
     return out
 
 
+def _shapley_agreement(inputs: MetricInputs) -> list[float]:
+    """Each recipe's token-grid map against the image's exact Shapley values, computed once per image and class."""
+    opts = {**SHAPLEY_DEFAULTS, **inputs.settings.get("shapley", {}), "progress": False}
+    out = []
+    for recipe, m in zip(inputs.recipes, inputs.grids, strict=True):
+        if m is None:
+            out.append(np.nan)
+            continue
+        cls = recipe.class_ if isinstance(recipe.class_, int) else inputs.target
+        if cls is None:  # rollout with no fixed class: the predicted class of the intact image
+            cls = int(np.argmax(inputs.trace["logits"].values))
+
+        def compute(cls: int = int(cls)):
+            with MODEL_LOCK:
+                return shapley_patches(inputs.model, inputs.trace, target=cls, **opts)
+
+        values = inputs.cached(f"shapley:{cls}", compute)
+        out.append(float(shapley_agreement(m, values).attrs["value"]))
+    return out
+
+
 def _register() -> None:
     if "pointing_game" in METRICS:
         return
@@ -108,6 +135,10 @@ def _register() -> None:
                     description="Spearman of the predicted class's map and another traced class's map")
     register_metric("efficient_mprt", "randomisation", _efficient_mprt, needs=("model",),
                     description="relative rise of the map's entropy when every part of the model is randomised")
+    register_metric("shapley_agreement", "faithfulness", _shapley_agreement, needs=("model",), by_default=False,
+                    description="Spearman of the token-grid map pooled per group and the exact Shapley values of "
+                                "4x4 patch groups (vc.evaluate.shapley_patches: 2^16 model calls per image; "
+                                "settings['shapley'] sets grid, baseline, score, batch_size); run only when named")
 
 
 _register()

@@ -22,24 +22,26 @@ import traitlets as t
 import xarray as xr
 
 from vitcam_nb.api import cam
-from vitcam_nb.capture.reader import image_choices, image_trace, is_store
+from vitcam_nb.capture.reader import image_choices, is_store
+from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.plot import overlay
 from vitcam_nb.widgets.assets import css, esm
-from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, coerce_request, controls
+from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, coerce_request
 from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
-from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.mapstore import display_trace, explorer_view, read_image
 from vitcam_nb.widgets.prefetch import prefetch_message
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
 from vitcam_nb.widgets.standalone import explorer_html, export_html
+from vitcam_nb.widgets.traces import TracePicker, is_trace_set, named_traces, trace_choices
 from vitcam_nb.widgets.traits import Opacity, Pixels
 
 __all__ = ["Explorer"]
 
 
-class Explorer(anywidget.AnyWidget):
+class Explorer(TracePicker, anywidget.AnyWidget):
     """Interactive Grad-CAM explorer for one trace, or for the images of a many-image store.
 
     The image with the heatmap of the current recipe overlaid; a control for every taxonomy dimension
@@ -48,11 +50,18 @@ class Explorer(anywidget.AnyWidget):
     (e.g. "zero gradient"), when the variant is degenerate. A refused combination (a control, or a preset this
     trace cannot give) shows its message in the widget, never a traceback, and the controls go back to the
     recipe whose map is shown. Given a store
-    (``vc.open_traces``), the page shows an image picker; switching image keeps the recipe.
+    (``vc.open_traces``), the page shows an image picker; switching image keeps the recipe. Given a map store
+    (``vc.open_maps``), the controls offer only the recipes it holds, each map read as ``vc.cam`` reads it,
+    drawn over a grey image (a map store holds no pixels). Given several traces of one image (``{"gradient": tr,
+    "cp_lrp": rel}``, or a list named by backward rule), the page shows a trace picker; switching trace keeps the
+    recipe (``trace_name``; see :class:`~vitcam_nb.widgets.traces.TracePicker`).
 
     Args:
         trace: a Dataset from :func:`vitcam_nb.trace`, or a many-image Dataset from
-            :func:`vitcam_nb.open_traces`.
+            :func:`vitcam_nb.open_traces` or :func:`vitcam_nb.open_maps`, or several traces of one image (same
+            ``input_sha256``, else a :class:`~vitcam_nb.core.errors.TraceError` before any map is computed): a
+            dict ``{name: trace}``, or a list or tuple named by each trace's backward rule. The first is shown
+            first.
         recipe: the recipe to start from (default :class:`~vitcam_nb.Recipe` ``()``, moved to a traced
             site/class if needed).
         opacity: overlay opacity in [0, 1].
@@ -113,19 +122,24 @@ class Explorer(anywidget.AnyWidget):
             raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         if colormap not in COLORMAPS:
             raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+        named = named_traces(trace) if is_trace_set(trace) else {}
+        if named:
+            trace = next(iter(named.values()))
         self._store = trace if is_store(trace) else None
         choices = []
         if self._store is not None:
             choices = [[label, pos] for label, pos in image_choices(self._store)]
             if not choices:
                 raise ValueError("store: holds no traced images yet")
-            trace = image_trace(self._store, index)
-        facts = TraceFacts.of(trace)
-        start = default_recipe(facts) if recipe is None else as_recipe(recipe)
+            trace = read_image(self._store, index)
+        facts, options, start = explorer_view(trace)
+        start = start if recipe is None else as_recipe(recipe)
         first = compute_grid(trace, start)  # raises for a recipe this trace cannot give: fail at construction
-        super().__init__(options=controls(facts), image=image_rgba(facts.image),
+        super().__init__(options=options, image=image_rgba(facts.image),
                          image_shape=list(facts.image.shape[:2]), opacity=float(opacity), colormap=colormap,
-                         size=int(size), images=choices, image_index=int(index) if choices else 0, **kwargs)
+                         size=int(size), images=choices, image_index=int(index) if choices else 0,
+                         trace_choices=trace_choices(named), trace_shown=next(iter(named), ""), **kwargs)
+        self._traces = named
         self._trace = trace
         self._facts = facts
         self._recipe = start
@@ -133,12 +147,14 @@ class Explorer(anywidget.AnyWidget):
         self._publish(first, response_id=0)
         self.observe(self._on_request, names="request")
         self.observe(self._on_image_request, names="image_request")
+        self.observe(self._on_trace_request, names="trace_request")
         self.on_msg(self._on_custom)
 
     # -- Python API --------------------------------------------------------------------------------
     @property
     def trace(self) -> xr.Dataset:
-        """The trace this explorer slices (with a store: the shown image's), kept in the kernel.
+        """The trace this explorer slices (with a store: the shown image's; with several traces: the shown one),
+        kept in the kernel.
 
         Example:
             >>> ex.trace is tr  # doctest: +SKIP
@@ -225,22 +241,29 @@ class Explorer(anywidget.AnyWidget):
         Example:
             >>> fig = ex.static()  # doctest: +SKIP
         """
-        return overlay(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
+        shown = display_trace(self._trace, self._facts) if is_map_store(self._trace) else self._trace
+        return overlay(shown, self.cam(), alpha=self.opacity, cmap=self.colormap)
 
     def to_html(self, path: str | None = None, *, axes: Mapping[str, Any] | None = None, quantize: str = "uint8",
                 progress: bool = True) -> str:
         """This explorer as one self-contained HTML page (no kernel, no network), starting at the current
         recipe, colormap, opacity and size; see :func:`vitcam_nb.export_html` for ``axes`` and ``quantize``.
+        With several traces, the page holds each (its trace picker starting at the one shown).
         With ``path``, the page is also written there (its size printed first).
 
         Example:
             >>> html = ex.to_html(axes={"site": ["F1", "F4"]})  # doctest: +SKIP
         """
+        if is_map_store(self._trace):
+            raise TypeError("to_html: a page precomputes its axes' maps from a trace; a map store holds only its "
+                            "recipes' maps: export vc.image_trace of a trace store instead")
         args = dict(recipe=self._recipe, axes=axes, quantize=quantize, colormap=self.colormap,
                     opacity=self.opacity, size=self.size, progress=progress)
+        # With several traces the page holds them all, starting at the one shown.
+        shown = {self.trace_shown: self._trace, **self._traces} if self._traces else self._trace
         if path is not None:
-            return export_html(self._trace, path, **args).read_text(encoding="utf-8")
-        return explorer_html(self._trace, **args)
+            return export_html(shown, path, **args).read_text(encoding="utf-8")
+        return explorer_html(shown, **args)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
@@ -251,12 +274,12 @@ class Explorer(anywidget.AnyWidget):
     # -- the round trip ----------------------------------------------------------------------------
     def _show_image(self, index: int) -> None:
         """Show image ``index`` of the store with the current recipe; raises (changing nothing) if it cannot."""
-        trace = image_trace(self._store, index)
-        facts = TraceFacts.of(trace)
+        trace = read_image(self._store, index)
+        facts, options, _ = explorer_view(trace)
         result = compute_grid(trace, self._recipe)
         self._trace, self._facts = trace, facts
         with self.hold_sync():  # image and map in one message: the page never paints one with the other's map
-            self.options = controls(facts)
+            self.options = options
             self.image = image_rgba(facts.image)
             self.image_shape = list(facts.image.shape[:2])
             self.image_index = index
@@ -293,8 +316,9 @@ class Explorer(anywidget.AnyWidget):
         except Exception as exc:  # every refusal becomes a message in the widget, never a traceback
             if not isinstance(exc, ValueError):
                 self.log.warning("vitcam_nb Explorer: unexpected error", exc_info=True)
+            hint = self._elsewhere(request) if self._traces else ""
             with self.hold_sync():
-                self.error = error_text(exc)
+                self.error = error_text(exc) + hint
                 self.response_id = max(rid, self.response_id)
                 self.frame += 1
             return

@@ -59,6 +59,11 @@ class TraceFacts:
                     if isinstance(trace, xr.DataTree) else "")
             raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
                             f"{type(trace).__name__}{hint}")
+        if "clip" in trace.variables and "image" not in trace.variables:
+            # A video trace: the widgets draw one image under one (y, x) map; say what draws a clip instead.
+            raise ValueError("trace: a video trace (its frames in 'clip', maps (frame, y, x)); the Explorer, Compare, "
+                             "Gallery and export_html show one image's trace. Draw a video map with "
+                             "vc.plot.frame_strip(trace, vc.cam(trace, recipe))")
         for name in ("image", "logits", "target_class", "layer"):
             if name not in trace.variables:
                 raise ValueError(f"trace: has no {name!r}; pass a Dataset made by vitcam_nb.trace()")

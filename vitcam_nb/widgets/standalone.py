@@ -34,6 +34,7 @@ from vitcam_nb.widgets.assets import STATIC_DIR, css, esm
 from vitcam_nb.widgets.bundle import Bundle, build_bundle, export_axes
 from vitcam_nb.widgets.controls import COLORMAPS
 from vitcam_nb.widgets.facts import TraceFacts
+from vitcam_nb.widgets.traces import is_trace_set, named_traces, trace_choices
 
 __all__ = ["export_html", "explorer_html", "page_html"]
 
@@ -48,6 +49,8 @@ _OURS = re.compile(r"<meta name='generator' content='vitcam_nb [0-9A-Za-z.+-]+ e
 RECIPE_FLOOR_BYTES = 8
 #: The display width a page may start with, in CSS pixels.
 SIZES = (1, 4096)
+#: What a page shows: one trace, or several traces of one image (a dict of named traces, or a list).
+Traces = xr.Dataset | Mapping[str, xr.Dataset] | Sequence[xr.Dataset]
 
 
 def _inline_json(value: object) -> str:
@@ -55,8 +58,9 @@ def _inline_json(value: object) -> str:
     return json.dumps(value, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def page_html(bundle: Bundle, title: str) -> str:
-    """The HTML text of the page for a computed bundle.
+def page_html(bundle: Bundle, title: str, others: Sequence[Bundle] = ()) -> str:
+    """The HTML text of the page for a computed bundle (and, with several traces of one image, the bundles of the
+    traces after the first, whose metas are also in ``bundle.meta["trace_parts"]``).
 
     Example:
         >>> page_html(build_bundle(tr, progress=False), "demo").count("<script")  # doctest: +SKIP
@@ -69,6 +73,11 @@ def page_html(bundle: Bundle, title: str) -> str:
             + "; ".join(f"{name} ({len(values)})" for name, values in meta["axes"])
             + ". Other fields stay as shown; upsampling, colours and overlay are drawn in this page.")
     left = meta.get("left_out", "")
+    if others:
+        parts = [meta, *(b.meta for b in others)]
+        note += (" Traces of this image: " + "; ".join(f"{label} (trace {m['trace_id']}, {m['count']} recipes)"
+                                                        for (_, label), m in zip(meta["trace_choices"], parts))
+                 + ". The trace picker switches between them and keeps the recipe where the other trace holds it.")
     return "\n".join([
         "<!doctype html>",
         "<html lang='en'><head><meta charset='utf-8'>",
@@ -85,12 +94,14 @@ def page_html(bundle: Bundle, title: str) -> str:
         f"<script type='application/json' id='vc-meta'>{_inline_json(meta)}</script>",
         f"<script type='text/plain' id='vc-maps'>{bundle.maps}</script>",
         f"<script type='text/plain' id='vc-texts'>{bundle.texts}</script>",
+        *(f"<script type='text/plain' id='vc-maps-{i}'>{b.maps}</script>\n"
+          f"<script type='text/plain' id='vc-texts-{i}'>{b.texts}</script>" for i, b in enumerate(others, 1)),
         f"<script type='module'>{code}</script>",
         "</body></html>",
     ])
 
 
-def explorer_html(trace: xr.Dataset, recipe: Recipe | None = None, *, axes: Mapping[str, Sequence] | None = None,
+def explorer_html(trace: Traces, recipe: Recipe | None = None, *, axes: Mapping[str, Sequence] | None = None,
                   quantize: str = "uint8", colormap: str = "inferno", opacity: float = 0.5, size: int = 360,
                   title: str | None = None, progress: bool = True) -> str:
     """The exported Explorer as an HTML string (see :func:`export_html` for the arguments).
@@ -121,14 +132,28 @@ def _check_display(trace: object, colormap: object, opacity: object, size: objec
         raise TypeError(f"title: expected a string or None, got {type(title).__name__}")
 
 
-def _page(trace: xr.Dataset, recipe: Recipe | None, axes: Mapping[str, Sequence] | None, quantize: str,
+def _traces_of(trace: Traces) -> dict[str, xr.Dataset]:
+    """``{name: trace}`` of an export: one trace (named ""), or several traces of one image, checked as the
+    Explorer checks them (:func:`~vitcam_nb.widgets.traces.named_traces`)."""
+    return named_traces(trace) if is_trace_set(trace) else {"": trace}  # type: ignore[arg-type]
+
+
+def _page(trace: Traces, recipe: Recipe | None, axes: Mapping[str, Sequence] | None, quantize: str,
           colormap: str, opacity: float, size: int, title: str | None, progress: bool,
           max_mb: float | None = None) -> tuple[Bundle, str]:
-    _check_display(trace, colormap, opacity, size, title)
-    budget = None if max_mb is None else float(max_mb) * 1e6 - _code_bytes()
-    bundle = build_bundle(trace, recipe, axes=axes, quantize=quantize, progress=progress, max_bytes=budget)
+    named = _traces_of(trace)
+    for one in named.values():
+        _check_display(one, colormap, opacity, size, title)
+    # Several traces share the budget: each trace's table may use its part of it.
+    budget = None if max_mb is None else (float(max_mb) * 1e6 - _code_bytes()) / len(named)
+    bundle, *others = [build_bundle(one, recipe, axes=axes, quantize=quantize, progress=progress, max_bytes=budget)
+                       for one in named.values()]
     bundle.meta.update(colormap=colormap, opacity=float(opacity), size=int(size))
-    return bundle, page_html(bundle, title or f"vitcam_nb Explorer: {trace.attrs.get('model_name', 'trace')}")
+    if others:
+        bundle.meta.update(trace_choices=trace_choices(named), trace_shown=next(iter(named)),
+                           trace_parts=[b.meta for b in others])
+    model = next(iter(named.values())).attrs.get("model_name", "trace")
+    return bundle, page_html(bundle, title or f"vitcam_nb Explorer: {model}", others)
 
 
 def _is_page(path: Path) -> bool:
@@ -145,7 +170,7 @@ def _code_bytes() -> int:
     return len(esm("explorer.js")) + len((STATIC_DIR / "standalone.js").read_text("utf-8")) + len(css())
 
 
-def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb: object) -> None:
+def _check_limit(trace: Traces, axes: Mapping[str, Sequence] | None, max_mb: object) -> None:
     """Refuse ``max_mb`` when it is not a size, or when the axes alone need more: the page code plus
     :data:`RECIPE_FLOOR_BYTES` per recipe (counted from the axes, before any map is computed)."""
     if max_mb is None:
@@ -154,8 +179,8 @@ def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb:
         raise TypeError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
     if not float(max_mb) > 0:
         raise ExportError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
-    values = export_axes(TraceFacts.of(trace), axes)
-    count = math.prod(len(v) for v in values.values())
+    count = sum(math.prod(len(v) for v in export_axes(TraceFacts.of(one), axes).values())
+                for one in _traces_of(trace).values())
     floor = _code_bytes() + count * RECIPE_FLOOR_BYTES
     if floor > float(max_mb) * 1e6:
         raise ExportError(f"max_mb: the {count} recipes of these axes need at least {floor / 1e6:.2f} MB if each "
@@ -163,7 +188,7 @@ def _check_limit(trace: xr.Dataset, axes: Mapping[str, Sequence] | None, max_mb:
                           f"over {max_mb} MB; nothing was computed or written. Narrow axes=")
 
 
-def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | None = None, *,
+def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = None, *,
                 axes: Mapping[str, Sequence] | None = None, quantize: str = "uint8", colormap: str = "inferno",
                 opacity: float = 0.5, size: int = 360, title: str | None = None, max_mb: float | None = None,
                 progress: bool = True, overwrite: bool = False) -> Path:
@@ -176,7 +201,10 @@ def export_html(trace: xr.Dataset, path: str | os.PathLike, recipe: Recipe | Non
     and one paragraph of the page says which and why. Every argument is checked before any map is computed.
 
     Args:
-        trace: a Dataset from :func:`vitcam_nb.trace` (one stage of a hierarchical trace; one image of a store).
+        trace: a Dataset from :func:`vitcam_nb.trace` (one stage of a hierarchical trace; one image of a store),
+            or several traces of one image as :class:`~vitcam_nb.Explorer` takes them (``{"gradient": tr,
+            "cp_lrp": rel}``, or a list named by backward rule): the page then has a trace picker, the axes are
+            exported for each trace (the file grows with each), and ``max_mb`` is shared between them.
         path: the file to write. An existing file is replaced only when it is a page this function wrote;
             anything else is refused (:class:`~vitcam_nb.OutputExistsError`) unless ``overwrite=True``. The
             page is written to a temporary file and renamed, so a failed write leaves the old file whole.

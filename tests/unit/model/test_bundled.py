@@ -90,9 +90,10 @@ def test_shapes_rejects_bad_arguments():
 def test_list_models_and_cards():
     rows = models.list_models()
     names = [r["name"] for r in rows]
-    assert names == ["shapes-vit", "shapes-vit-reg4", "shapes-vit-seg", "shapes-vit-shortcut"]
+    assert names == ["shapes-video", "shapes-vit", "shapes-vit-reg4", "shapes-vit-seg", "shapes-vit-shortcut"]
     for row in rows:
-        if row["name"] == "shapes-vit-seg":  # a segmentation model: tests/unit/model/test_bundled_seg.py
+        # the segmentation and video models: tests/unit/model/test_bundled_seg.py, test_shapes_video.py
+        if row["name"] in ("shapes-vit-seg", "shapes-video"):
             continue
         assert row["classes"] == list(CLASS_NAMES)
         assert row["test_accuracy"] >= 0.97
@@ -194,7 +195,10 @@ def test_bundled_models_load_and_run_offline(monkeypatch):
     for name in models.bundled_names():
         model = models.load_model(name)
         with torch.no_grad():
-            logits = model(normalise(models.sample_image()[None]))
+            if name == "shapes-video":  # one clip of 4 frames
+                logits = model(pixel_values=torch.zeros(1, 4, 3, 32, 32)).logits
+            else:
+                logits = model(normalise(models.sample_image()[None]))
         assert logits.shape == ((1, 6, 64, 64) if name == "shapes-vit-seg" else (1, 5))
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -149,35 +149,12 @@ def make_input(fam: Family, seed: int = 0) -> torch.Tensor:
 
 def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[torch.Tensor], torch.Tensor]):
     """({(layer, site): (act, grad)} float64, scores) from my own hooks on an eager deep copy."""
-    m = copy.deepcopy(model).eval()
-    m.set_attn_implementation("eager")
-    store: dict[tuple[int, str], torch.Tensor] = {}
-
-    def keep(key, t):
-        assert key not in store, f"{key} fired twice"
-        t.retain_grad()
-        store[key] = t
-
-    for layer, blk in enumerate(m.get_submodule(fam.layers)):
-        for site, (path, io) in fam.sites.items():
-            mod = blk.get_submodule(path) if path else blk
-            if io == "input":
-                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
-            else:
-                index = 1 if io == "weights" else 0
-                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
-                                          keep(key, out[index] if isinstance(out, tuple) else out))
+    m, store = hooked_eager_copy(model, fam.layers, fam.sites)
     with torch.enable_grad():
         scores = fam.scores(m, x.detach().clone().requires_grad_(True))
         scalar(scores).backward()
     out = {k: (t.detach()[0].double().numpy(), t.grad[0].double().numpy()) for k, t in store.items()}
     return out, scores.detach().double().numpy()
-
-
-def scalar_for(target_class: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    if target_class < 0:
-        return lambda z: (torch.softmax(z.detach(), dim=0) * z).sum()
-    return lambda z: z[target_class]
 
 
 @functools.cache
@@ -189,7 +166,7 @@ def family_run(label: str):
     assert_unchanged(before, model)
     refs, ref_scores = {}, None
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        refs[str(target)], ref_scores = reference(fam, model, x, scalar_for(int(c)))
+        refs[str(target)], ref_scores = reference(fam, model, x, target_scalar(int(c)))
     return model, x, tr, refs, ref_scores
 
 
@@ -391,7 +368,7 @@ def test_prompts_take_a_hugging_face_tokenizer_and_text_model():
     prompt_fam = Family("hf_clip", fam.build, fam.input_hw, fam.grid, fam.prefix, fam.layers, fam.sites,
                         scores=zero_shot)
     for target_name, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        ref, scores = reference(prompt_fam, model, x, scalar_for(int(c)))
+        ref, scores = reference(prompt_fam, model, x, target_scalar(int(c)))
         assert_rel_close(tr["logits"].values, scores, "zero-shot logits")
         for site in ("F1", "F2"):
             for layer in (0, 1):

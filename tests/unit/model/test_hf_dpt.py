@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -84,35 +84,12 @@ def region_scores(m: nn.Module, x: torch.Tensor, mask: np.ndarray) -> torch.Tens
 
 def reference(model: nn.Module, x: torch.Tensor, mask: np.ndarray, scalar):
     """({(layer, site): (act, grad)} float64, region scores) from my own hooks on an eager deep copy."""
-    m = copy.deepcopy(model).eval()
-    m.set_attn_implementation("eager")
-    store: dict[tuple[int, str], torch.Tensor] = {}
-
-    def keep(key, t):
-        assert key not in store, f"{key} fired twice"
-        t.retain_grad()
-        store[key] = t
-
-    for layer, blk in enumerate(m.get_submodule(LAYERS)):
-        for site, (path, io) in DPT_LAYER.items():
-            mod = blk.get_submodule(path) if path else blk
-            if io == "input":
-                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
-            else:
-                index = 1 if io == "weights" else 0
-                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
-                                          keep(key, out[index] if isinstance(out, tuple) else out))
+    m, store = hooked_eager_copy(model, LAYERS, DPT_LAYER)
     with torch.enable_grad():
         scores = region_scores(m, x.detach().clone().requires_grad_(True), mask)
         scalar(scores).backward()
     out = {k: (t.detach()[0].double().numpy(), t.grad[0].double().numpy()) for k, t in store.items()}
     return out, scores.detach().double().numpy()
-
-
-def scalar_for(target_class: int):
-    if target_class < 0:  # the expected region score, softmax weights detached
-        return lambda s: (torch.softmax(s.detach(), dim=0) * s).sum()
-    return lambda s: s[target_class]
 
 
 @functools.cache
@@ -123,7 +100,7 @@ def dpt_run():
     assert_unchanged(before, model)
     refs = {}
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        refs[str(target)], scores = reference(model, x, mask, scalar_for(int(c)))
+        refs[str(target)], scores = reference(model, x, mask, target_scalar(int(c)))
     return model, x, mask, tr, refs, scores
 
 

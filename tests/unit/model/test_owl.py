@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -104,11 +104,7 @@ def reference(label: str, model: nn.Module, x: torch.Tensor, scalar):
 
 
 def scalar_for(target_class: int):
-    def scores(logits):
-        return logits[QUERIES, TEXT_QUERY]
-    if target_class < 0:
-        return lambda z: (torch.softmax(scores(z).detach(), dim=0) * scores(z)).sum()
-    return lambda z: scores(z)[target_class]
+    return target_scalar(target_class, lambda logits: logits[QUERIES, TEXT_QUERY])
 
 
 @functools.cache

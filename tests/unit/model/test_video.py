@@ -13,7 +13,6 @@ Naming convention (scripts/support_matrix.py): ``test_site_reference`` ids are `
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import math
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.core.errors import TraceError
@@ -128,27 +127,12 @@ def make_clip(seed: int = 0, frames: int = T) -> torch.Tensor:
 
 def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[torch.Tensor], torch.Tensor]):
     """({(layer, site): (act, grad)} float64 in the trace's layout, logits), from my own hooks."""
-    m = copy.deepcopy(model).eval()
-    m.set_attn_implementation("eager")
-    store: dict[tuple[int, str], torch.Tensor] = {}
+    def attention_kinds(layer, blk, keep):  # TimeSformer's two attention kinds, at attn_drop (identity in eval)
+        for site, attn in (("attn_time", blk.temporal_attention), ("attn_space", blk.attention)):
+            attn.attention.attn_drop.register_forward_hook(lambda _m, _i, out, key=(layer, site): keep(key, out))
 
-    def keep(key, t):
-        assert key not in store, f"{key} fired twice"
-        t.retain_grad()
-        store[key] = t
-
-    for layer, blk in enumerate(m.get_submodule(fam.layers)):
-        for site, (path, io) in fam.sites.items():
-            mod = blk.get_submodule(path) if path else blk
-            if io == "input":
-                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
-            else:
-                index = 1 if io == "weights" else 0
-                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
-                                          keep(key, out[index] if isinstance(out, tuple) else out))
-        if fam.label == "hf_timesformer":  # the two attention kinds, at attn_drop (the identity in eval mode)
-            for site, attn in (("attn_time", blk.temporal_attention), ("attn_space", blk.attention)):
-                attn.attention.attn_drop.register_forward_hook(lambda _m, _i, out, key=(layer, site): keep(key, out))
+    m, store = hooked_eager_copy(model, fam.layers, fam.sites,
+                                 attention_kinds if fam.label == "hf_timesformer" else None)
     with torch.enable_grad():
         logits = m(pixel_values=x[None].clone().requires_grad_(True)).logits[0]
         scalar(logits).backward()
@@ -165,12 +149,6 @@ def reference(fam: Family, model: nn.Module, x: torch.Tensor, scalar: Callable[[
     return out, logits.detach().double().numpy()
 
 
-def scalar_for(target_class: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    if target_class < 0:
-        return lambda z: (torch.softmax(z.detach(), dim=0) * z).sum()
-    return lambda z: z[target_class]
-
-
 @functools.cache
 def family_run(label: str):
     fam = FAMILIES[label]
@@ -181,7 +159,7 @@ def family_run(label: str):
     assert_unchanged(before, model)
     refs, logits = {}, None
     for target, c in zip(tr["target"].values, tr["target_class"].values, strict=True):
-        refs[str(target)], logits = reference(fam, model, x, scalar_for(int(c)))
+        refs[str(target)], logits = reference(fam, model, x, target_scalar(int(c)))
     return model, x, tr, refs, logits
 
 

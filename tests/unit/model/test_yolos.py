@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from vitcam_testing import assert_rel_close, assert_unchanged, snapshot, traced
+from vitcam_testing import assert_rel_close, assert_unchanged, hooked_eager_copy, snapshot, target_scalar, traced
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -78,24 +78,7 @@ def to_trace_order(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 def reference(model: nn.Module, x: torch.Tensor, scalar):
     """({(layer, site): (act, grad)} in the trace's token order, float64; the detection logits (Q, C+1))."""
-    m = copy.deepcopy(model).eval()
-    m.set_attn_implementation("eager")
-    store: dict[tuple[int, str], torch.Tensor] = {}
-
-    def keep(key, t):
-        assert key not in store, f"{key} fired twice"
-        t.retain_grad()
-        store[key] = t
-
-    for layer, blk in enumerate(m.get_submodule(LAYERS)):
-        for site, (path, io) in SITES.items():
-            mod = blk.get_submodule(path) if path else blk
-            if io == "input":
-                mod.register_forward_pre_hook(lambda _m, args, key=(layer, site): keep(key, args[0]))
-            else:
-                index = 1 if io == "weights" else 0
-                mod.register_forward_hook(lambda _m, _i, out, key=(layer, site), index=index:
-                                          keep(key, out[index] if isinstance(out, tuple) else out))
+    m, store = hooked_eager_copy(model, LAYERS, SITES)
     with torch.enable_grad():
         logits = m(pixel_values=x.detach().clone().requires_grad_(True)).logits[0]
         scalar(logits).backward()
@@ -107,11 +90,7 @@ def reference(model: nn.Module, x: torch.Tensor, scalar):
 
 
 def scalar_for(target_class: int):
-    def scores(logits):
-        return logits[QUERIES, CLASS]
-    if target_class < 0:
-        return lambda z: (torch.softmax(scores(z).detach(), dim=0) * scores(z)).sum()
-    return lambda z: scores(z)[target_class]
+    return target_scalar(target_class, lambda logits: logits[QUERIES, CLASS])
 
 
 @functools.cache

@@ -15,6 +15,7 @@ import xarray as xr
 from vitcam_nb.capture.reader import is_store
 from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.compute.many import image_blocks, is_lazy, subset
+from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import MetricWarning, grid_map, warn
@@ -213,7 +214,9 @@ def aggregate(per: Sequence[xr.DataArray]) -> xr.Dataset:
 
 
 def _atlas_image(one: xr.Dataset, recipes: Any, metric: Any, signed: bool | None, metric_kwargs: dict) -> xr.DataArray:
-    return atlas(single_trace(one.load()), recipes, metric, signed=signed, **metric_kwargs)
+    one = one.load()
+    # An image of a map store (vc.map_many) is read as it is: vc.cam reads its maps as it computes a trace's.
+    return atlas(one if is_map_store(one) else single_trace(one), recipes, metric, signed=signed, **metric_kwargs)
 
 
 def atlas_many(

@@ -25,6 +25,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
+from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
@@ -44,6 +45,7 @@ from vitcam_nb.evaluate.ambiguity.space import (
     parse_reported,
 )
 from vitcam_nb.evaluate.ambiguity.spread import Spread, localising_share, spread_of
+from vitcam_nb.evaluate.ambiguity.stored import geometry, store_maps, store_space, trace_id
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
 __all__ = ["Ambiguity", "Sensitivity", "ambiguity"]
@@ -222,7 +224,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str, Sequence] | None) -> dict:
-    view = TraceView.of(trace)
     space = dict(space or {})
     for field in space:
         if field not in _FIELDS:
@@ -236,6 +237,9 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
         unknown = [v for v in values if field in _CHOICES and v not in _CHOICES[field]]
         if unknown:  # a value no recipe can take would only be skipped: refuse it instead
             raise ValueError(f"space: {field} takes {list(_CHOICES[field])}, got {unknown}")
+    if is_map_store(trace):  # the store's recipes are the space
+        return {**store_space(trace, fixed, open_fields(fixed)), **{f: tuple(v) for f, v in space.items()}}
+    view = TraceView.of(trace)
     out = {}
     # The cross-attention site is no vision site (its layers are the text layers): it only opens text_tokens.
     xattn = [*view.sites, "xattn"] if "xattn" in trace.variables else view.sites
@@ -250,7 +254,7 @@ def _mask(trace: xr.Dataset, mask: Any) -> np.ndarray | None:
     """The object mask (given, else the store's), refused unless it is a non-empty mask of the traced image."""
     if mask is None:
         return np.asarray(trace["mask"].values, bool) if "mask" in trace.variables else None
-    shape, got = (int(trace.sizes["y"]), int(trace.sizes["x"])), np.shape(mask)
+    shape, got = geometry(trace)[:2], np.shape(mask)
     if len(got) == 2 and got != shape:
         raise ValueError(f"mask: shape {got} is not the traced image's {shape}; give the object's pixels at the "
                          "image size the trace holds (the maps are upsampled to it)")
@@ -274,7 +278,8 @@ def _check_memory(trace: xr.Dataset, values: dict, mask: np.ndarray | None, max_
 
 def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[str, Sequence] | None,
          mask: Any, max_cells: int, max_recipes: int, n_samples: int, seed: int, n_boot: int) -> Ambiguity:
-    if not isinstance(trace, xr.Dataset) or "image" in trace.dims or TraceView.of(trace).sites == []:
+    if (not isinstance(trace, xr.Dataset) or "image" in trace.dims
+            or (not is_map_store(trace) and TraceView.of(trace).sites == [])):
         raise TypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
     fixed, opened = parse_reported(reported)
     values = _space(trace, fixed, opened, space)
@@ -300,11 +305,13 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     factors = [f for f in factors if len({key[_FIELDS.index(f)] for key in keys}) > 1]
     maps, recipes, ok, degenerate = [], [], np.zeros(len(keys), bool), 0
     candidates = [_recipe(key) for key in keys]
-    view = TraceView.of(trace)
-    stride, cut = image_sample(view.height, view.width) if image_grid else (1, (slice(None), slice(None)))
+    height, width = geometry(trace)[:2]
+    stride, cut = image_sample(height, width) if image_grid else (1, (slice(None), slice(None)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
-        if image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
+        if is_map_store(trace):  # read, not computed: a requested recipe the store lacks is refused
+            computed = store_maps(trace, candidates, cut if image_grid else None, requested=bool(space))
+        elif image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
             computed = [m for i in range(0, len(candidates), 1024)
                         for m in image_maps(trace, candidates[i:i + 1024], cut)]
         else:
@@ -338,18 +345,18 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     for f in factors:
         coords[f] = ("recipe", np.array([getattr(r, f) for r in recipes], dtype=object))
     arr = xr.DataArray(stack, dims=("recipe", *dims), coords=coords, name="ambiguity_maps",
-                       attrs={"trace_id": str(trace.attrs.get("trace_id", "")),
+                       attrs={"trace_id": trace_id(trace),
                               "grid": "image grid" if image_grid else "token grid", "stride": stride,
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
     if mask is not None:  # on a sampled image grid the pointing game reads the mask at the same pixels
-        sampled = mask[cut] if image_grid and mask.shape == (view.height, view.width) else mask
+        sampled = mask[cut] if image_grid and mask.shape == (height, width) else mask
     localises = None if mask is None else localising_share(stack, sampled)
     skipped = int((~valid).sum())
     kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
                      sensitivity=sens, skipped=skipped, degenerate=degenerate, localises=localises,
-                     trace_id=str(trace.attrs.get("trace_id", "")),
-                     image=np.asarray(trace["image"].values) if "image" in trace.variables else None,
+                     trace_id=trace_id(trace),
+                     image=None if is_map_store(trace) or "image" not in trace.variables else trace["image"].values,
                      mask=None if mask is None else np.asarray(mask, bool))
 
 
@@ -373,7 +380,9 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     intervals do not correct this (:mod:`vitcam_nb.evaluate.ambiguity.sensitivity`).
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
 
-    ``trace`` may be a list of traces or an ``open_traces`` store: then the answer is an
+    ``trace`` may also be one image of a map store (``vc.image_maps``; the analysis over the recipes the store
+    holds, :mod:`~vitcam_nb.evaluate.ambiguity.stored`), or a list of traces, an ``open_traces`` store or an
+    ``open_maps`` store: then the answer is an
     :class:`~vitcam_nb.evaluate.ambiguity.many.AmbiguityMany` (one analysis per image; over a store, one dask task
     per image, run on the active dask.distributed Client if there is one).
 

@@ -27,7 +27,7 @@ from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import ROLLOUTS, Recipe
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
-__all__ = ["MAX_PIXELS", "distance_coords", "image_maps", "image_sample"]
+__all__ = ["MAX_PIXELS", "distance_coords", "image_maps", "image_sample", "patch_index"]
 
 #: Pixels per block when the Gram matrix of the maps is accumulated (bounds the float64 copy).
 _CHUNK = 1 << 16
@@ -50,6 +50,21 @@ def image_sample(height: int, width: int) -> tuple[int, tuple[slice, slice]]:
         stride += 1
     cut = slice(stride // 2, None, stride)
     return stride, (cut, cut)
+
+
+def patch_index(grid: tuple[int, int], size: tuple[int, int], pad: tuple[int, int], cut: tuple[slice, slice]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The token row and column under each pixel ``cut`` keeps of an image of ``size`` on a token ``grid``: a
+    token-grid map indexed with them is ``upsample(map, size, "nearest", pad)[cut]`` exactly.
+
+    Example:
+        >>> [v.tolist() for v in patch_index((2, 2), (4, 4), (0, 0), (slice(None), slice(1, None, 2)))]
+        [[0, 0, 1, 1], [0, 1]]
+    """
+    # Read off the nearest-neighbour matrices (one 1 per row): no product per map.
+    rows = interp_matrix(grid[0], size[0] + pad[0], "nearest")[:size[0]].argmax(axis=1)[cut[0]]
+    cols = interp_matrix(grid[1], size[1] + pad[1], "nearest")[:size[1]].argmax(axis=1)[cut[1]]
+    return rows, cols
 
 
 def _derivable(trace: xr.Dataset, recipe: Recipe) -> bool:
@@ -83,10 +98,7 @@ def image_maps(trace: xr.Dataset, recipes: Sequence[Recipe], cut: tuple[slice, s
     base = {r: r.replace(upsample="none") if _derivable(trace, r) else r for r in recipes}
     unique = list(dict.fromkeys(base.values()))
     computed = dict(zip(unique, recipe_maps(trace, unique)))
-    # The token under each kept pixel, read off the nearest-neighbour matrices (one 1 per row): indexing gives the
-    # values of upsample(map, size, "nearest", pad)[cut] exactly, without a product per map.
-    rows = interp_matrix(view.gh, view.height + view.pad[0], "nearest")[:view.height].argmax(axis=1)[cut[0]]
-    cols = interp_matrix(view.gw, view.width + view.pad[1], "nearest")[:view.width].argmax(axis=1)[cut[1]]
+    rows, cols = patch_index((view.gh, view.gw), size, view.pad, cut)
     out: list[tuple[np.ndarray, list[str]] | None] = []
     for recipe in recipes:
         result = computed[base[recipe]]

@@ -1,6 +1,7 @@
 """Ambiguity over many images: the analysis of one description on each image of a list of traces or an
-``open_traces`` store (lazily: one dask task per image, each reading only its image's chunks), and the
-distribution of its spread, sensitivity and chance to localise across images.
+``open_traces`` store, or of a map store (``open_maps``: over the recipes it holds; lazily: one dask task per
+image, each reading only its image's chunks), and the distribution of its spread, sensitivity and chance to
+localise across images.
 
 Example:
     >>> import timm, numpy as np, vitcam_nb as vc
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.compute.many import image_blocks, is_lazy
+from vitcam_nb.compute.map_store import image_maps, is_map_store
 from vitcam_nb.core.escape import escape_markdown
 
 __all__ = ["AmbiguityMany", "ambiguity_many"]
@@ -139,9 +141,14 @@ def _active_client() -> Any:
         return None
 
 
+def _read(store: xr.Dataset, i: int) -> xr.Dataset:
+    """Image ``i`` of a trace store (its trace) or of a map store (its maps, which the analysis reads)."""
+    return image_maps(store, i) if is_map_store(store) else image_trace(store, i)
+
+
 def _image(one: xr.Dataset, run: Callable[..., Any], reported: Any, space: Any, mask: Any, *args: Any) -> Any:
-    # ``one`` keeps a length-1 image dimension, so image_trace gives exactly what the loop over the store gives.
-    return run(image_trace(one, 0), reported, space, mask, *args)
+    # ``one`` keeps a length-1 image dimension, so reading its image 0 gives exactly what the loop over the store gives.
+    return run(_read(one, 0), reported, space, mask, *args)
 
 
 def _compute(tasks: list, scheduler: str | None, show: bool) -> list:
@@ -172,8 +179,9 @@ def _compute(tasks: list, scheduler: str | None, show: bool) -> list:
 
 def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: Any, masks: Any, *args: Any,
                    progress: bool | None = None, scheduler: str | None = None) -> AmbiguityMany:
-    """Run ``one`` (the single-trace analysis) on each trace of a list or store; ``masks`` is None (a store's
-    masks are used when it has them) or one mask per image.
+    """Run ``one`` (the single-trace analysis) on each trace of a list or store, or on each image of a map store
+    (``vc.open_maps``: the analysis over the recipes the store holds); ``masks`` is None (a store's masks are used
+    when it has them) or one mask per image.
 
     A lazy (``open_traces``) store becomes one dask task per image, computed on the active dask.distributed
     Client if there is one, else on dask's default scheduler (or ``scheduler``); a list of traces, already in
@@ -207,6 +215,6 @@ def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: A
         tasks = [dask.delayed(_image)(blocks.isel(image=[i]), one, reported, space, mask[i], *args)
                  for i in range(n)]
         return AmbiguityMany(_compute(tasks, scheduler, show))
-    get = (lambda i: image_trace(traces, i)) if store else traces.__getitem__
+    get = (lambda i: _read(traces, i)) if store else traces.__getitem__
     return AmbiguityMany([one(get(i), reported, space, mask[i], *args)
                           for i in tqdm(range(n), desc="ambiguity", disable=not show)])

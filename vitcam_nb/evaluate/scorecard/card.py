@@ -35,15 +35,18 @@ import xarray as xr
 import vitcam_nb.evaluate.metrics_builtin  # noqa: F401  (fills the registry with the kit's metrics)
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.capture.reader import image_trace, is_store
+from vitcam_nb.compute.map_store import MAPS, image_maps, is_map_store
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import MetricWarning, warn
 from vitcam_nb.evaluate.metric_registry import METRICS, Metric, MetricInputs
 
-__all__ = ["bootstrap_interval", "image_scores", "scorecard"]
+__all__ = ["MAP_CATEGORIES", "bootstrap_interval", "image_scores", "scorecard"]
 
 _TARGETS = ("recipe", "label")
+#: The metric categories a map store can be scored with: they read the maps (and the mask) only.
+MAP_CATEGORIES = ("localisation", "complexity")
 
 
 def bootstrap_interval(values: np.ndarray, n_boot: int = 1000, seed: int = 0, level: float = 0.95
@@ -113,13 +116,17 @@ def image_scores(trace: xr.Dataset, recipes: Sequence[Recipe], metrics: Sequence
         >>> image_scores(tr, [vc.Recipe(layer=0)], [METRICS.get("sparseness")]).shape
         (1, 1)
     """
+    # A map store holds the maps of its recipes as named, "topN" resolved per image when they were computed (the
+    # N-th traced class: the N-th highest logit); they are read by those recipes.
+    read = list(recipes) if is_map_store(trace) else None
     recipes = [_resolve_class(r, trace, target) for r in recipes]
+    read = read or recipes
     if mask is None and "mask" in trace:
         mask = np.asarray(trace["mask"].values, bool)
     classes = {r.class_ for r in recipes if r.layer_fusion != "rollout"}
     inputs = MetricInputs(
-        trace=trace, recipes=recipes, maps=[_map(trace, r) for r in recipes],
-        grids=[_map(trace, r.replace(upsample="none")) for r in recipes], mask=mask, model=model,
+        trace=trace, recipes=recipes, maps=[_map(trace, r) for r in read],
+        grids=[_map(trace, r.replace(upsample="none")) for r in read], mask=mask, model=model,
         target=int(next(iter(classes))) if len(classes) == 1 else None, seed=seed, settings=dict(settings or {}))
     out = np.full((len(recipes), len(metrics)), np.nan)
     for j, metric in enumerate(metrics):
@@ -127,14 +134,19 @@ def image_scores(trace: xr.Dataset, recipes: Sequence[Recipe], metrics: Sequence
     return out
 
 
-def _metrics(metrics: Sequence[str] | None, has_mask: bool, model: Any) -> list[Metric]:
+def _metrics(metrics: Sequence[str] | None, has_mask: bool, model: Any, maps_only: bool = False) -> list[Metric]:
     if metrics is None:
         return [METRICS.get(n) for n in METRICS.names()
-                if (has_mask or "mask" not in METRICS.get(n).needs) and (model is not None or
-                                                                          "model" not in METRICS.get(n).needs)]
+                if METRICS.get(n).by_default and (has_mask or "mask" not in METRICS.get(n).needs)
+                and (model is not None or "model" not in METRICS.get(n).needs)
+                and (not maps_only or METRICS.get(n).category in MAP_CATEGORIES)]
     if isinstance(metrics, str) or not metrics:
         raise ValueError(f"metrics: expected a non-empty list of metric names from {METRICS.names()}, got {metrics!r}")
     chosen = [METRICS.get(n) for n in metrics]
+    other = [m.name for m in chosen if maps_only and m.category not in MAP_CATEGORIES]
+    if other:
+        raise ValueError(f"metrics: {other} read the trace or call the model; a map store holds maps only, which "
+                         f"the {' and '.join(MAP_CATEGORIES)} metrics read (score traces for the others)")
     for m in chosen:
         if "model" in m.needs and model is None:
             raise ValueError(f"model: metric {m.name!r} calls the model; pass model=")
@@ -155,7 +167,7 @@ def _run(source: Any, n: int, masks: Sequence[Any] | None, kw: dict, progress: b
     import dask
 
     def task(block: xr.Dataset, i: int) -> np.ndarray:
-        return one(i, image_trace(block, 0))
+        return one(i, image_maps(block, 0) if is_map_store(block) else image_trace(block, 0))
 
     tasks = [dask.delayed(task, pure=False)(source.isel(image=[i]), i) for i in range(n)]
     client = _active_client()
@@ -168,6 +180,23 @@ def _run(source: Any, n: int, masks: Sequence[Any] | None, kw: dict, progress: b
         return np.stack(client.gather(futures))
     with _TaskBar({t.key for t in tasks}, progress):
         return np.stack(dask.compute(*tasks))
+
+
+def _check_stored(store: xr.Dataset, recipes: Sequence[Recipe], target: str) -> None:
+    """Refuse, before any image is scored, what a map store cannot give: another class than its recipes name,
+    and a recipe it does not hold (named)."""
+    if target != "recipe":
+        raise ValueError("target: a map store's maps explain the classes its recipes name; target='label' needs "
+                         "traces (vc.trace_many with image_labels)")
+    first = image_maps(store, 0)
+    missing = []
+    for recipe in recipes:
+        try:
+            MAPS.compute(first, recipe)
+        except RecipeError:
+            missing.append(recipe.to_string())
+    if missing:
+        raise RecipeError(f"recipes: {missing} are not in this map store; score the recipes it holds, or traces")
 
 
 def _warn_gaps(recipes: list[Recipe], metrics: list[str], count: np.ndarray, n: int) -> None:
@@ -240,11 +269,14 @@ def scorecard(
 
     Args:
         store_or_traces: a many-image Dataset (:func:`vitcam_nb.open_traces`; lazy, one dask task per image), or a
-            sequence of single traces (eager).
+            sequence of single traces (eager). A map store (:func:`vitcam_nb.open_maps`) is scored with the
+            metrics that read maps only (:data:`MAP_CATEGORIES`: localisation, with ``masks=``, and complexity)
+            for the recipes it holds, each map read as ``vc.cam`` reads it.
         recipes: the recipes (distinct ids); their class is resolved per image (``"topN"``: the N-th highest logit)
             or, with ``target="label"``, replaced by the image's ground-truth label.
         metrics: names from the metric registry (``vc.evaluate.METRICS.names()``); default every registered metric
-            whose needs (mask, model) are met.
+            whose needs (mask, model) are met, but those registered ``by_default=False`` (``shapley_agreement``:
+            2^16 model calls per image), which run when named.
         masks: one boolean mask per image at the input size (default the store's ``mask`` variable if any).
         model: the model, for the metrics that call it (faithfulness, robustness).
         n_boot, seed: bootstrap resamples and their seed (the seed also seeds seeded metrics).
@@ -286,7 +318,9 @@ def scorecard(
     if masks is not None and len(masks) != n:
         raise ValueError(f"masks: expected one mask per image ({n}), got {len(masks)}")
     has_mask = masks is not None or ("mask" in source if lazy else all("mask" in t for t in source))
-    chosen = _metrics(metrics, has_mask, model)
+    chosen = _metrics(metrics, has_mask, model, maps_only=is_map_store(source))
+    if is_map_store(source):
+        _check_stored(source, recipes, target)
     # The bootstrap holds every resample's image indices and means at once: refused before any image is scored.
     need, free = int(n_boot) * 8 * (n + 2 * len(recipes) * len(chosen)), available_bytes()
     if free is not None and need > BUDGET_FRACTION * free:

@@ -5,6 +5,9 @@
 //   with a many-image store: `images` ([label, position] per image); the picker sends `image_request` =
 //   {id, index}; the kernel answers in one message with the new image, options, map (the recipe is kept)
 //   and `image_index` (the image shown), or with `error` (the image shown stays).
+//   with several traces of one image: `trace_choices` ([name, label] per trace); the trace picker sends
+//   `trace_request` = {id, name}; the kernel answers in one message with options, map (the recipe is kept) and
+//   `trace_shown` (the trace shown, also root.dataset.trace), or with `error` (the trace shown stays).
 // An answer whose response_id is older than the newest request sent is stale and never painted.
 // The controls always show the recipe of the map on screen: a refused request (a combination the kernel or the
 // exported file cannot give, e.g. a preset) puts the controls back at the shown recipe, repaints its map if a
@@ -47,9 +50,10 @@ function render({ model, el }) {
   const recipeId = h("code", { className: "vc-recipe-id" });
   const status = h("span", { className: "vc-status" });
   const picker = imagePicker();
+  const tracePick = tracePicker();
   const presetMenu = presetPicker();
   const header = h("div", { className: "vc-header" },
-    h("strong", { textContent: "vitcam_nb Explorer" }), picker, presetMenu, h("span", { textContent: " recipe " }),
+    h("strong", { textContent: "vitcam_nb Explorer" }), picker, tracePick, presetMenu, h("span", { textContent: " recipe " }),
     recipeId,
     copyButton("copy recipe JSON", () => model.get("recipe_json")), status);
   const canvas = h("canvas", { className: "vc-canvas" });
@@ -94,20 +98,47 @@ function render({ model, el }) {
     return select;
   }
 
+  // Several traces of one image (e.g. gradient and a backward rule; null for one trace): switching keeps the
+  // recipe. Cached maps belong to the trace they came from, so the cache is emptied on every switch.
+  function tracePicker() {
+    const choices = model.get("trace_choices") || [];
+    if (!choices.length) return null;
+    const select = h("select", { className: "vc-trace-picker", attrs: { "aria-label": "trace" } });
+    for (const [name, label] of choices) select.append(h("option", { value: name, textContent: label }));
+    select.value = model.get("trace_shown");
+    root.dataset.trace = model.get("trace_shown");
+    let requests = 0;
+    select.addEventListener("change", () => {
+      if (select.value === model.get("trace_shown")) return;
+      cache.clear();
+      root.dataset.state = "pending";
+      status.textContent = "loading trace…";
+      model.set("trace_request", { id: ++requests, name: select.value });
+      model.save_changes();
+    });
+    return select;
+  }
+
   // The preset menu: choosing a published method sets every field of its recipe in one request.
   function presetPicker() {
-    const presets = options.presets || [];
-    if (!presets.length) return null;
+    if (!(options.presets || []).length) return null;
     const select = h("select", { className: "vc-preset-picker", attrs: { "aria-label": "preset" } });
-    select.append(h("option", { value: "", textContent: "preset…" }));
-    for (const [name, label] of presets) select.append(h("option", { value: name, textContent: label }));
+    fillPresets(select);
     select.addEventListener("change", () => {
-      const chosen = presets.find(([name]) => name === select.value);
+      const chosen = (model.get("options").presets || []).find(([name]) => name === select.value);
       select.value = "";
       if (!chosen) return;
       onControls(chosen[2], true); // one request: no intermediate draft is sent or painted
     });
     return select;
+  }
+
+  // The menu offers the presets of the options shown (another trace of the image may offer others).
+  function fillPresets(select) {
+    select.replaceChildren(h("option", { value: "", textContent: "preset…" }));
+    for (const [name, label] of model.get("options").presets || []) {
+      select.append(h("option", { value: name, textContent: label }));
+    }
   }
 
   // -- requests ----------------------------------------------------------------------------------
@@ -269,6 +300,7 @@ function render({ model, el }) {
     showReport();
     if (error && painted !== model.get("recipe_id")) paint(); // a cached view of the refused draft is replaced
     if (picker) picker.value = String(model.get("image_index")); // a refused image: back to the one shown
+    if (tracePick) tracePick.value = model.get("trace_shown"); // likewise a refused trace
     if (!error) {
       remember(keyOf(JSON.parse(model.get("recipe_json"))), {
         recipe_json: model.get("recipe_json"), recipe_id: model.get("recipe_id"), grid: fromModel("grid"),
@@ -302,13 +334,19 @@ function render({ model, el }) {
     paint();
   };
   const onOptions = () => {
-    // Another image of a store traced other classes: the controls are rebuilt from its options.
+    // Another image of a store traced other classes, or another trace other sites: the controls are rebuilt.
     controlsNode.replaceChildren();
     controls = recipeControls(controlsNode, model.get("options").fields, onControl);
     controls.sync(draft);
+    if (presetMenu) fillPresets(presetMenu);
   };
   const onImageIndex = () => {
     if (picker) picker.value = String(model.get("image_index"));
+  };
+  const onTrace = () => {
+    cache.clear(); // the maps cached so far are the other trace's
+    root.dataset.trace = model.get("trace_shown");
+    if (tracePick) tracePick.value = model.get("trace_shown");
   };
   model.on("change:frame", onAnswer);
   model.on("msg:custom", onCustom);
@@ -318,6 +356,7 @@ function render({ model, el }) {
   model.on("change:size", paint);
   model.on("change:options", onOptions);
   model.on("change:image_index", onImageIndex);
+  model.on("change:trace_shown", onTrace);
 
   controls.sync(draft);
   showReport();
@@ -334,6 +373,7 @@ function render({ model, el }) {
     model.off("change:size", paint);
     model.off("change:options", onOptions);
     model.off("change:image_index", onImageIndex);
+    model.off("change:trace_shown", onTrace);
   };
 }
 

@@ -4,6 +4,8 @@
 //   #vc-maps  base64 of zlib(image RGBA, [low, high] float32 per map when uint8, the quantised grids)
 //   #vc-texts base64 of zlib(JSON list, one entry per combination of the axes, first axis slowest):
 //             {g: map index, r: recipe JSON, id, c: checklist, md, m: methods, d: degenerate, n: notes} or {e}
+//   with several traces of one image, #vc-meta also holds trace_choices, trace_shown and trace_parts (the meta of
+//   each further trace's table), whose blobs are #vc-maps-1, #vc-texts-1, ... (the first trace's: the above).
 // A local model stands in for the kernel: it answers the Explorer's `request` from the table, with the same
 // traits the kernel sets, so explorer.js paints exactly as it does in a notebook. A draft outside the table (a
 // value no entry holds, in a varied field or a fixed one) is answered with a refusal, as the kernel refuses.
@@ -48,20 +50,28 @@ function gridBytes(meta, maps, index) {
   return new Uint8Array(out.buffer);
 }
 
-/** A stand-in for the widget model: get/set/save_changes/on/off, answering requests from the table. */
-function localModel(meta, maps, entries) {
+/** A stand-in for the widget model: get/set/save_changes/on/off, answering requests from the table. With several
+ * traces of one image, `parts` holds one table per trace ({name, meta, maps, entries}, the first shown first) and
+ * a `trace_request` switches table, keeping the recipe shown where the other table holds it (else a refusal). */
+function localModel(parts) {
   const listeners = new Map();
-  const keys = meta.axes.map(([, values]) => new Map(values.map((v, i) => [JSON.stringify(v), i])));
+  const meta = parts[0].meta;
+  for (const p of parts) {
+    p.keys = p.meta.axes.map(([, values]) => new Map(values.map((v, i) => [JSON.stringify(v), i])));
+    p.varied = new Set(p.meta.axes.map(([field]) => field));
+  }
+  let part = parts[0];
   const state = {
-    options: meta.options, image: maps.subarray(0, meta.image_bytes), image_shape: meta.image_shape,
+    options: meta.options, image: part.maps.subarray(0, meta.image_bytes), image_shape: meta.image_shape,
     size: meta.size, opacity: meta.opacity, colormap: meta.colormap, images: [], image_index: 0,
-    response_id: 0, frame: 0, error: "", request: {}, image_request: {},
+    trace_choices: meta.trace_choices || [], trace_shown: meta.trace_shown || "",
+    response_id: 0, frame: 0, error: "", request: {}, image_request: {}, trace_request: {},
   };
-  const shown = (entry) => ({
-    recipe_json: entry.r, recipe_id: entry.id, grid: gridBytes(meta, maps, entry.g), grid_shape: meta.grid_shape,
+  const shown = (entry, p = part) => ({
+    recipe_json: entry.r, recipe_id: entry.id, grid: gridBytes(p.meta, p.maps, entry.g), grid_shape: p.meta.grid_shape,
     checklist: entry.c, checklist_md: entry.md, methods: entry.m, degenerate: entry.d, notes: entry.n, error: "",
   });
-  Object.assign(state, shown(entries[meta.start]));
+  Object.assign(state, shown(part.entries[meta.start]));
 
   function update(changes) {
     const changed = Object.keys(changes).filter((k) => state[k] !== changes[k]);
@@ -69,14 +79,15 @@ function localModel(meta, maps, entries) {
     for (const key of changed) for (const fn of listeners.get(`change:${key}`) || []) fn();
   }
 
-  // The index of a draft in the table (the axes in order, first slowest), or a message why it is not there.
-  function lookup(draft) {
+  // The index of a draft in a table (the axes in order, first slowest), or a message why it is not there.
+  function lookup(draft, p = part) {
+    const m = p.meta;
     let index = 0;
-    for (let a = 0; a < meta.axes.length; a++) {
-      const [field, values] = meta.axes[a];
+    for (let a = 0; a < m.axes.length; a++) {
+      const [field, values] = m.axes[a];
       let value = draft[field];
-      if (field === "layer" && Number.isInteger(value)) value = ((value % meta.num_layers) + meta.num_layers) % meta.num_layers;
-      const pos = keys[a].get(JSON.stringify(value));
+      if (field === "layer" && Number.isInteger(value)) value = ((value % m.num_layers) + m.num_layers) % m.num_layers;
+      const pos = p.keys[a].get(JSON.stringify(value));
       if (pos === undefined) {
         return `${field} = ${JSON.stringify(value)} is not in this file (it holds ${values.map((v) => JSON.stringify(v)).join(", ")})`;
       }
@@ -87,14 +98,13 @@ function localModel(meta, maps, entries) {
 
   // A field the file does not vary holds one value in every entry: a draft (e.g. a preset) that asks for another
   // value of a field that applies is not in the file, rather than shown as the entry's own recipe.
-  const varied = new Set(meta.axes.map(([field]) => field));
-  const layerOf = (v) => (Number.isInteger(v) ? ((v % meta.num_layers) + meta.num_layers) % meta.num_layers : v);
-  function fixedFieldMiss(draft, entry) {
+  function fixedFieldMiss(draft, entry, p = part) {
     if (entry.r === undefined) return null;
     const stored = JSON.parse(entry.r);
-    for (const field of meta.options.fields) {
+    const layerOf = (v) => (Number.isInteger(v) ? ((v % p.meta.num_layers) + p.meta.num_layers) % p.meta.num_layers : v);
+    for (const field of p.meta.options.fields) {
       const name = field.name;
-      if (varied.has(name) || !(name in draft) || !applies(field.when, draft)) continue;
+      if (p.varied.has(name) || !(name in draft) || !applies(field.when, draft)) continue;
       const norm = name === "layer" ? layerOf : (v) => v;
       if (JSON.stringify(norm(draft[name])) !== JSON.stringify(norm(stored[name]))) {
         const [want, have] = [JSON.stringify(draft[name]), JSON.stringify(stored[name])];
@@ -104,26 +114,47 @@ function localModel(meta, maps, entries) {
     return null;
   }
 
+  // The entry of a draft in a table: {g, r, ...} or {e: why not}.
+  function entryOf(draft, p = part) {
+    const index = lookup(draft, p);
+    const entry = typeof index === "number" ? p.entries[index] : { e: index };
+    const miss = fixedFieldMiss(draft, entry, p);
+    return miss ? { e: miss } : entry;
+  }
+
   function answer(request) {
     const id = Math.max(Number(request.id) || 0, state.response_id);
-    const draft = request.recipe || {};
-    const index = lookup(draft);
-    let entry = typeof index === "number" ? entries[index] : { e: index };
-    const miss = fixedFieldMiss(draft, entry);
-    if (miss) entry = { e: miss };
+    const entry = entryOf(request.recipe || {});
     if (entry.e !== undefined) update({ error: entry.e, response_id: id, frame: state.frame + 1 });
     else update({ ...shown(entry), response_id: id, frame: state.frame + 1 });
+  }
+
+  // A switch of trace keeps the recipe shown: the other table's entry of that very recipe, or a refusal.
+  function switchTrace(request) {
+    const other = parts.find((p) => p.name === request.name);
+    if (other === part) return;
+    let entry = other ? entryOf(JSON.parse(state.recipe_json), other)
+      : { e: `trace: expected one of ${JSON.stringify(parts.map((p) => p.name))}, got ${JSON.stringify(request.name)}` };
+    if (entry.e === undefined && entry.r !== state.recipe_json) entry = { e: "the recipe shown is not in this file" };
+    if (entry.e !== undefined) {
+      update({ error: `trace ${JSON.stringify(request.name)}: ${entry.e}`, frame: state.frame + 1 });
+      return;
+    }
+    part = other;
+    update({ options: other.meta.options, trace_shown: other.name, ...shown(entry), frame: state.frame + 1 });
   }
 
   return {
     get: (name) => state[name],
     set: (name, value) => {
-      if (name === "request" || name === "image_request") state[name] = value;
+      if (name === "request" || name === "image_request" || name === "trace_request") state[name] = value;
       else update({ [name]: value });
     },
     save_changes: () => {
-      const request = state.request;
+      const [request, traceRequest] = [state.request, state.trace_request];
       state.request = {};
+      state.trace_request = {};
+      if (traceRequest && traceRequest.id !== undefined) switchTrace(traceRequest);
       if (request && request.id !== undefined) answer(request);
     },
     on: (event, fn) => listeners.set(event, [...(listeners.get(event) || []), fn]),
@@ -137,10 +168,16 @@ async function mountExported() {
   try {
     if (typeof DecompressionStream === "undefined") throw new Error("this browser has no DecompressionStream");
     const meta = JSON.parse(document.getElementById("vc-meta").textContent);
-    const maps = await inflate(document.getElementById("vc-maps").textContent.trim());
-    const texts = await inflate(document.getElementById("vc-texts").textContent.trim());
-    const entries = JSON.parse(new TextDecoder().decode(texts));
-    const model = localModel(meta, maps, entries);
+    const metas = [meta, ...(meta.trace_parts || [])];
+    const names = (meta.trace_choices || [["", ""]]).map(([name]) => name);
+    const parts = [];
+    for (let i = 0; i < metas.length; i++) {
+      const suffix = i ? `-${i}` : "";
+      const maps = await inflate(document.getElementById(`vc-maps${suffix}`).textContent.trim());
+      const texts = await inflate(document.getElementById(`vc-texts${suffix}`).textContent.trim());
+      parts.push({ name: names[i], meta: metas[i], maps, entries: JSON.parse(new TextDecoder().decode(texts)) });
+    }
+    const model = localModel(parts);
     window.vitcamExplorer = model;
     render({ model, el: host });
     document.body.dataset.loaded = "true";

@@ -1,0 +1,152 @@
+"""The registry of backward-rule implementations: for each rule of :data:`vitcam_nb.core.rules.RULES` and each
+model family that has one, a check (the model's modules are those the rule is defined on) and a context manager
+that substitutes the backward pass while the trace's one pass runs.
+
+A rule context must leave the forward values unchanged and restore the model exactly on exit, also on error: the
+implementations here only add hooks (removed on exit) whose outputs carry the rule's gradient through forward-
+neutral detach tricks (:mod:`vitcam_nb.capture.rules.grad`).
+
+Example:
+    >>> import timm
+    >>> from vitcam_nb.adapters import find_adapter
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1)
+    >>> check_rule_for("attnlrp", m, find_adapter(m))
+    'attnlrp'
+    >>> rule_families("cp_lrp")
+    ['vit', 'beit']
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass
+
+import torch
+
+from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
+
+__all__ = ["RuleImpl", "check_rule_for", "register_rule", "rule_context", "rule_extra_grads", "rule_extra_names",
+           "rule_families"]
+
+
+@dataclass(frozen=True)
+class RuleImpl:
+    """How one rule runs on one model family.
+
+    ``check(model, adapter)`` raises :class:`~vitcam_nb.core.errors.TraceError` when the model has a module the
+    rule is not defined on; ``context(model, adapter)`` is the context manager the pass runs inside.
+    ``models`` names the models of the family it covers, for error messages. ``extra_grads``, if given, runs
+    after the forward pass and before the pass's own backward, inside the rule's context: ``extra_grads(outputs,
+    tensors)`` may run its own batched backward passes over the retained graph
+    (:func:`vitcam_nb.capture.backward.batched_grad` with ``retain_graph=True``) and returns
+    ``{variable name: {(layer, site): (targets, batch, ...) tensor}}``, stored beside the site's gradient (e.g.
+    ``chefer_lrp``'s plain gradient at F2, ``attn_plain_grad``).
+
+    Example:
+        >>> RuleImpl("vit", lambda m, a: None, lambda m, a: contextlib.nullcontext(), "timm ViT").family
+        'vit'
+    """
+
+    family: str
+    check: Callable[[torch.nn.Module, Adapter], None]
+    context: Callable[[torch.nn.Module, Adapter], ContextManager]
+    models: str = ""
+    extra_grads: Callable[[torch.Tensor, dict], dict[str, dict]] | None = None
+    #: the variables ``extra_grads`` stores, each shaped like the F2 gradient (for the memory estimate)
+    extra_names: tuple[str, ...] = ()
+
+
+# rule name -> family -> implementation
+_IMPLS: dict[str, dict[str, RuleImpl]] = {}
+
+
+def register_rule(rule: str, impl: RuleImpl, *, replace: bool = False) -> None:
+    """Register ``impl`` as rule ``rule`` (a name of :data:`vitcam_nb.core.rules.RULES`) on its family.
+
+    Example:
+        >>> impl = RuleImpl("demo", lambda m, a: None, lambda m, a: contextlib.nullcontext())
+        >>> register_rule("cp_lrp", impl)
+        >>> "demo" in rule_families("cp_lrp")
+        True
+        >>> del _IMPLS["cp_lrp"]["demo"]
+    """
+    if check_rule(rule) == DEFAULT_RULE:
+        raise ValueError(f"rule: {DEFAULT_RULE!r} is autograd's own gradient and takes no implementation")
+    table = _IMPLS.setdefault(rule, {})
+    if impl.family in table and not replace:
+        raise ValueError(f"rule: {rule!r} already has an implementation for family {impl.family!r}; pass "
+                         "replace=True to replace it")
+    table[impl.family] = impl
+
+
+def rule_families(rule: str) -> list[str]:
+    """The model families rule ``rule`` is implemented for.
+
+    Example:
+        >>> rule_families("gradient")
+        []
+    """
+    return list(_IMPLS.get(check_rule(rule), {}))
+
+
+def check_rule_for(rule: object, model: torch.nn.Module, adapter: Adapter) -> str:
+    """``rule`` checked before any model call: a known name, implemented for the model's family, and defined on
+    its modules; else a :class:`~vitcam_nb.core.errors.TraceError` that names what is allowed.
+
+    Example:
+        >>> check_rule_for("gradient", torch.nn.Linear(1, 1), None)
+        'gradient'
+    """
+    rule = check_rule(rule)
+    if rule == DEFAULT_RULE:
+        return rule
+    impls = _IMPLS.get(rule, {})
+    impl = impls.get(adapter.family)
+    if impl is None:
+        covered = "; ".join(f"{f} ({i.models})" if i.models else f for f, i in impls.items()) or "no family"
+        raise TraceError(f"rule: rule={rule!r} is defined for {covered}; the {adapter.family} family "
+                         f"({type(model).__name__}) is not supported. Trace it with rule='gradient'")
+    impl.check(model, adapter)
+    return rule
+
+
+def rule_context(rule: str, model: torch.nn.Module, adapter: Adapter) -> ContextManager:
+    """The context the pass runs inside for ``rule`` (nothing at all for ``"gradient"``).
+
+    Example:
+        >>> with rule_context("gradient", torch.nn.Linear(1, 1), None):
+        ...     pass
+    """
+    if check_rule(rule) == DEFAULT_RULE:
+        return contextlib.nullcontext()
+    return _IMPLS[rule][adapter.family].context(model, adapter)
+
+
+def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors: dict) -> dict[str, dict]:
+    """The extra gradients rule ``rule`` stores (``{}`` for every rule without them), computed on the pass's
+    ``outputs`` (one per target, each differentiated with its own one-hot, as the pass's backward) and its site
+    ``tensors``; called inside the rule's context, before the pass's own backward frees the graph.
+
+    Example:
+        >>> rule_extra_grads("gradient", None, torch.zeros(2), {})
+        {}
+    """
+    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    if impl is None or impl.extra_grads is None:
+        return {}
+    return impl.extra_grads(outputs, tensors)
+
+
+def rule_extra_names(rule: str, adapter: Adapter) -> tuple[str, ...]:
+    """The extra variables rule ``rule`` stores on ``adapter``'s family, each shaped like the F2 gradient.
+
+    Example:
+        >>> rule_extra_names("gradient", None)
+        ()
+    """
+    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    return impl.extra_names if impl is not None else ()

@@ -1,0 +1,147 @@
+"""A model sent to the workers of a dask.distributed Client, for the batch runs sharded over them
+(:func:`vitcam_nb.trace_many`, :func:`vitcam_nb.map_many`).
+
+How the model travels: not pickled. Its architecture is rebuilt on each worker by ``timm.create_model`` from a
+spec (``{"timm": name, **kwargs}``; default the model's timm name), its weights are sent once per worker as
+safetensors bytes (a worker plugin, so a worker that joins or restarts loads them too), and the weights hash of
+the rebuilt model must equal the caller's, or the batch is refused. Where GPUs exist each worker pins one:
+``cuda:0`` of what ``CUDA_VISIBLE_DEVICES`` leaves it (dask-cuda's LocalCUDACluster gives each worker its own),
+else the GPU numbered by the worker's name modulo the GPU count.
+
+Example:
+    >>> active_client() is None  # no Client running here
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from vitcam_nb.capture.plan import model_name
+from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.provenance import weights_sha256
+
+try:  # the plugin's base class; without distributed there is no Client to shard over
+    from distributed import WorkerPlugin as _PluginBase
+except ImportError:  # pragma: no cover
+    _PluginBase = object
+
+__all__ = ["active_client", "drop_model", "loaded_model", "send_model"]
+
+#: Models loaded on this worker process, by key: (model, device, lock).
+_MODELS: dict[str, tuple[torch.nn.Module, str, threading.Lock]] = {}
+
+
+def active_client() -> Any:
+    """The active dask.distributed Client, or None (none running, or distributed not installed).
+
+    Example:
+        >>> active_client() is None
+        True
+    """
+    try:
+        from distributed import get_client
+    except ImportError:
+        return None
+    try:
+        return get_client()
+    except ValueError:
+        return None
+
+
+def _pin(device: str, worker_name: Any) -> str:
+    """The device a worker computes on: the caller's, with one GPU per worker where there are several."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return device
+    count = torch.cuda.device_count()
+    if count <= 1:  # one GPU visible (dask-cuda gives each worker its own): that one
+        return "cuda:0"
+    try:
+        return f"cuda:{int(worker_name) % count}"
+    except (TypeError, ValueError):
+        return f"cuda:{sum(map(ord, str(worker_name))) % count}"
+
+
+def _build(spec: dict, weights: bytes, sha: str, training: bool) -> torch.nn.Module:
+    import timm
+    from safetensors.torch import load
+
+    kwargs = {k: v for k, v in spec.items() if k != "timm"}
+    model = timm.create_model(spec["timm"], pretrained=False, **kwargs)
+    try:
+        model.load_state_dict(load(weights), strict=True)
+    except RuntimeError as exc:
+        raise TraceError(f"worker_model: {spec} builds a model whose weights do not fit the caller's ({exc}); pass "
+                         "worker_model={'timm': name, **the create_model kwargs the model was built with}") from exc
+    model.train(training)
+    if weights_sha256(model) != sha:
+        raise TraceError(f"worker_model: the model rebuilt from {spec} has other weights than the caller's "
+                         f"(sha256 {weights_sha256(model)[:12]}…, caller {sha[:12]}…)")
+    return model
+
+
+class _ModelPlugin(_PluginBase):
+    """A worker plugin that loads the model once on each worker (and on workers that join later)."""
+
+    def __init__(self, key: str, spec: dict, weights: bytes, sha: str, training: bool, device: str) -> None:
+        self.key, self.spec, self.weights, self.sha, self.training, self.device = key, spec, weights, sha, training, \
+            device
+        self.name = f"vitcam_nb-model-{key}"
+
+    def setup(self, worker: Any) -> None:
+        if self.key not in _MODELS:
+            model = _build(self.spec, self.weights, self.sha, self.training)
+            _MODELS[self.key] = (model, _pin(self.device, getattr(worker, "name", 0)), threading.Lock())
+
+    def teardown(self, worker: Any) -> None:
+        _MODELS.pop(self.key, None)
+
+
+def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, device: str, caller: str
+               ) -> tuple[str, str]:
+    """Send ``model`` to every worker of ``client`` (a worker plugin); its key for :func:`loaded_model` and the
+    plugin's name for :func:`drop_model`. A spec timm cannot build is refused before anything is sent.
+
+    Example:
+        >>> key, name = send_model(client, model, None, "cpu", "trace_many")  # doctest: +SKIP
+    """
+    from safetensors.torch import save
+
+    spec = dict(worker_model) if worker_model is not None else {"timm": model_name(model)[0]}
+    import timm
+
+    if not isinstance(spec.get("timm"), str) or not timm.is_model(spec["timm"]):
+        raise TraceError(f"worker_model: a distributed {caller} rebuilds the model on each worker with "
+                         f"timm.create_model; expected {{'timm': a timm model name, **its create_model kwargs}}, "
+                         f"got {spec!r}")
+    sha = weights_sha256(model)
+    weights = save({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()})
+    key = f"{sha[:16]}-{os.getpid()}"
+    plugin = _ModelPlugin(key, spec, weights, sha, model.training, device)
+    client.register_plugin(plugin, name=plugin.name)
+    return key, plugin.name
+
+
+def loaded_model(key: str) -> tuple[torch.nn.Module, str, threading.Lock]:
+    """On a worker: the model :func:`send_model` sent, the device it computes on and the lock its passes take.
+
+    Example:
+        >>> model, device, lock = loaded_model(key)  # doctest: +SKIP
+    """
+    return _MODELS[key]
+
+
+def drop_model(client: Any, name: str) -> None:
+    """Unload the model from the workers (a Client closing meanwhile takes them with it).
+
+    Example:
+        >>> drop_model(client, name)  # doctest: +SKIP
+    """
+    try:
+        client.unregister_worker_plugin(name)
+    except Exception:  # a Client closing meanwhile: its workers go with their models
+        pass

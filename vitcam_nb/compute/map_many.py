@@ -1,0 +1,311 @@
+"""Maps of many images, computed where the trace is made and stored small: per batch one forward and one batched
+backward pass (the pass of :func:`vitcam_nb.trace`) capturing only the sites and blocks the recipes read, each
+image's maps computed from its trace with the NumPy kernels, and only the maps kept, on the token grid
+(:mod:`vitcam_nb.compute.map_store`). With an active dask.distributed Client the batches are sharded over its
+workers (:mod:`vitcam_nb.compute.map_shard`).
+
+Example:
+    >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    >>> imgs = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    >>> p = map_many(m, imgs, ["F1@1", "F4@0"], tempfile.mkdtemp() + "/m.zarr", batch_size=2, progress=False)
+    >>> vc.open_maps(p)["maps"].shape
+    (3, 2, 4, 4)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from vitcam_nb.capture.budget import available_bytes, check_budget, check_max_bytes
+from vitcam_nb.capture.inputs import iter_items
+from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.runtime import exclusive, on_device
+from vitcam_nb.capture.store_lock import StoreLock
+from vitcam_nb.capture.trace_many import store_settings
+from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
+from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
+from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
+from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
+from vitcam_nb.compute.report import cached_report
+from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
+from vitcam_nb.core.provenance import array_sha256, settings_id
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.preprocess import prepare_input
+from vitcam_nb.targets.classes import head_size
+
+__all__ = ["map_many", "store_plan"]
+
+
+def _targets(recipes: list[Recipe], targets: Any) -> Any:
+    """The targets the pass traces: those given, else top-K for the largest top-K class the recipes name, or
+    the int classes they name."""
+    if targets is not None:
+        return targets
+    ranks = [int(r.class_[3:]) for r in recipes if isinstance(r.class_, str)]
+    ints = sorted({int(r.class_) for r in recipes if not isinstance(r.class_, str)})
+    if ranks and ints:
+        raise RecipeError(f"targets: the recipes name ranked classes (top{max(ranks)}) and class ids {ints}; pass "
+                          "targets= (a list of class ids) to say which classes to trace")
+    return f"top{max(ranks)}" if ranks else ints
+
+
+def store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: Any, dtype: str, device: Any,
+               labels: Sequence[str] | None) -> tuple[TracePlan, list[Entry], int]:
+    """The pass's plan (only the sites and blocks the recipes read), the store's entries and its part count;
+    every recipe is checked here, before any model call.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3)
+        >>> plan, entries, n_parts = store_plan(m, [Recipe(site="F4", layer=-1)], "top1", "float32", None, None)
+        >>> plan.site_ids, plan.layer_ids, n_parts
+        (['F4'], [2], 0)
+    """
+    full = TracePlan.for_store(model, targets, dtype=dtype, device=device, labels=labels)
+    n_layers = len(full.adapter.blocks(full.model))
+    entries, sites, layers, n_parts = plan_entries(recipes, n_layers, list(full.adapter.site_table(full.model)),
+                                                   targets)
+    plan = TracePlan.for_store(model, targets, sites=sites, layers=layers, dtype=dtype, device=device, labels=labels)
+    return plan, entries, n_parts
+
+
+def _check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
+                 batch: int, max_bytes: float | None, parent: Path) -> None:
+    """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk."""
+    patch = getattr(getattr(plan.model, "patch_embed", None), "patch_size", (16, 16))
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    per_image = (len(entries) + n_parts) * max(1, hw[0] // ph) * max(1, hw[1] // pw) * 4 + len(entries) * 64
+    budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
+    if per_image * batch > budget:
+        raise TraceError(f"recipes_or_space: {len(entries)} recipes ({n_parts} fused parts) need about "
+                         f"{per_image * batch / 1e6:.1f} MB of maps per batch of {batch}, above the memory budget of "
+                         f"{budget / 1e6:.1f} MB; use fewer recipes or a smaller batch_size")
+    free = shutil.disk_usage(parent).free
+    if n is not None and per_image * n > free:
+        raise TraceFileError(f"recipes_or_space: {len(entries)} recipes over {n} images make a store of about "
+                             f"{per_image * n / 1e9:.2f} GB ({per_image / 1e3:.1f} kB per image); {parent} has "
+                             f"{free / 1e9:.2f} GB free")
+
+
+def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: StoreLock) -> MapWriter | None:
+    """The existing store to resume (lock taken), None for a new one; another model's store is refused."""
+    if not path.exists():
+        return None
+    lock.acquire()
+    if overwrite:
+        try:
+            check_store(path, settings)
+        except TraceFileError as exc:
+            if "another model or settings" not in str(exc):
+                raise  # never delete a folder that is not a map store
+        shutil.rmtree(path)
+        lock.release()
+        return None
+    check_store(path, settings)
+    writer = MapWriter(path)
+    expected = int(writer.attrs.get("n_expected", -1))
+    if n is not None and expected >= 0 and expected != n:
+        raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these are other "
+                             "images. Use a new path, or overwrite=True")
+    # A store begun from an iterator learns its length from the first call that knows it.
+    writer.group.attrs.update({"complete": 0, "n_expected": expected if n is None or expected >= 0 else int(n)})
+    return writer
+
+
+def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: str | os.PathLike, *,
+             batch_size: int = 8, device: str | torch.device | None = None, dtype: str = "float32",
+             targets: str | int | Sequence[int] | None = None, labels: Sequence[str] | None = None,
+             image_labels: Sequence[Any] | None = None, overwrite: bool = False, verify: bool = True,
+             progress: bool = True, max_bytes: float | None = None, worker_model: dict | None = None,
+             backend: str = "numpy") -> Path:
+    """Compute every recipe's map of every image into one zarr store, keeping only the maps on the token grid.
+
+    Per batch, one forward and one batched backward pass capture only the sites and blocks the recipes read;
+    each image's maps are computed from its trace exactly as :func:`vitcam_nb.cam` computes them, and stored on
+    the token grid with each map's degeneracy, scale, the recipes (id, canonical text and JSON), each image's
+    provenance and targets. Open the store with :func:`vitcam_nb.open_maps`: ``vc.cam`` on it upsamples and
+    normalises as the recipe names, so a map read back is bitwise ``vc.cam`` on the trace of that image made by
+    the same pass. Resumable (a batch is computed again only if it was not marked done), locked, and refusing a
+    store of another model or other settings. With an active ``dask.distributed`` Client the batches are
+    sharded over its workers (see :mod:`vitcam_nb.compute.map_shard`).
+
+    Args:
+        model: a timm ViT-like model (a flat token layout; a class head).
+        images: as :func:`vitcam_nb.trace_many` takes them (list, array, folder, DataLoader, ...).
+        recipes_or_space: a list of Recipes, preset names or recipe lines, or a space ``{field: [values]}``.
+        path: the store folder (``.zarr``).
+        batch_size: images per pass, and per chunk of the store.
+        device, labels, image_labels: as in :func:`vitcam_nb.trace_many`.
+        dtype: the storage dtype of the traces the maps are computed from, as in :func:`vitcam_nb.trace` (the
+            maps themselves are float32, as ``vc.cam`` returns them).
+        targets: the classes traced; default: ``"topK"`` for the recipes' largest ``class_="topK"``.
+        overwrite, verify, progress, max_bytes: as in :func:`vitcam_nb.trace_many`.
+        backend: ``"numpy"`` (default): each image's maps by the NumPy pipeline of ``vc.cam`` on its trace, bitwise
+            ``vc.cam``; ``"torch"``: each batch's maps by the torch kernels on the pass's device, straight from the
+            pass's tensors (within 1e-5 of each map's scale, the same degenerate flags; a recipe without a torch
+            kernel is refused before any model call, naming it).
+        worker_model: for a distributed run, ``{"timm": name, **create_model kwargs}`` that builds the model's
+            architecture on each worker (its weights travel as safetensors bytes); default: the model's timm name.
+
+    Returns:
+        the store path.
+
+    Example:
+        >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+        >>> p = vc.map_many(m, [np.zeros((32, 32, 3), np.uint8)] * 2, ["gradcam"], tempfile.mkdtemp() + "/m.zarr",
+        ...                 progress=False)
+        >>> vc.cam(vc.image_maps(vc.open_maps(p), 0), vc.presets.gradcam()).dims
+        ('y', 'x')
+    """
+    from vitcam_nb.compute import map_shard
+
+    if backend not in BACKENDS:
+        raise TraceError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
+    recipes = as_recipes(recipes_or_space)
+    if backend == "torch":
+        torch_refusals(recipes)
+    targets = _targets(recipes, targets)
+    plan, entries, n_parts = store_plan(model, recipes, targets, dtype, device, labels)
+    model = plan.model
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    batch_size = int(batch_size)
+    check_max_bytes(max_bytes, plan)
+    settings = {**store_settings(plan), "recipes": [e.recipe.to_json() for e in entries], "batch_size": batch_size}
+    if backend != "numpy":  # a NumPy store keeps the settings (and id) it had before backends existed
+        settings["backend"] = backend
+    path = Path(path)
+    if path.suffix.lower() != ".zarr":
+        raise TraceFileError(f"path: a map_many store is a zarr folder and its path ends in .zarr, got {path}")
+    if not path.parent.exists():
+        raise TraceFileError(f"path: folder {path.parent} does not exist")
+    client = map_shard.active_client()
+    items, n = iter_items(images, image_labels, None)
+    if client is not None and n is None:
+        raise TraceError("images: a map_many sharded over a dask.distributed Client needs a list or array of images "
+                         "(its length known), not an iterator")
+    lock = StoreLock(path, writer="map_many")
+    try:
+        writer = _open(path, settings, overwrite, n, lock)
+    except BaseException:
+        lock.release()
+        raise
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n, initial=int(writer.done.sum()) if writer else 0, disable=not progress, unit="img",
+               desc="map_many")
+    state = {"writer": writer, "seen": 0, "shape": None}
+    shard = None
+
+    def create(arrays: dict, attrs: dict, kinds: np.ndarray) -> MapWriter:
+        pad = attrs.pop("pad")
+        store_attrs = {
+            "store_kind": MAPS_STORE_KIND, "store_version": MAPS_STORE_VERSION,
+            "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
+            "n_expected": -1 if n is None else int(n), "n_images": 0, "batch_size": batch_size, "complete": 0,
+            "trace_attrs": json.dumps(attrs, sort_keys=True, default=str), "num_layers": int(attrs["num_layers"]),
+            "img_height": int(attrs["img_height"]), "img_width": int(attrs["img_width"]),
+            "grid_h": int(attrs["grid_h"]), "grid_w": int(attrs["grid_w"]),
+            "pad": pad,
+            "recipes": json.dumps([_info(e, report_of(attrs, str(arrays["provenance"][0]), kinds)) for e in entries]),
+        }
+        new = MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
+        lock.acquire()
+        return new
+
+    def flush(start: int, batch: list) -> None:
+        shape = tuple(batch[0][1].tensor.shape)
+        if state["shape"] is None:
+            state["shape"] = shape
+            _check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent)
+        for i, p, _ in batch:
+            if tuple(p.tensor.shape) != state["shape"]:
+                raise TraceError(f"images: image {i} has input size {tuple(p.tensor.shape)[-2:]}, the store "
+                                 f"{state['shape'][-2:]}; a map store holds images of one input size")
+        labels_ = np.array([lab for lab, _ in (x[2] for x in batch)], np.int64)
+        sources = np.array([src for _, src in (x[2] for x in batch)], object)
+        if shard is not None and state["writer"] is not None:
+            shard.submit(start, [p for _, p, _ in batch], labels_, sources)
+            return
+        check_budget(plan, shape[-2:], max_bytes, batch=len(batch))
+        compute = compute_batch if backend == "numpy" else compute_batch_torch
+        arrays, attrs, kinds = compute(plan, entries, n_parts, [p for _, p, _ in batch])
+        arrays.update(label=labels_, source=sources)
+        if state["writer"] is None:
+            state["writer"] = create(arrays, attrs, kinds)
+        w = state["writer"]
+        w.grow(start + len(batch))
+        write_region(str(path), start, arrays)
+        w.write_meta(start, arrays)
+        bar.update(len(batch))
+
+    try:
+        with exclusive(model), on_device(model, plan.run_device):
+            if client is not None:
+                shard = map_shard.Sharder(client, model, plan, entries, n_parts, targets, dtype, labels, path,
+                                          worker_model, lambda: state["writer"], bar, backend=backend)
+            pending: list = []
+            start = 0
+            for i, item in enumerate(items):
+                if i % batch_size == 0:
+                    if pending:
+                        flush(start, pending)
+                    pending, start = [], i
+                state["seen"] = i + 1
+                w = state["writer"]
+                chunk_done = w is not None and i < len(w.done) and bool(w.done[i])
+                if chunk_done:
+                    if verify:
+                        digest = array_sha256(prepare_input(model, item.image).tensor)
+                        if digest != w.hashes[i]:
+                            raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
+                                                 f"{str(w.hashes[i])[:12]}…, this call's {digest[:12]}…); resume "
+                                                 "with the same images in the same order, or use a new path")
+                    continue
+                if item.label >= head_size(model):
+                    raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
+                                     f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
+                pending.append((i, prepare_input(model, item.image), (item.label, item.source)))
+            if pending:
+                flush(start, pending)
+            if shard is not None:
+                shard.wait()
+        if state["writer"] is None:
+            if state["seen"] == 0:
+                raise TraceError("images: no images were given")
+        else:
+            state["writer"].finish(state["seen"])
+    finally:
+        if shard is not None:
+            shard.close()
+        bar.close()
+        lock.release()
+    return path
+
+
+def _info(e: Entry, report: xr.Dataset) -> dict:
+    """A recipe's row of the store's table; its checklist is the one on the store's first image (each image's
+    own, with its trace id, is what ``vc.cam`` gives on read)."""
+    r = e.recipe
+    return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
+            "checklist": cached_report(r, report)[0],
+            "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
+            "part": list(e.part) if e.part else None, "slot": list(e.slot)}
+
+
+def _canonical(r: Recipe, layers: tuple[int, ...]) -> str:
+    """The id of the recipe with its layers made absolute (``Recipe.canonical_id`` on a trace of this model)."""
+    if r.layer == "all":
+        return r.id
+    return r.replace(layer=tuple(layers) if isinstance(r.layer, tuple) else layers[0]).id

@@ -1,0 +1,265 @@
+"""The map store that :func:`vitcam_nb.map_many` writes, read back: every recipe's map of every image on the token
+grid, turned into exactly the map :func:`vitcam_nb.cam` gives on the trace of that image.
+
+What a recipe's map is made of is kept on the token grid: for a recipe of one block (or a rollout) its map after
+the ReLU, the degeneracy check and the per-layer normalisation (``maps``, (image, recipe, gy, gx)); for a fused
+recipe of several blocks its fused token-grid map in ``maps`` and each block's map in ``parts`` (image, part,
+gy, gx), because a fused map upsamples each block before fusing. With each block's degeneracy reason
+(``part_reason``), reading a map replays the rest of :func:`vitcam_nb.cam` (upsampling, fusion, normalisation,
+as the recipe names them) on the same arrays, so a map read from the store is bitwise the map ``vc.cam`` computes
+on the trace the store's pass made of that image. ``degenerate`` and ``scale`` (image, recipe) hold each map's
+reason on the token grid and the largest magnitude its degeneracy check compared with.
+
+Example:
+    >>> import timm, numpy as np, tempfile, vitcam_nb as vc
+    >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    >>> imgs = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    >>> ds = vc.open_maps(vc.map_many(m, imgs, ["F1@1"], tempfile.mkdtemp() + "/m.zarr", progress=False))
+    >>> vc.cam(image_maps(ds, 1), Recipe.parse("F1@1")).dims, vc.cam(ds, Recipe.parse("F1@1")).dims
+    (('y', 'x'), ('image', 'y', 'x'))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.compute.fusion import fuse_layers
+from vitcam_nb.compute.maps import map_array, warn_degenerate
+from vitcam_nb.compute.report import build_checklist, cached_report, describe
+from vitcam_nb.compute.spatial import normalise, upsample
+from vitcam_nb.core.checklist import Checklist
+from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
+from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
+from vitcam_nb.core.recipe import Recipe
+
+__all__ = ["MAPS", "MAPS_STORE_KIND", "MAPS_STORE_VERSION", "MapsKind", "image_maps", "is_map_store", "open_maps",
+           "replay", "report_of", "report_trace"]
+
+MAPS_STORE_KIND = "vitcam_nb.maps"
+MAPS_STORE_VERSION = 1
+
+
+def is_map_store(ds: object) -> bool:
+    """Whether ``ds`` is a map store (or one image of it) opened with :func:`open_maps`.
+
+    Example:
+        >>> is_map_store(xr.Dataset(attrs={"store_kind": MAPS_STORE_KIND})), is_map_store(xr.Dataset())
+        (True, False)
+    """
+    return isinstance(ds, xr.Dataset) and ds.attrs.get("store_kind") == MAPS_STORE_KIND
+
+
+def replay(parts: np.ndarray, reasons: Sequence[str], layer_ids: list[int], recipe: Recipe, size: tuple[int, int],
+           pad: tuple[int, int], rollout: bool) -> MapValues:
+    """The rest of :func:`vitcam_nb.cam` after the per-layer token-grid maps ``parts`` (layer, gy, gx): the same
+    upsampling, fusion and normalisation calls on the same arrays, so the values are bitwise those of ``vc.cam``.
+
+    Example:
+        >>> parts = np.array([[[0.0, 1.0], [0.5, 0.25]]], np.float32)
+        >>> values, notes, partial = replay(parts, [""], [0], Recipe(upsample="none"), (4, 4), (0, 0), False)
+        >>> values.tolist(), notes
+        ([[0.0, 1.0], [0.5, 0.25]], [])
+    """
+    if rollout:
+        out = upsample(parts[0], size, recipe.upsample, pad)
+        return normalise(out, recipe.normalize), [r for r in reasons if r], []
+    return fuse_layers(upsample(parts, size, recipe.upsample, pad), np.asarray(reasons, dtype=object), layer_ids,
+                       recipe)
+
+
+def _key(recipe: Recipe) -> str:
+    """What identifies a stored map: the recipe but its upsampling, which is applied on read."""
+    return recipe.replace(upsample="none").id
+
+
+def _store_info(ds: xr.Dataset) -> tuple[list[dict], dict[str, int]]:
+    """The recipes' table (stored as JSON) and the position of each recipe by its key."""
+    info = json.loads(ds.attrs["recipes"])
+    index: dict[str, int] = {}
+    for i, r in enumerate(info):
+        index.setdefault(r["key"], i)
+    return info, index
+
+
+def _position(ds: xr.Dataset, recipe: Recipe) -> tuple[int, dict]:
+    """Which stored recipe ``recipe`` reads (any upsampling of it; a relative layer names the stored absolute
+    one); a recipe the store lacks is refused, naming it."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+    info, index = _store_info(ds)
+    keys = [_key(recipe)]
+    try:
+        keys.append(_key(_resolve(recipe, int(ds.attrs["num_layers"]))))
+    except RecipeError:
+        pass
+    for key in keys:
+        if key in index:
+            return index[key], info[index[key]]
+    shown = ", ".join(r["text"] for r in info[:3]) + (" ..." if len(info) > 3 else "")
+    raise RecipeError(f"recipe: {recipe.to_string()} (id {recipe.id}) is not in this map store ({len(info)} recipes: "
+                      f"{shown}); compute it with vc.map_many, or vc.cam on a trace")
+
+
+def _resolve(recipe: Recipe, n: int) -> Recipe:
+    def absolute(v: Any) -> int:
+        if isinstance(v, str) or not -n <= v < n:
+            raise RecipeError(f"layer: {v!r} is not a block of this model (allowed -{n}..{n - 1})")
+        return int(v) % n
+
+    if recipe.layer == "all":
+        return recipe
+    if isinstance(recipe.layer, tuple):
+        return recipe.replace(layer=tuple(absolute(v) for v in recipe.layer))
+    return recipe.replace(layer=absolute(recipe.layer))
+
+
+def report_trace(one: xr.Dataset) -> xr.Dataset:
+    """What a recipe's checklist and methods are written from: the trace's attributes (those of the image's pass)
+    and its token kinds, as on the image's trace.
+
+    Example:
+        >>> report_trace(image_maps(open_maps("maps.zarr"), 0)).attrs["model_family"]  # doctest: +SKIP
+        'vit'
+    """
+    return report_of(json.loads(one.attrs["trace_attrs"]), str(one["provenance"].values), one["token_kind"].values)
+
+
+def report_of(trace_attrs: dict, provenance: str, token_kind: Any) -> xr.Dataset:
+    """The attributes and token kinds of an image's trace, as a Dataset the report functions read.
+
+    Example:
+        >>> report_of({"model_family": "vit"}, '{"trace_id": "abc"}', ["cls", "patch"]).attrs
+        {'model_family': 'vit', 'trace_id': 'abc'}
+    """
+    kinds = np.array([str(k) for k in np.asarray(token_kind)])
+    return xr.Dataset(coords={"token_kind": ("token", kinds)}, attrs={**trace_attrs, **json.loads(provenance)})
+
+
+def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:
+    if info["part"] is None:
+        parts = np.asarray(one["maps"].values[pos])[None]
+    else:
+        start, count = info["part"]
+        parts = np.asarray(one["parts"].values[start:start + count])
+    start, count = info["slot"]
+    reasons = [str(r) for r in one["part_reason"].values[start:start + count]]
+    size = (int(one.attrs["img_height"]), int(one.attrs["img_width"]))
+    pad = tuple(int(v) for v in json.loads(one.attrs["pad"]))
+    return replay(parts, reasons, list(info["layers"]), recipe, size, pad, bool(info["rollout"]))
+
+
+def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray:
+    pos, info = _position(one, recipe)
+    values, notes, partial = _values(one, pos, recipe, info)
+    reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
+    checklist, methods = cached_report(recipe, report_trace(one))
+    return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial,
+                     blocks=",".join(str(v) for v in info["layers"]), blocks_of=str(one.attrs["num_layers"]))
+
+
+def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Dataset:
+    """Open a :func:`vitcam_nb.map_many` store: a lazy Dataset of the finished images (``image`` dimension).
+
+    ``vc.cam(ds, recipe)`` gives every image's map (read now, image by image: (image, y, x)),
+    ``vc.cam(vc.image_maps(ds, i), recipe)`` one image's, both exactly as ``vc.cam`` gives them on the image's
+    trace. A store still being written (or interrupted) is refused
+    unless ``incomplete=True`` (then only the images marked done are opened).
+
+    Example:
+        >>> ds = open_maps("maps.zarr")  # doctest: +SKIP
+        >>> ds["maps"].dims  # doctest: +SKIP
+        ('image', 'recipe', 'gy', 'gx')
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise TraceFileError(f"path: {path} is not a map store folder (vc.map_many writes one)")
+    try:
+        ds = xr.open_zarr(str(path), consolidated=False, zarr_format=3)
+    except Exception as exc:  # zarr raises several types for a folder that is no group
+        raise TraceFileError(f"path: {path} is not a zarr map store ({exc})") from exc
+    if ds.attrs.get("store_kind") != MAPS_STORE_KIND:
+        raise TraceFileError(f"path: {path} is not a vitcam_nb map store (store_kind "
+                             f"{ds.attrs.get('store_kind')!r}); open a trace store with vc.open_traces")
+    if ds.attrs.get("store_version") != MAPS_STORE_VERSION:
+        raise TraceFileError(f"path: {path} has map store version {ds.attrs.get('store_version')}; this vitcam_nb "
+                             f"reads {MAPS_STORE_VERSION}")
+    done = np.asarray(ds["done"].values, bool)
+    if not incomplete and not (int(ds.attrs.get("complete", 0)) and done.all()):
+        raise TraceFileError(f"path: {path} is incomplete ({int(done.sum())} of {done.size} images done); rerun "
+                             "vc.map_many with the same arguments to finish it, or pass incomplete=True")
+    return ds.isel(image=np.flatnonzero(done))
+
+
+def image_maps(ds: xr.Dataset, i: int) -> xr.Dataset:
+    """Image ``i`` of an :func:`open_maps` store, loaded: what ``vc.cam`` reads that image's maps from.
+
+    Example:
+        >>> one = image_maps(open_maps("maps.zarr"), 0)  # doctest: +SKIP
+        >>> one["maps"].dims  # doctest: +SKIP
+        ('recipe', 'gy', 'gx')
+    """
+    if not is_map_store(ds) or "image" not in ds.dims:
+        raise TypeError("ds: expected a map store from vc.open_maps")
+    n = ds.sizes["image"]
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
+        raise IndexError(f"i: expected an image position in -{n}..{n - 1}, got {i!r}")
+    return ds.isel(image=int(i)).load()
+
+
+def _first(ds: xr.Dataset) -> xr.Dataset:
+    return image_maps(ds, 0) if "image" in ds.dims else ds
+
+
+class MapsKind(TraceKind):
+    """Map stores (:func:`open_maps`) and their images (:func:`image_maps`): maps are read, not computed.
+
+    Example:
+        >>> MAPS.accepts(xr.Dataset(attrs={"store_kind": MAPS_STORE_KIND}), None), MAPS.accepts(xr.Dataset(), None)
+        (True, False)
+    """
+
+    name = "maps"
+
+    def accepts(self, trace: Any, recipe: Any) -> bool:
+        return is_map_store(trace)
+
+    def compute(self, trace: xr.Dataset, recipe: Recipe) -> MapValues:
+        if "image" in trace.dims:
+            raise TraceError("trace: a map store has one map per image; use vc.cam(ds, recipe) for all of them, or "
+                             "vc.image_maps(ds, i) for one")
+        pos, info = _position(trace, recipe)
+        return _values(trace, pos, recipe, info)
+
+    def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
+        if "image" not in trace.dims:
+            return _one_cam(trace, recipe)
+        _position(trace, recipe)  # a recipe the store lacks is refused before any image is read
+        per = [_one_cam(image_maps(trace, i), recipe, warn=False) for i in range(trace.sizes["image"])]
+        if not per:
+            raise TraceError("trace: the map store holds no finished images")
+        out = xr.concat([p.drop_attrs() for p in per], dim="image")
+        out = out.assign_coords(image=trace["image"].values, degenerate=("image", [p.attrs["degenerate"] for p in per]),
+                                trace_id=("image", [str(v) for v in trace["trace_id"].values]))
+        out.attrs = {k: per[0].attrs[k] for k in ("recipe", "recipe_id", "checklist", "methods")}
+        return out.rename("cam")
+
+    def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
+        raise TraceError("trace: a map store holds the maps it was asked for; read each with vc.cam")
+
+    def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
+        return build_checklist(recipe, report_trace(_first(trace)))
+
+    def describe(self, recipe: Recipe, trace: xr.Dataset) -> str:
+        return describe(recipe, report_trace(_first(trace)))
+
+
+MAPS = MapsKind()
+# First: a map store is an xarray Dataset the flat kind would otherwise take for a trace.
+TRACE_KINDS.register(MAPS.name, MAPS, first=True, replace=True)

@@ -1,0 +1,185 @@
+"""The map store on disk, written: a zarr group whose large arrays (``maps``, ``parts``) are chunked one batch of
+images per chunk, so that each batch (on any worker) writes its own chunks and no two writers share one, and
+whose small per-image arrays and ``done`` flags are written by the one process that holds the store's lock.
+
+A batch's maps are written first, its per-image facts next and its ``done`` flags last: an interrupted or failed
+batch is never marked done, and is computed and written again, whole, when the call is resumed.
+
+Example:
+    >>> batch_arrays([{"a": np.zeros(2)}, {"a": np.ones(2)}])["a"].shape
+    (2, 2)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION
+from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.provenance import settings_id
+
+__all__ = ["BIG", "MapWriter", "batch_arrays", "check_store", "write_region"]
+
+#: Arrays a batch writes into its own chunks (on a worker when sharded); the rest are the lock holder's.
+BIG = ("maps", "parts")
+META_CHUNK = 1024
+_DIMS = {"maps": ("image", "recipe", "gy", "gx"), "parts": ("image", "part", "gy", "gx"),
+         "part_reason": ("image", "slot"), "degenerate": ("image", "recipe"), "scale": ("image", "recipe"),
+         "trace_id": ("image",), "input_sha256": ("image",), "provenance": ("image",), "label": ("image",),
+         "source": ("image",), "target_class": ("image", "target"), "target_label": ("image", "target"),
+         "logits": ("image", "class"), "done": ("image",)}
+
+
+def batch_arrays(per_image: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-image dicts of arrays stacked along a leading image axis.
+
+    Example:
+        >>> batch_arrays([{"a": np.zeros(3)}, {"a": np.ones(3)}])["a"].shape
+        (2, 3)
+    """
+    return {k: np.stack([np.asarray(p[k]) for p in per_image]) for k in per_image[0]}
+
+
+def check_store(path: Path, settings: dict) -> None:
+    """Refuse a path that is not a map store, or one written with another model or settings (naming them).
+
+    Example:
+        >>> import tempfile
+        >>> check_store(Path(tempfile.mkdtemp()), {})  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceFileError: path: ... is not a vitcam_nb map store ...
+    """
+    import zarr
+
+    try:
+        attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+    except Exception as exc:  # zarr raises several types for a folder that is no group
+        raise TraceFileError(f"path: {path} exists and is not a map_many store; choose another path") from exc
+    if attrs.get("store_kind") != MAPS_STORE_KIND:
+        raise TraceFileError(f"path: {path} is a zarr store but not a vitcam_nb map store (store_kind "
+                             f"{attrs.get('store_kind')!r}); choose another path")
+    if attrs.get("store_version") != MAPS_STORE_VERSION:
+        raise TraceFileError(f"path: {path} has map store version {attrs.get('store_version')}; this vitcam_nb "
+                             f"writes {MAPS_STORE_VERSION}")
+    if attrs.get("settings_id") != settings_id(settings):
+        try:
+            stored = json.loads(attrs.get("settings", "{}"))
+        except (TypeError, ValueError):
+            stored = {}
+        stored = stored if isinstance(stored, dict) else {}
+        diff = [k for k in sorted(set(stored) | set(settings)) if stored.get(k) != settings.get(k)]
+        raise TraceFileError(f"path: {path} holds maps of another model or settings (differing: {diff}), and maps "
+                             "are never mixed. Use a new path, or overwrite=True to replace it")
+
+
+def write_region(path: str, start: int, arrays: dict[str, np.ndarray]) -> None:
+    """Write a batch's ``maps`` and ``parts`` at images ``start``.. (the batch's own chunks).
+
+    Example:
+        >>> write_region("maps.zarr", 8, {"maps": np.zeros((8, 2, 4, 4), np.float32)})  # doctest: +SKIP
+    """
+    import zarr
+
+    group = zarr.open_group(path, mode="r+")
+    for name in BIG:
+        if name in arrays and name in group:
+            group[name][start:start + len(arrays[name])] = arrays[name]
+
+
+class MapWriter:
+    """A map store opened (or created) for writing by the lock holder.
+
+    Example:
+        >>> w = MapWriter(Path("maps.zarr"))  # doctest: +SKIP
+        >>> int(w.done.sum())  # doctest: +SKIP
+        8
+    """
+
+    def __init__(self, path: Path) -> None:
+        import zarr
+
+        self.path = path
+        self.group = zarr.open_group(str(path), mode="r+")
+        self.arrays = {k: self.group[k] for k in _DIMS if k in self.group}
+        self.done = np.asarray(self.arrays["done"][:], bool)
+        self.hashes = np.asarray(self.arrays["input_sha256"][:], dtype=object)
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self.group.attrs)
+
+    @classmethod
+    def create(cls, path: Path, first: dict[str, np.ndarray], n: int, chunk: int, attrs: dict,
+               token_kind: np.ndarray) -> MapWriter:
+        """An empty store shaped by a first computed batch (``first``, not written here), for ``n`` images,
+        created in a temporary folder and renamed into place."""
+        import zarr
+
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            group = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
+            group.attrs.update(attrs)
+            for name, dims in _DIMS.items():
+                if name == "done":
+                    value = np.zeros((1,), bool)
+                elif name == "parts" and first["parts"].shape[1] == 0:
+                    continue
+                else:
+                    value = first[name]
+                shape = (n, *value.shape[1:])
+                rows = chunk if name in BIG else META_CHUNK
+                kind = value.dtype.kind
+                dtype = str if kind in "OUS" else value.dtype
+                fill = "" if kind in "OUS" else (False if kind == "b" else 0)
+                group.create_array(name, shape=shape, chunks=(rows, *value.shape[1:]), dtype=dtype,
+                                   fill_value=fill, dimension_names=dims)
+            kinds = group.create_array("token_kind", shape=(len(token_kind),), dtype=str, fill_value="",
+                                       dimension_names=("token",))
+            kinds[:] = np.asarray(token_kind, dtype=object)
+            if path.exists():
+                raise FileExistsError(path)
+            os.rename(tmp, path)
+        except OSError as exc:
+            if isinstance(exc, PermissionError):
+                raise TraceFileError(f"path: cannot create {path}: {exc.strerror}; write the store in a folder "
+                                     "this process can write to") from exc
+            if not path.exists():
+                raise
+            raise TraceFileError(f"path: {path} was created by another call meanwhile; one store has one writer. "
+                                 "Rerun this call to resume that store") from exc
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return cls(path)
+
+    def grow(self, n: int) -> None:
+        """Lengthen every image array to ``n`` images, ``done`` last."""
+        for key in [k for k in self.arrays if k != "done"] + ["done"]:
+            arr = self.arrays[key]
+            if arr.shape[0] < n:
+                arr.resize((n, *arr.shape[1:]))
+        if n > len(self.done):
+            self.done = np.concatenate([self.done, np.zeros(n - len(self.done), bool)])
+            self.hashes = np.concatenate([self.hashes, np.full(n - len(self.hashes), "", object)])
+
+    def write_meta(self, start: int, arrays: dict[str, np.ndarray]) -> None:
+        """Write a batch's per-image facts, then mark its images done."""
+        stop = start + len(arrays["trace_id"])
+        for name, value in arrays.items():
+            if name not in BIG and name in self.arrays:
+                self.arrays[name][start:stop] = value
+        self.arrays["done"][start:stop] = True
+        self.done[start:stop] = True
+        self.hashes[start:stop] = arrays["input_sha256"]
+
+    def finish(self, n_seen: int) -> None:
+        n_done = int(self.done.sum())
+        complete = int(n_done >= n_seen and bool(self.done[:n_seen].all()) and len(self.done) == n_seen)
+        self.group.attrs.update({"n_images": n_done, "complete": complete})
