@@ -21,6 +21,7 @@ import torch
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.errors import DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.data.shapes_detection import MAX_OBJECTS, shapes_detection
 from vitcam_nb.evaluate.localisation.metrics import pointing_game
@@ -30,6 +31,7 @@ from vitcam_nb.targets.detection import box_iou, detection
 __all__ = ["report_known_answer_detection"]
 
 _DEFAULT = {"gradcam F1 last": Recipe()}
+_OUTPUTS = ("known_answer_detection.csv", "known_answer_detection.json")
 
 
 def report_known_answer_detection(
@@ -51,7 +53,8 @@ def report_known_answer_detection(
         recipes: label -> Recipe (default Grad-CAM at F1 of the last block); ``class_=k`` is set per detection.
         tolerance: pointing-game tolerance in pixels (0: the map's peak inside the object's mask).
         out_dir: if given, writes ``known_answer_detection.csv`` and ``known_answer_detection.json`` (settings
-            and summary) there.
+            and summary) there; a file of those names there that the kit did not write is refused
+            (:class:`~vitcam_nb.OutputExistsError`) before any work.
 
     Returns:
         ``(table, summary)``: a pandas DataFrame with one row per recipe x image x present object (``pointing``,
@@ -70,6 +73,8 @@ def report_known_answer_detection(
     recipes = dict(_DEFAULT if recipes is None else recipes)
     if not recipes or not all(isinstance(r, Recipe) for r in recipes.values()):
         raise TypeError(f"recipes: expected a non-empty mapping of labels to vitcam_nb.Recipe, got {recipes!r:.80}")
+    # a file of these names that the kit did not write there is refused before any image is traced
+    folder = None if out_dir is None else OutputFolder(Path(out_dir), _OUTPUTS, "report_known_answer_detection")
     name = model if isinstance(model, str) else type(model).__name__
     model = load_model(model) if isinstance(model, str) else model
     images, labels, boxes, masks = shapes_detection(n_images, seed)
@@ -110,8 +115,9 @@ def report_known_answer_detection(
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "known_answer_detection.csv", index=False)
-        (out / "known_answer_detection.json").write_text(json.dumps({**settings, "summary": summary}, indent=1))
+        text = json.dumps({**settings, "summary": summary}, indent=1)
+        folder.write("known_answer_detection.csv", lambda p: table.to_csv(p, index=False))
+        folder.write("known_answer_detection.json", lambda p: p.write_text(text, encoding="utf-8"))
     return table, summary
 
 
