@@ -10,8 +10,11 @@ three detection tokens each predict one object. The loss uses a **fixed assignme
 matching: the generator puts object ``k`` in the ``k``-th vertical band from the left (or leaves the band empty),
 and detection token ``k`` is trained on band ``k``: cross-entropy over the three classes and "no object", plus
 L1 and generalized-IoU losses on the normalised ``(cx, cy, w, h)`` box where the object is present (DETR's box
-losses). Every epoch draws fresh images with its own seed; the test metrics use a seed never
-used in training. Runs are deterministic for a given torch build (one thread, deterministic algorithms).
+losses). Every step draws a fresh batch with its own seed (``train_seed + step``); the test metrics use a seed never
+used in training. The backbone starts from ``shapes-vit`` and learns at ``backbone_lr_mult`` times the rate of the
+tokens, positions and heads (at the full rate the copied features collapse and every detection predicts the mean
+box); detection token ``k`` starts at the mean position of the patches of band ``k``. Runs are deterministic for a
+given torch build (one thread, deterministic algorithms).
 """
 
 from __future__ import annotations
@@ -38,13 +41,13 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 CONFIG: dict = {"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "intermediate_size": 256,
                 "image_size": [64, 64], "patch_size": 8, "num_channels": 3, "num_detection_tokens": MAX_OBJECTS,
-                "use_mid_position_embeddings": False, "hidden_dropout_prob": 0.0,
+                "use_mid_position_embeddings": True, "hidden_dropout_prob": 0.0,
                 "attention_probs_dropout_prob": 0.0, "num_labels": len(DET_CLASS_NAMES),
                 "id2label": {str(i): c for i, c in enumerate(DET_CLASS_NAMES)},
                 "label2id": {c: i for i, c in enumerate(DET_CLASS_NAMES)}}
-TRAIN: dict = {"epochs": 16, "images_per_epoch": 1024, "batch_size": 16, "lr": 1e-3, "min_lr": 1e-5,
+TRAIN: dict = {"steps": 2000, "batch_size": 32, "lr": 1e-3, "backbone_lr_mult": 0.2, "min_lr": 1e-5,
                "weight_decay": 0.01, "warmup_steps": 50, "grad_clip": 1.0, "box_weight": 5.0, "giou_weight": 2.0,
-               "n_test": 500, "train_seed": 20_000, "test_seed": 90_020, "init_from": "shapes-vit"}
+               "n_test": 500, "log_every": 250, "train_seed": 20_000, "test_seed": 90_020, "init_from": "shapes-vit"}
 
 
 def build_detector(config: dict | None = None) -> torch.nn.Module:
@@ -120,6 +123,18 @@ def _from_shapes_vit(model: torch.nn.Module, weights: Path) -> dict:
     vit.load_state_dict(state)
     return {"name": weights.stem, "weights_sha256": file_sha256(weights),
             "copied": "patch embedding, class token, class and patch positions, all blocks, final norm"}
+
+
+def _band_positions(model: torch.nn.Module) -> None:
+    """Detection token ``k`` reports the object of band ``k``: its position embedding starts at the mean position
+    embedding of the patch columns of band ``k`` (a patch column belongs to the band holding its centre)."""
+    emb, g = model.vit.embeddings, int(model.config.image_size[0]) // int(model.config.patch_size)
+    centres = (np.arange(g) + 0.5) * MAX_OBJECTS / g  # column centres in band units
+    with torch.no_grad():
+        patches = emb.position_embeddings[0, 1:1 + g * g].reshape(g, g, -1)
+        for k in range(MAX_OBJECTS):
+            cols = torch.from_numpy(np.nonzero(np.floor(centres) == k)[0])
+            emb.position_embeddings[0, 1 + g * g + k] = patches[:, cols].mean((0, 1))
 
 
 def normalise(images: np.ndarray) -> torch.Tensor:
@@ -233,7 +248,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
     """Train ``shapes-yolos`` and write its safetensors weights and JSON card to ``out``; returns the card.
 
     Example:
-        >>> card = train(out="/tmp/vitcam_models", epochs=1)  # doctest: +SKIP
+        >>> card = train(out="/tmp/vitcam_models", steps=2)  # doctest: +SKIP
     """
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
@@ -251,39 +266,38 @@ def _train(cfg: dict, out: Path, log) -> dict:
     torch.manual_seed(cfg["train_seed"])
     model = build_detector()
     init_from = _from_shapes_vit(model, MODELS_DIR / f"{cfg['init_from']}.safetensors") if cfg["init_from"] else None
+    _band_positions(model)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "token" not in n and "position" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "token" not in n and "position" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg["lr"])
-    steps_per_epoch = cfg["images_per_epoch"] // cfg["batch_size"]
-    total = cfg["epochs"] * steps_per_epoch
+    groups = []
+    for n, p in model.named_parameters():
+        fresh = not n.startswith("vit.") or "token" in n or "position" in n  # not copied from the classifier
+        decay = p.ndim > 1 and "token" not in n and "position" not in n
+        groups.append({"params": [p], "weight_decay": cfg["weight_decay"] if decay else 0.0,
+                       "lr_mult": 1.0 if fresh or not init_from else cfg["backbone_lr_mult"]})
+    opt = torch.optim.AdamW(groups, lr=cfg["lr"])
+    total = cfg["steps"]
     test = shapes_detection(cfg["n_test"], seed=cfg["test_seed"])[:3]
-    seeds = [cfg["train_seed"] + e for e in range(cfg["epochs"])]
-    t0, step, history = time.time(), 0, []
-    for epoch, seed in enumerate(seeds):
-        images, labels, boxes, _ = shapes_detection(cfg["images_per_epoch"], seed=seed)
-        size = images.shape[1]
-        target_boxes = torch.from_numpy(to_cxcywh(boxes, size))
-        order = torch.randperm(len(images))
-        running = 0.0
-        for i in range(steps_per_epoch):
-            idx = order[i * cfg["batch_size"]: (i + 1) * cfg["batch_size"]]
-            for group in opt.param_groups:
-                group["lr"] = learning_rate(step, total, cfg)
-            pred = model(pixel_values=normalise(images[idx.numpy()]))
-            loss = fixed_assignment_loss(pred.logits, pred.pred_boxes, torch.from_numpy(labels[idx.numpy()]),
-                                         target_boxes[idx], cfg["box_weight"], cfg["giou_weight"])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-            opt.step()
-            running += loss.item()
-            step += 1
-        metrics = evaluate_detector(model, *test)
-        history.append({"epoch": epoch + 1, "train_loss": round(running / steps_per_epoch, 5),
-                        **{k: round(v, 4) for k, v in metrics.items()}})
-        log(f"[{NAME}] epoch {epoch + 1}/{cfg['epochs']} {history[-1]} ({time.time() - t0:.0f}s)")
+    t0, running, history = time.time(), 0.0, []
+    for step in range(total):
+        images, labels, boxes, _ = shapes_detection(cfg["batch_size"], seed=cfg["train_seed"] + step)
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, total, cfg) * group["lr_mult"]
+        pred = model(pixel_values=normalise(images))
+        loss = fixed_assignment_loss(pred.logits, pred.pred_boxes, torch.from_numpy(labels),
+                                     torch.from_numpy(to_cxcywh(boxes, images.shape[1])), cfg["box_weight"],
+                                     cfg["giou_weight"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        opt.step()
+        running += loss.item()
+        if (step + 1) % cfg["log_every"] == 0 or step + 1 == total:
+            metrics = evaluate_detector(model, *test)
+            n = (step % cfg["log_every"]) + 1
+            history.append({"step": step + 1, "train_loss": round(running / n, 5),
+                            **{k: round(v, 4) for k, v in metrics.items()}})
+            running = 0.0
+            log(f"[{NAME}] step {step + 1}/{total} {history[-1]} ({time.time() - t0:.0f}s)")
     seconds = time.time() - t0
     model.eval()
     metrics = evaluate_detector(model, *test)
@@ -304,8 +318,9 @@ def _train(cfg: dict, out: Path, log) -> dict:
                          "defaults of YolosImageProcessor that vitcam_nb's hf_yolos adapter uses (no resize at 64x64)",
         "mean": list(MEAN), "std": list(STD),
         "data": {"generator": "vitcam_nb.data.shapes_detection.shapes_detection(n, seed, size=64)",
-                 "generator_settings": detection_generator_settings(), "train_seeds": seeds,
-                 "images_per_seed": cfg["images_per_epoch"], "test_seed": cfg["test_seed"], "n_test": cfg["n_test"]},
+                 "generator_settings": detection_generator_settings(),
+                 "train_seeds": f"{cfg['train_seed']} + step, one fresh batch of {cfg['batch_size']} per step",
+                 "test_seed": cfg["test_seed"], "n_test": cfg["n_test"]},
         "test_accuracy": metrics["class_accuracy"],
         "test_metrics": metrics,
         "training": {"optimizer": "AdamW (betas 0.9, 0.999; no weight decay on biases, norms, tokens, positions)",
@@ -313,11 +328,13 @@ def _train(cfg: dict, out: Path, log) -> dict:
                      "init": "transformers' YOLOS init, except: patch position embeddings = 2-D sine-cosine table "
                              "(MAE); class token, detection tokens and their position embeddings ~ N(0, 0.02) "
                              "truncated (YOLOS starts them at zero); the two heads' Linear layers torch's default "
-                             "init (seed 0); then the backbone copied from init_from",
+                             "init (seed 0); then the backbone copied from init_from; then the position of "
+                             "detection token k = the mean position embedding of the patches of band k",
+                     "backbone": "the parameters copied from init_from learn at backbone_lr_mult x lr",
                      "loss": "fixed assignment (detection token k <-> the object of band k from the left; no Hungarian "
                              "matching): cross-entropy over classes + no-object, plus box_weight x L1 on (cx, cy, "
                              "w, h) and giou_weight x (1 - generalized IoU) of present objects",
-                     **cfg, "init_from": init_from, "steps": total, "seconds": round(seconds, 1),
+                     **cfg, "init_from": init_from, "seconds": round(seconds, 1),
                      "threads": torch.get_num_threads(), "history": history},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
@@ -337,15 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point.
 
     Example:
-        >>> main(["--out", "/tmp/vitcam_models", "--epochs", "1"])  # doctest: +SKIP
+        >>> main(["--out", "/tmp/vitcam_models", "--steps", "2"])  # doctest: +SKIP
         0
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(MODELS_DIR))
-    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args(argv)
-    train(args.out, **{k: v for k, v in (("epochs", args.epochs), ("lr", args.lr)) if v is not None})
+    train(args.out, **{k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None})
     return 0
 
 
