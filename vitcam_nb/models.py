@@ -72,7 +72,7 @@ def list_models() -> list[dict]:
 
     Example:
         >>> [m["name"] for m in list_models()]
-        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut']
+        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut', 'shapes-yolos']
     """
     rows = []
     for name in bundled_names():
