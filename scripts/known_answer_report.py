@@ -10,6 +10,12 @@ Usage::
 Writes ``known_answer_report.csv`` (one row per site x layer x weighting x target variant),
 ``known_answer_report.png`` and ``known_answer_report.json`` (the settings) to ``--out``; for the video model
 ``shapes-video``, ``known_answer_video.json`` (right frames and frame pointing per recipe, and the settings).
+
+The bundled detector is scored by pointing game per detection instead (Grad-CAM at F1 of the last block and at
+each of ``--sites`` of the block before; writes ``known_answer_detection.csv`` and ``.json``)::
+
+    python scripts/known_answer_report.py --model shapes-yolos --n-images 200 --seed 0 \
+        --out reports/known_answer/detection
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weightings", nargs="+", default=None, help="weightings (default every channel weighting)")
     parser.add_argument("--targets", nargs="+", default=None, help="targets (default logit, prob, logprob)")
     args = parser.parse_args(argv)
+    if args.model == "shapes-yolos":
+        return _detection(args)
     if args.model in bundled_names() and "hf_config" in model_card(args.model):
         return _video(args)
     variants = {k: tuple(v) for k, v in (("sites", args.sites), ("weightings", args.weightings),
@@ -52,6 +60,21 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out, progress=True,
     )
     print(table.head(20).to_string(index=False))
+    return 0
+
+
+def _detection(args: argparse.Namespace) -> int:
+    """Pointing game per detection of the bundled detector: Grad-CAM at F1 of the last block and at each site of the
+    block before it (in the last block only F1 reaches a detection token; F2 to F6 give constant maps there)."""
+    import vitcam_nb as vc
+
+    sites = args.sites or ("F1", "F2", "F3", "F4", "F5", "F6")
+    recipes = {"gradcam F1 last": vc.Recipe(site="F1"),
+               **{f"gradcam {site} second-to-last": vc.Recipe(site=site, layer=-2) for site in sites}}
+    _table, summary = vc.evaluate.report_known_answer_detection(args.model, n_images=args.n_images, seed=args.seed,
+                                                               recipes=recipes, out_dir=args.out)
+    for label, row in summary.items():
+        print(f"{label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
     return 0
 
 

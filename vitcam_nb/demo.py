@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from vitcam_nb import evaluate, htmlreport, plot
+from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
@@ -22,9 +23,11 @@ from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
+from vitcam_nb.data.shapes_detection import shapes_detection
 from vitcam_nb.demo_video import VIDEO_DEMO_MODELS, run_video_demo
 from vitcam_nb.models import bundled_names, load_model, sample_image
 from vitcam_nb.targets.dense import region
+from vitcam_nb.targets.detection import detection
 from vitcam_nb.widgets.standalone import explorer_html
 
 
@@ -70,6 +73,9 @@ def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray 
     if model_name not in bundled_names():
         raise ValueError(f"image: a timm model ({model_name}) needs --image PATH; the bundled sample images "
                          f"are for the bundled models {bundled_names()}")
+    if model_name == DETECTOR:
+        images, _labels, _boxes, masks = shapes_detection(1, seed=DETECTION_SEED)
+        return images[0], masks[0], f"generated detection image (shapes_detection(1, seed={DETECTION_SEED}))"
     kind = "shortcut" if "shortcut" in model_name else "shapes"
     img, _label, mask = sample_image(kind, 0, with_mask=True)
     return img, mask, f"bundled sample {kind} #0"
@@ -77,7 +83,11 @@ def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray 
 
 def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> object:
     """A segmentation model's default target: the region of the bundled image's object, for its true class
-    (``1 + label``: class 0 is the background); a classifier keeps the default top-k class targets."""
+    (``1 + label``: class 0 is the background); a detector's: every detection token (on the generated image, the
+    tokens whose band holds an object), each scored by its top class; a classifier keeps the top-k classes."""
+    if is_transformers_model(net, ("YolosForObjectDetection",)):
+        n = int(net.config.num_detection_tokens)
+        return detection(query=[k for k in range(n) if mask is None or (k < len(mask) and mask[k].any())])
     if not isinstance(net, LinearSegmenter):
         return "top5"
     if mask is None:
@@ -86,6 +96,9 @@ def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> obje
     _img, label, _mask = sample_image("shapes", 0, with_mask=True)
     return region(mask, int(label) + 1)
 
+
+#: The bundled detector, shown on a generated image with two or three objects (seed below).
+DETECTOR, DETECTION_SEED = "shapes-yolos", 4_321
 
 #: What the demo writes in its folder (and lists, with each file's SHA-256, in the folder's manifest).
 OUTPUTS = ("trace.nc", "gallery.png", "atlas.png", "report.html", "recipes.json")
@@ -134,6 +147,9 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         announce(origin)
     steps.set_postfix_str("trace")
     tr = trace(net, img, targets=_dense_target(net, model, mask))
+    if mask is not None and mask.ndim == 3:  # the detector's image: score maps of the top detection (top1)
+        top = json.loads(tr.attrs["target_detections"])[int(np.argmax(tr["logits"].values))]
+        mask, image_name = mask[top["detection"]], f"{image_name}; the mask of object {top['detection']}"
     # vc.save writes atomically itself; the folder check above already decided that trace.nc may be replaced.
     save(tr, out / "trace.nc", overwrite=True)
     paths = {"trace": folder.record("trace.nc")}

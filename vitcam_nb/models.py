@@ -72,7 +72,7 @@ def list_models() -> list[dict]:
 
     Example:
         >>> [m["name"] for m in list_models()]
-        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut']
+        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut', 'shapes-yolos']
     """
     rows = []
     for name in bundled_names():
@@ -113,12 +113,14 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
             f"expected sha256 {expected}, got {actual}. The file is damaged or was replaced; "
             "reinstall vitcam_nb (or retrain with `python -m vitcam_nb.data.train`)."
         )
-    # The segmentation model's card names its class, the video model its transformers class; every other bundled
-    # model is a plain timm ViT.
+    # The segmentation model's card names its class, the video model and the detector their transformers class;
+    # every other bundled model is a plain timm ViT.
     if card.get("timm_class") == "vitcam_nb.data.segmenter.LinearSegmenter":
         model = LinearSegmenter(**card["timm_kwargs"])
     elif card.get("hf_class") == HF_VIDEO_CLASS:
         model = build_video_model(card["hf_config"])
+    elif card.get("hf_class") == "transformers.YolosForObjectDetection":
+        model = _bundled_yolos(card)
     else:
         model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
@@ -127,6 +129,16 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
     model.pretrained_cfg = cfg
     model.default_cfg = cfg
     return model.eval()
+
+
+def _bundled_yolos(card: dict) -> torch.nn.Module:
+    """The bundled detector ``shapes-yolos``: a transformers YOLOS built from the card's config (``vitcam_nb[hf]``)."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"{card.get('name')} is a transformers YolosForObjectDetection; install the Hugging Face "
+                          "extra: pip install 'vitcam_nb[hf]'") from err
+    return transformers.YolosForObjectDetection(transformers.YolosConfig(**card["hf_config"]))
 
 
 def _unknown_name_message(name: str) -> str:
@@ -144,9 +156,11 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
     every trace's ``weights_origin``) says which weights it holds.
 
     * a bundled name (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``, and the segmentation model
-      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`, and the video classifier
+      ``shapes-vit-seg``, a :class:`~vitcam_nb.data.segmenter.LinearSegmenter`, the video classifier
       ``shapes-video``, a tiny transformers ``VideoMAEForVideoClassification`` that takes one clip (4, 3, 32, 32)
-      normalised as :func:`vitcam_nb.data.train_video.normalise_clips` does): loaded from the
+      normalised as :func:`vitcam_nb.data.train_video.normalise_clips` does; a card naming
+      ``hf_class`` ``transformers.YolosForObjectDetection``, as ``python -m vitcam_nb.data.train_detection`` writes
+      for the detector ``shapes-yolos``, builds that class, ``vitcam_nb[hf]``): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
       mismatch), with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
     * any other string: ``timm.create_model(name, **timm_kwargs)``. ``pretrained=True`` loads the published

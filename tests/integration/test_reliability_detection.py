@@ -1,9 +1,13 @@
 """Issue #37 follow-ups on detectors: ``single_head_attention`` runs a YOLOS block as one head (as a one-head YOLOS
 with the same weights computes it) or refuses an attention it cannot change, naming it, before any block changes;
-a class target on a detector names the detection target to use instead."""
+a class target on a detector names the detection target to use instead; the detection known-answer report leaves
+a file it did not write alone."""
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 import torch
 from vitcam_testing import assert_rel_close, assert_unchanged, snapshot
@@ -53,3 +57,22 @@ def test_a_class_target_on_a_detector_names_the_detection_target():
                                             r"vitcam_nb\.targets\.detection\(box="):
         vc.trace(model, x, targets="top1")
     assert_unchanged(before, model)
+
+
+def test_the_detection_report_leaves_a_file_it_did_not_write_alone_before_tracing(tmp_path, monkeypatch):
+    """The old report wrote ``known_answer_detection.csv`` over whatever was there; now the folder check refuses
+    first, and a folder it wrote itself is rewritten."""
+    model = build_yolos(image_size=[64, 64])
+    mine = tmp_path / "known_answer_detection.csv"
+    mine.write_text("a user's table\n")
+    traced = []
+    monkeypatch.setattr("vitcam_nb.evaluate.report.known_answer_detection.trace",
+                        lambda *a, **k: traced.append(1) or vc.trace(*a, **k))
+    with pytest.raises(vc.OutputExistsError, match="known_answer_detection.csv exists and is not a file vitcam_nb"):
+        vc.evaluate.report_known_answer_detection(model, n_images=1, out_dir=tmp_path)
+    assert mine.read_text() == "a user's table\n" and traced == []
+    out = tmp_path / "fresh"
+    table, summary = vc.evaluate.report_known_answer_detection(model, n_images=1, out_dir=out)
+    again, _ = vc.evaluate.report_known_answer_detection(model, n_images=1, out_dir=out)  # its own files: rewritten
+    assert json.loads((out / "known_answer_detection.json").read_text())["summary"] == summary
+    pd.testing.assert_frame_equal(pd.read_csv(out / "known_answer_detection.csv"), again, check_dtype=False)

@@ -106,6 +106,7 @@ from vitcam_nb.evaluate.randomisation.parameters import (
     randomised_logit,
 )
 from vitcam_nb.evaluate.report.known_answer import report_known_answer
+from vitcam_nb.evaluate.report.known_answer_detection import report_known_answer_detection
 from vitcam_nb.evaluate.report.known_answer_video import frame_pointing, report_known_answer_video, right_frames
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
@@ -173,6 +174,7 @@ __all__ = [
     "relevance_mass_accuracy",
     "relevance_rank_accuracy",
     "report_known_answer",
+    "report_known_answer_detection",
     "report_known_answer_video",
     "resolve_k",
     "road",

@@ -90,10 +90,12 @@ def test_shapes_rejects_bad_arguments():
 def test_list_models_and_cards():
     rows = models.list_models()
     names = [r["name"] for r in rows]
-    assert names == ["shapes-video", "shapes-vit", "shapes-vit-reg4", "shapes-vit-seg", "shapes-vit-shortcut"]
+    assert names == ["shapes-video", "shapes-vit", "shapes-vit-reg4", "shapes-vit-seg", "shapes-vit-shortcut",
+                     "shapes-yolos"]
     for row in rows:
-        # the segmentation and video models: tests/unit/model/test_bundled_seg.py, test_shapes_video.py
-        if row["name"] in ("shapes-vit-seg", "shapes-video"):
+        # the segmentation, video and detection models: tests/unit/model/test_bundled_seg.py,
+        # test_shapes_video.py, test_bundled_detector.py
+        if row["name"] in ("shapes-vit-seg", "shapes-video", "shapes-yolos"):
             continue
         assert row["classes"] == list(CLASS_NAMES)
         assert row["test_accuracy"] >= 0.97
@@ -197,9 +199,12 @@ def test_bundled_models_load_and_run_offline(monkeypatch):
         with torch.no_grad():
             if name == "shapes-video":  # one clip of 4 frames
                 logits = model(pixel_values=torch.zeros(1, 4, 3, 32, 32)).logits
+            elif name == "shapes-yolos":  # three detections, each over three classes and "no object"
+                logits = model(pixel_values=normalise(models.sample_image()[None])).logits
             else:
                 logits = model(normalise(models.sample_image()[None]))
-        assert logits.shape == ((1, 6, 64, 64) if name == "shapes-vit-seg" else (1, 5))
+        want = {"shapes-vit-seg": (1, 6, 64, 64), "shapes-yolos": (1, 3, 4)}.get(name, (1, 5))
+        assert logits.shape == want
 
 
 def test_sample_image():
