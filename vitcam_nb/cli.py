@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="vitcam-demo", help="output folder (default: vitcam-demo)")
     demo.add_argument("--model", default="shapes-vit",
                       help="bundled model name or a timm model name (default: shapes-vit; shapes-video: the "
-                           "video demo on a generated clip)")
+                           "video demo on a generated clip; shapes-yolos: the detection demo on a generated image)")
     demo.add_argument("--image", default=None, help="image file (default: a bundled sample image)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.add_argument("--overwrite", action="store_true",
