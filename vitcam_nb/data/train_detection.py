@@ -45,7 +45,7 @@ CONFIG: dict = {"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads"
                 "attention_probs_dropout_prob": 0.0, "num_labels": len(DET_CLASS_NAMES),
                 "id2label": {str(i): c for i, c in enumerate(DET_CLASS_NAMES)},
                 "label2id": {c: i for i, c in enumerate(DET_CLASS_NAMES)}}
-TRAIN: dict = {"steps": 2000, "batch_size": 32, "lr": 1e-3, "backbone_lr_mult": 0.2, "min_lr": 1e-5,
+TRAIN: dict = {"steps": 6000, "batch_size": 32, "lr": 1e-3, "backbone_lr_mult": 0.2, "min_lr": 1e-5,
                "weight_decay": 0.01, "warmup_steps": 50, "grad_clip": 1.0, "box_weight": 5.0, "giou_weight": 2.0,
                "n_test": 500, "log_every": 250, "train_seed": 20_000, "test_seed": 90_020, "init_from": "shapes-vit"}
 
