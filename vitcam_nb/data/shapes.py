@@ -132,7 +132,7 @@ def _render(
     yy = coords[None, :, None]  # (1, H, 1)
     xx = coords[None, None, :]  # (1, 1, W)
 
-    img = _background(rng, b, size)
+    img = background(rng, b, size)
 
     # class object parameters (drawn first so they do not depend on the distractor count)
     labels = rng.integers(0, NUM_CLASSES, size=b)
@@ -144,7 +144,7 @@ def _render(
     ring_frac = rng.uniform(0.45, 0.6, size=b).astype(np.float32)  # inner/outer radius of rings
     cross_frac = rng.uniform(0.25, 0.35, size=b).astype(np.float32)  # arm half-width / arm length
     bg_mean = img.mean(axis=(1, 2))
-    obj_colour = _contrasting_colour(rng, bg_mean)
+    obj_colour = contrasting_colour(rng, bg_mean)
 
     # distractors, painted under the class object
     n_dis = rng.integers(_N_DISTRACTORS[0], _N_DISTRACTORS[1] + 1, size=b)
@@ -161,26 +161,26 @@ def _render(
         dot_r = rng.uniform(1.5, 3.0, size=b).astype(np.float32) * s
         ell_a = rng.uniform(5.0, 9.0, size=b).astype(np.float32) * s
         ell_b = rng.uniform(1.2, 2.2, size=b).astype(np.float32) * s
-        dcol = _contrasting_colour(rng, bg_mean)
+        dcol = contrasting_colour(rng, bg_mean)
         # distractors are at most ~10 px from their centre: evaluate them on a local window only
         oy = np.clip(np.floor(dy).astype(int) - win // 2, 0, size - win)
         ox = np.clip(np.floor(dx).astype(int) - win // 2, 0, size - win)
         yl = (oy[:, None] + local)[:, :, None] - dy[:, None, None]
         xl = (ox[:, None] + local)[:, None, :] - dx[:, None, None]
-        u, v = _rotate(xl, yl, dang)
-        seg = _sd_box(u, v, length[:, None, None] / 2, width[:, None, None] / 2)
+        u, v = rotate(xl, yl, dang)
+        seg = sd_box(u, v, length[:, None, None] / 2, width[:, None, None] / 2)
         dot = np.sqrt(u * u + v * v) - dot_r[:, None, None]
         ell = _sd_ellipse(u, v, ell_a[:, None, None], ell_b[:, None, None])
         sd = np.where((kind == 0)[:, None, None], seg, np.where((kind == 1)[:, None, None], dot, ell))
         sd[k >= n_dis] = np.inf
-        alpha = _coverage(sd)
+        alpha = coverage(sd)
         bi, wy, wx = np.nonzero(alpha)
         a = alpha[bi, wy, wx][:, None]
         py, px = oy[bi] + wy, ox[bi] + wx
         img[bi, py, px] = img[bi, py, px] * (1.0 - a) + dcol[bi] * a
 
     # the class object
-    u, v = _rotate(xx - cx[:, None, None], yy - cy[:, None, None], angle)
+    u, v = rotate(xx - cx[:, None, None], yy - cy[:, None, None], angle)
     r = radius[:, None, None]
     dist = np.sqrt(u * u + v * v)
     sd = np.empty((b, size, size), dtype=np.float32)
@@ -193,16 +193,16 @@ def _render(
             sd[sel] = dc - rc
         elif c == 1:  # square, half-side chosen so its area is close to the circle's
             h = 0.85 * rc
-            sd[sel] = _sd_box(uc, vc, h, h)
+            sd[sel] = sd_box(uc, vc, h, h)
         elif c == 2:  # equilateral triangle, circumradius 1.2 r
             sd[sel] = _sd_triangle(uc, vc, 1.2 * rc)
         elif c == 3:  # plus-shaped cross
             w = cross_frac[sel][:, None, None] * rc
-            sd[sel] = np.minimum(_sd_box(uc, vc, rc, w), _sd_box(uc, vc, w, rc))
+            sd[sel] = np.minimum(sd_box(uc, vc, rc, w), sd_box(uc, vc, w, rc))
         else:  # ring
             inner = ring_frac[sel][:, None, None] * rc
             sd[sel] = np.abs(dc - (rc + inner) / 2) - (rc - inner) / 2
-    _paint(img, _coverage(sd), obj_colour)
+    paint(img, coverage(sd), obj_colour)
     masks = sd < 0.0
 
     if shortcut:
@@ -212,8 +212,13 @@ def _render(
     return np.clip(np.rint(img), 0, 255).astype(np.uint8), labels.astype(np.int64), masks
 
 
-def _background(rng: np.random.Generator, b: int, size: int) -> np.ndarray:
-    """Colour gradient + bilinear low-frequency blotches + pixel noise, float32 (b, H, W, 3)."""
+def background(rng: np.random.Generator, b: int, size: int) -> np.ndarray:
+    """Colour gradient + bilinear low-frequency blotches + pixel noise, float32 (b, H, W, 3).
+
+    Example:
+        >>> background(np.random.default_rng(0), 2, 16).shape
+        (2, 16, 16, 3)
+    """
     t = np.linspace(0.0, 1.0, size, dtype=np.float32)
     theta = rng.uniform(0.0, 2.0 * np.pi, size=b).astype(np.float32)
     ramp = np.cos(theta)[:, None, None] * t[None, None, :] + np.sin(theta)[:, None, None] * t[None, :, None]
@@ -244,10 +249,15 @@ def _background(rng: np.random.Generator, b: int, size: int) -> np.ndarray:
     return img
 
 
-def _contrasting_colour(rng: np.random.Generator, ref: np.ndarray) -> np.ndarray:
+def contrasting_colour(rng: np.random.Generator, ref: np.ndarray) -> np.ndarray:
     """Random RGB colours (b, 3) that stand out from ``ref`` (b, 3): at least ``_MIN_COLOUR_DIST`` apart
     in RGB and ``_MIN_LUMA_DIST`` apart in brightness (channel mean). The first of 32 uniform
-    candidates that qualifies, else the candidate with the largest brightness difference."""
+    candidates that qualifies, else the candidate with the largest brightness difference.
+
+    Example:
+        >>> contrasting_colour(np.random.default_rng(0), np.zeros((1, 3), np.float32)).shape
+        (1, 3)
+    """
     cand = rng.uniform(0.0, 255.0, size=(ref.shape[0], 32, 3)).astype(np.float32)
     dist = np.linalg.norm(cand - ref[:, None, :], axis=2)
     luma = np.abs(cand.mean(axis=2) - ref.mean(axis=1, keepdims=True))
@@ -292,13 +302,26 @@ def shortcut_marks(
 # geometry helpers (signed distances in pixels, negative inside)
 
 
-def _rotate(x: np.ndarray, y: np.ndarray, angle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rotate(x: np.ndarray, y: np.ndarray, angle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Coordinates (x, y) turned by ``angle`` (one per image, radians) into the shape's own frame (u, v).
+
+    Example:
+        >>> u, v = rotate(np.ones((1, 1, 1), np.float32), np.zeros((1, 1, 1), np.float32), np.array([np.pi / 2]))
+        >>> round(float(u[0, 0, 0]), 6), round(float(v[0, 0, 0]), 6)
+        (0.0, -1.0)
+    """
     c = np.cos(angle)[:, None, None].astype(np.float32)
     s = np.sin(angle)[:, None, None].astype(np.float32)
     return c * x + s * y, -s * x + c * y
 
 
-def _sd_box(u: np.ndarray, v: np.ndarray, hu: np.ndarray, hv: np.ndarray) -> np.ndarray:
+def sd_box(u: np.ndarray, v: np.ndarray, hu: np.ndarray, hv: np.ndarray) -> np.ndarray:
+    """Signed distance (pixels, negative inside) to an axis-aligned box of half-sizes ``hu``, ``hv``.
+
+    Example:
+        >>> float(sd_box(np.array(3.0), np.array(0.0), 1.0, 1.0)), float(sd_box(np.array(0.0), np.array(0.0), 1.0, 2.0))
+        (2.0, -1.0)
+    """
     qu = np.abs(u) - hu
     qv = np.abs(v) - hv
     outside = np.sqrt(np.maximum(qu, 0.0) ** 2 + np.maximum(qv, 0.0) ** 2)
@@ -322,13 +345,25 @@ def _sd_ellipse(u: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray) -> n
     return k0 * (k0 - 1.0) / np.maximum(k1, 1e-6)
 
 
-def _coverage(sd: np.ndarray) -> np.ndarray:
-    """Anti-aliased pixel coverage from a signed distance."""
+def coverage(sd: np.ndarray) -> np.ndarray:
+    """Anti-aliased pixel coverage from a signed distance.
+
+    Example:
+        >>> coverage(np.array([-1.0, 0.0, 1.0])).tolist()
+        [1.0, 0.5, 0.0]
+    """
     return np.clip(0.5 - sd, 0.0, 1.0).astype(np.float32)
 
 
-def _paint(img: np.ndarray, alpha: np.ndarray, colour: np.ndarray) -> None:
-    """Alpha-blend ``colour`` (b, 3) into ``img`` (b, H, W, 3) in place, touching only covered pixels."""
+def paint(img: np.ndarray, alpha: np.ndarray, colour: np.ndarray) -> None:
+    """Alpha-blend ``colour`` (b, 3) into ``img`` (b, H, W, 3) in place, touching only covered pixels.
+
+    Example:
+        >>> img = np.zeros((1, 1, 2, 3), np.float32)
+        >>> paint(img, np.array([[[0.5, 0.0]]], np.float32), np.array([[200.0, 0.0, 0.0]], np.float32))
+        >>> img[0, 0, :, 0].tolist()
+        [100.0, 0.0]
+    """
     bi, yi, xi = np.nonzero(alpha)
     a = alpha[bi, yi, xi][:, None]
     img[bi, yi, xi] = img[bi, yi, xi] * (1.0 - a) + colour[bi] * a

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitcam_nb.data.shapes import _background, _contrasting_colour, _coverage, _paint, _rotate, _sd_box
+from vitcam_nb.data.shapes import background, contrasting_colour, coverage, paint, rotate, sd_box
 
 __all__ = ["DET_CLASS_NAMES", "MAX_OBJECTS", "NO_OBJECT", "detection_generator_settings", "shapes_detection"]
 
@@ -59,7 +59,7 @@ def shapes_detection(n: int, seed: int, size: int = 64) -> tuple[np.ndarray, np.
         raise ValueError(f"size must be >= 32, got {size}")
     rng = np.random.default_rng(seed)
     s = size / 64.0
-    img = _background(rng, n, size) if n else np.zeros((0, size, size, 3), np.float32)
+    img = background(rng, n, size) if n else np.zeros((0, size, size, 3), np.float32)
     bg_mean = img.mean(axis=(1, 2))
     count = rng.integers(2, MAX_OBJECTS + 1, size=n)
     # a two-object image leaves one band empty, chosen uniformly
@@ -69,7 +69,7 @@ def shapes_detection(n: int, seed: int, size: int = 64) -> tuple[np.ndarray, np.
     radius = rng.uniform(*_RADIUS, size=(n, MAX_OBJECTS)).astype(np.float32) * s
     angle = np.deg2rad(rng.uniform(-_MAX_ROTATION_DEG, _MAX_ROTATION_DEG, size=(n, MAX_OBJECTS))).astype(np.float32)
     cross_frac = rng.uniform(0.28, 0.38, size=(n, MAX_OBJECTS)).astype(np.float32)
-    colour = np.stack([_contrasting_colour(rng, bg_mean) for _ in range(MAX_OBJECTS)], axis=1) if n else \
+    colour = np.stack([contrasting_colour(rng, bg_mean) for _ in range(MAX_OBJECTS)], axis=1) if n else \
         np.zeros((0, MAX_OBJECTS, 3), np.float32)
     centres = np.stack([_place(rng, radius[i] * _EXTENT, present[i], size, _GAP * s) for i in range(n)]) if n else \
         np.zeros((0, MAX_OBJECTS, 2), np.float32)
@@ -77,15 +77,15 @@ def shapes_detection(n: int, seed: int, size: int = 64) -> tuple[np.ndarray, np.
     coords = np.arange(size, dtype=np.float32) + 0.5
     masks = np.zeros((n, MAX_OBJECTS, size, size), dtype=bool)
     for k in range(MAX_OBJECTS):
-        u, v = _rotate(coords[None, None, :] - centres[:, k, 0, None, None],
+        u, v = rotate(coords[None, None, :] - centres[:, k, 0, None, None],
                        coords[None, :, None] - centres[:, k, 1, None, None], angle[:, k])
         r = radius[:, k, None, None]
         w = cross_frac[:, k, None, None] * r
         sd = np.where((cls[:, k] == 0)[:, None, None], np.sqrt(u * u + v * v) - r,
-                      np.where((cls[:, k] == 1)[:, None, None], _sd_box(u, v, 0.85 * r, 0.85 * r),
-                               np.minimum(_sd_box(u, v, r, w), _sd_box(u, v, w, r))))
+                      np.where((cls[:, k] == 1)[:, None, None], sd_box(u, v, 0.85 * r, 0.85 * r),
+                               np.minimum(sd_box(u, v, r, w), sd_box(u, v, w, r))))
         sd[~present[:, k]] = np.inf
-        _paint(img, _coverage(sd), colour[:, k])
+        paint(img, coverage(sd), colour[:, k])
         masks[:, k] = sd < 0.0
 
     labels = np.where(present, cls, NO_OBJECT).astype(np.int64)
