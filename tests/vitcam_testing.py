@@ -296,3 +296,24 @@ def target_scalar(target_class: int, select=None):
     if target_class < 0:
         return lambda z: (torch.softmax(pick(z).detach(), dim=0) * pick(z)).sum()
     return lambda z: pick(z)[target_class]
+
+
+class HalfGradient(torch.autograd.Function):
+    """Reference for AttnLRP's uniform rule, written out: identity forward, half the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return 0.5 * g
+
+
+def rule_layer_norm(x: torch.Tensor, mod: torch.nn.LayerNorm, rule: str) -> torch.Tensor:
+    """LayerNorm written out; every rule but ``"gradient"`` holds its standard deviation constant."""
+    mean = x.mean(-1, keepdim=True)
+    std = ((x - mean) ** 2).mean(-1, keepdim=True).add(mod.eps).sqrt()
+    if rule != "gradient":
+        std = std.detach()
+    return (x - mean) / std * mod.weight + mod.bias

@@ -174,6 +174,29 @@ def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, bat
     return correct / max(1, len(images))
 
 
+def write_bundled(model: torch.nn.Module, card: dict, out: str | Path, name: str) -> Path:
+    """Write ``model``'s weights as ``<out>/<name>.safetensors`` and ``card``, completed with the file's name, its
+    SHA-256, the state dict's SHA-256 and its size, as ``<out>/<name>.json``: what ``vc.load_model`` checks.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> write_bundled(torch.nn.Linear(2, 1), {"name": "tiny"}, folder, "tiny").name
+        'tiny.safetensors'
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    weights_path = out / f"{name}.safetensors"
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(weights_path), metadata={"format": "pt"})  # one key: byte-stable header
+    card.update(weights_file=weights_path.name, weights_sha256=file_sha256(weights_path),
+                state_dict_sha256=state_dict_sha256(state), weights_bytes=weights_path.stat().st_size)
+    (out / f"{name}.json").write_text(json.dumps(card, indent=2) + "\n")
+    return weights_path
+
+
 def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
     """SHA-256 of a state dict (names, dtypes, shapes, bytes, in name order), as
     ``vitcam_nb.provenance.weights_sha256`` computes it for the ``weights_sha256`` attribute of a trace.
@@ -242,7 +265,6 @@ def train(name: str, out: str | Path = MODELS_DIR, log=print, **overrides) -> di
         >>> card = train("shapes-vit", out="/tmp/vitcam_models")  # doctest: +SKIP
     """
     import timm
-    from safetensors.torch import save_file
 
     spec = SPECS[name]
     cfg = dict(spec["train"], **overrides)
@@ -351,16 +373,7 @@ def train(name: str, out: str | Path = MODELS_DIR, log=print, **overrides) -> di
         clean_images, clean_labels, _ = shapes(cfg["n_test"], seed=spec["test_seed"], shortcut=False)
         card["test_accuracy_no_mark"] = accuracy(model, clean_images, clean_labels)
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    weights_path = out / f"{name}.safetensors"
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(weights_path), metadata={"format": "pt"})  # one key: byte-stable header
-    card["weights_file"] = weights_path.name
-    card["weights_sha256"] = file_sha256(weights_path)
-    card["state_dict_sha256"] = state_dict_sha256(state)
-    card["weights_bytes"] = weights_path.stat().st_size
-    (out / f"{name}.json").write_text(json.dumps(card, indent=2) + "\n")
+    weights_path = write_bundled(model, card, out, name)
     log(f"[{name}] test accuracy {card['test_accuracy']:.4f}; wrote {weights_path} ({seconds:.0f}s)")
     return card
 

@@ -20,7 +20,6 @@ given torch build (one thread, deterministic algorithms).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes_detection import DET_CLASS_NAMES, MAX_OBJECTS, detection_generator_settings, shapes_detection
-from vitcam_nb.data.train import learning_rate, state_dict_sha256
+from vitcam_nb.data.train import learning_rate, write_bundled
 
 NAME = "shapes-yolos"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -260,7 +259,6 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
 
 def _train(cfg: dict, out: Path, log) -> dict:
     import transformers
-    from safetensors.torch import save_file
 
     torch.set_num_threads(1)
     torch.manual_seed(cfg["train_seed"])
@@ -339,13 +337,7 @@ def _train(cfg: dict, out: Path, log) -> dict:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    weights_path = out / f"{NAME}.safetensors"
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(weights_path), metadata={"format": "pt"})
-    card.update(weights_file=weights_path.name, weights_sha256=file_sha256(weights_path),
-                state_dict_sha256=state_dict_sha256(state), weights_bytes=weights_path.stat().st_size)
-    (out / f"{NAME}.json").write_text(json.dumps(card, indent=2) + "\n")
+    weights_path = write_bundled(model, card, out, NAME)
     log(f"[{NAME}] test {metrics}; wrote {weights_path} ({seconds:.0f}s)")
     return card
 

@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 import time
@@ -27,10 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import CLASS_NAMES, generator_settings, shapes
-from vitcam_nb.data.train import MODELS_DIR, SPECS, normalise, pretrained_cfg, state_dict_sha256
+from vitcam_nb.data.train import MODELS_DIR, SPECS, normalise, pretrained_cfg, write_bundled
 
 __all__ = ["NAME", "SEG_CLASSES", "evaluate", "pixel_labels", "train"]
 
@@ -80,7 +78,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         >>> card = train(out="/tmp/vitcam_models", epochs=1)  # doctest: +SKIP
     """
     import timm
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     cfg = dict(SETTINGS, **overrides)
     torch.set_num_threads(1)
@@ -130,13 +128,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         "versions": {"torch": torch.__version__, "timm": timm.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
     }
-    out = Path(out)
-    weights_path = out / f"{NAME}.safetensors"
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(weights_path), metadata={"format": "pt"})
-    card.update(weights_file=weights_path.name, weights_sha256=file_sha256(weights_path),
-                state_dict_sha256=state_dict_sha256(state), weights_bytes=weights_path.stat().st_size)
-    (out / f"{NAME}.json").write_text(json.dumps(card, indent=2) + "\n")
+    write_bundled(model, card, out, NAME)
     log(f"[{NAME}] pixel accuracy {scores['pixel_accuracy']:.4f}, mean IoU {scores['mean_iou']:.4f} ({seconds:.0f}s)")
     return card
 

@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -31,10 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes import MEAN, STD
 from vitcam_nb.data.shapes_video import CLASS_NAMES, shape_clips, video_generator_settings
-from vitcam_nb.data.train import MODELS_DIR, learning_rate, state_dict_sha256
+from vitcam_nb.data.train import MODELS_DIR, learning_rate, write_bundled
 
 __all__ = ["CONFIG", "HF_CLASS", "NAME", "SETTINGS", "accuracy", "build_video_model", "normalise_clips", "train"]
 
@@ -101,7 +99,6 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         >>> card = train(out="/tmp/vitcam_models", epochs=1)  # doctest: +SKIP
     """
     import transformers
-    from safetensors.torch import save_file
 
     cfg = dict(SETTINGS, **overrides)
     torch.set_num_threads(1)
@@ -175,14 +172,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
     }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    weights_path = out / f"{NAME}.safetensors"
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(weights_path), metadata={"format": "pt"})
-    card.update(weights_file=weights_path.name, weights_sha256=file_sha256(weights_path),
-                state_dict_sha256=state_dict_sha256(state), weights_bytes=weights_path.stat().st_size)
-    (out / f"{NAME}.json").write_text(json.dumps(card, indent=2) + "\n")
+    weights_path = write_bundled(model, card, out, NAME)
     log(f"[{NAME}] test accuracy {card['test_accuracy']:.4f}; wrote {weights_path} ({seconds:.0f}s)")
     return card
 

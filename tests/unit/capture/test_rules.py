@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from timm.models.beit import Beit
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
+from vitcam_testing import HalfGradient, rule_layer_norm
 
 import vitcam_nb as vc
 from vitcam_nb.core.errors import TraceError
@@ -43,24 +44,6 @@ def _image(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (IMG, IMG, 3), dtype=np.uint8)
 
 
-class _Half(torch.autograd.Function):
-    """Reference uniform rule: identity forward, half the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return 0.5 * g
-
-
-def _ln(x, mod, rule):
-    mean = x.mean(-1, keepdim=True)
-    std = ((x - mean) ** 2).mean(-1, keepdim=True).add(mod.eps).sqrt()
-    if rule != "gradient":
-        std = std.detach()
-    return (x - mean) / std * mod.weight + mod.bias
 
 
 def _gelu(u, rule):
@@ -86,7 +69,7 @@ def reference(model: torch.nn.Module, h: torch.Tensor, rule: str) -> tuple[torch
     kept = {}
     for i, blk in enumerate(model.blocks):
         kept[(i, "resid_pre")] = h
-        a = _ln(h, blk.norm1, rule)
+        a = rule_layer_norm(h, blk.norm1, rule)
         kept[(i, "F1")] = a
         B, N, C = a.shape
         heads = blk.attn.num_heads
@@ -94,7 +77,7 @@ def reference(model: torch.nn.Module, h: torch.Tensor, rule: str) -> tuple[torch
         qkv = (a @ blk.attn.qkv.weight.T + bias).reshape(B, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if rule == "attnlrp":
-            q, k = _Half.apply(q), _Half.apply(k)
+            q, k = HalfGradient.apply(q), HalfGradient.apply(k)
         s = (q * blk.attn.scale) @ k.transpose(-2, -1)
         if beit:  # a constant of the model (relative position bias); BEiT has no attn_scores site
             s = s + blk.attn._get_rel_pos_bias()
@@ -106,19 +89,19 @@ def reference(model: torch.nn.Module, h: torch.Tensor, rule: str) -> tuple[torch
         kept[(i, "F2")] = A
         o = (A @ v).transpose(1, 2).reshape(B, N, C)
         if rule == "attnlrp":
-            o = _Half.apply(o)
+            o = HalfGradient.apply(o)
         kept[(i, "F3")] = o
         attn_out = o @ blk.attn.proj.weight.T + blk.attn.proj.bias
         ls1 = _scale(blk, "ls1", "gamma_1")
         h = h + attn_out * ls1
-        a2 = _ln(h, blk.norm2, rule)
+        a2 = rule_layer_norm(h, blk.norm2, rule)
         kept[(i, "F4")] = a2
         mlp = _gelu(a2 @ blk.mlp.fc1.weight.T + blk.mlp.fc1.bias, rule) @ blk.mlp.fc2.weight.T + blk.mlp.fc2.bias
         kept[(i, "F5")] = mlp
         h = h + mlp * _scale(blk, "ls2", "gamma_2")
     if beit:  # BEiT: mean over the patch tokens, then fc_norm (its final norm is an Identity)
-        return (_ln(h[:, 1:].mean(1), model.fc_norm, rule) @ model.head.weight.T + model.head.bias)[0], kept
-    h = _ln(h, model.norm, rule)
+        return (rule_layer_norm(h[:, 1:].mean(1), model.fc_norm, rule) @ model.head.weight.T + model.head.bias)[0], kept
+    h = rule_layer_norm(h, model.norm, rule)
     logits = h[:, 0] @ model.head.weight.T + model.head.bias
     if isinstance(model, VisionTransformerDistilled):
         logits = (logits + h[:, 1] @ model.head_dist.weight.T + model.head_dist.bias) / 2

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from vitcam_testing import HalfGradient, rule_layer_norm
 
 import vitcam_nb as vc
 from vitcam_nb.core.errors import TraceError
@@ -35,24 +36,6 @@ def _redraw(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-class _Half(torch.autograd.Function):
-    """Reference uniform rule: identity forward, half the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return 0.5 * g
-
-
-def _ln(x, mod, rule):
-    mean = x.mean(-1, keepdim=True)
-    std = ((x - mean) ** 2).mean(-1, keepdim=True).add(mod.eps).sqrt()
-    if rule != "gradient":
-        std = std.detach()
-    return (x - mean) / std * mod.weight + mod.bias
 
 
 def _act(u, kind, rule):
@@ -78,25 +61,25 @@ def _heads(t, heads):  # (B, N, C) -> (B, heads, N, d)
 def _attend(q, k, v, scale, rule, kept, i):
     """softmax(scale q k^T) V with the rule: q, k halved (attnlrp), A a detached leaf (constant rules)."""
     if rule == "attnlrp":
-        q, k = _Half.apply(q), _Half.apply(k)
+        q, k = HalfGradient.apply(q), HalfGradient.apply(k)
     A = ((q * scale) @ k.transpose(-2, -1)).softmax(-1)
     if rule in CONSTANT:
         A = A.detach().requires_grad_(True)
     kept[(i, "F2")] = A
     o = (A @ v).transpose(1, 2).flatten(-2)
     if rule == "attnlrp":
-        o = _Half.apply(o)
+        o = HalfGradient.apply(o)
     kept[(i, "F3")] = o
     return o
 
 
 def _block(h, i, rule, kept, *, ln1, ln2, qkv: Callable, post: Callable, mlp: Callable, ls=(1.0, 1.0)):
     kept[(i, "resid_pre")] = h
-    a = _ln(h, ln1, rule)
+    a = rule_layer_norm(h, ln1, rule)
     kept[(i, "F1")] = a
     o = _attend(*qkv(a), rule, kept, i)
     h = h + post(o) * ls[0]
-    a2 = _ln(h, ln2, rule)
+    a2 = rule_layer_norm(h, ln2, rule)
     kept[(i, "F4")] = a2
     m = mlp(a2)
     kept[(i, "F5")] = m
@@ -118,12 +101,12 @@ def _eva(model, h, rule):
             return q, k, v, at.scale
 
         def mlp(a, m=blk.mlp):
-            return _lin(_ln(_act(_lin(a, m.fc1.weight, m.fc1.bias), "none", rule), m.norm, rule), m.fc2.weight,
-                        m.fc2.bias)
+            hidden = rule_layer_norm(_act(_lin(a, m.fc1.weight, m.fc1.bias), "none", rule), m.norm, rule)
+            return _lin(hidden, m.fc2.weight, m.fc2.bias)
 
         h = _block(h, i, rule, kept, ln1=blk.norm1, ln2=blk.norm2, qkv=qkv, mlp=mlp, ls=(blk.gamma_1, blk.gamma_2),
-                   post=lambda o, at=at: _lin(_ln(o, at.norm, rule), at.proj.weight, at.proj.bias))
-    pooled = _ln(h[:, npt:].mean(1), model.fc_norm, rule)  # global_pool 'avg', then fc_norm
+                   post=lambda o, at=at: _lin(rule_layer_norm(o, at.norm, rule), at.proj.weight, at.proj.bias))
+    pooled = rule_layer_norm(h[:, npt:].mean(1), model.fc_norm, rule)  # global_pool 'avg', then fc_norm
     return _lin(pooled, model.head.weight, model.head.bias)[0], kept
 
 
@@ -140,7 +123,7 @@ def _open_clip(visual, h, rule, vectors):
                    post=lambda o, b=blk: _lin(o, b.attn.out_proj.weight, b.attn.out_proj.bias),
                    mlp=lambda a, m=mlp: _lin(_act(_lin(a, m.c_fc.weight, m.c_fc.bias), "quick", rule),
                                             m.c_proj.weight, m.c_proj.bias))
-    emb = _ln(h[:, 0], visual.ln_post, rule) @ visual.proj  # pool_type 'tok'
+    emb = rule_layer_norm(h[:, 0], visual.ln_post, rule) @ visual.proj  # pool_type 'tok'
     return (emb @ vectors.T)[0], kept
 
 
@@ -166,14 +149,14 @@ def _hf_layers(layers, h, rule, kind, attention, out_proj, norms, scales=None):
 def _hf_vit(model, h, rule):
     h, kept = _hf_layers(model.vit.layers, h, rule, "none", "attention", "o_proj",
                          ("layernorm_before", "layernorm_after"))
-    h = _ln(h, model.vit.layernorm, rule)
+    h = rule_layer_norm(h, model.vit.layernorm, rule)
     return _lin(h[:, 0], model.classifier.weight, model.classifier.bias)[0], kept
 
 
 def _hf_deit(model, h, rule):
     h, kept = _hf_layers(model.deit.layers, h, rule, "tanh", "attention", "o_proj",
                          ("layernorm_before", "layernorm_after"))
-    h = _ln(h, model.deit.layernorm, rule)
+    h = rule_layer_norm(h, model.deit.layernorm, rule)
     cls, dist = model.cls_classifier, model.distillation_classifier
     return ((_lin(h[:, 0], cls.weight, cls.bias) + _lin(h[:, 1], dist.weight, dist.bias)) / 2)[0], kept
 
@@ -182,7 +165,7 @@ def _hf_dinov2(model, h, rule):
     base = getattr(model, "dinov2", None) or model.dinov2_with_registers
     ls = [(lay.layer_scale1.lambda1, lay.layer_scale2.lambda1) for lay in base.encoder.layer]
     h, kept = _hf_layers(base.encoder.layer, h, rule, "none", "attention", "o_proj", ("norm1", "norm2"), ls)
-    h = _ln(h, base.layernorm, rule)
+    h = rule_layer_norm(h, base.layernorm, rule)
     first_patch = 1 + getattr(model.config, "num_register_tokens", 0)
     pooled = torch.cat([h[:, 0], h[:, first_patch:].mean(1)], dim=1)  # class token and mean of the patches
     return _lin(pooled, model.classifier.weight, model.classifier.bias)[0], kept
@@ -191,13 +174,13 @@ def _hf_dinov2(model, h, rule):
 def _hf_clip(model, h, rule, vectors):
     vm = getattr(model, "vision_model", model)  # transformers 5: the vision model is the tower itself
     h, kept = _hf_layers(vm.encoder.layers, h, rule, "quick", "self_attn", "out_proj", ("layer_norm1", "layer_norm2"))
-    return (_ln(h[:, 0], vm.post_layernorm, rule) @ vectors.T)[0], kept
+    return (rule_layer_norm(h[:, 0], vm.post_layernorm, rule) @ vectors.T)[0], kept
 
 
 def _hf_siglip(model, h, rule, vectors):
     vm = getattr(model, "vision_model", model)  # transformers 5: the vision model is the tower itself
     h, kept = _hf_layers(vm.encoder.layers, h, rule, "tanh", "self_attn", "out_proj", ("layer_norm1", "layer_norm2"))
-    h = _ln(h, vm.post_layernorm, rule)
+    h = rule_layer_norm(h, vm.post_layernorm, rule)
     head, mha = vm.head, vm.head.attention
     w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
     b_q, b_k, b_v = mha.in_proj_bias.chunk(3)
@@ -207,11 +190,11 @@ def _hf_siglip(model, h, rule, vectors):
         A = A.detach()
     o = (A @ _heads(_lin(h, w_v, b_v), mha.num_heads)).transpose(1, 2).flatten(-2)
     if rule == "attnlrp":
-        o = _Half.apply(o)
+        o = HalfGradient.apply(o)
     x = _lin(o, mha.out_proj.weight, mha.out_proj.bias)
     m = head.mlp
-    x = x + _lin(_act(_lin(_ln(x, head.layernorm, rule), m.fc1.weight, m.fc1.bias), "tanh", rule), m.fc2.weight,
-                 m.fc2.bias)
+    hidden = _act(_lin(rule_layer_norm(x, head.layernorm, rule), m.fc1.weight, m.fc1.bias), "tanh", rule)
+    x = x + _lin(hidden, m.fc2.weight, m.fc2.bias)
     return (x[:, 0] @ vectors.T)[0], kept
 
 
