@@ -85,7 +85,9 @@ def test_distributed_client_gives_the_same_card(setup):
     distributed = pytest.importorskip("distributed")
     model, ds, _, recipes = setup
     local = ev.scorecard(ds, recipes, ["sparseness", "energy_pointing_game"], n_boot=50, progress=False)
-    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None):
+    # A worker process: an in-process worker thread reading the zarr store through zarr's shared IO loop was seen
+    # to wait forever late in a full test run (never alone).
+    with distributed.Client(processes=True, n_workers=1, threads_per_worker=2, dashboard_address=None):
         remote = ev.scorecard(ds, recipes, ["sparseness", "energy_pointing_game"], n_boot=50, progress=False)
     np.testing.assert_allclose(remote["values"].values, local["values"].values, atol=1e-12)
 
