@@ -22,6 +22,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from vitcam_nb.capture.reader import image_trace, is_store
+from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.compute.many import image_blocks, is_lazy
 from vitcam_nb.compute.map_store import image_maps, is_map_store
 from vitcam_nb.core.escape import escape_markdown
@@ -129,18 +130,6 @@ class AmbiguityMany:
         return escape_markdown(self.report())
 
 
-def _active_client() -> Any:
-    """The active dask.distributed Client, or None (none running, or distributed not installed)."""
-    try:
-        from distributed import get_client
-    except ImportError:
-        return None
-    try:
-        return get_client()
-    except ValueError:
-        return None
-
-
 def _read(store: xr.Dataset, i: int) -> xr.Dataset:
     """Image ``i`` of a trace store (its trace) or of a map store (its maps, which the analysis reads)."""
     return image_maps(store, i) if is_map_store(store) else image_trace(store, i)
@@ -157,7 +146,7 @@ def _compute(tasks: list, scheduler: str | None, show: bool) -> list:
     import dask
     from dask.callbacks import Callback
 
-    client = _active_client() if scheduler is None else None
+    client = active_client() if scheduler is None else None
     if client is not None:
         from distributed import as_completed
 

@@ -35,6 +35,7 @@ import xarray as xr
 import vitcam_nb.evaluate.metrics_builtin  # noqa: F401  (fills the registry with the kit's metrics)
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.capture.reader import image_trace, is_store
+from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.compute.map_store import MAPS, image_maps, is_map_store
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
@@ -170,7 +171,7 @@ def _run(source: Any, n: int, masks: Sequence[Any] | None, kw: dict, progress: b
         return one(i, image_maps(block, 0) if is_map_store(block) else image_trace(block, 0))
 
     tasks = [dask.delayed(task, pure=False)(source.isel(image=[i]), i) for i in range(n)]
-    client = _active_client()
+    client = active_client()
     if client is not None:
         from distributed import as_completed
 
@@ -213,17 +214,6 @@ def _warn_gaps(recipes: list[Recipe], metrics: list[str], count: np.ndarray, n: 
     if single:
         warn(f"scorecard: {single} (recipe, metric) score(s) have a finite value on one image only; one image gives "
              "no 95 % interval, so their low and high are NaN (score more images)")
-
-
-def _active_client() -> Any:
-    try:
-        from distributed import default_client
-    except ImportError:
-        return None
-    try:
-        return default_client()
-    except ValueError:
-        return None
 
 
 class _TaskBar:
