@@ -1,9 +1,9 @@
 """Issue #35 item 1, the trace at its autograd floor: the pass writes each captured variable into the Dataset's
 own array (activations and gradients as the backward pass reaches them) instead of holding every tensor and
-copying it at the end; trace() and trace_many() take it for storage narrower than the computation (float16), where
-it lowers the peak. What it stores is bitwise what the tensor pass (``run_pass(..., arrays=False)``) stores, for
-every backward rule, both storage dtypes, a hierarchical model and a batch; and it hands freed memory back after
-each gradient it writes, never during the forward pass or the assembly."""
+copying it at the end; trace() and trace_many() take it on the CPU and for storage narrower than the computation
+(float16). What it stores is bitwise what the tensor pass (``run_pass(..., arrays=False)``) stores, for every
+backward rule, both storage dtypes, a hierarchical model and a batch; and it hands freed memory back only after a
+gradient write that finds the pass above its resident-memory cap, never during the forward pass or the assembly."""
 
 from __future__ import annotations
 
@@ -104,16 +104,29 @@ def test_a_batch_stores_for_each_image_what_its_tensor_pass_stores(dtype, tmp_pa
             np.testing.assert_array_equal(one[name].values, want[b][name].values, err_msg=f"{name} {b}")
 
 
-def test_float16_storage_takes_the_array_pass_and_hands_memory_back_as_it_writes(monkeypatch):
-    # The tensor pass hands freed memory back after every block of the forward pass, at every block of the
-    # backward pass, after it, and at every layer of the assembly (2 + 2 + 1 + 4 times for this trace). The array
-    # pass does it only after each gradient it writes (2 layers x 6 sites), never in the forward pass (each
-    # hand-back there made the next block fault its pages in again) or the assembly (nothing left to copy).
-    calls = []
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_cpu_trace_takes_the_array_pass_and_hands_memory_back_only_above_its_cap(dtype, monkeypatch):
+    # The tensor pass handed freed memory back after every block of the forward pass, at every block of the
+    # backward pass, after it, and at every layer of the assembly, and each reused page then faulted in again. On
+    # the CPU the array pass hands it back only after a gradient write that finds the resident memory the pass
+    # added above PEAK_OVER_ARRAYS times the arrays it fills (values and 3 gradients of 2 layers x 6 sites here).
+    from vitcam_nb.capture import resident
+    from vitcam_nb.capture import trace as trace_module
+
+    calls, taken, reads = [], [], []
     monkeypatch.setattr(runtime, "_TRIM", lambda pad: calls.append(pad))
-    tr = vc.trace(_model(), _image(), "top2", dtype="float16")
-    assert calls == [0] * 12
-    assert tr["grad"].shape[:2] == (3, 2) and tr["grad"].dtype == np.float16
-    calls.clear()
-    vc.trace(_model(), _image(), "top2")  # float32 storage: the tensor pass
-    assert len(calls) == 9
+    monkeypatch.setattr(trace_module, "run_pass", lambda plan, x, arrays=False: taken.append(arrays) or run_pass(
+        plan, x, arrays=arrays))
+    monkeypatch.setattr(resident, "resident_bytes", lambda: 10**9)
+    flat = vc.trace(_model(), _image(), "top2", dtype=dtype)
+    assert taken == [True] and calls == []  # a resident memory that does not grow: never handed back
+    arrays = sum(flat[v].nbytes for v in ("act", "grad", "attn", "attn_grad"))
+    writes = flat.sizes["layer"] * (flat.sizes["site"] + 1)  # the token sites and F2
+    assert writes == 12
+    # Resident memory read as: the start, then just under the ceiling for the first six writes, then over it.
+    ceiling = 10**9 + resident.PEAK_OVER_ARRAYS * arrays
+    values = iter([10**9] + [int(ceiling)] * 6 + [int(ceiling) + 1] * 100)
+    monkeypatch.setattr(resident, "resident_bytes", lambda: reads.append(1) or next(values))
+    tr = vc.trace(_model(), _image(), "top2", dtype=dtype)
+    assert len(reads) == 1 + writes and calls == [0] * (writes - 6)  # a read per write, a hand-back for each above
+    _assert_same(tr, flat)

@@ -9,10 +9,12 @@ with parameters frozen, about six token-by-channel tensors, the MLP's hidden inp
 plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
 compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target); the
 assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB. With storage narrower than the computation (float16) the pass writes into
-the Dataset's arrays as it goes (:mod:`vitcam_nb.capture.prealloc`): the Dataset, one block's transients and half
-the graph. ``benchmarks/memsizes.py`` measures the peak for twelve cases and
-``tests/integration/test_reliability_memory.py`` checks the estimate against those measurements.
+plus the transients and a fixed 20 MB (the tensor pass, which a GPU with float32 storage runs). On the CPU, and
+with storage narrower than the computation (float16), the pass writes into the Dataset's arrays as it goes
+(:mod:`vitcam_nb.capture.prealloc`): at the end, the Dataset, one block's transients and half the graph; at the
+start of the backward pass, the graph with the forward pass's freed transients between its tensors.
+``benchmarks/memsizes.py`` measures the peak for twelve cases and ``tests/integration/test_reliability_memory.py``
+checks the estimate against those measurements.
 
 The shapes come from :mod:`vitcam_nb.capture.budget_shapes`: flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA);
 hierarchical Swin (timm V1/V2, Hugging Face Swin/Swinv2), summed per block over its stage's grid, with F2 stored
@@ -55,6 +57,9 @@ __all__ = ["BUDGET_FRACTION", "available_bytes", "check_budget", "check_max_byte
 BUDGET_FRACTION = 0.5
 # Beyond the tensors the arithmetic counts: the pass's own small allocations (hooks, coordinates, xarray).
 _PEAK_FIXED = 20e6
+# The array pass's heap after the forward pass, as a multiple of the graph (its freed transients between the graph's
+# tensors): see estimate_plan.
+_FORWARD_HOLES = 1.6
 # Token x channel tensors autograd keeps per block with parameters frozen: the qkv output (3), the scaled
 # queries (1) and both LayerNorm inputs (2).
 _GRAPH_TC = 6
@@ -160,11 +165,17 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     peak = _PEAK_FIXED + parts["other"] + max(graph + captured * compute / store + transient,
                                               held + max(transient, copy))
     if writes_arrays(plan):
-        # The array pass (narrower storage) never holds the gradients in the compute dtype, and hands freed memory
-        # back after each gradient it writes: beside the Dataset, one block's transients and the part of the graph
-        # still alive, half of it on average as the backward pass frees it block by block (fitted to the measured
-        # ViT-B/16 and ViT-S/16 float16 rows; ViT-Ti/16 at 384 px held out).
-        peak = dataset + transient + graph / 2
+        # The array pass (the CPU, or narrower storage) never holds the gradients twice, and hands freed memory
+        # back when it has added more than its cap (capture.resident). At the end of the backward pass, beside the
+        # Dataset: one block's transients and the part of the graph still alive, half of it on average as the
+        # backward pass frees it block by block (fitted to the measured ViT-B/16 and ViT-S/16 float16 rows; the
+        # float32 rows and ViT-Ti/16 held out). At its start: the graph (which holds most captured tensors) and the
+        # first transients, plus the forward pass's freed transients, which stay in the heap between the graph's
+        # tensors since nothing is handed back during the forward pass (_FORWARD_HOLES, fitted to the one-layer,
+        # one-site ViT-B/16 row, where that start is the peak; both ViT-S/16 rows held out). A windowed site is put
+        # back in raster order after the backward pass, into a copy beside its windowed original.
+        start = _PEAK_FIXED + parts["other"] + _FORWARD_HOLES * graph + transient
+        peak = max(start, dataset + transient + graph / 2, dataset + copy + transient if copy else 0)
     tokens = [b.tokens for b in shapes.blocks]
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()},

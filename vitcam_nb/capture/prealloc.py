@@ -2,8 +2,8 @@
 captured variable's final array, allocated once per image in the storage dtype, and written as the backward pass
 reaches it: a tensor hook on the captured tensor copies its values and its gradients the moment autograd has
 summed them, and the tensor is let go (the graph alone decides its life). Nothing large is held twice or copied
-at the end; the memory the backward pass frees is handed back to the system after each write, so the next block's
-transients do not stack on top of it.
+at the end; the memory the backward pass frees stays for the next block's transients, and is handed back to the
+system only when the pass has added more than its cap (:class:`~vitcam_nb.capture.resident.ResidentCap`).
 
 Token sites of the same layers (a flat model's layers, or one stage of a hierarchical one) share one
 ``(layer, site, token, channel)`` array and its ``(target, layer, site, token, channel)`` gradient, the arrays the
@@ -41,19 +41,21 @@ Group = tuple[tuple[int, ...], tuple[str, ...]]
 
 
 def writes_arrays(plan: TracePlan) -> bool:
-    """Whether a trace's pass writes into its final arrays (``run_pass(..., arrays=True)``): when the storage dtype
-    is narrower than the compute dtype (float16 storage of a float32 model). The tensor pass then holds every
-    gradient in the compute dtype, twice the stored size, at its peak; the array pass holds the stored size. With
-    storage as wide as the computation, autograd's own gradient tensors are the stored values, and the tensor pass
-    (which keeps them without a copy, in memory the graph freed) peaks lower: measured in ``benchmarks/memsizes.py``.
+    """Whether a trace's pass writes into its final arrays (``run_pass(..., arrays=True)``): on the CPU, and
+    wherever the storage dtype is narrower than the compute dtype (float16 storage of a float32 model). The tensor
+    pass keeps autograd's gradient tensors and copies them into the Dataset at the end, so it holds every gradient
+    twice for a moment unless it hands freed memory back block by block, which faults the pages in again (measured
+    in ``benchmarks/memsizes.py`` and item 1 of ``python -m benchmarks``). On a GPU with storage as wide as the
+    computation, the gradients stay on the device until the end and the tensor pass is kept.
 
     Example:
         >>> import timm
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
         >>> [writes_arrays(TracePlan.for_trace(m, "top1", dtype=d)) for d in ("float32", "float16")]
-        [False, True]
+        [True, True]
     """
-    return np.dtype(plan.store_dtype).itemsize < torch.finfo(plan.compute_dtype).bits // 8
+    narrower = np.dtype(plan.store_dtype).itemsize < torch.finfo(plan.compute_dtype).bits // 8
+    return narrower or plan.run_device.type == "cpu"
 
 
 def copy_into(dest: np.ndarray, t: torch.Tensor) -> None:
@@ -158,8 +160,8 @@ class Arrays:
         n_images: images in the pass.
         arrange: puts a captured tensor (``(batch, ...)`` or ``(targets, batch, ...)``) in schema layout.
         hooks: register the gradient hooks (False: the caller writes the gradients autograd returns).
-        on_write: called after each gradient is written (the pass hands the memory the backward pass freed so far
-            back to the system there, so the next block's transients do not stack on top of it).
+        on_write: called after each gradient is written (the pass checks its resident memory there, and hands what
+            the backward pass freed back to the system when it has added too much: ``capture.resident``).
 
     Example:
         >>> import timm
@@ -204,11 +206,13 @@ class Arrays:
         self._written: set[Key] = set()
         #: captured tensors whose values wait for their gradient (copied together, then let go)
         self._live: dict[Key, torch.Tensor] = {}
+        self._kept_elements = 0
 
     def keep(self, key: Key, t: torch.Tensor) -> None:
         """Take one captured site tensor ``(batch, ...)`` after the forward pass. Without a graph its values go
         into their array now (its gradient is zero); with one, a tensor hook will write its values and gradients
         when the backward pass reaches it, and the tensor is held until then, as the graph holds it anyway."""
+        self._kept_elements += t.numel()
         if not t.requires_grad:
             self._put_act(key, self.arrange(key, t.detach()))
             return
@@ -262,6 +266,20 @@ class Arrays:
     def begin_backward(self, n_targets: int) -> None:
         """Get ready for the backward pass's ``n_targets`` gradients per captured tensor."""
         self.n_targets = n_targets
+
+    def array_bytes(self, n_targets: int) -> int:
+        """The bytes the arrays of every tensor kept so far take once filled: values and ``n_targets``
+        gradients, in the storage dtype (what :class:`~vitcam_nb.capture.resident.ResidentCap` measures against).
+
+        Example:
+            >>> import timm
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+            >>> a = Arrays(TracePlan.for_trace(m, "top1", sites=["F1"]), 1, lambda k, t: t, hooks=False)
+            >>> a.keep((0, "F1"), torch.ones(1, 17, 192))
+            >>> a.array_bytes(2) == 3 * 17 * 192 * 4
+            True
+        """
+        return self._kept_elements * np.dtype(self.dtype).itemsize * (1 + n_targets)
 
     def _grad_array(self, b: int, group: Group) -> np.ndarray:
         # Allocated when the backward pass first writes into it: ``np.empty`` of this size maps untouched pages, so
