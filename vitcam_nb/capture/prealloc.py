@@ -30,6 +30,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from vitcam_nb.capture.backward import batched_grad
+from vitcam_nb.capture.buffers import reusable_empty
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
@@ -236,7 +237,7 @@ class Arrays:
             if first is None and len(inner) == (3 if matrix else 2):
                 shape = (len(layers), *inner) if matrix else (len(layers), len(sites), *inner)
                 for b in range(self.n_images):
-                    self.filled[b][(*group, "act")] = np.empty(shape, self.dtype)
+                    self.filled[b][(*group, "act")] = reusable_empty(shape, self.dtype)
                 first = self.filled[0][(*group, "act")]
             if first is not None and first.shape[len(index):] == inner:
                 self.slots[key] = (group, index)
@@ -282,12 +283,13 @@ class Arrays:
         return self._kept_elements * np.dtype(self.dtype).itemsize * (1 + n_targets)
 
     def _grad_array(self, b: int, group: Group) -> np.ndarray:
-        # Allocated when the backward pass first writes into it: ``np.empty`` of this size maps untouched pages, so
-        # each becomes resident only as its gradients arrive, block by block.
+        # Allocated when the backward pass first writes into it: a new buffer of this size maps untouched pages, so
+        # each becomes resident only as its gradients arrive, block by block (a buffer an earlier trace left in the
+        # pool of capture.buffers is resident already, and faults nothing in).
         arr = self.filled[b].get((*group, "grad"))
         if arr is None:
             act = self.filled[b][(*group, "act")]
-            arr = self.filled[b][(*group, "grad")] = np.empty((self.n_targets, *act.shape), self.dtype)
+            arr = self.filled[b][(*group, "grad")] = reusable_empty((self.n_targets, *act.shape), self.dtype)
         return arr
 
     def put_grad(self, key: Key, g: torch.Tensor) -> None:
