@@ -7,9 +7,10 @@ system only when the pass has added more than its cap (:class:`~vitcam_nb.captur
 
 Token sites of the same layers (a flat model's layers, or one stage of a hierarchical one) share one
 ``(layer, site, token, channel)`` array and its ``(target, layer, site, token, channel)`` gradient, the arrays the
-trace Dataset holds; a flat model's attention matrices one ``(layer, head, query, key)`` array per site. Anything
-else (a cross-attention site, Swin's windowed attention, shapes that do not line up) is kept per (layer, site) in
-the storage dtype and laid out by :func:`vitcam_nb.capture.assemble.assemble` as before.
+trace Dataset holds; a flat model's attention matrices one ``(layer, head, query, key)`` array per site, a
+hierarchical stage's windowed attention one ``(layer, head, query, window key)`` array. Anything else (a
+cross-attention site, shapes that do not line up) is kept per (layer, site) in the storage dtype and laid out by
+:func:`vitcam_nb.capture.assemble.assemble` as before.
 
 Example:
     >>> import timm
@@ -182,10 +183,12 @@ class Arrays:
         extra = plan.extra_sites
         token_sites = tuple(s for s in plan.site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra)
         if getattr(plan.adapter, "hierarchical", False):
-            # One stage's blocks share a grid and a width: each traced stage is one Dataset node of its own, and
-            # its windowed attention is laid out per window by the staged assembly.
+            # One stage's blocks share a grid and a width: each traced stage is one Dataset node of its own, with
+            # its windowed attention as one (layer, head, query, window key) array (the staged assembly adds the
+            # keys' raster tokens).
             stages = [tuple(i for i in plan.layer_ids if i in ids) for ids in plan.adapter.stages(plan.model)]
             groups = [(ids, token_sites) for ids in stages if ids and token_sites]
+            groups += [(ids, (ATTENTION_SITE,)) for ids in stages if ids and ATTENTION_SITE in plan.site_ids]
         else:
             ids = tuple(plan.layer_ids)
             groups = [(ids, token_sites)] if token_sites else []

@@ -87,8 +87,12 @@ def assemble_tree(plan: TracePlan, prepared: PreparedInput, image: ImagePass, ru
 def _add_window_attention(ds: xr.Dataset, plan: TracePlan, image: ImagePass, run: PassResult,
                           ids: list[int]) -> xr.Dataset:
     dtype = plan.store_dtype
-    attn = np.stack([to_numpy(image.acts.pop((i, ATTENTION_SITE)), None, dtype)[0] for i in ids])
-    attn_grad = np.stack([to_numpy(image.grads.pop((i, ATTENTION_SITE)), None, dtype)[:, 0] for i in ids], axis=1)
+    group = (tuple(ids), (ATTENTION_SITE,))
+    attn, attn_grad = image.filled.get((*group, "act")), image.filled.get((*group, "grad"))
+    if attn is None:  # the pass kept tensors: stacked here
+        attn = np.stack([to_numpy(image.acts.pop((i, ATTENTION_SITE)), None, dtype)[0] for i in ids])
+        attn_grad = np.stack([to_numpy(image.grads.pop((i, ATTENTION_SITE)), None, dtype)[:, 0] for i in ids],
+                             axis=1)
     keys = np.stack([plan.adapter.window_keys(run.ctx, i) for i in ids])
     ds = ds.assign_coords(head=np.arange(attn.shape[1]), query=ds["token"].values,
                           wkey=np.arange(attn.shape[-1]))

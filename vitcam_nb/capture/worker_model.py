@@ -2,9 +2,12 @@
 (:func:`vitcam_nb.trace_many`, :func:`vitcam_nb.map_many`).
 
 How the model travels: not pickled. Its architecture is rebuilt on each worker by ``timm.create_model`` from a
-spec (``{"timm": name, **kwargs}``; default the model's timm name), its weights are sent once per worker as
-safetensors bytes (a worker plugin, so a worker that joins or restarts loads them too), and the weights hash of
-the rebuilt model must equal the caller's, or the batch is refused. Where GPUs exist each worker pins one:
+spec (``{"timm": name, **kwargs}``; default the model's timm name), its weights are loaded once per worker from
+safetensors (a worker plugin, so a worker that joins or restarts loads them too), and the weights hash of the
+rebuilt model must equal the caller's, or the batch is refused. The weights go as a file the call writes in the
+temporary folder when every worker reads it there (workers on this machine: a ``LocalCluster``, a multi-GPU
+node), which spares sending hundreds of megabytes through the scheduler to each worker; otherwise as bytes in
+the plugin. The file is removed when the call unloads the model. Where GPUs exist each worker pins one:
 ``cuda:0`` of what ``CUDA_VISIBLE_DEVICES`` leaves it (dask-cuda's LocalCUDACluster gives each worker its own),
 else the GPU numbered by the worker's name modulo the GPU count.
 
@@ -75,14 +78,19 @@ def _pin(device: str, worker_name: Any) -> str:
         return f"cuda:{sum(map(ord, str(worker_name))) % count}"
 
 
-def _build(spec: dict, weights: bytes, sha: str, training: bool) -> torch.nn.Module:
+def _build(spec: dict, weights: bytes | str, sha: str, training: bool) -> torch.nn.Module:
     import timm
-    from safetensors.torch import load
+    from safetensors.torch import load, load_file
 
     kwargs = {k: v for k, v in spec.items() if k != "timm"}
     model = timm.create_model(spec["timm"], pretrained=False, **kwargs)
     try:
-        model.load_state_dict(load(weights), strict=True)
+        state = load(weights) if isinstance(weights, bytes) else load_file(weights)
+    except OSError as exc:
+        raise TraceError(f"worker_model: this worker cannot read the weights file {weights} the call wrote ({exc}); "
+                         "a worker on another machine needs the weights sent: start the call again") from exc
+    try:
+        model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise TraceError(f"worker_model: {spec} builds a model whose weights do not fit the caller's ({exc}); pass "
                          "worker_model={'timm': name, **the create_model kwargs the model was built with}") from exc
@@ -96,7 +104,7 @@ def _build(spec: dict, weights: bytes, sha: str, training: bool) -> torch.nn.Mod
 class _ModelPlugin(_PluginBase):
     """A worker plugin that loads the model once on each worker (and on workers that join later)."""
 
-    def __init__(self, key: str, spec: dict, weights: bytes, sha: str, training: bool, device: str) -> None:
+    def __init__(self, key: str, spec: dict, weights: bytes | str, sha: str, training: bool, device: str) -> None:
         self.key, self.spec, self.weights, self.sha, self.training, self.device = key, spec, weights, sha, training, \
             device
         self.name = f"vitcam_nb-model-{key}"
@@ -131,9 +139,54 @@ def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, d
     weights = save({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()})
     # One key per call: two calls sending the same model (two threads of one process) each unload only their own.
     key = f"{sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    plugin = _ModelPlugin(key, spec, weights, sha, model.training, device)
-    client.register_plugin(plugin, name=plugin.name)
+    path = _shared_file(client, weights)
+    plugin = _ModelPlugin(key, spec, weights if path is None else path, sha, model.training, device)
+    if path is not None:
+        _FILES[plugin.name] = path
+    try:
+        client.register_plugin(plugin, name=plugin.name)
+    except BaseException:
+        _remove(_FILES.pop(plugin.name, None))
+        raise
     return key, plugin.name
+
+
+#: The weights files this process wrote for its workers, by plugin name (removed by drop_model).
+_FILES: dict[str, str] = {}
+
+
+def _shared_file(client: Any, weights: bytes) -> str | None:
+    """Write ``weights`` to a new file in the temporary folder; its path if every worker of ``client`` reads a file
+    of that size there, else None (the file removed: the weights then travel in the plugin)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="vitcam_nb-weights-", suffix=".safetensors")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(weights)
+        sizes = client.run(_file_size, path)
+    except Exception:  # no room to write it, or a worker that cannot answer: send the bytes
+        _remove(path)
+        return None
+    if not sizes or any(size != len(weights) for size in sizes.values()):
+        _remove(path)
+        return None
+    return path
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return -1
+
+
+def _remove(path: str | None) -> None:
+    if path is not None:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def loaded_model(key: str) -> tuple[torch.nn.Module, str, threading.Lock]:
@@ -177,3 +230,4 @@ def drop_model(client: Any, name: str) -> None:
         client.unregister_worker_plugin(name)
     except Exception:  # a Client closing meanwhile: its workers go with their models
         pass
+    _remove(_FILES.pop(name, None))

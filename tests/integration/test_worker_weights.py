@@ -1,0 +1,73 @@
+"""How a sharded run's model reaches its workers (issue #35, item 4): as a safetensors file in the temporary
+folder when every worker reads it there, so hundreds of megabytes do not travel through the scheduler to each
+worker; as bytes in the worker plugin otherwise. Either way the worker's model has the caller's weights (its
+weights hash), and unloading the model removes the file the call wrote."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from vitcam_nb.capture import worker_model
+from vitcam_nb.core.provenance import weights_sha256
+
+distributed = pytest.importorskip("distributed")
+SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 1, "num_classes": 5}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return timm.create_model(SPEC["timm"], pretrained=False, **{k: v for k, v in SPEC.items() if k != "timm"}).eval()
+
+
+def _loaded(key: str) -> str | None:
+    from vitcam_nb.capture.worker_model import _MODELS  # on the worker: this process's loaded models
+
+    got = _MODELS.get(key)
+    return None if got is None else weights_sha256(got[0])
+
+
+def _weights_files() -> set[str]:
+    return {f for f in os.listdir(tempfile.gettempdir()) if f.startswith("vitcam_nb-weights-")}
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_workers_on_this_machine_read_the_weights_from_a_file_the_call_removes(client):
+    model = _model()
+    before = _weights_files()
+    key, name = worker_model.send_model(client, model, SPEC, "cpu", "map_many")
+    path = worker_model._FILES[name]
+    assert os.path.basename(path) in _weights_files() - before
+    on_file = load_file(path)
+    assert on_file.keys() == model.state_dict().keys()
+    assert all(torch.equal(on_file[k], v) for k, v in model.state_dict().items())
+    assert set(client.run(_loaded, key).values()) == {weights_sha256(model)}
+    worker_model.drop_model(client, name)
+    assert not os.path.exists(path) and name not in worker_model._FILES and _weights_files() == before
+    assert set(client.run(_loaded, key).values()) == {None}
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_read_the_file_gets_the_weights_as_bytes(client, monkeypatch):
+    model = _model()
+    before = _weights_files()
+    real_run = client.run
+    # Every worker answers that it cannot read the file (a worker on another machine).
+    monkeypatch.setattr(client, "run", lambda fn, *args, **kw: {"tcp://elsewhere:1": -1})
+    key, name = worker_model.send_model(client, model, SPEC, "cpu", "map_many")
+    monkeypatch.setattr(client, "run", real_run)
+    assert name not in worker_model._FILES and _weights_files() == before  # written, found unreadable, removed
+    assert set(client.run(_loaded, key).values()) == {weights_sha256(model)}
+    worker_model.drop_model(client, name)
