@@ -208,8 +208,9 @@ def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images:
                              "ours_s_per_map_torch_backend": round(ours_per_map, 6)},
         "cluster": {**cluster, "images": cluster_images, "batch_size": 1, "backend": "torch",
                     "note": "the model is sent to the workers and the first batch computed in the calling process "
-                            "before the rest is sharded, a fixed cost of a few seconds the images share; a busy "
-                            "2-core machine shared with other jobs caps what 2 workers can gain"},
+                            "before the rest is sharded, a fixed cost of a few seconds the images share; on a 2-core "
+                            "machine the calling process, which records each finished batch, shares the two cores "
+                            "with the two workers"},
         "device_throughput": on_device if on_device is not None else {
             "note": "not measured in this run: python -m benchmarks.items.scale --device cuda measures it"},
         "targets": targets, "wall_s": round(time.perf_counter() - started, 1),
