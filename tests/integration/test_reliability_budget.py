@@ -86,6 +86,10 @@ def test_the_estimate_is_made_of_the_configs_tensor_sizes(config):
     # The batched backward of one block: per target, the softmax's incoming and returned attention gradients
     # (2 x heads x t x t) and the MLP's hidden gradient.
     transient = K_TOP5 * (2 * heads * t * t + t * hidden) * 4
-    held = captured * (K_TOP5 + 1)
-    expected = _PEAK_FIXED + parts["other"] + max(graph + captured + transient, held + transient)
+    assert captured * (K_TOP5 + 1) + parts["other"] == est["dataset_bytes"]
+    # On the CPU the pass writes into the Dataset's arrays: at the start of the backward pass the graph, the forward
+    # pass's freed transients between its tensors (0.6 of the graph again) and the first transients; at the end the
+    # Dataset, the last transients and half the graph.
+    start = _PEAK_FIXED + parts["other"] + 1.6 * graph + transient
+    expected = max(start, est["dataset_bytes"] + transient + graph / 2)
     assert est["peak_bytes"] == int(expected)
