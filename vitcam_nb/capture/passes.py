@@ -176,7 +176,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
     check_input(model, adapter, x)
     ctx = TraceContext(model)
     extra = plan.extra_sites
-    cap = ResidentCap() if arrays else None  # the resident memory before the pass, which its rise is measured from
+    resident = ResidentCap() if arrays else None  # the resident memory before the pass: its rise is measured
 
     def arrange(k: Key, t: torch.Tensor) -> torch.Tensor:
         return t if k[1] in extra else adapter.arrange_traced(ctx, k[1], k[0], t)
@@ -184,7 +184,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
     # The rule's hooks go on after the capture's: its forward hooks run first (prepend), so the sites read the
     # rule's tensors; its pre-hooks run after the capture's (the attn_scores site rebuilds the softmax it then sees).
     with deterministic(plan.run_device) as (det, det_settings), frozen_parameters(model), \
-            Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as captured, \
+            Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
@@ -192,10 +192,10 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         with releasing_during_forward([] if arrays else adapter.blocks(model)):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
-                   if s not in extra and (layer, s) not in captured.tensors]
+                   if s not in extra and (layer, s) not in cap.tensors]
         missing += [f"{s}@{i}" for s in plan.site_ids if s in extra for i in range(len(extra[s]))
-                    if (i, s) not in captured.tensors]
-        if missing or captured.grid is None:
+                    if (i, s) not in cap.tensors]
+        if missing or cap.grid is None:
             raise TraceError(f"sites: hooks never fired for {missing or ['patch grid']}; the adapter's site "
                              "table does not fit this model")
         _check_scores(z, int(x.shape[0]))
@@ -208,33 +208,33 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         outputs = torch.cat([chosen, expected.sum()[None]])
         # A rule may first differentiate the retained graph itself (chefer_lrp: the plain gradient at F2).
         extra_grads = {name: {k: adapter.arrange_traced(ctx, k[1], k[0], g) for k, g in got.items()}
-                       for name, got in rule_extra_grads(plan.rule, adapter, outputs, captured.tensors).items()}
+                       for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         acts, grad_by_key, images = {}, {}, []
         if arrays:
-            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(), on_write=cap)
-            while captured.tensors:  # the store holds each tensor until its gradient arrives, then lets it go
-                store.keep(*captured.tensors.popitem())
-            cap.limit(store.array_bytes(len(outputs)))
+            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(), on_write=resident)
+            while cap.tensors:  # the store holds each tensor until its gradient arrives, then lets it go
+                store.keep(*cap.tensors.popitem())
+            resident.limit(store.array_bytes(len(outputs)))
             _backward_into(store, outputs)
             images = [ImagePass(z[b].detach(), classes[b], store.acts[b], store.grads[b],
                                 {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in extra_grads.items()},
                                 store.filled[b]) for b in range(int(x.shape[0]))]
         else:
-            keys = list(captured.tensors)
+            keys = list(cap.tensors)
             # Parameters are frozen, so a site that does not depend on the image has no graph: its gradient is 0.
-            needed = [k for k in keys if captured.tensors[k].requires_grad]
+            needed = [k for k in keys if cap.tensors[k].requires_grad]
             # One release per block (each costs page faults later); an extra site's layers (BLIP's text layers)
             # share the block numbers and would take the vision blocks' places.
-            per_layer = {k[0]: captured.tensors[k] for k in needed if k[1] not in extra}
+            per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
             with releasing_during_backward(list(per_layer.values())):
-                got = dict(zip(needed, batched_grad(outputs, [captured.tensors[k] for k in needed]))) if needed else {}
+                got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
             release_freed_memory()
             for k in keys:
-                act, g = captured.tensors[k].detach(), got.get(k)
+                act, g = cap.tensors[k].detach(), got.get(k)
                 if g is None:  # allow_unused: the targets do not depend on this tensor at all
                     g = torch.zeros((len(outputs), *act.shape), dtype=act.dtype, device=act.device)
                 acts[k], grad_by_key[k] = arrange(k, act), arrange(k, g)
-    return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=captured.grid, ctx=ctx,
+    return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=cap.grid, ctx=ctx,
                       deterministic=det, deterministic_settings=det_settings,
                       single_head=single_head_layers(model, adapter.attention_modules(model)),
                       extra_grads=extra_grads, images=images)

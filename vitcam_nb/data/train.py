@@ -174,6 +174,18 @@ def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, bat
     return correct / max(1, len(images))
 
 
+def library_versions(*libraries: object) -> dict[str, str]:
+    """The versions a bundled model's card records: torch, each of ``libraries`` (modules), numpy and Python.
+
+    Example:
+        >>> import timm
+        >>> list(library_versions(timm))
+        ['torch', 'timm', 'numpy', 'python']
+    """
+    return {"torch": torch.__version__, **{lib.__name__: lib.__version__ for lib in libraries},
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
 def write_bundled(model: torch.nn.Module, card: dict, out: str | Path, name: str) -> Path:
     """Write ``model``'s weights as ``<out>/<name>.safetensors`` and ``card``, completed with the file's name, its
     SHA-256, the state dict's SHA-256 and its size, as ``<out>/<name>.json``: what ``vc.load_model`` checks.
@@ -358,12 +370,7 @@ def train(name: str, out: str | Path = MODELS_DIR, log=print, **overrides) -> di
             "threads": torch.get_num_threads(),
             "history": history,
         },
-        "versions": {
-            "torch": torch.__version__,
-            "timm": timm.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": library_versions(timm),
     }
     if init_from is not None:
         card["training"]["init_from"] = init_from

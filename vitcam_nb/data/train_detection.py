@@ -20,7 +20,6 @@ given torch build (one thread, deterministic algorithms).
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 
 from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes_detection import DET_CLASS_NAMES, MAX_OBJECTS, detection_generator_settings, shapes_detection
-from vitcam_nb.data.train import learning_rate, write_bundled
+from vitcam_nb.data.train import learning_rate, library_versions, write_bundled
 
 NAME = "shapes-yolos"
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -334,8 +333,7 @@ def _train(cfg: dict, out: Path, log) -> dict:
                              "w, h) and giou_weight x (1 - generalized IoU) of present objects",
                      **cfg, "init_from": init_from, "seconds": round(seconds, 1),
                      "threads": torch.get_num_threads(), "history": history},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "numpy": np.__version__, "python": platform.python_version()},
+        "versions": library_versions(transformers),
     }
     weights_path = write_bundled(model, card, out, NAME)
     log(f"[{NAME}] test {metrics}; wrote {weights_path} ({seconds:.0f}s)")

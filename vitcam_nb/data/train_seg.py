@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import CLASS_NAMES, generator_settings, shapes
-from vitcam_nb.data.train import MODELS_DIR, SPECS, normalise, pretrained_cfg, write_bundled
+from vitcam_nb.data.train import MODELS_DIR, SPECS, library_versions, normalise, pretrained_cfg, write_bundled
 
 __all__ = ["NAME", "SEG_CLASSES", "evaluate", "pixel_labels", "train"]
 
@@ -125,8 +124,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
         "test_accuracy": scores["pixel_accuracy"], "test_mean_iou": scores["mean_iou"], "test_iou": scores["iou"],
         "training": {**cfg, "optimizer": "AdamW", "loss": "per-pixel cross-entropy", "steps": steps * cfg["epochs"],
                      "seconds": round(seconds, 1), "threads": torch.get_num_threads(), "history": history},
-        "versions": {"torch": torch.__version__, "timm": timm.__version__, "numpy": np.__version__,
-                     "python": platform.python_version()},
+        "versions": library_versions(timm),
     }
     write_bundled(model, card, out, NAME)
     log(f"[{NAME}] pixel accuracy {scores['pixel_accuracy']:.4f}, mean IoU {scores['mean_iou']:.4f} ({seconds:.0f}s)")

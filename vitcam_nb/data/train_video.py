@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from vitcam_nb.data.shapes import MEAN, STD
 from vitcam_nb.data.shapes_video import CLASS_NAMES, shape_clips, video_generator_settings
-from vitcam_nb.data.train import MODELS_DIR, learning_rate, write_bundled
+from vitcam_nb.data.train import MODELS_DIR, learning_rate, library_versions, write_bundled
 
 __all__ = ["CONFIG", "HF_CLASS", "NAME", "SETTINGS", "accuracy", "build_video_model", "normalise_clips", "train"]
 
@@ -169,8 +168,7 @@ def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
             **cfg, "steps": total, "seconds": round(seconds, 1), "threads": torch.get_num_threads(),
             "history": history,
         },
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
-                     "python": platform.python_version()},
+        "versions": library_versions(transformers),
     }
     weights_path = write_bundled(model, card, out, NAME)
     log(f"[{NAME}] test accuracy {card['test_accuracy']:.4f}; wrote {weights_path} ({seconds:.0f}s)")
