@@ -188,6 +188,25 @@ def test_interrupted_runs_resume_to_the_same_store(tmp_path, store, model, image
     _assert_same_store(path, store)
 
 
+def test_per_image_arrays_are_chunked_by_row_width_and_hold_the_same_values(tmp_path, store, model, images,
+                                                                           monkeypatch):
+    """Each batch rewrites the chunk its images fall in, so wide rows (one per recipe) get fewer images per chunk;
+    a store cut into one-image chunks holds exactly what the default store holds."""
+    from vitcam_nb.compute import map_writer
+
+    group = zarr.open_group(str(store), mode="r")
+    for name in ("degenerate", "scale", "logits", "trace_id"):
+        assert group[name].chunks[0] == map_writer.meta_rows(group[name].shape[1:]), name
+    assert group["degenerate"].chunks[0] < group["trace_id"].chunks[0] == map_writer.META_CHUNK
+    monkeypatch.setattr(map_writer, "META_CHUNK_VALUES", 1)
+    path = vc.map_many(model, images, RECIPES, tmp_path / "small.zarr", batch_size=2, progress=False)
+    assert zarr.open_group(str(path), mode="r")["trace_id"].chunks[0] == 1
+    got, want = _arrays(path), _arrays(store)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
 # -- refusals -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("recipe, match", [
     (Recipe(site="F1", weighting="scorecam"), "scorecam"),
