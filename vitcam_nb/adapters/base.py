@@ -69,6 +69,10 @@ class Adapter:
     family: str = "base"
     block_template: str = "blocks.{layer}"
     sites: dict[str, SiteSpec] = {}
+    #: Whether a trace may run each of :meth:`blocks` again inside the backward pass instead of keeping its graph
+    #: (:mod:`vitcam_nb.capture.recompute`): set on families whose recomputed traces are tested bitwise equal to
+    #: the plain pass's.
+    recomputable: bool = False
 
     def matches(self, model: torch.nn.Module) -> bool:
         """Whether this adapter reads ``model`` (checked in registration order)."""

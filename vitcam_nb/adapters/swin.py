@@ -80,6 +80,7 @@ class SwinAdapter(Adapter):
     block_template = "layers.{stage}.blocks.{block}"
     sites = SWIN_SITES
     hierarchical = True
+    recomputable = True
     #: Sites captured as (..., H, W, C) grids, flattened to raster tokens (timm blocks work on NHWC tensors).
     grid_sites: tuple[str, ...] = NHWC
 

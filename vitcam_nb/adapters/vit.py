@@ -33,6 +33,7 @@ class VitAdapter(Adapter):
     family = "vit"
     block_template = "blocks.{layer}"
     sites = VIT_SITES
+    recomputable = True
 
     def matches(self, model: torch.nn.Module) -> bool:
         from timm.models.vision_transformer import VisionTransformer

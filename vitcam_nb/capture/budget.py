@@ -37,7 +37,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -47,11 +47,13 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.rules import rule_extra_names
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 from vitcam_nb.preprocess import data_config, prepare_input
 from vitcam_nb.targets.classes import ClassTargets
 
-__all__ = ["BUDGET_FRACTION", "available_bytes", "check_budget", "check_max_bytes", "estimate", "estimate_plan"]
+__all__ = ["BUDGET_FRACTION", "RECOMPUTE_BELOW", "available_bytes", "check_max_bytes", "estimate", "estimate_plan",
+           "fit_budget", "recomputable"]
 
 #: The default budget: this fraction of the memory available when the trace starts.
 BUDGET_FRACTION = 0.5
@@ -60,6 +62,9 @@ _PEAK_FIXED = 20e6
 # The array pass's heap after the forward pass, as a multiple of the graph (its freed transients between the graph's
 # tensors): see estimate_plan.
 _FORWARD_HOLES = 1.6
+# The array pass's resident memory beyond the Dataset, the blocks' inputs and one block's graph when it recomputes
+# each block, as a multiple of one block's transients: see estimate_plan.
+_RECOMPUTE_HOLES = 1.85
 # Token x channel tensors autograd keeps per block with parameters frozen: the qkv output (3), the scaled
 # queries (1) and both LayerNorm inputs (2).
 _GRAPH_TC = 6
@@ -176,6 +181,15 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         # is overestimated there). Windowed sites go into their arrays one block at a time: no copy of them all.
         start = _PEAK_FIXED + parts["other"] + _FORWARD_HOLES * graph + transient
         peak = max(start, dataset + transient + graph / 2)
+        if plan.recompute:
+            # Recomputing each block in the backward pass (capture.recompute): the forward pass keeps only each
+            # block's input, the backward pass one block's graph at a time beside the Dataset, whose values are
+            # written when the forward pass ends. Without the graph's tensors between them, the block's transients
+            # fragment the heap: _RECOMPUTE_HOLES of them stay resident (fitted to the one-layer ViT-B/16 row).
+            inputs = batch * sum(b.rows * b.width for b in shapes.blocks) * compute
+            block = batch * max(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
+                                for b in shapes.blocks) * compute
+            peak = _PEAK_FIXED + parts["other"] + dataset + inputs + block + _RECOMPUTE_HOLES * transient
     tokens = [b.tokens for b in shapes.blocks]
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()},
@@ -240,7 +254,9 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
              dtype: str = "float32") -> dict:
     """Memory a :func:`vitcam_nb.trace` with these arguments would take, before running it: the Dataset's
     size (``dataset_bytes``, with ``parts`` per variable) and the peak of the pass (``peak_bytes``, the
-    Dataset included). ``image`` sets the input size (default: the model's configured size).
+    Dataset included), and whether the pass recomputes each block inside the backward pass to lower it
+    (``recompute``: see :func:`fit_budget`; a trace over its budget may also switch to it). ``image`` sets the input
+    size (default: the model's configured size).
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -250,7 +266,19 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
         True
     """
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype)
-    return estimate_plan(plan, _input_hw(plan, image))
+    hw = _input_hw(plan, image)
+    plain = estimate_plan(plan, hw)
+    lean = estimate_plan(TracePlan(**{**plan.__dict__, "recompute": True}), hw) if recomputable(plan) else None
+    if lean is not None and lean["peak_bytes"] <= RECOMPUTE_BELOW * plain["peak_bytes"]:
+        return {**lean, "recompute": True}
+    return {**plain, "recompute": False}
+
+
+def _leanest(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int]) -> int:
+    """The lower estimated peak of ``plan``'s pass, plain or recomputing each block."""
+    plain = total(TracePlan(**{**plan.__dict__, "recompute": False}), batch)
+    return min(plain, total(TracePlan(**{**plan.__dict__, "recompute": True}), batch)) if recomputable(plan) \
+        else plain
 
 
 def _gb(n: float) -> str:
@@ -284,25 +312,56 @@ def _uncovered(plan: TracePlan, max_bytes: object, exc: TraceError) -> TraceErro
                       "to trace it without a budget check")
 
 
-def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1,
-                 stacked: bool = False) -> None:
-    """Refuse a pass whose estimated peak exceeds ``max_bytes`` (None: :data:`BUDGET_FRACTION` of the
-    available memory), naming the estimate and the cheapest ways down. ``stacked``: the batch's Datasets are
-    also stacked into one copy (``trace_many``). A model the estimate does not cover passes the default budget
-    unchecked and is refused an explicit ``max_bytes``, which could not be honoured.
+def recomputable(plan: TracePlan) -> bool:
+    """Whether ``plan``'s pass may recompute each block inside the backward pass
+    (:mod:`vitcam_nb.capture.recompute`): the array pass (:func:`~vitcam_nb.capture.prealloc.writes_arrays`),
+    autograd's own gradient (a backward rule's hooks are not run twice), a family whose recomputed traces are tested
+    bitwise equal to the plain pass's (:attr:`~vitcam_nb.adapters.Adapter.recomputable`), no sites outside the blocks.
 
     Example:
         >>> import timm
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
-        >>> check_budget(TracePlan.for_trace(m, "top1"), (224, 224), 10**6)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        >>> recomputable(TracePlan.for_trace(m, "top1"))
+        True
+    """
+    return (writes_arrays(plan) and plan.rule == DEFAULT_RULE and getattr(plan.adapter, "recomputable", False)
+            and not plan.extra_sites)
+
+
+#: The pass recomputes each block when that lowers its estimated peak to this share of the plain pass's or less
+#: (a trace of few late layers: the graph below them is never kept), or when only then it fits its budget.
+RECOMPUTE_BELOW = 0.75
+
+
+def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1,
+               stacked: bool = False) -> None:
+    """Choose how ``plan``'s pass holds memory, then refuse it if its estimated peak exceeds ``max_bytes`` (None:
+    :data:`BUDGET_FRACTION` of the available memory), naming the estimate and the cheapest ways down.
+
+    The pass recomputes each block inside the backward pass (``plan.recompute``; one more forward pass of the
+    blocks, the same values bitwise) when :func:`recomputable` and that lowers its estimated peak to
+    :data:`RECOMPUTE_BELOW` of the plain pass's or less, or when only then it fits the budget. ``stacked``: the
+    batch's Datasets are also stacked into one copy (``trace_many``). A model the estimate does not cover passes the
+    default budget unchecked and is refused an explicit ``max_bytes``, which could not be honoured.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> fit_budget(TracePlan.for_trace(m, "top1"), (224, 224), 10**6)  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         TraceError: max_bytes: this trace needs about ...
+        >>> plan = TracePlan.for_trace(m, "top5", sites=["F1"], layers=[-1])
+        >>> fit_budget(plan, (224, 224), None)
+        >>> plan.recompute  # one late layer: the pass keeps one block's graph, not twelve
+        True
     """
     check_max_bytes(max_bytes)
+
     def total(p: TracePlan, n: int) -> int:
         e = estimate_plan(p, hw, n)
         return e["peak_bytes"] + (e["dataset_bytes"] if stacked else 0)
 
+    plan.recompute = False
     try:
         need = estimate_plan(plan, hw, batch)
     except TraceError as exc:
@@ -310,6 +369,9 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
             return
         raise _uncovered(plan, max_bytes, exc) from exc
     need["peak_bytes"] = total(plan, batch)
+    lean = total(TracePlan(**{**plan.__dict__, "recompute": True}), batch) if recomputable(plan) else None
+    if lean is not None and lean <= RECOMPUTE_BELOW * need["peak_bytes"]:
+        plan.recompute, need["peak_bytes"] = True, lean
     if max_bytes is None:
         available = available_bytes()
         if available is None:
@@ -319,6 +381,10 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
         limit, what = float(max_bytes), "max_bytes"
     if need["peak_bytes"] <= limit:
         return
+    if lean is not None and lean <= limit:
+        plan.recompute = True
+        return
+    need["peak_bytes"] = min(need["peak_bytes"], lean or need["peak_bytes"])
     ways = []
     for label, change in (("targets='top1'", {"target": ClassTargets("top1")}),
                           ("sites without 'F2'", {"site_ids": [s for s in plan.site_ids if s != "F2"] or None}),
@@ -329,9 +395,9 @@ def check_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch:
         if "target" in change and not isinstance(plan.target, ClassTargets):
             continue
         other = TracePlan(**{**plan.__dict__, **change})
-        ways.append((total(other, batch), label))
+        ways.append((_leanest(other, batch, total), label))
     if batch > 1:
-        ways.append((total(plan, 1), "batch_size=1"))
+        ways.append((_leanest(plan, 1, total), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
     # trace_many stores flat layouts and clips only (TracePlan.for_store): a Swin or BLIP user is not sent there.
     if not getattr(plan.adapter, "hierarchical", False) and (not plan.extra_sites or getattr(plan.adapter, "video",

@@ -120,8 +120,23 @@ class Capture:
         self.tensors: dict[tuple[int, str], torch.Tensor] = {}
         self.grid: tuple[int, int] | None = None
         self._stack = contextlib.ExitStack()
+        self._quiet = 0
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Hooks that fire inside this context keep nothing: a block run again for the backward pass
+        (:mod:`vitcam_nb.capture.recompute`) has had its sites read in the forward pass already. What the hooks do
+        to the block's outputs (a split qkv put back together) they still do, so the rerun computes what the first
+        run did."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
 
     def _keep(self, key: tuple[int, str], tensor: object) -> None:
+        if self._quiet:
+            return
         # Hugging Face layers return tuples whose first element is the hidden state.
         if isinstance(tensor, (tuple, list)) and tensor and isinstance(tensor[0], torch.Tensor):
             tensor = tensor[0]

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
+from vitcam_nb.capture.recompute import recomputed_blocks
 from vitcam_nb.capture.resident import ResidentCap
 from vitcam_nb.capture.rules import rule_context, rule_extra_grads
 from vitcam_nb.capture.runtime import (
@@ -189,7 +191,9 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
-        with releasing_during_forward([] if arrays else adapter.blocks(model)):
+        recompute = arrays and plan.recompute
+        with releasing_during_forward([] if arrays else adapter.blocks(model)), \
+                (recomputed_blocks(adapter.blocks(model), cap.quiet) if recompute else contextlib.nullcontext()):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
@@ -211,8 +215,11 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
                        for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         acts, grad_by_key, images = {}, {}, []
         if arrays:
-            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(), on_write=resident)
-            while cap.tensors:  # the store holds each tensor until its gradient arrives, then lets it go
+            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(), on_write=resident,
+                           hold=not recompute)
+            # The store holds each tensor until its gradient arrives, then lets it go (a recomputing pass: writes its
+            # values now and lets it go, since no graph holds it).
+            while cap.tensors:
                 store.keep(*cap.tensors.popitem())
             resident.limit(store.array_bytes(len(outputs)))
             _backward_into(store, outputs)

@@ -142,6 +142,9 @@ class TracePlan:
     wrappers: tuple[str, ...] = ()
     #: the backward rule the pass runs under (:mod:`vitcam_nb.core.rules`; "gradient": autograd's own)
     rule: str = DEFAULT_RULE
+    #: run each block forward again inside the backward pass instead of keeping its graph
+    #: (:mod:`vitcam_nb.capture.recompute`; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
+    recompute: bool = False
 
     @property
     def store_dtype(self) -> type:

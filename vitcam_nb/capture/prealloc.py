@@ -164,6 +164,9 @@ class Arrays:
         hooks: register the gradient hooks (False: the caller writes the gradients autograd returns).
         on_write: called after each gradient is written (the pass checks its resident memory there, and hands what
             the backward pass freed back to the system when it has added too much: ``capture.resident``).
+        hold: hold each captured tensor until its gradient arrives and write its values then, as the graph holds it
+            anyway (False: write its values when it is kept and let it go; a pass that recomputes each block keeps
+            no graph that would hold it).
 
     Example:
         >>> import timm
@@ -177,9 +180,10 @@ class Arrays:
     """
 
     def __init__(self, plan: TracePlan, n_images: int, arrange: Callable[[Key, torch.Tensor], torch.Tensor], *,
-                 hooks: bool, on_write: Callable[[], None] | None = None):
+                 hooks: bool, on_write: Callable[[], None] | None = None, hold: bool = True):
         self.dtype = plan.store_dtype
         self.n_images, self.arrange, self.hooks, self.on_write = n_images, arrange, hooks, on_write
+        self.hold = hold
         extra = plan.extra_sites
         token_sites = tuple(s for s in plan.site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra)
         if getattr(plan.adapter, "hierarchical", False):
@@ -217,8 +221,9 @@ class Arrays:
         into their array now (its gradient is zero); with one, a tensor hook will write its values and gradients
         when the backward pass reaches it, and the tensor is held until then, as the graph holds it anyway."""
         self._kept_elements += t.numel()
-        if not t.requires_grad:
+        if not t.requires_grad or not self.hold:
             self._put_act(key, self.arrange(key, t.detach()))
+        if not t.requires_grad:
             return
         if self.hooks:
             # The hook holds the key, never the tensor, and the arrays only weakly: the graph's nodes hold the
@@ -226,7 +231,8 @@ class Arrays:
             arrays = weakref.ref(self)
             t.register_hook(lambda g: arrays().put_grad(key, arrays().arrange(key, unbatched(g, arrays().n_targets))))
         self.edges[key] = get_gradient_edge(t)
-        self._live[key] = t.detach()
+        if self.hold:
+            self._live[key] = t.detach()
 
     def _put_act(self, key: Key, t: torch.Tensor) -> None:
         self._grad_shapes[key] = tuple(t.shape[1:])

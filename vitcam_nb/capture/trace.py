@@ -16,7 +16,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.assemble import assemble
-from vitcam_nb.capture.budget import check_budget
+from vitcam_nb.capture.budget import fit_budget
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.prealloc import writes_arrays
@@ -87,7 +87,7 @@ def trace(
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     # A family whose input is not one image (a video clip) prepares it itself.
     prepared = plan.adapter.prepare_input(model, image, processor) or prepare_input(model, image, processor)
-    check_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
+    fit_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         # Narrower storage: the pass writes every activation and gradient into the Dataset's own arrays as it goes.
         run = run_pass(plan, prepared.tensor, arrays=writes_arrays(plan))

@@ -30,7 +30,7 @@ import xarray as xr
 from vitcam_nb.adapters.hf_processor import processor_facts
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.assemble import assemble
-from vitcam_nb.capture.budget import check_budget, check_max_bytes
+from vitcam_nb.capture.budget import check_max_bytes, fit_budget
 from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan, model_name
@@ -311,7 +311,7 @@ def trace_many(
         nonlocal store, names
         if not pending:
             return
-        check_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
+        fit_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
         batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
         if shard is not None and store is not None:  # the first batch shapes the store here; the others go out
             shard.submit(store, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from vitcam_nb.capture.budget import available_bytes, check_budget, check_max_bytes
+from vitcam_nb.capture.budget import available_bytes, check_max_bytes, fit_budget
 from vitcam_nb.capture.inputs import iter_items
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
@@ -281,7 +281,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         if shard is not None and state["writer"] is not None:
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
-        check_budget(plan, shape[-2:], max_bytes, batch=len(batch))
+        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch))
         if dets:  # each image in its own pass, with its own target (a box matched on that image)
             outs = [compute_batch(image_target(plan, dets, i), entries, n_parts, [p]) for i, p, _ in batch]
             arrays = {k: np.concatenate([o[0][k] for o in outs]) for k in outs[0][0]}
