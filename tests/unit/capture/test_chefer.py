@@ -147,7 +147,10 @@ def test_the_stored_attention_relevance_equals_the_official_relprop():
         np.testing.assert_allclose(logits, tr["logits"].values, rtol=1e-5, atol=1e-5)
         for layer, want in enumerate(R_attn):
             got = tr["attn_grad"].isel(target=t, layer=layer).values
-            assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (t, layer)
+            # float32 relevance carried down through the blocks against a float64 reference: the rounding depends
+            # on the CPU's kernels (1.4e-5 of the largest value at layer 0 on a CPU without AVX-512); a wrong rule
+            # is off by the values' own size
+            assert np.abs(got - want).max() <= 5e-5 * np.abs(want).max(), (t, layer)
             assert np.abs(want).max() > 1e-3  # the comparison is not between zeros
     assert tr.attrs["backward_rule"] == "chefer_lrp"
 
