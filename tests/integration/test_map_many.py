@@ -197,7 +197,7 @@ def test_per_image_arrays_are_chunked_by_row_width_and_hold_the_same_values(tmp_
     group = zarr.open_group(str(store), mode="r")
     for name in ("degenerate", "scale", "logits", "trace_id"):
         assert group[name].chunks[0] == map_writer.meta_rows(group[name].shape[1:]), name
-    assert group["degenerate"].chunks[0] < group["trace_id"].chunks[0] == map_writer.META_CHUNK
+    assert group["trace_id"].chunks[0] == map_writer.META_CHUNK
     monkeypatch.setattr(map_writer, "META_CHUNK_VALUES", 1)
     path = vc.map_many(model, images, RECIPES, tmp_path / "small.zarr", batch_size=2, progress=False)
     assert zarr.open_group(str(path), mode="r")["trace_id"].chunks[0] == 1
