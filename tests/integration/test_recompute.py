@@ -110,6 +110,20 @@ def test_a_recomputed_batch_stores_bitwise_what_the_plain_batch_stores():
             np.testing.assert_array_equal(lean.image(b).filled[key], arr, err_msg=str(key))
 
 
+def test_the_tensor_pass_recomputes_too_and_returns_bitwise_the_same_tensors():
+    """map_many runs the tensor pass (its maps are computed from the pass's tensors) under the same budget."""
+    model = _family("vit")
+    plan = TracePlan.for_trace(model, "top2", sites=["F1", "F2", "F4"], layers=[1, 2])
+    x = prepare_input(model, _image(IMG)).tensor
+    plain = run_pass(plan, x)
+    plan.recompute = True
+    lean = run_pass(plan, x)
+    assert plain.acts.keys() == lean.acts.keys() == plain.grads.keys() == lean.grads.keys()
+    for key in plain.acts:
+        assert torch.equal(lean.acts[key], plain.acts[key]), key
+        assert torch.equal(lean.grads[key], plain.grads[key]), key
+
+
 def test_the_capture_reads_each_site_once_while_the_blocks_run_again():
     model = _family("vit")
     plan = TracePlan.for_trace(model, "top1", sites=["F1", "F2", "F3"], layers=[0, 2])

@@ -191,7 +191,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
-        recompute = arrays and plan.recompute
+        recompute = plan.recompute
         with releasing_during_forward([] if arrays else adapter.blocks(model)), \
                 (recomputed_blocks(adapter.blocks(model), cap.quiet) if recompute else contextlib.nullcontext()):
             z = plan.target.batch_scores(model, x)
