@@ -315,8 +315,9 @@ def _uncovered(plan: TracePlan, max_bytes: object, exc: TraceError) -> TraceErro
 def recomputable(plan: TracePlan) -> bool:
     """Whether ``plan``'s pass may recompute each block inside the backward pass
     (:mod:`vitcam_nb.capture.recompute`): a pass on the CPU or with narrower storage (where the estimate follows the
-    array pass, :func:`~vitcam_nb.capture.prealloc.writes_arrays`), autograd's own gradient (a backward rule's hooks are not run twice), a family whose recomputed traces are tested
-    bitwise equal to the plain pass's (:attr:`~vitcam_nb.adapters.Adapter.recomputable`), no sites outside the blocks.
+    array pass, :func:`~vitcam_nb.capture.prealloc.writes_arrays`), autograd's own gradient (a backward rule's
+    hooks are not run twice), a family whose recomputed traces are tested bitwise equal to the plain pass's
+    (:attr:`~vitcam_nb.adapters.Adapter.recomputable`), no sites outside the blocks.
 
     Example:
         >>> import timm
