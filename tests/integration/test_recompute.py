@@ -150,6 +150,9 @@ def test_the_pass_recomputes_when_the_estimate_says_it_pays_and_the_trace_tells_
         fit_budget(plan, (224, 224), None)
         assert plan.recompute == (lean <= RECOMPUTE_BELOW * plain)
     assert (late.recompute, full.recompute) == (True, False)
+    fit_budget(late, (224, 224), None, recompute=False)  # map_many's pass keeps its tensors: it never recomputes
+    assert not late.recompute
+    fit_budget(late, (224, 224), None)
     e = vc.estimate(model, targets="top5", sites=["F1"], layers=[-1])
     assert e["recompute"] is True
     assert e["peak_bytes"] == estimate_plan(late, (224, 224))["peak_bytes"]

@@ -274,11 +274,12 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
     return {**plain, "recompute": False}
 
 
-def _leanest(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int]) -> int:
-    """The lower estimated peak of ``plan``'s pass, plain or recomputing each block."""
+def _leanest(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int], recompute: bool) -> int:
+    """The lower estimated peak of ``plan``'s pass, plain or (where allowed) recomputing each block."""
     plain = total(TracePlan(**{**plan.__dict__, "recompute": False}), batch)
-    return min(plain, total(TracePlan(**{**plan.__dict__, "recompute": True}), batch)) if recomputable(plan) \
-        else plain
+    if not (recompute and recomputable(plan)):
+        return plain
+    return min(plain, total(TracePlan(**{**plan.__dict__, "recompute": True}), batch))
 
 
 def _gb(n: float) -> str:
@@ -335,15 +336,17 @@ RECOMPUTE_BELOW = 0.75
 
 
 def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1,
-               stacked: bool = False) -> None:
+               stacked: bool = False, recompute: bool = True) -> None:
     """Choose how ``plan``'s pass holds memory, then refuse it if its estimated peak exceeds ``max_bytes`` (None:
     :data:`BUDGET_FRACTION` of the available memory), naming the estimate and the cheapest ways down.
 
     The pass recomputes each block inside the backward pass (``plan.recompute``; one more forward pass of the
     blocks, the same values bitwise) when :func:`recomputable` and that lowers its estimated peak to
     :data:`RECOMPUTE_BELOW` of the plain pass's or less, or when only then it fits the budget. ``stacked``: the
-    batch's Datasets are also stacked into one copy (``trace_many``). A model the estimate does not cover passes the
-    default budget unchecked and is refused an explicit ``max_bytes``, which could not be honoured.
+    batch's Datasets are also stacked into one copy (``trace_many``); ``recompute=False``: the caller's pass never
+    recomputes (``map_many``, whose pass keeps its tensors for the maps: recomputing there was measured no lower,
+    and slower by about a tenth in the scale benchmark). A model the estimate does not cover passes the default budget unchecked and is refused an
+    explicit ``max_bytes``, which could not be honoured.
 
     Example:
         >>> import timm
@@ -370,7 +373,8 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
             return
         raise _uncovered(plan, max_bytes, exc) from exc
     need["peak_bytes"] = total(plan, batch)
-    lean = total(TracePlan(**{**plan.__dict__, "recompute": True}), batch) if recomputable(plan) else None
+    lean = total(TracePlan(**{**plan.__dict__, "recompute": True}), batch) if recompute and recomputable(plan) \
+        else None
     if lean is not None and lean <= RECOMPUTE_BELOW * need["peak_bytes"]:
         plan.recompute, need["peak_bytes"] = True, lean
     if max_bytes is None:
@@ -396,9 +400,9 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         if "target" in change and not isinstance(plan.target, ClassTargets):
             continue
         other = TracePlan(**{**plan.__dict__, **change})
-        ways.append((_leanest(other, batch, total), label))
+        ways.append((_leanest(other, batch, total, recompute), label))
     if batch > 1:
-        ways.append((_leanest(plan, 1, total), "batch_size=1"))
+        ways.append((_leanest(plan, 1, total, recompute), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
     # trace_many stores flat layouts and clips only (TracePlan.for_store): a Swin or BLIP user is not sent there.
     if not getattr(plan.adapter, "hierarchical", False) and (not plan.extra_sites or getattr(plan.adapter, "video",

@@ -281,7 +281,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         if shard is not None and state["writer"] is not None:
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
-        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch))
+        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch), recompute=False)
         if dets:  # each image in its own pass, with its own target (a box matched on that image)
             outs = [compute_batch(image_target(plan, dets, i), entries, n_parts, [p]) for i, p, _ in batch]
             arrays = {k: np.concatenate([o[0][k] for o in outs]) for k in outs[0][0]}
