@@ -345,8 +345,8 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
     :data:`RECOMPUTE_BELOW` of the plain pass's or less, or when only then it fits the budget. ``stacked``: the
     batch's Datasets are also stacked into one copy (``trace_many``); ``recompute=False``: the caller's pass never
     recomputes (``map_many``, whose pass keeps its tensors for the maps: recomputing there was measured no lower,
-    and slower by about a tenth in the scale benchmark). A model the estimate does not cover passes the default budget unchecked and is refused an
-    explicit ``max_bytes``, which could not be honoured.
+    and slower by about a tenth in the scale benchmark). A model the estimate does not cover passes the default
+    budget unchecked and is refused an explicit ``max_bytes``, which could not be honoured.
 
     Example:
         >>> import timm
