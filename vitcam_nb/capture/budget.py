@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -268,18 +269,27 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype)
     hw = _input_hw(plan, image)
     plain = estimate_plan(plan, hw)
-    lean = estimate_plan(TracePlan(**{**plan.__dict__, "recompute": True}), hw) if recomputable(plan) else None
-    if lean is not None and lean["peak_bytes"] <= RECOMPUTE_BELOW * plain["peak_bytes"]:
+    lean = estimate_plan(replace(plan, recompute=True), hw) if recomputable(plan) else None
+    if lean is not None and _pays(plain["peak_bytes"], lean["peak_bytes"]):
         return {**lean, "recompute": True}
     return {**plain, "recompute": False}
 
 
-def _leanest(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int], recompute: bool) -> int:
+def _pays(plain: float, lean: float) -> bool:
+    """Whether recomputing lowers the estimated peak enough to be worth one more forward pass of the blocks."""
+    return lean <= RECOMPUTE_BELOW * plain
+
+
+def _lean(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int], allowed: bool) -> int | None:
+    """The estimated peak of ``plan``'s pass recomputing each block, or None where it may not."""
+    return total(replace(plan, recompute=True), batch) if allowed and recomputable(plan) else None
+
+
+def _leanest(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int], allowed: bool) -> int:
     """The lower estimated peak of ``plan``'s pass, plain or (where allowed) recomputing each block."""
-    plain = total(TracePlan(**{**plan.__dict__, "recompute": False}), batch)
-    if not (recompute and recomputable(plan)):
-        return plain
-    return min(plain, total(TracePlan(**{**plan.__dict__, "recompute": True}), batch))
+    plain = total(replace(plan, recompute=False), batch)
+    lean = _lean(plan, batch, total, allowed)
+    return plain if lean is None else min(plain, lean)
 
 
 def _gb(n: float) -> str:
@@ -373,9 +383,8 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
             return
         raise _uncovered(plan, max_bytes, exc) from exc
     need["peak_bytes"] = total(plan, batch)
-    lean = total(TracePlan(**{**plan.__dict__, "recompute": True}), batch) if recompute and recomputable(plan) \
-        else None
-    if lean is not None and lean <= RECOMPUTE_BELOW * need["peak_bytes"]:
+    lean = _lean(plan, batch, total, recompute)
+    if lean is not None and _pays(need["peak_bytes"], lean):
         plan.recompute, need["peak_bytes"] = True, lean
     if max_bytes is None:
         available = available_bytes()
@@ -389,7 +398,8 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
     if lean is not None and lean <= limit:
         plan.recompute = True
         return
-    need["peak_bytes"] = min(need["peak_bytes"], lean or need["peak_bytes"])
+    if lean is not None:  # the refusal names the leaner pass's peak
+        need["peak_bytes"] = min(need["peak_bytes"], lean)
     ways = []
     for label, change in (("targets='top1'", {"target": ClassTargets("top1")}),
                           ("sites without 'F2'", {"site_ids": [s for s in plan.site_ids if s != "F2"] or None}),
@@ -399,7 +409,7 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
             continue
         if "target" in change and not isinstance(plan.target, ClassTargets):
             continue
-        other = TracePlan(**{**plan.__dict__, **change})
+        other = replace(plan, **change)
         ways.append((_leanest(other, batch, total, recompute), label))
     if batch > 1:
         ways.append((_leanest(plan, 1, total, recompute), "batch_size=1"))

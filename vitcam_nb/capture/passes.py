@@ -191,9 +191,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
-        recompute = plan.recompute
         with releasing_during_forward([] if arrays else adapter.blocks(model)), \
-                (recomputed_blocks(adapter.blocks(model), cap.quiet) if recompute else contextlib.nullcontext()):
+                (recomputed_blocks(adapter.blocks(model), cap.quiet) if plan.recompute else contextlib.nullcontext()):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
@@ -216,7 +215,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         acts, grad_by_key, images = {}, {}, []
         if arrays:
             store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(), on_write=resident,
-                           hold=not recompute)
+                           hold=not plan.recompute)
             # The store holds each tensor until its gradient arrives, then lets it go (a recomputing pass: writes its
             # values now and lets it go, since no graph holds it).
             while cap.tensors:
