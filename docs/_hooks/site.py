@@ -3,8 +3,9 @@ outside ``docs/``, become pages; and when ``vitcam_nb.export_html`` exists a pag
 from a trace of the bundled shapes-vit model. Without it the page is left out, with no placeholder.
 
 The notebooks are executed here, not by mkdocs-jupyter (``VITCAM_DOCS_EXECUTE=false`` uses the outputs stored
-with them): ``scripts/notebooks.py`` runs each one without storing widget state and keeps each widget's static
-picture in place of its live view, so a page needs no widget manager from the network and shows every figure.
+with them; ``VITCAM_DOCS_EXECUTED=<folder>`` takes the ones already executed into that folder's ``notebooks/``):
+``scripts/notebooks.py`` runs each one without storing widget state and keeps each widget's static picture in
+place of its live view, so a page needs no widget manager from the network and shows every figure.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,14 @@ def _title(path: Path) -> str:
 
 def _execute() -> bool:
     return os.environ.get("VITCAM_DOCS_EXECUTE", "true").lower() not in ("0", "false", "no")
+
+
+def _executed_folder() -> Path | None:
+    """``VITCAM_DOCS_EXECUTED``: a folder whose ``notebooks/`` holds notebooks this checkout's ``scripts/notebooks.py``
+    already executed (the test session runs them once for its notebook tests and this build); those are used as
+    they are, and any other is executed here."""
+    folder = os.environ.get("VITCAM_DOCS_EXECUTED")
+    return Path(folder) if folder else None
 
 
 def _notebook_runner() -> Any:
@@ -74,9 +84,12 @@ def on_files(files: Files, config: Any) -> Files:
     if _execute():
         src = Path(_TMP.name) / "executed"
         (src / "notebooks").mkdir(parents=True, exist_ok=True)
-        runner = _notebook_runner()
+        runner, done = _notebook_runner(), _executed_folder()
         for path in NOTEBOOKS:
-            runner.execute(path, out=src / "notebooks" / path.name)
+            if done is not None and (done / "notebooks" / path.name).is_file():
+                shutil.copyfile(done / "notebooks" / path.name, src / "notebooks" / path.name)
+            else:
+                runner.execute(path, out=src / "notebooks" / path.name)
     for path in NOTEBOOKS:
         files.append(File(f"notebooks/{path.name}", src_dir=str(src), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))

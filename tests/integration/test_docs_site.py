@@ -31,9 +31,12 @@ WIDGET_MANAGER = re.compile(r"html-manager|embed-amd|unpkg\.com|jsdelivr", flags
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
+def site(tmp_path_factory, executed_notebooks) -> Path:
     out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "VITCAM_DOCS_EXECUTE": "true", "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg",
+    # The notebooks are executed once per session (the notebook tests read the same run); a notebook that failed
+    # there is executed again by the build, and fails it.
+    env = {**os.environ, "VITCAM_DOCS_EXECUTE": "true", "VITCAM_DOCS_EXECUTED": str(executed_notebooks.folder),
+           "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=1800)
