@@ -28,7 +28,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import TRACE_VARS, Store, runs
 from vitcam_nb.capture.store_layout import stack_images
-from vitcam_nb.capture.worker_model import check_sender, drop_model, loaded_model, send_model
+from vitcam_nb.capture.worker_model import ModelSending, check_sender, loaded_model
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import settings_id
 
@@ -90,7 +90,8 @@ class TraceSharder:
         from distributed import as_completed
 
         self.steps = steps  # (the batch pass, the store settings) of trace_many; functions travel by name
-        self.key, self.plugin_name = send_model(client, model, worker_model, str(plan.run_device), "trace_many")
+        # The workers load the model while this process traces the first batch (it shapes the store).
+        self.sending = ModelSending(client, model, worker_model, str(plan.run_device), "trace_many")
         self.client, self.bar = client, bar
         self.token = lock_token  # the caller's store lock: a batch writes only while it is held
         self.plan_args = {"targets": targets, "sites": plan.site_ids, "layers": plan.layer_ids, "dtype": plan.dtype,
@@ -105,7 +106,8 @@ class TraceSharder:
         """Send one batch (the store lengthened first, so that its worker writes inside it)."""
         store.grow(max(indices) + 1)
         light = [Item(None, it.label, None, it.source) for it in items]  # the pixels travel prepared, once
-        future = self.client.submit(_worker_traces, self.steps, self.key, self.plan_args, self.settings_id,
+        key, _ = self.sending.names()
+        future = self.client.submit(_worker_traces, self.steps, key, self.plan_args, self.settings_id,
                                     str(store.path), indices, light, masks, prepared, names, self.token, retries=2,
                                     pure=False)
         self.meta[future] = store
@@ -127,4 +129,4 @@ class TraceSharder:
     def close(self) -> None:
         for future in list(self.meta):
             future.cancel()
-        drop_model(self.client, self.plugin_name)
+        self.sending.drop()

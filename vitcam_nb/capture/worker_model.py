@@ -42,7 +42,7 @@ try:  # the plugin's base class; without distributed there is no Client to shard
 except ImportError:  # pragma: no cover
     _PluginBase = object
 
-__all__ = ["active_client", "check_sender", "drop_model", "loaded_model", "send_model"]
+__all__ = ["ModelSending", "active_client", "check_sender", "drop_model", "loaded_model", "send_model"]
 
 #: Models loaded on this worker process, by key: (model, device, lock).
 _MODELS: dict[str, tuple[torch.nn.Module, str, threading.Lock]] = {}
@@ -118,6 +118,22 @@ class _ModelPlugin(_PluginBase):
         _MODELS.pop(self.key, None)
 
 
+def _spec(model: torch.nn.Module, worker_model: dict | None, caller: str) -> dict:
+    """The spec each worker rebuilds the model from; one timm cannot build is refused here."""
+    import timm
+
+    spec = dict(worker_model) if worker_model is not None else {"timm": model_name(model)[0]}
+    if not isinstance(spec.get("timm"), str) or not timm.is_model(spec["timm"]):
+        raise TraceError(f"worker_model: a distributed {caller} rebuilds the model on each worker with "
+                         f"timm.create_model; expected {{'timm': a timm model name, **its create_model kwargs}}, "
+                         f"got {spec!r}")
+    return spec
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+
+
 def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, device: str, caller: str
                ) -> tuple[str, str]:
     """Send ``model`` to every worker of ``client`` (a worker plugin); its key for :func:`loaded_model` and the
@@ -126,21 +142,56 @@ def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, d
     Example:
         >>> key, name = send_model(client, model, None, "cpu", "trace_many")  # doctest: +SKIP
     """
+    spec = _spec(model, worker_model, caller)
+    return _register(client, spec, _weights(model), weights_sha256(model), model.training, device)
+
+
+class ModelSending:
+    """:func:`send_model` under way in a background thread: the calling process computes its first batch (which
+    shapes the store) while the workers import their libraries and rebuild the model, instead of waiting for them
+    first. The spec is checked and the weights taken (their tensors as they are now) before this returns; the
+    workers' answer, or their refusal, comes from :meth:`names`.
+
+    Example:
+        >>> sending = ModelSending(client, model, None, "cpu", "map_many")  # doctest: +SKIP
+        >>> key, name = sending.names()  # doctest: +SKIP
+    """
+
+    def __init__(self, client: Any, model: torch.nn.Module, worker_model: dict | None, device: str,
+                 caller: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.client = client
+        spec = _spec(model, worker_model, caller)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitcam_nb-send-model")
+        self._future = pool.submit(_register, client, spec, _weights(model), weights_sha256(model), model.training,
+                                   device)
+        pool.shutdown(wait=False)
+
+    def names(self) -> tuple[str, str]:
+        """The model's key for :func:`loaded_model` and its plugin's name, once every worker has it (a worker's
+        refusal, such as a spec that builds other weights, raises here)."""
+        return self._future.result()
+
+    def drop(self) -> None:
+        """Unload the model from the workers once it has reached them (nothing to unload if sending failed)."""
+        try:
+            _, name = self._future.result()
+        except Exception:  # never sent: a refusal already raised from names(), or no batch needed the workers
+            return
+        drop_model(self.client, name)
+
+
+def _register(client: Any, spec: dict, state: dict[str, torch.Tensor], sha: str, training: bool, device: str
+              ) -> tuple[str, str]:
+    """Register the plugin that loads ``state`` into the model ``spec`` builds on every worker; (key, name)."""
     from safetensors.torch import save
 
-    spec = dict(worker_model) if worker_model is not None else {"timm": model_name(model)[0]}
-    import timm
-
-    if not isinstance(spec.get("timm"), str) or not timm.is_model(spec["timm"]):
-        raise TraceError(f"worker_model: a distributed {caller} rebuilds the model on each worker with "
-                         f"timm.create_model; expected {{'timm': a timm model name, **its create_model kwargs}}, "
-                         f"got {spec!r}")
-    sha = weights_sha256(model)
-    weights = save({k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()})
+    weights = save(state)
     # One key per call: two calls sending the same model (two threads of one process) each unload only their own.
     key = f"{sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path = _shared_file(client, weights)
-    plugin = _ModelPlugin(key, spec, weights if path is None else path, sha, model.training, device)
+    plugin = _ModelPlugin(key, spec, weights if path is None else path, sha, training, device)
     if path is not None:
         _FILES[plugin.name] = path
     try:

@@ -1,6 +1,7 @@
 """:func:`vitcam_nb.map_many` sharded over a dask.distributed Client: each worker loads the model once, computes
-whole batches and writes their chunks of the store; the calling process holds the store's lock and writes the
-per-image facts and ``done`` flags as batches finish.
+whole batches and writes their chunks of the store; the calling process computes the first batch (it shapes the
+store) while the workers load the model, then holds the store's lock and writes the per-image facts and ``done``
+flags as batches finish.
 
 How the model travels (not pickled: a timm spec and safetensors weights, one device pinned per worker where
 GPUs exist) is :mod:`vitcam_nb.capture.worker_model`'s, shared with ``trace_many``. A batch that raises is retried
@@ -26,7 +27,7 @@ import torch
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.trace_many import store_settings
-from vitcam_nb.capture.worker_model import active_client, check_sender, drop_model, loaded_model, send_model
+from vitcam_nb.capture.worker_model import ModelSending, active_client, check_sender, loaded_model
 from vitcam_nb.compute.map_recipes import Entry, compute_batch
 from vitcam_nb.compute.map_torch import compute_batch_torch
 from vitcam_nb.compute.map_writer import BIG, write_region
@@ -69,7 +70,8 @@ class Sharder:
                  get_writer: Callable[[], Any], bar: Any, lock_token: str, backend: str = "numpy") -> None:
         from distributed import as_completed
 
-        self.key, self.plugin_name = send_model(client, model, worker_model, str(plan.run_device), "map_many")
+        # The workers load the model while this process computes the first batch (it shapes the store).
+        self.sending = ModelSending(client, model, worker_model, str(plan.run_device), "map_many")
         self.client, self.entries, self.n_parts, self.path = client, entries, n_parts, str(path)
         self.plan_args = {"targets": targets, "sites": plan.site_ids, "layers": plan.layer_ids, "dtype": dtype,
                           "labels": None if labels is None else list(labels), "backend": backend}
@@ -81,7 +83,8 @@ class Sharder:
         self.limit = 2 * max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})) or 1)
 
     def submit(self, start: int, prepared: list, labels: np.ndarray, sources: np.ndarray) -> None:
-        future = self.client.submit(_worker_batch, self.key, self.entries, self.n_parts, self.plan_args,
+        key, _ = self.sending.names()
+        future = self.client.submit(_worker_batch, key, self.entries, self.n_parts, self.plan_args,
                                     self.settings_id, self.path, start, prepared, self.token, retries=2,
                                     pure=False)
         self.meta[future] = (start, labels, sources)
@@ -106,4 +109,4 @@ class Sharder:
     def close(self) -> None:
         for future in list(self.meta):
             future.cancel()
-        drop_model(self.client, self.plugin_name)
+        self.sending.drop()
