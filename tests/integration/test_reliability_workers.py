@@ -382,6 +382,70 @@ def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_ne
     _assert_same_store(path, _run(kind, model, others, tmp_path / "whole.zarr"))
 
 
+class HoldModelBuild(distributed.WorkerPlugin):
+    """Each worker's model build (``worker_model._build``) waits until ``folder/go`` exists, and says in
+    ``folder/waited-<pid>`` that it had to wait."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def setup(self, worker) -> None:
+        from vitcam_nb.capture import worker_model
+
+        folder, real = Path(self.folder), worker_model._build
+
+        def held(*args):
+            if not (folder / "go").exists():
+                (folder / f"waited-{os.getpid()}").touch()
+                _wait_for(folder / "go")
+            return real(*args)
+
+        held.__wrapped__ = real
+        worker_model._build = held
+
+    def teardown(self, worker) -> None:
+        from vitcam_nb.capture import worker_model
+
+        worker_model._build = getattr(worker_model._build, "__wrapped__", worker_model._build)
+
+
+@pytest.mark.slow
+def test_the_caller_computes_its_first_batch_while_the_workers_load_the_model(tmp_path, client, whole, model, images,
+                                                                             monkeypatch):
+    from vitcam_nb.compute import map_many
+
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    real = map_many.compute_batch
+
+    def first_batch_then_go(*args, **kwargs):  # in the calling process only (the workers have their own module)
+        out = real(*args, **kwargs)
+        (folder / "go").touch()
+        return out
+
+    monkeypatch.setattr(map_many, "compute_batch", first_batch_then_go)
+    client.register_plugin(HoldModelBuild(str(folder)), name="hold-build")
+    try:
+        # Had the call waited for the workers' model before its first batch, the builds would never be let go.
+        path = vc.map_many(model, images, RECIPES, tmp_path / "overlap.zarr", batch_size=BATCH, progress=False,
+                           worker_model=SPEC)
+    finally:
+        client.unregister_worker_plugin("hold-build")
+    assert len(list(folder.glob("waited-*"))) == 2  # both workers were still loading while the caller computed
+    _assert_same_store(path, whole["maps"])
+
+
+def test_a_refused_model_raises_when_the_workers_are_needed_and_unloads_nothing(client, model):
+    from vitcam_nb.capture.worker_model import ModelSending
+
+    with pytest.raises(vc.TraceError, match="worker_model"):  # timm cannot build it: refused before sending
+        ModelSending(client, model, {"timm": "no_such_model"}, "cpu", "map_many")
+    sending = ModelSending(client, model, {**SPEC, "depth": 1}, "cpu", "map_many")  # builds other weights
+    with pytest.raises(vc.TraceError, match="worker_model"):
+        sending.names()
+    sending.drop()  # nothing reached the workers: nothing to unload, no error
+
+
 def test_a_worker_writes_only_while_its_sender_holds_the_store_lock(tmp_path):
     from vitcam_nb.capture.store_lock import StoreLock
     from vitcam_nb.capture.worker_model import check_sender
