@@ -190,12 +190,20 @@ def test_retracing_on_this_cpu_matches_the_0_1_file_up_to_rounding():
             np.testing.assert_array_equal(a, b, err_msg=name)
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
-                    reason="0.1's fixtures hold the numbers of x86 AVX2 kernels")
+#: The exact checks: 0.1's numbers are those of x86 AVX2 kernels.
+ON_X86 = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                            reason="0.1's fixtures hold the numbers of x86 AVX2 kernels")
+
+
+def _held_to_avx2(script: str, out: Path) -> Path:
+    """Run ``script`` (it writes ``out``) in a fresh process with torch, MKL, oneDNN and OpenBLAS held to AVX2."""
+    subprocess.run([sys.executable, "-c", script, str(out)], env={**os.environ, **AVX2}, check=True, timeout=600)
+    return out
+
+
+@ON_X86
 def test_retracing_reproduces_the_0_1_file_exactly(tmp_path):
-    out = tmp_path / "flat.nc"
-    subprocess.run([sys.executable, "-c", RETRACE, str(out)], env={**os.environ, **AVX2}, check=True, timeout=600)
-    new, old = vc.load(out), vc.load(DATA / "flat.nc")
+    new, old = vc.load(_held_to_avx2(RETRACE, tmp_path / "flat.nc")), vc.load(DATA / "flat.nc")
     assert new.attrs["trace_id"] == old.attrs["trace_id"]
     for name in old.variables:
         np.testing.assert_array_equal(new[name].values, old[name].values, err_msg=name)
@@ -210,12 +218,9 @@ def test_retracing_reproduces_the_0_1_file_exactly(tmp_path):
     assert new.attrs["weights_origin"].startswith("bundled shapes-vit (file sha256 ")
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
-                    reason="0.1's maps hold the numbers of x86 AVX2 kernels")
+@ON_X86
 def test_maps_of_0_1_files_are_reproduced_exactly(tmp_path):
-    out = tmp_path / "maps.npz"
-    subprocess.run([sys.executable, "-c", MAPS, str(out)], env={**os.environ, **AVX2}, check=True, timeout=600)
-    got, want = np.load(out), np.load(DATA / "expected.npz")
+    got, want = np.load(_held_to_avx2(MAPS, tmp_path / "maps.npz")), np.load(DATA / "expected.npz")
     assert sorted(got.files) == sorted(k for k in want.files if k.split("/")[0] in ("flat", "swin", "store"))
     for name in got.files:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
