@@ -130,10 +130,6 @@ def _spec(model: torch.nn.Module, worker_model: dict | None, caller: str) -> dic
     return spec
 
 
-def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-
-
 def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, device: str, caller: str
                ) -> tuple[str, str]:
     """Send ``model`` to every worker of ``client`` (a worker plugin); its key for :func:`loaded_model` and the
@@ -142,8 +138,7 @@ def send_model(client: Any, model: torch.nn.Module, worker_model: dict | None, d
     Example:
         >>> key, name = send_model(client, model, None, "cpu", "trace_many")  # doctest: +SKIP
     """
-    spec = _spec(model, worker_model, caller)
-    return _register(client, spec, _weights(model), weights_sha256(model), model.training, device)
+    return ModelSending(client, model, worker_model, device, caller).names()
 
 
 class ModelSending:
@@ -163,9 +158,9 @@ class ModelSending:
 
         self.client = client
         spec = _spec(model, worker_model, caller)
+        weights = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitcam_nb-send-model")
-        self._future = pool.submit(_register, client, spec, _weights(model), weights_sha256(model), model.training,
-                                   device)
+        self._future = pool.submit(_register, client, spec, weights, weights_sha256(model), model.training, device)
         pool.shutdown(wait=False)
 
     def names(self) -> tuple[str, str]:
