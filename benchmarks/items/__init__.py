@@ -14,7 +14,7 @@ def clear_cam_caches() -> None:
     Example:
         >>> clear_cam_caches()
     """
-    from vitcam_nb.compute.report import clear_reports
+    from vitcam_nb.compute.report_cache import clear_reports
     from vitcam_nb.compute.view import clear_views
 
     clear_reports()

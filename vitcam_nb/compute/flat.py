@@ -26,7 +26,8 @@ from vitcam_nb.compute.fusion import fuse_layers, rollout
 from vitcam_nb.compute.galleries import gallery_array, loop_gallery, normalise_vary, vary_values, with_site
 from vitcam_nb.compute.maps import cause_counts, map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import finish_layers, layer_maps, raw_maps
-from vitcam_nb.compute.report import build_checklist, cached_report, describe
+from vitcam_nb.compute.report import build_checklist, describe
+from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.spatial import normalise, upsample, upsample_into
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist

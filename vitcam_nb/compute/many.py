@@ -23,7 +23,8 @@ import xarray as xr
 from vitcam_nb.capture.reader import is_store
 from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.compute.maps import map_dims
-from vitcam_nb.compute.report import build_checklist, cached_report, describe
+from vitcam_nb.compute.report import build_checklist, describe
+from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, user_stacklevel
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind, kind_for

@@ -37,7 +37,7 @@ from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
-from vitcam_nb.compute.report import cached_report
+from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe

@@ -32,7 +32,8 @@ import xarray as xr
 
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.maps import map_array, warn_degenerate
-from vitcam_nb.compute.report import build_checklist, cached_report, describe
+from vitcam_nb.compute.report import build_checklist, describe
+from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.video import VIDEO, upsample_clip
 from vitcam_nb.core.checklist import Checklist

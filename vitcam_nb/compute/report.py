@@ -19,8 +19,6 @@ import json
 import math
 from typing import Any
 
-import numpy as np
-
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.presets import preset_text
@@ -30,8 +28,7 @@ from vitcam_nb.core.schema import POSITION_R2, SITE_MEANINGS, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
 
 __all__ = ["ATTN_ROW_TEXT", "FUSION_TEXT", "HEAD_RULE_TEXT", "PROBE_SUPPORTS", "PROBE_WEAK", "RASTER_CAVEAT",
-           "build_checklist", "cached_report", "clear_reports", "describe", "map_words"]
-
+           "build_checklist", "describe", "map_words"]
 
 HEAD_RULE_TEXT = {
     "channels": "heads are channels: contributions summed over all heads",
@@ -371,14 +368,14 @@ def _reproduce_text(recipe: Recipe, trace: Any) -> str:
             + (f"; trace {trace_id})." if trace_id else ")."))
 
 
-def describe(recipe: Recipe, trace: Any = None) -> str:
-    """Render the recipe as a methods paragraph.
+def describe(recipe: Recipe, trace: Any = None, checklist: Checklist | None = None) -> str:
+    """Render the recipe as a methods paragraph; ``checklist``: its checklist on ``trace``, if already built.
 
     Example:
         >>> describe(Recipe()).startswith("Heatmaps were computed")
         True
     """
-    c = build_checklist(recipe, trace)
+    c = build_checklist(recipe, trace) if checklist is None else checklist
     fr, gt, th, ag, sr = (c[k] for k in ("feature representation", "gradient target", "token handling",
                                          "aggregation", "spatial reconstruction"))
     model = ""
@@ -403,48 +400,3 @@ def describe(recipe: Recipe, trace: Any = None) -> str:
         f"Aggregation: {ag['weighting']}; heads: {ag['heads']}; {ag['relu']}; layer fusion: {ag['layer fusion']}. "
         f"Spatial reconstruction: {sr['reshape']}; upsampling {sr['upsampling']}; normalisation {sr['normalisation']}."
         f"{words}")
-
-
-_REPORTS: dict[tuple, tuple[str, str]] = {}
-
-
-def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
-    """(checklist JSON, methods paragraph) of ``recipe`` on ``trace``, cached by the recipe and every attribute
-    of the trace the report reads (a store has no trace id, and a trace reloaded under a newer version keeps its
-    id but not its versions): a gallery or widget repaint asks for the same report many times.
-
-    Example:
-        >>> import vitcam_nb as vc
-        >>> checklist, methods = cached_report(vc.Recipe(), None)
-        >>> json.loads(checklist)["recipe"]["id"] == vc.Recipe().id
-        True
-    """
-    attrs = getattr(trace, "attrs", {}) or {}
-    key = (recipe, tuple(attrs.items()), _probe_key(trace))
-    try:
-        hash(key)
-    except TypeError:  # an attribute a user set to a list or dict: report without the cache
-        return build_checklist(recipe, trace).to_json(), describe(recipe, trace)
-    if key not in _REPORTS:
-        if len(_REPORTS) > 4096:
-            _REPORTS.clear()
-        _REPORTS[key] = (build_checklist(recipe, trace).to_json(), describe(recipe, trace))
-    return _REPORTS[key]
-
-
-def _probe_key(trace: Any) -> tuple | None:
-    """The trace's position probe as a cache key (its values as bytes: NaN compares equal to itself there)."""
-    probe = getattr(trace, "variables", {}).get(POSITION_R2) if trace is not None else None
-    if probe is None:
-        return None
-    return (probe.dims, np.asarray(probe.values).tobytes(), tuple(trace[POSITION_R2].coords["site"].values.tolist()),
-            tuple(trace[POSITION_R2].coords["layer"].values.tolist()), tuple(probe.attrs.items()))
-
-
-def clear_reports() -> None:
-    """Forget every cached report (benchmarks measure cold computations with it).
-
-    Example:
-        >>> clear_reports()
-    """
-    _REPORTS.clear()

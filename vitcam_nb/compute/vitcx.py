@@ -22,7 +22,8 @@ import xarray as xr
 from vitcam_nb.capture.vitcx import channel_masks, cluster_masks, feature_grid, vitcx_map
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.pipeline import finish_layers, score_call
-from vitcam_nb.compute.report import build_checklist, cached_report, describe
+from vitcam_nb.compute.report import build_checklist, describe
+from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError
