@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 # compute registers the weighting kernels and trace kinds; preprocess is vc.preprocess (used in the notebooks).
 from vitcam_nb import (  # noqa: F401
     adapters,
@@ -56,8 +58,10 @@ from vitcam_nb.core.version import __version__
 from vitcam_nb.evaluate.agreement.atlas import atlas_many
 from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
 from vitcam_nb.models import list_models, load_model, sample_image
-from vitcam_nb.widgets import Compare, Explorer, Gallery
 from vitcam_nb.widgets.standalone import export_html
+
+if TYPE_CHECKING:
+    from vitcam_nb.widgets import Compare, Explorer, Gallery
 
 __all__ = [
     "DegenerateMapWarning",
@@ -105,3 +109,16 @@ __all__ = [
     "open_traces",
     "trace_many",
 ]
+
+#: The widget classes, imported from :mod:`vitcam_nb.widgets` when first named (they bring anywidget).
+_WIDGETS = ("Compare", "Explorer", "Gallery")
+
+
+def __getattr__(name: str) -> type:
+    if name in _WIDGETS:
+        return getattr(widgets, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WIDGETS})

@@ -22,8 +22,26 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.widgets.compare import Compare
-from vitcam_nb.widgets.explorer import Explorer
-from vitcam_nb.widgets.gallery import Gallery, GalleryGrid
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vitcam_nb.widgets.compare import Compare
+    from vitcam_nb.widgets.explorer import Explorer
+    from vitcam_nb.widgets.gallery import Gallery, GalleryGrid
 
 __all__ = ["Compare", "Explorer", "Gallery", "GalleryGrid"]
+
+#: Each widget class and its module. They are imported when first named, not by ``import vitcam_nb``: anywidget
+#: brings ipywidgets and IPython (about half a second), which a script, the command line or a dask worker never uses.
+_MODULES = {"Compare": "compare", "Explorer": "explorer", "Gallery": "gallery", "GalleryGrid": "gallery"}
+
+
+def __getattr__(name: str) -> type:
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULES})
