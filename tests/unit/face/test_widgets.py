@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import warnings
 
 import matplotlib
@@ -434,16 +433,3 @@ def test_modules_and_stylesheet_are_bundled():
         assert code.count("export default") == 1 and "function paintOverlay" in code
     assert ".vc-widget" in assets.css()
 
-
-def test_import_vitcam_nb_leaves_anywidget_until_a_widget_is_named():
-    # A script, the command line and a dask worker never show a widget; naming one imports it, by every route.
-    code = ("import sys, vitcam_nb as vc\n"
-            "assert 'anywidget' not in sys.modules and 'IPython' not in sys.modules, 'import vitcam_nb imported them'\n"
-            "assert {'Compare', 'Explorer', 'Gallery'} <= set(dir(vc)) and 'GalleryGrid' in dir(vc.widgets)\n"
-            "from vitcam_nb.widgets.explorer import Explorer\n"
-            "from vitcam_nb import Compare\n"
-            "assert vc.Explorer is vc.widgets.Explorer is Explorer and 'anywidget' in sys.modules\n"
-            "assert Compare.__module__ == 'vitcam_nb.widgets.compare', Compare\n"
-            "try:\n    vc.widgets.Explore\nexcept AttributeError as e:\n    assert 'Explore' in str(e)\n"
-            "else:\n    raise AssertionError('a misspelt widget resolved')\n")
-    subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import ndimage, stats
 
 from vitcam_nb.evaluate._common import as_pair, nan_because, order_desc, recipe_fields, resolve_k, warn
 
@@ -71,6 +70,7 @@ def spearman(a: object, b: object) -> float:
         >>> spearman([[0, 1], [2, 3]], [[3, 2], [1, 0]])
         -1.0
     """
+    from scipy import stats  # here, not at import: scipy takes half a second to import
     x, y = as_pair(a, b)
     for name, m in (("a", x), ("b", y)):
         if _constant(m):
@@ -110,6 +110,7 @@ def ssim(a: object, b: object, data_range: float | None = None, sigma: float = 1
         >>> ssim(m, m)
         1.0
     """
+    from scipy import ndimage
     x, y = as_pair(a, b)
     if data_range is None:
         rng = float(max(x.max(), y.max()) - min(x.min(), y.min()))

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.linalg
-import scipy.linalg.lapack
 import xarray as xr
 
 from vitcam_nb.compute.spatial import interp_matrix, normalise, upsample
@@ -128,6 +126,7 @@ def distance_coords(stack: np.ndarray) -> np.ndarray:
         >>> round(float(np.linalg.norm(w[0] - w[1])) ** 2, 6), float(((stack[0] - stack[1]) ** 2).sum())
         (216.0, 216.0)
     """
+    import scipy.linalg.lapack  # here, not at import: scipy takes half a second to import
     flat = np.asarray(stack).reshape(len(stack), -1)
     if flat.shape[1] <= flat.shape[0]:
         return flat.astype(np.float64)

@@ -13,7 +13,6 @@ import dataclasses
 
 import numpy as np
 import xarray as xr
-from scipy import ndimage, stats
 
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.evaluate.localisation.metrics import default_tolerance
@@ -49,6 +48,7 @@ def spread_of(maps: np.ndarray, dims: tuple[str, str]) -> tuple[Spread, np.ndarr
         >>> spread.pairs, round(float(rho[0, 2]), 6)
         (3, -1.0)
     """
+    from scipy import stats  # here, not at import: scipy takes half a second to import
     flat = maps.reshape(len(maps), -1).astype(np.float64)
     q75, q25 = np.percentile(flat, [75, 25], axis=0)
     varying = np.ptp(flat, axis=1) > 0
@@ -77,6 +77,7 @@ def localising_share(maps: np.ndarray, mask: np.ndarray, tolerance: float | None
         >>> localising_share(np.stack([mask, ~mask]).astype(float), mask, tolerance=0)
         0.5
     """
+    from scipy import ndimage
     mask = np.asarray(mask, bool)
     if mask.ndim != 2 or not mask.any():
         raise ValueError(f"mask: expected a non-empty 2-D boolean mask, got shape {mask.shape}")

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import xarray as xr
-from scipy import stats
 
 from vitcam_nb.evaluate._common import nan_because, resolve_k
 from vitcam_nb.evaluate.faithfulness.irof import irof
@@ -36,6 +35,7 @@ __all__ = ["MODEL_FAITHFULNESS_METRICS", "faithfulness_correlation", "monotonici
 
 
 def _correlation(kind: str, a: np.ndarray, b: np.ndarray, metric: str) -> float:
+    from scipy import stats  # here, not at import: scipy takes half a second to import
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         which = "the map's totals" if np.ptp(a) == 0 else "the model's responses"
         return nan_because(metric, f"{which} are constant over the removals; a correlation is undefined")

@@ -9,7 +9,6 @@ at most the mask size).
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage, stats
 
 from vitcam_nb.evaluate._common import as_map, as_mask, nan_because, order_desc, resolve_k, warn
 
@@ -57,6 +56,7 @@ def pointing_game(saliency: object, mask: object, tolerance: float | None = None
         >>> pointing_game(mask.astype(float), mask), pointing_game(mask[::-1, ::-1].astype(float), mask)
         (1.0, 0.0)
     """
+    from scipy import ndimage
     m, msk = _inputs(saliency, mask)
     tol = default_tolerance(m.shape) if tolerance is None else float(tolerance)
     if not np.isfinite(tol) or tol < 0:
@@ -162,6 +162,7 @@ def auroc(saliency: object, mask: object) -> float:
         >>> auroc([[0.9, 0.1], [0.8, 0.2]], [[True, False], [True, False]])
         1.0
     """
+    from scipy import stats  # here, not at import: scipy takes half a second to import
     m, msk = _inputs(saliency, mask)
     pos = int(msk.sum())
     neg = msk.size - pos

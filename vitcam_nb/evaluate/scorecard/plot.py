@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from scipy import stats
 
 __all__ = ["ScorecardAccessor", "metric_agreement", "goodness", "plot_agreement", "plot_scorecard"]
 
@@ -47,6 +46,7 @@ def metric_agreement(card: xr.Dataset, method: str = "spearman") -> xr.DataArray
         >>> metric_agreement(card, "kendall").values.round(3).tolist()
         [[1.0, 0.333], [0.333, 1.0]]
     """
+    from scipy import stats  # here, not at import: scipy takes half a second to import
     if method not in _METHODS:
         raise ValueError(f"method: expected one of {_METHODS}, got {method!r}")
     g = goodness(card).transpose("recipe", "metric").values
