@@ -103,7 +103,7 @@ def vc_map(setup, recipe, allow_degenerate=False):
 
 
 # Not the last block's F3..F6 / attn_out: with CLS pooling their patch gradients are zero (see
-# tests/unit/compute/test_flat.py).
+# tests/unit/compute/test_flat_real_model.py).
 CASES = [(site, layer) for site in SITE_MODULES for layer in (0, 1)] + [("F1", 2), ("F1", -1)]
 
 

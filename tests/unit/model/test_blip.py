@@ -6,6 +6,10 @@ The model is a tiny random-init ``BlipForImageTextRetrieval`` built offline (2 v
 are written by hand; a fake tokenizer names them. The reference never calls vitcam_nb: its own hooks keep the
 hooked tensors with ``retain_grad()`` and one fresh forward + ``backward()`` runs per target scalar; the
 acceptance maps are recomputed in NumPy from that reference.
+
+The model, its text and the hand computation of a map are defined here for the other ``test_blip_*.py`` files
+(and tests/unit/analysis/test_ambiguity_spatial.py); the ``blip`` and ``blip_trace`` fixtures are in
+``conftest.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import contextlib
 import math
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -155,22 +158,8 @@ def reference(model, x, scalar):
 
 
 @pytest.fixture(scope="module")
-def blip():
-    return make_blip()
-
-
-@pytest.fixture(scope="module")
-def blip_trace(blip):
-    return vc.trace(blip, make_x(), targets=itm_target(), sites=CORE + EXTENDED + ["xattn"])
-
-
-@pytest.fixture(scope="module")
 def refs(blip):
     return {name: reference(blip, make_x(), name) for name in SCALARS}
-
-
-
-
 
 
 # --------------------------------------------------------------------------------------------------
@@ -380,38 +369,6 @@ def test_xattn_layer_fusion_and_upsampling(blip_trace, refs):
     assert_rel_close(up.values, (t - t.min()) / (t.max() - t.min()), "bilinear upsampling", rel=1e-4)
 
 
-def test_xattn_checklist_names_site_module_tokens_and_heads(blip_trace):
-    import json
-
-    r = vc.Recipe(site="xattn", layer=0, class_=1, text_tokens="dog", weighting="layercam",
-                  heads="mean_then_relu")
-    m = vc.cam(blip_trace, r)
-    assert set(m.attrs) == {"recipe", "recipe_id", "trace_id", "checklist", "methods", "degenerate",
-                            "degenerate_cause", "degenerate_layers"}
-    assert m.attrs["recipe_id"] == r.id and m.attrs["trace_id"] == blip_trace.attrs["trace_id"]
-    c = json.loads(m.attrs["checklist"])
-    fr = c["feature representation"]
-    assert fr["site"].startswith("xattn")
-    assert fr["module"] == "text_encoder.encoder.layer.0.crossattention.self.dropout"
-    assert fr["input or output"] == "output" and "cross-attention layer 0 of 0..1" in fr["layer"]
-    assert "'dog'" in c["token handling"]["text tokens"] and "position(s) 2" in c["token handling"]["text tokens"]
-    assert c["aggregation"]["heads"].startswith("2 cross-attention heads; mean_then_relu")
-    assert "crossattention" in m.attrs["methods"] and "'dog'" in m.attrs["methods"]
-
-
-def test_xattn_degenerate_row_is_zeros_with_warning(blip_trace):
-    """At the last text layer only the first row reaches the ITM head: another row has no gradient."""
-    r = vc.Recipe(site="xattn", layer=-1, class_=1, text_tokens="dog", weighting="layercam")
-    with pytest.warns(vc.DegenerateMapWarning, match="cross-attention rows"):
-        m = vc.cam(blip_trace, r)
-    assert np.all(m.values == 0) and "only the first text token" in m.attrs["degenerate"]
-    # fused over both layers, the good layer is kept and the degenerate one reported
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", vc.DegenerateMapWarning)
-        fused = vc.cam(blip_trace, r.replace(layer="all", layer_fusion="max"))
-    assert fused.values.max() == 1.0 and fused.attrs["degenerate_layers"].startswith("cross-attention layer 1")
-
-
 # --------------------------------------------------------------------------------------------------
 # (c) the ITM logits and the derived probability target
 
@@ -438,180 +395,3 @@ def test_prob_target_equals_softmax_gradient(blip_trace, refs, target):
     r = vc.Recipe(site="F1", layer=0, class_=1, target=target, weighting="gradient", upsample="none",
                   normalize="none", relu="none")
     assert_rel_close(vc.cam(blip_trace, r).values, grad[1:].sum(1).reshape(GRID, GRID), f"{target} F1")
-
-
-# --------------------------------------------------------------------------------------------------
-# (d) the model is left as it was
-
-
-def attn_settings(model):
-    return [(type(c).__name__, c._attn_implementation_internal) for c in
-            {id(c): c for c in [model.config, model.config.vision_config, model.config.text_config,
-                                model.vision_model.config, model.text_encoder.config]}.values()]
-
-
-def test_model_unchanged_after_trace(model_snapshot, assert_model_unchanged):
-    model = make_blip()
-    model.text_encoder.train()  # a mixed train/eval state must come back as it was
-    before, settings = model_snapshot(model), attn_settings(model)
-    tr = vc.trace(model, make_x(), targets=itm_target(), sites=CORE + ["xattn"])
-    assert_model_unchanged(before, model)
-    assert attn_settings(model) == settings
-    assert tr["xattn"].sizes["xattn_layer"] == 2
-
-
-def test_attention_implementation_forced_to_eager_and_restored(model_snapshot, assert_model_unchanged, blip_trace):
-    model = make_blip()
-    model.config.text_config._attn_implementation_internal = "sdpa"
-    seen = []
-    handle = model.text_encoder.encoder.layer[0].register_forward_pre_hook(
-        lambda _m, _a: seen.append(model.text_encoder.config._attn_implementation))
-    before = model_snapshot(model)
-    try:
-        tr = vc.trace(model, make_x(), targets=itm_target(), sites=["xattn"])
-        assert_model_unchanged(before, model)
-    finally:
-        handle.remove()
-    assert seen == ["eager"]
-    assert model.config.text_config._attn_implementation_internal == "sdpa"
-    np.testing.assert_allclose(tr["xattn_grad"].values, blip_trace.sel(target=tr["target"])["xattn_grad"].values,
-                               rtol=1e-5, atol=1e-7)
-
-
-def test_refused_trace_leaves_model_unchanged(model_snapshot, assert_model_unchanged):
-    model = make_blip()
-    before, settings = model_snapshot(model), attn_settings(model)
-    with pytest.raises(vc.TraceError, match="expects 32x32 input, got 24x24"):
-        vc.trace(model, torch.randn(1, 3, 24, 24), targets=itm_target())
-    assert_model_unchanged(before, model)
-    assert attn_settings(model) == settings
-
-
-# --------------------------------------------------------------------------------------------------
-# (e) bad inputs are refused clearly
-
-
-@pytest.mark.parametrize("ids,mask,match", [
-    (torch.tensor([], dtype=torch.long), None, "input_ids: is empty"),
-    (torch.zeros((1, 0), dtype=torch.long), None, "input_ids: is empty"),
-    (torch.tensor([[1, 5, 2], [1, 6, 2]]), None, r"shape \(L,\) or \(1, L\)"),
-    (torch.tensor([1.0, 5.0, 2.0]), None, "integer token ids"),
-    (torch.tensor([[1, 5, 2]]), torch.tensor([[1, 1]]), "attention_mask: shape"),
-    (torch.tensor([[1, 5, 2]]), torch.tensor([[1, 2, 1]]), "0/1 values"),
-    (torch.tensor([[1, 5, 2]]), torch.tensor([[0, 0, 0]]), "masks every token"),
-    ("a dog", None, "input_ids"),
-])
-def test_bad_itm_inputs(ids, mask, match):
-    with pytest.raises(vc.TraceError, match=match):
-        vc.targets.itm(ids, mask)
-
-
-def test_itm_refuses_only_special_tokens_and_bad_models(blip, tiny_vit, model_input):
-    with pytest.raises(vc.TraceError, match="only special tokens"):
-        vc.targets.itm([1, 2, 0], [1, 1, 0], tokenizer=FakeTokenizer())
-    with pytest.raises(vc.TraceError, match="only special tokens"):  # no tokenizer: the model config's ids
-        vc.trace(blip, make_x(), targets=vc.targets.itm([1, 2]))
-    with pytest.raises(vc.TraceError, match=r"0\.\.99"):
-        vc.trace(blip, make_x(), targets=vc.targets.itm([1, 150, 2]))
-    with pytest.raises(vc.TraceError, match="at most 16"):
-        vc.trace(blip, make_x(), targets=vc.targets.itm([5] * 17))
-    with pytest.raises(vc.TraceError, match="BlipForImageTextRetrieval"):
-        vc.trace(tiny_vit, model_input("vit"), targets=itm_target())
-    with pytest.raises(vc.TraceError, match="match: expected True or False"):
-        vc.targets.itm([1, 5, 2], match="yes")
-
-
-def test_xattn_refused_without_cross_attention(tiny_vit, model_input):
-    tr = vc.trace(tiny_vit, model_input("vit"), targets=1)
-    with pytest.raises(vc.RecipeError, match=r"site: 'xattn' .*no cross-attention"):
-        vc.cam(tr, vc.Recipe(site="xattn"))
-    with pytest.raises(vc.TraceError, match=r"sites: .*'xattn'.*\['F1'"):
-        vc.trace(tiny_vit, model_input("vit"), sites=["xattn"])
-    no_xattn = make_blip(cross_attention=False)
-    for sites in (["xattn"], ["F1"]):  # the target refuses the model before any site is looked at
-        with pytest.raises(vc.TraceError, match="no cross-attention"):
-            vc.trace(no_xattn, make_x(), targets=itm_target(), sites=sites)
-    assert "xattn" not in vc.adapters.find_adapter(no_xattn).extra_sites(no_xattn)
-
-
-@pytest.mark.parametrize("fields,match", [
-    (dict(text_tokens="cat"), r"no text token equals 'cat'; the tokens are \['\[CLS\]'"),
-    (dict(text_tokens=8), "position 8 is out of range; the text has 8 tokens"),
-    (dict(layer=2), "out of range for 2 cross-attention layers"),
-    (dict(layer="0.1"), "cross-attention layers with ints"),
-    (dict(heads=2), "head 2 does not exist"),
-])
-def test_bad_xattn_recipes(blip_trace, fields, match):
-    base = dict(site="xattn", layer=0, class_=1)
-    with pytest.raises(vc.RecipeError, match=match):
-        vc.cam(blip_trace, vc.Recipe(**{**base, **fields}))
-
-
-def test_rollouts_refused_for_xattn():
-    with pytest.raises(vc.RecipeError, match="layer_fusion"):
-        vc.Recipe(site="xattn", layer="all", layer_fusion="rollout")
-
-
-# --------------------------------------------------------------------------------------------------
-# storage and other layouts
-
-
-def test_saved_trace_gives_the_same_xattn_map(blip, blip_trace, tmp_path):
-    r = vc.Recipe(site="xattn", layer=0, class_=1, text_tokens="a", weighting="layercam", heads="mean_then_relu")
-    back = vc.load(vc.save(blip_trace, tmp_path / "blip.nc"))
-    assert list(back["text_token_str"].values) == list(blip_trace["text_token_str"].values)
-    np.testing.assert_array_equal(vc.cam(back, r).values, vc.cam(blip_trace, r).values)
-    half = vc.trace(blip, make_x(), targets=itm_target(), sites=["xattn"], dtype="float16")
-    assert half["xattn"].dtype == np.float16
-    np.testing.assert_allclose(vc.cam(half, r).values, vc.cam(blip_trace, r).values, atol=2e-2)
-
-
-def test_different_head_counts_get_their_own_xattn_head_dimension():
-    """BLIP-large has 16 vision heads but 12 text heads: F2's "head" and the cross-attention's must not clash."""
-    model = make_blip()
-    cfg = model.config
-    cfg.vision_config.num_attention_heads = 4
-    wide = transformers.BlipForImageTextRetrieval(cfg).eval()
-    tr = vc.trace(wide, make_x(), targets=itm_target(), sites=["F2", "xattn"])
-    assert tr.sizes["head"] == 4 and tr.sizes["xattn_head"] == 2
-    assert tr["xattn"].dims == ("xattn_layer", "xattn_head", "text_token", "key")
-    A, G = tr["xattn"].values[0, :, 2], tr["xattn_grad"].sel(target="logit_1").values[0, :, 2]
-    m = vc.cam(tr, vc.Recipe(site="xattn", layer=0, class_=1, text_tokens=2, weighting="layercam",
-                             upsample="none", normalize="none", relu="none"))
-    assert_rel_close(m.values, hand_map(A, G, "layercam", "channels", "none"), "xattn_head map")
-
-
-def test_gallery_varies_xattn_layers_and_text_tokens(blip_trace):
-    base = vc.Recipe(site="xattn", layer=0, class_=1, weighting="layercam")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
-        g = vc.gallery(blip_trace, base, vary={"layer": "all", "text_tokens": ["cls", 2]})
-        one = vc.cam(blip_trace, base.replace(layer=1, text_tokens=2))
-    assert g.dims == ("layer", "text_tokens", "y", "x") and g.shape[:2] == (2, 2)
-    np.testing.assert_array_equal(g.sel(layer=1).values[1], one.values)
-    assert g.recipe_id.values[1, 1] == one.attrs["recipe_id"]
-
-
-def test_explorer_offers_xattn_and_text_tokens(blip_trace):
-    import json
-
-    from vitcam_nb.widgets.encoding import grid_bytes
-
-    ex = vc.Explorer(blip_trace, vc.Recipe(site="F1", layer=0, class_=1))
-    spec = {f["name"]: f for f in ex.options["fields"]}
-    assert "xattn" in [v for v, _ in spec["site"]["values"]]
-    words = [str(v) for v in blip_trace["text_token_str"].values]
-    assert [v for v, _ in spec["text_tokens"]["values"]] == ["all", "cls", *range(len(words))]
-    assert spec["text_tokens"]["values"][3][1] == f"1 · {words[1]}"  # labels are inserted as text
-    assert spec["text_tokens"]["when"] == [{"field": "site", "in": ["xattn"]}]
-    draft = {**ex.recipe.to_dict(), "site": "xattn", "text_tokens": 2, "weighting": "layercam"}
-    ex.set_state(json.loads(json.dumps({"request": {"id": 1, "recipe": draft,
-                                                    "changed": ["site", "text_tokens", "weighting"]}})))
-    want = vc.Recipe(site="xattn", layer=0, class_=1, text_tokens=2, weighting="layercam")
-    assert ex.error == "" and ex.recipe == want
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", vc.DegenerateMapWarning)
-        assert ex.grid == grid_bytes(vc.cam(blip_trace, want, grid=True).values)
-    draft = {**ex.recipe.to_dict(), "site": "F1", "text_tokens": 2}  # hidden control goes back to its default
-    ex.set_state({"request": {"id": 2, "recipe": draft, "changed": ["site"]}})
-    assert ex.recipe == vc.Recipe(site="F1", layer=0, class_=1, weighting="layercam")

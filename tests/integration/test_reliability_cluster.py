@@ -1,70 +1,55 @@
-"""Issue #35, the distributed path: a worker that dies in the middle of writing its region is retried and the region
-rewritten whole, never left half-written; a caller interrupted (KeyboardInterrupt, or its process killed) leaves
-a store the next call resumes to the same bytes; a batch still running after its caller stopped writes nothing into
-the store of a later call. Every store is compared, array for array and bitwise, with the
-store a single process writes. The deaths are made deterministic by a marker file taken atomically (the first
-write of any worker takes it and dies; every later write finds it taken), never by timing."""
+"""Issue #35, the distributed path on a LocalCluster of two worker processes: a worker that dies in the middle of
+writing its region is retried and the region rewritten whole, never left half-written; a caller interrupted
+(KeyboardInterrupt) leaves a store the next call resumes to the same bytes; a batch still running after its caller
+stopped writes nothing into the store of a later call; the caller computes its first batch while the workers
+still load the model, and each call unloads only its own model from them. Every store is compared, array for
+array and bitwise, with the store a single process writes. The deaths are made deterministic by a marker file
+taken atomically (the first write of any worker takes it and dies; every later write finds it taken), never by
+timing."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
-import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-import timm
-import torch
 import zarr
+from worker_runs import BATCH, RECIPES, SPEC, TRACE_ARGS, N, random_images, tiny_model, whole_stores
+from worker_runs import assert_same_store as _assert_same_store
+from worker_runs import recording as _recording
+from worker_runs import store_arrays as _arrays
+from worker_runs import store_files as _files
 
 import vitcam_nb as vc
-from vitcam_nb import Recipe
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_lock import LOCK_NAME
 from vitcam_nb.compute.map_writer import MapWriter
 
 distributed = pytest.importorskip("distributed")
 
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 10}
-# One map of one block (``maps``) and one fused over both blocks (its blocks' maps in ``parts``).
-RECIPES = [Recipe(site="F1", layer=-1), Recipe(site="F4", layer=(0, 1), layer_fusion="mean")]
-N, BATCH = 6, 2  # three batches: the first in the calling process (it shapes the store), two on the workers
 GARBAGE = 7.0
-TRACE_ARGS = dict(targets="top2", sites=["F1", "F4"], batch_size=BATCH, progress=False)
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return timm.create_model(SPEC["timm"], pretrained=False, **{k: v for k, v in SPEC.items() if k != "timm"}).eval()
 
 
 @pytest.fixture(scope="module")
 def model():
-    return _model()
-
-
-def _images() -> list[np.ndarray]:
-    return list(np.random.default_rng(3).integers(0, 256, (N, 32, 32, 3), dtype=np.uint8))
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")
 def images():
-    return _images()
+    return random_images()
 
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, model, images) -> dict[str, Path]:
     """The stores a single process writes (made before the cluster starts: with a Client active, they would be
     sharded)."""
-    folder = tmp_path_factory.mktemp("whole")
-    return {"maps": vc.map_many(model, images, RECIPES, folder / "maps.zarr", batch_size=BATCH, progress=False),
-            "traces": vc.trace_many(model, images, folder / "traces.zarr", **TRACE_ARGS)}
+    return whole_stores(tmp_path_factory.mktemp("whole"), model, images)
 
 
 @pytest.fixture(scope="module")
@@ -129,82 +114,12 @@ class DieMidWrite(distributed.WorkerPlugin):
         return [int(i) for i in batch["image"].values]
 
 
-def _arrays(path) -> dict[str, np.ndarray]:
-    return {name: np.asarray(arr[:]) for name, arr in zarr.open_group(str(path), mode="r").arrays()}
-
-
-def _files(path: Path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
-
-
-def _assert_same_store(got: Path, want: Path) -> None:
-    """The same arrays, bitwise, the same attributes and the same files (no stray chunk, temporary or lock file)."""
-    a, b = _arrays(got), _arrays(want)
-    assert sorted(a) == sorted(b)
-    for name in b:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    assert dict(zarr.open_group(str(got)).attrs) == dict(zarr.open_group(str(want)).attrs)
-    assert _files(got) == _files(want)
-
-
-def _recording(monkeypatch, cls, name: str, key) -> list:
-    """Record every call of ``cls.name`` in the calling process (``key(args)``), then make it."""
-    real, calls = getattr(cls, name), []
-
-    def record(self, *args, **kwargs):
-        calls.append(key(args))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(cls, name, record)
-    return calls
-
-
 def _died(client, marker: Path) -> list[int]:
     """The region the dead worker half wrote; that its process is gone (the worker now running is another)."""
     assert marker.exists(), "no worker wrote, so none died: the test would prove nothing"
     died = json.loads(marker.read_text())
     assert died["pid"] not in client.run(os.getpid).values()
     return died["region"]
-
-
-# -- the caller killed -----------------------------------------------------------------------------------------------
-# The caller's process killed (os._exit: no finally, no lock release) after a batch's maps are written and before
-# its facts and done flags are; the lock file stays behind, naming a process that is gone.
-KILLED_CALLER = """
-    import os, sys
-    import torch
-    torch.set_num_threads(int(sys.argv[3]))  # the store records the threads of its first batch: as in the tests
-    sys.path.insert(0, sys.argv[1])
-    import test_reliability_workers as t
-    import vitcam_nb as vc
-    from vitcam_nb.compute.map_writer import MapWriter
-
-    real = MapWriter.write_meta
-    def killed(self, start, arrays):
-        if start > 0:
-            os._exit(3)
-        return real(self, start, arrays)
-    MapWriter.write_meta = killed
-    vc.map_many(t._model(), t._images(), t.RECIPES, sys.argv[2], batch_size=t.BATCH, progress=False)
-"""
-
-
-@pytest.mark.slow
-def test_map_many_caller_killed_mid_run_resumes_to_the_same_store(tmp_path, whole, model, images, monkeypatch):
-    path = tmp_path / "killed.zarr"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    argv = [sys.executable, "-c", textwrap.dedent(KILLED_CALLER), Path(__file__).parent, path, torch.get_num_threads()]
-    proc = subprocess.run(list(map(str, argv)), env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 3, proc.stderr
-    assert (path / LOCK_NAME).exists()  # stale: its writer is gone
-    group = zarr.open_group(str(path), mode="r")
-    assert group["done"][:].tolist() == [True, True, False, False, False, False]
-    assert group["maps"][2:4].any()  # the second batch's maps were written, its done flags never
-    recorded = _recording(monkeypatch, MapWriter, "write_meta", lambda args: args[0])
-    # Run first in this module, before the cluster starts (worker_model only matters if one is running).
-    vc.map_many(model, images, RECIPES, path, batch_size=BATCH, progress=False, worker_model=SPEC)
-    assert sorted(recorded) == [2, 4]
-    _assert_same_store(path, whole["maps"])
 
 
 # -- a worker dies mid-write --------------------------------------------------------------------------------------
@@ -444,25 +359,6 @@ def test_a_refused_model_raises_when_the_workers_are_needed_and_unloads_nothing(
     with pytest.raises(vc.TraceError, match="worker_model"):
         sending.names()
     sending.drop()  # nothing reached the workers: nothing to unload, no error
-
-
-def test_a_worker_writes_only_while_its_sender_holds_the_store_lock(tmp_path):
-    from vitcam_nb.capture.store_lock import StoreLock
-    from vitcam_nb.capture.worker_model import check_sender
-
-    with pytest.raises(vc.TraceFileError, match="no longer written by the call that sent this batch"):
-        check_sender(str(tmp_path), "any")  # no lock at all
-    lock = StoreLock(tmp_path)
-    lock.acquire()
-    check_sender(str(tmp_path), lock.token)  # the sender holds it: the batch writes
-    with pytest.raises(vc.TraceFileError, match="no longer written"):
-        check_sender(str(tmp_path), StoreLock(tmp_path).token)  # another call's lock
-    lock.release()
-    with pytest.raises(vc.TraceFileError, match="no longer written"):
-        check_sender(str(tmp_path), lock.token)  # released: the sender stopped
-    (tmp_path / LOCK_NAME).write_text("[garbled")
-    with pytest.raises(vc.TraceFileError, match="no longer written"):
-        check_sender(str(tmp_path), lock.token)
 
 
 def _loaded(key: str) -> bool:
