@@ -71,3 +71,41 @@ def test_a_worker_that_cannot_read_the_file_gets_the_weights_as_bytes(client, mo
     assert name not in worker_model._FILES and _weights_files() == before  # written, found unreadable, removed
     assert set(client.run(_loaded, key).values()) == {weights_sha256(model)}
     worker_model.drop_model(client, name)
+
+
+def _refaults(n: int = 32) -> tuple[int | None, int]:
+    """On a worker: its environment's fixed mmap threshold, and the page faults of allocating, filling and freeing
+    a 1 MiB array ``n`` times in a hole below a live block (from the heap: its pages stay; mapped anew: 256 each)."""
+    import resource
+
+    import numpy as np
+
+    from vitcam_nb.capture.heap import fixed_threshold
+
+    hole = np.ones(1 << 18, np.float32)
+    above = np.ones(1 << 18, np.float32)  # keeps the hole off the heap's top, which the trim threshold returns
+    del hole
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        block = np.ones(1 << 18, np.float32)
+        del block
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
+    del above
+    return fixed_threshold(), faults
+
+
+@pytest.mark.slow
+def test_a_loaded_model_has_blocks_above_128_kib_served_from_the_heap_and_unloading_sets_dask_s_threshold_back(
+        client):
+    # dask's nanny fixes glibc's mmap threshold at 128 KiB (MALLOC_TRIM_THRESHOLD_): a 1 MiB block is mapped anew
+    # at every allocation, 256 page faults each; with the kit's model loaded the hole is reused.
+    fixed, before = next(iter(client.run(_refaults).values()))
+    if fixed is None:
+        pytest.skip("this dask configuration starts workers with glibc's own malloc settings")
+    assert fixed == 128 * 1024 and before >= 32 * 256
+    key, name = worker_model.send_model(client, _model(), SPEC, "cpu", "map_many")
+    _, loaded = next(iter(client.run(_refaults).values()))
+    assert loaded < 32 * 256 / 8, loaded
+    worker_model.drop_model(client, name)
+    _, after = next(iter(client.run(_refaults).values()))
+    assert after >= 32 * 256, after

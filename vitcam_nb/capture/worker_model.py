@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from vitcam_nb.capture.heap import raise_mmap_threshold, restore_mmap_threshold
 from vitcam_nb.capture.plan import model_name
 from vitcam_nb.capture.store_lock import LOCK_NAME
 from vitcam_nb.core.errors import TraceError, TraceFileError
@@ -113,9 +114,11 @@ class _ModelPlugin(_PluginBase):
         if self.key not in _MODELS:
             model = _build(self.spec, self.weights, self.sha, self.training)
             _MODELS[self.key] = (model, _pin(self.device, getattr(worker, "name", 0)), threading.Lock())
+            raise_mmap_threshold()  # dask's workers map every block above 128 KiB anew (vitcam_nb.capture.heap)
 
     def teardown(self, worker: Any) -> None:
-        _MODELS.pop(self.key, None)
+        if _MODELS.pop(self.key, None) is not None:
+            restore_mmap_threshold()
 
 
 def _spec(model: torch.nn.Module, worker_model: dict | None, caller: str) -> dict:
