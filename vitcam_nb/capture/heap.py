@@ -20,10 +20,11 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from collections.abc import Mapping
+
+from vitcam_nb.capture.runtime import glibc_function
 
 __all__ = ["CEILING", "fixed_threshold", "raise_mmap_threshold", "restore_mmap_threshold"]
 
@@ -57,14 +58,7 @@ def fixed_threshold(environ: Mapping[str, str] | None = None) -> int | None:
         return _START
 
 
-def _mallopt() -> object:
-    try:
-        return ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl, Windows): nothing to set
-        return None
-
-
-_MALLOPT = _mallopt()
+_MALLOPT = glibc_function("mallopt")  # None where the C library is not glibc: nothing to set
 _LOCK = threading.Lock()
 _HOLDERS = [0]  # models loaded that asked for the raised threshold
 

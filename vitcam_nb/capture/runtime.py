@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["CUDA_DETERMINISTIC", "check_autocast", "check_device", "deterministic", "exclusive", "frozen_parameters",
-           "on_device", "release_freed_memory", "releasing_during_backward", "releasing_during_forward"]
+           "glibc_function", "on_device", "release_freed_memory", "releasing_during_backward",
+           "releasing_during_forward"]
 
 CUDA_DETERMINISTIC = ("torch.use_deterministic_algorithms(True, warn_only=True), cudnn.deterministic=True, "
                       "cudnn.benchmark=False")
@@ -176,14 +178,20 @@ def deterministic(device: torch.device) -> Iterator[tuple[int, str]]:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous[2], previous[3]
 
 
-def _malloc_trim() -> object:
+def glibc_function(name: str) -> Callable[..., Any] | None:
+    """glibc's function ``name`` through ctypes, or None where the C library has none (macOS, musl, Windows).
+
+    Example:
+        >>> glibc_function("no_such_function") is None
+        True
+    """
     try:
-        return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl, Windows): nothing to call
+        return getattr(ctypes.CDLL(None), name)
+    except (AttributeError, OSError, TypeError):
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = glibc_function("malloc_trim")
 
 
 def release_freed_memory() -> None:
