@@ -1,10 +1,10 @@
 """Issue #35, the distributed path on a LocalCluster of two worker processes: a worker that dies in the middle of
 writing its region is retried and the region rewritten whole, never left half-written; a caller interrupted
 (KeyboardInterrupt) leaves a store the next call resumes to the same bytes; a batch still running after its caller
-stopped writes nothing into the store of a later call; the caller computes its first batch while the workers
-still load the model, and each call unloads only its own model from them. Every store is compared, array for
-array and bitwise, with the store a single process writes. The deaths are made deterministic by a marker file
-taken atomically (the first write of any worker takes it and dies; every later write finds it taken), never by
+stopped writes nothing into the store of a later call; the caller computes no batch, the store is the first batch's
+even when another batch finishes first, and each call unloads only its own model from them. Every store is compared,
+array for array and bitwise, with the store a single process writes. The deaths are made deterministic by a marker
+file taken atomically (the first write of any worker takes it and dies; every later write finds it taken), never by
 timing."""
 
 from __future__ import annotations
@@ -124,25 +124,30 @@ def _died(client, marker: Path) -> list[int]:
 
 # -- a worker dies mid-write --------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_map_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp_path, client, whole, model,
-                                                                              images, monkeypatch):
+def test_map_many_worker_dying_mid_write_is_retried_and_its_region_rewritten(tmp_path, client, model, images,
+                                                                              monkeypatch):
+    from vitcam_nb.compute import map_shard
+
     marker = tmp_path / "died.json"
     client.register_plugin(DieMidWrite("vitcam_nb.compute.map_shard", "write_region", str(marker)), name="die-map")
     recorded = _recording(monkeypatch, MapWriter, "write_meta", lambda args: (args[0], len(args[1]["trace_id"])))
+    many = images + images  # six batches: those sent before the store exists hand their maps back, later ones write
     try:
-        path = vc.map_many(model, images, RECIPES, tmp_path / "cluster.zarr", batch_size=BATCH, progress=False,
+        path = vc.map_many(model, many, RECIPES, tmp_path / "cluster.zarr", batch_size=BATCH, progress=False,
                            worker_model=SPEC)
     finally:
         client.unregister_worker_plugin("die-map")
     region = _died(client, marker)
-    assert region in ([2, 3], [4, 5])
-    _assert_same_store(path, whole["maps"])
+    assert region in ([8, 9], [10, 11])
+    # Every batch recorded (facts, then done flags) exactly once, by the calling process.
+    assert sorted(recorded) == [(start, 2) for start in range(0, 2 * N, 2)]
+    monkeypatch.setattr(map_shard, "active_client", lambda: None)  # the single-process store of the same images
+    _assert_same_store(path, vc.map_many(model, many, RECIPES, tmp_path / "whole.zarr", batch_size=BATCH,
+                                         progress=False))
     maps = _arrays(path)["maps"]
     assert not (maps[region] == GARBAGE).any()
-    # Every batch recorded (facts, then done flags) exactly once, by the calling process.
-    assert sorted(recorded) == [(0, 2), (2, 2), (4, 2)]
     attrs = dict(zarr.open_group(str(path)).attrs)
-    assert attrs["complete"] == 1 and attrs["n_images"] == N and _arrays(path)["done"].all()
+    assert attrs["complete"] == 1 and attrs["n_images"] == 2 * N and _arrays(path)["done"].all()
     assert not (path / LOCK_NAME).exists()
 
 
@@ -204,9 +209,9 @@ def _run(kind: str, model, images, path: Path, **kwargs) -> Path:
 
 
 class HoldFirstBatch(distributed.WorkerPlugin):
-    """The first batch any worker starts (``module``'s worker function) takes ``folder/held`` and waits (files, not
-    a clock, order the steps) until ``folder/go`` exists; once that batch's worker function has ended,
-    ``folder/settled`` says how."""
+    """The first batch any worker starts that writes into the store (``module``'s worker function) takes
+    ``folder/held`` and waits (files, not a clock, order the steps) until ``folder/go`` exists; once that
+    batch's worker function has ended, ``folder/settled`` says how."""
 
     def __init__(self, module: str, func: str, folder: str) -> None:
         self.module, self.func, self.folder = module, func, folder
@@ -219,6 +224,8 @@ class HoldFirstBatch(distributed.WorkerPlugin):
 
         def held(key):
             model = loaded(key)  # before the hold: the stopped call unloads the model from its workers
+            if not state.get("writes"):  # a map batch sent before its store existed: it hands its maps back
+                return model
             try:
                 os.close(os.open(folder / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
@@ -229,6 +236,7 @@ class HoldFirstBatch(distributed.WorkerPlugin):
 
         def settled(*args):
             outcome = "wrote"
+            state["writes"] = args[-1] if isinstance(args[-1], bool) else True  # map batches end (..., token, write)
             try:
                 return batch(*args)
             except Exception as exc:
@@ -275,8 +283,8 @@ def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_ne
             raise KeyboardInterrupt
 
         monkeypatch.setattr(getattr(importlib.import_module(module), sharder), "wait", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            _run(kind, model, images, path, worker_model=SPEC)
+        with pytest.raises(KeyboardInterrupt):  # map_many: enough batches that some are sent once its store exists
+            _run(kind, model, images + images if kind == "maps" else images, path, worker_model=SPEC)
         monkeypatch.undo()
         # The next call replaces the store with other images', and finishes (in this process, no Client), before
         # the orphaned batch gets to write.
@@ -297,56 +305,56 @@ def test_a_batch_still_running_after_its_caller_stopped_never_writes_into_the_ne
     _assert_same_store(path, _run(kind, model, others, tmp_path / "whole.zarr"))
 
 
-class HoldModelBuild(distributed.WorkerPlugin):
-    """Each worker's model build (``worker_model._build``) waits until ``folder/go`` exists, and says in
-    ``folder/waited-<pid>`` that it had to wait."""
+class FirstBatchLast(distributed.WorkerPlugin):
+    """The batch of image 0 (map_many's worker function) waits until another batch has finished (``folder/other``,
+    files, not a clock, order the steps), and says in ``folder/first-waited`` that it did."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
 
     def setup(self, worker) -> None:
-        from vitcam_nb.capture import worker_model
+        from vitcam_nb.compute import map_shard
 
-        folder, real = Path(self.folder), worker_model._build
+        folder, real = Path(self.folder), map_shard._worker_batch
 
-        def held(*args):
-            if not (folder / "go").exists():
-                (folder / f"waited-{os.getpid()}").touch()
-                _wait_for(folder / "go")
+        def ordered(*args):
+            if args[6] != 0:  # (key, entries, n_parts, plan_args, settings_id, path, start, ...)
+                out = real(*args)
+                (folder / "other").touch()
+                return out
+            _wait_for(folder / "other")
+            (folder / "first-waited").touch()
             return real(*args)
 
-        held.__wrapped__ = real
-        worker_model._build = held
+        ordered.__wrapped__ = real
+        map_shard._worker_batch = ordered
 
     def teardown(self, worker) -> None:
-        from vitcam_nb.capture import worker_model
+        from vitcam_nb.compute import map_shard
 
-        worker_model._build = getattr(worker_model._build, "__wrapped__", worker_model._build)
+        map_shard._worker_batch = getattr(map_shard._worker_batch, "__wrapped__", map_shard._worker_batch)
 
 
 @pytest.mark.slow
-def test_the_caller_computes_its_first_batch_while_the_workers_load_the_model(tmp_path, client, whole, model, images,
-                                                                             monkeypatch):
+def test_the_caller_computes_no_batch_and_the_first_batch_shapes_the_store_even_when_it_finishes_last(
+        tmp_path, client, whole, model, images, monkeypatch):
     from vitcam_nb.compute import map_many
 
+    def refused(*args, **kwargs):  # in the calling process only (the workers have their own module)
+        raise AssertionError("a batch was computed in the calling process")
+
+    monkeypatch.setattr(map_many, "compute_batch", refused)
+    monkeypatch.setattr(map_many, "compute_batch_torch", refused)
     folder = tmp_path / "steps"
     folder.mkdir()
-    real = map_many.compute_batch
-
-    def first_batch_then_go(*args, **kwargs):  # in the calling process only (the workers have their own module)
-        out = real(*args, **kwargs)
-        (folder / "go").touch()
-        return out
-
-    monkeypatch.setattr(map_many, "compute_batch", first_batch_then_go)
-    client.register_plugin(HoldModelBuild(str(folder)), name="hold-build")
+    client.register_plugin(FirstBatchLast(str(folder)), name="first-last")
     try:
-        # Had the call waited for the workers' model before its first batch, the builds would never be let go.
-        path = vc.map_many(model, images, RECIPES, tmp_path / "overlap.zarr", batch_size=BATCH, progress=False,
+        path = vc.map_many(model, images, RECIPES, tmp_path / "sharded.zarr", batch_size=BATCH, progress=False,
                            worker_model=SPEC)
     finally:
-        client.unregister_worker_plugin("hold-build")
-    assert len(list(folder.glob("waited-*"))) == 2  # both workers were still loading while the caller computed
+        client.unregister_worker_plugin("first-last")
+    assert (folder / "first-waited").exists()  # another batch had finished before the store could be made
+    # The same store: the recipes' table carries image 0's checklist, the attributes are those of its batch.
     _assert_same_store(path, whole["maps"])
 
 

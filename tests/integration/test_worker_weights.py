@@ -1,7 +1,7 @@
-"""How a sharded run's model reaches its workers (issue #35, item 4): as a safetensors file in the temporary
-folder when every worker reads it there, so hundreds of megabytes do not travel through the scheduler to each
-worker; as bytes in the worker plugin otherwise. Either way the worker's model has the caller's weights (its
-weights hash), and unloading the model removes the file the call wrote."""
+"""How a sharded run's model reaches its workers (issue #35, item 4): as a safetensors file (in a folder in memory
+where it has room, else the temporary folder) when every worker reads it there, so hundreds of megabytes do not
+travel through the scheduler to each worker; as bytes in the worker plugin otherwise. Either way the worker's model
+has the caller's weights (its weights hash), and unloading the model removes the file the call wrote."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def _loaded(key: str) -> str | None:
 
 
 def _weights_files() -> set[str]:
-    return {f for f in os.listdir(tempfile.gettempdir()) if f.startswith("vitcam_nb-weights-")}
+    folders = {tempfile.gettempdir(), worker_model._MEMORY_FOLDER}
+    return {f for d in folders if os.path.isdir(d) for f in os.listdir(d) if f.startswith("vitcam_nb-weights-")}
 
 
 @pytest.fixture(scope="module")

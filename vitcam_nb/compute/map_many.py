@@ -265,6 +265,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         }
         new = MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
         lock.acquire()
+        state["writer"] = new
         return new
 
     def flush(start: int, batch: list) -> None:
@@ -278,10 +279,10 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                                  f"{state['shape'][-2:]}; a map store holds images of one input size")
         labels_ = np.array([lab for lab, _ in (x[2] for x in batch)], np.int64)
         sources = np.array([src for _, src in (x[2] for x in batch)], object)
-        if shard is not None and state["writer"] is not None:
+        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch), recompute=False)
+        if shard is not None:
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
-        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch), recompute=False)
         if dets:  # each image in its own pass, with its own target (a box matched on that image)
             outs = [compute_batch(image_target(plan, dets, i), entries, n_parts, [p]) for i, p, _ in batch]
             arrays = {k: np.concatenate([o[0][k] for o in outs]) for k in outs[0][0]}
@@ -290,9 +291,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             compute = compute_batch if backend == "numpy" else compute_batch_torch
             arrays, attrs, kinds = compute(plan, entries, n_parts, [p for _, p, _ in batch])
         arrays.update(label=labels_, source=sources)
-        if state["writer"] is None:
-            state["writer"] = create(arrays, attrs, kinds)
-        w = state["writer"]
+        w = state["writer"] or create(arrays, attrs, kinds)
         w.grow(start + len(batch))
         write_region(str(path), start, arrays)
         w.write_meta(start, arrays)
@@ -302,7 +301,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         with exclusive(model), on_device(model, plan.run_device):
             if client is not None:
                 shard = map_shard.Sharder(client, model, plan, entries, n_parts, targets, dtype, labels, path,
-                                          worker_model, lambda: state["writer"], bar, lock.token, backend=backend)
+                                          worker_model, lambda: state["writer"], create, bar, lock.token,
+                                          backend=backend)
             pending: list = []
             start = 0
             for i, item in enumerate(items):
