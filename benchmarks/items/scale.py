@@ -13,8 +13,8 @@ blocks 7-11, on the token grid), on seeded random 224 px images:
   500; its best case (all five layers hooked, five maps from one pass via ``compute_cam_per_layer``) is reported
   beside it;
 * a ``dask.distributed`` ``LocalCluster`` of 2 worker processes (one thread each) against one worker, on the same
-  images: one call on fresh workers, then two more on the same workers (the target is on those; map_many computes
-  the first batch in the calling process while the workers load the model, then shards the rest);
+  images: one call on fresh workers, then two more on the same workers (the target is on those; every batch runs
+  on a worker, the calling process computes none);
 * with ``--device cuda`` (or ``--device-batch N`` on CPU), ``vc.map_many`` images/s on that device against timm's
   forward-only images/s there (:mod:`benchmarks.items.scale_device`: float16, batch 64 on CUDA).
 
@@ -219,10 +219,10 @@ def run(quick: bool = False, n_images: int = 4, rounds: int = 2, cluster_images:
                     "target_on": "warm: the median of two later calls on the same cluster (a long-lived cluster's "
                                  "workers have imported their libraries once); fresh: the first call on each "
                                  "cluster, whose workers import torch, timm and the kit meanwhile",
-                    "note": "each call sends the model to the workers while the calling process computes the first "
-                            "batch (it shapes the store), then shards the rest; on a 2-core machine the calling "
-                            "process, which records each finished batch, shares the two cores with the two "
-                            "workers"},
+                    "note": "each call sends the model to the workers and shards every batch over them (the "
+                            "calling process computes none; it creates the store from the first batch's maps and "
+                            "records each finished batch); on a 2-core machine it shares the two cores with the "
+                            "two workers"},
         "device_throughput": on_device if on_device is not None else {
             "note": "not measured in this run: python -m benchmarks.items.scale --device cuda measures it"},
         "targets": targets, "wall_s": round(time.perf_counter() - started, 1),
