@@ -195,13 +195,34 @@ ON_X86 = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"
                             reason="0.1's fixtures hold the numbers of x86 AVX2 kernels")
 
 
-def _held_to_avx2(script: str, out: Path) -> Path:
+def _cpu_vendor() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+
+
+#: 0.1's traces were computed on an AMD x86 CPU. Held to AVX2 (and with MKL's reproducible modes tried), a retrace
+#: on an Intel Xeon still differs in the last bit of a few values (28 of 16,640 float16 activations one step apart):
+#: MKL picks its kernels by CPU vendor. So the exact retrace is promised on AMD CPUs; elsewhere the retrace is
+#: checked up to rounding (the test above).
+ON_0_1_VENDOR = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64") or
+                                   _cpu_vendor() != "AuthenticAMD",
+                                   reason="0.1's traces hold the numbers of MKL's AVX2 kernels on an AMD CPU")
+#: timm's random initialisation draws through MKL's vector math (erfinv), whose fast paths differ by CPU vendor;
+#: its COMPATIBLE path gives, on any x86 CPU, the weights 0.1's Swin fixture was traced with.
+MKL_COMPATIBLE = {"MKL_CBWR": "COMPATIBLE"}
+
+
+def _held_to_avx2(script: str, out: Path, env: dict | None = None) -> Path:
     """Run ``script`` (it writes ``out``) in a fresh process with torch, MKL, oneDNN and OpenBLAS held to AVX2."""
-    subprocess.run([sys.executable, "-c", script, str(out)], env={**os.environ, **AVX2}, check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", script, str(out)], env={**os.environ, **AVX2, **(env or {})}, check=True,
+                   timeout=600)
     return out
 
 
-@ON_X86
+@ON_0_1_VENDOR
 def test_retracing_reproduces_the_0_1_file_exactly(tmp_path):
     new, old = vc.load(_held_to_avx2(RETRACE, tmp_path / "flat.nc")), vc.load(DATA / "flat.nc")
     assert new.attrs["trace_id"] == old.attrs["trace_id"]
@@ -226,10 +247,28 @@ def test_maps_of_0_1_files_are_reproduced_exactly(tmp_path):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
+SWIN_ID = f"""
+import importlib.util, sys, warnings
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("fixtures", {str(DATA / "make_fixtures.py")!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    Path(sys.argv[1]).write_text(module.swin_trace().attrs["trace_id"])
+"""
+
+
+@ON_X86
+def test_the_swin_fixture_traces_again_to_0_1_s_trace_id(tmp_path):
+    regenerated = _held_to_avx2(SWIN_ID, tmp_path / "swin_id.txt", MKL_COMPATIBLE).read_text()
+    assert regenerated == EXPECTED["swin_trace_id"]
+
+
 def test_a_swin_tree_written_by_0_1_gives_the_same_maps():
     tree = vc.load(DATA / "swin.nc")
     maps = np.load(DATA / "expected.npz")
-    assert tree.attrs["trace_id"] == EXPECTED["swin_trace_id"] == FIXTURES.swin_trace().attrs["trace_id"]
+    assert tree.attrs["trace_id"] == EXPECTED["swin_trace_id"]
     for name, recipe in FIXTURES.SWIN_RECIPES.items():
         m = vc.cam(tree, recipe)
         _same_up_to_rounding(m.values, maps[f"swin/{name}"], name)
