@@ -163,16 +163,22 @@ np.savez(sys.argv[1], **out)
 #: retrace runs in a fresh process with all three held to AVX2.
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
         "OPENBLAS_CORETYPE": "Haswell"}
-RETRACE = f"""
+def _fixture_script(line: str) -> str:
+    """A script that loads 0.1's ``make_fixtures.py`` as ``module`` and runs ``line`` (warnings ignored)."""
+    return f"""
 import importlib.util, sys, warnings
+from pathlib import Path
 import vitcam_nb as vc
 spec = importlib.util.spec_from_file_location("fixtures", {str(DATA / "make_fixtures.py")!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    vc.save(module.flat_trace(), sys.argv[1])
+    {line}
 """
+
+
+RETRACE = _fixture_script("vc.save(module.flat_trace(), sys.argv[1])")
 
 
 def test_retracing_on_this_cpu_matches_the_0_1_file_up_to_rounding():
@@ -247,16 +253,7 @@ def test_maps_of_0_1_files_are_reproduced_exactly(tmp_path):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-SWIN_ID = f"""
-import importlib.util, sys, warnings
-from pathlib import Path
-spec = importlib.util.spec_from_file_location("fixtures", {str(DATA / "make_fixtures.py")!r})
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    Path(sys.argv[1]).write_text(module.swin_trace().attrs["trace_id"])
-"""
+SWIN_ID = _fixture_script('Path(sys.argv[1]).write_text(module.swin_trace().attrs["trace_id"])')
 
 
 @ON_X86
