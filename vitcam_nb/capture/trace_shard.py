@@ -69,6 +69,8 @@ def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, 
                                    rule=plan_args["rule"])
         if settings_id(store_settings(plan)) != settings_id_:
             raise TraceError("worker_model: the model on this worker gives other store settings than the caller's")
+        # How the pass holds memory, as the caller chose it for this batch against the budget (the same values).
+        plan.recompute = plan_args["recompute"]
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
             per = trace_batch(plan, prepared)
     batch = stack_images(per, indices, items, masks, names)
@@ -92,7 +94,7 @@ class TraceSharder:
         self.steps = steps  # (the batch pass, the store settings) of trace_many; functions travel by name
         # The workers load the model while this process traces the first batch (it shapes the store).
         self.sending = ModelSending(client, model, worker_model, str(plan.run_device), "trace_many")
-        self.client, self.bar = client, bar
+        self.client, self.bar, self.plan = client, bar, plan
         self.token = lock_token  # the caller's store lock: a batch writes only while it is held
         self.plan_args = {"targets": targets, "sites": plan.site_ids, "layers": plan.layer_ids, "dtype": plan.dtype,
                           "labels": None if labels is None else list(labels), "rule": plan.rule}
@@ -107,7 +109,9 @@ class TraceSharder:
         store.grow(max(indices) + 1)
         light = [Item(None, it.label, None, it.source) for it in items]  # the pixels travel prepared, once
         key, _ = self.sending.names()
-        future = self.client.submit(_worker_traces, self.steps, key, self.plan_args, self.settings_id,
+        # The memory mode trace_many's budget chose for this batch (plan.recompute, set by fit_budget).
+        plan_args = {**self.plan_args, "recompute": bool(self.plan.recompute)}
+        future = self.client.submit(_worker_traces, self.steps, key, plan_args, self.settings_id,
                                     str(store.path), indices, light, masks, prepared, names, self.token, retries=2,
                                     pure=False)
         self.meta[future] = store
