@@ -96,6 +96,12 @@ def _sent_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
+def _split_buffers(sent: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """What :func:`_sent_tensors` sent, split again: the state dict, and the non-persistent buffers by name."""
+    buffers = {k[len(_BUFFER):]: v for k, v in sent.items() if k.startswith(_BUFFER)}
+    return {k: v for k, v in sent.items() if not k.startswith(_BUFFER)}, buffers
+
+
 def _attribute_tensors(module: torch.nn.Module) -> bool:
     """Whether ``module`` holds a tensor outside its parameters and buffers (a plain attribute, or in a list, tuple
     or dict attribute)."""
@@ -108,18 +114,18 @@ def _attribute_tensors(module: torch.nn.Module) -> bool:
     return False
 
 
-def _build_without_init(spec: dict, state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
+def _build_without_init(name: str, kwargs: dict, state: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]
                         ) -> torch.nn.Module | None:
-    """The model ``spec`` builds, made on torch's meta device (no memory, no random initialisation: about 0.7 s
-    less for a ViT-B) and given uninitialised memory, for every one of its tensors comes from the caller: ``state``
-    and the non-persistent ``buffers``. None, for the full build, where the model holds a tensor that would not come
-    from the caller (computed at construction and kept outside its parameters and buffers) or cannot be built so."""
+    """The model ``timm.create_model(name, **kwargs)`` builds, made on torch's meta device (no memory, no random
+    initialisation: about 0.7 s less for a ViT-B) and given uninitialised memory, for every one of its tensors comes
+    from the caller: ``state`` and the non-persistent ``buffers``. None, for the full build, where the model holds a
+    tensor that would not come from the caller (computed at construction and kept outside its parameters and
+    buffers) or cannot be built so."""
     import timm
 
-    kwargs = {k: v for k, v in spec.items() if k != "timm"}
     try:
         with torch.device("meta"):
-            model = timm.create_model(spec["timm"], pretrained=False, **kwargs)
+            model = timm.create_model(name, pretrained=False, **kwargs)
     except Exception:  # a model whose construction computes with its tensors' values: build it in full
         return None
     own = {name for name, _ in model.named_parameters(remove_duplicate=False)}
@@ -139,11 +145,12 @@ def _build(spec: dict, weights: bytes | str, sha: str, training: bool) -> torch.
     except OSError as exc:
         raise TraceError(f"worker_model: this worker cannot read the weights file {weights} the call wrote ({exc}); "
                          "a worker on another machine needs the weights sent: start the call again") from exc
-    buffers = {k[len(_BUFFER):]: state.pop(k) for k in [k for k in state if k.startswith(_BUFFER)]}
+    state, buffers = _split_buffers(state)
+    kwargs = {k: v for k, v in spec.items() if k != "timm"}
     try:
-        model = _build_without_init(spec, state, buffers)
+        model = _build_without_init(spec["timm"], kwargs, state, buffers)
         if model is None:
-            model = timm.create_model(spec["timm"], pretrained=False, **{k: v for k, v in spec.items() if k != "timm"})
+            model = timm.create_model(spec["timm"], pretrained=False, **kwargs)
         model.load_state_dict(state, strict=True)
         for name, value in buffers.items():  # what the caller's model holds, even where it differs from a new one's
             model.get_buffer(name).copy_(value)

@@ -31,10 +31,7 @@ def _rebuilt(model: torch.nn.Module, spec: dict) -> torch.nn.Module:
 
 
 def _split(model: torch.nn.Module) -> tuple[dict, dict]:
-    sent = worker_model._sent_tensors(model)
-    prefix = worker_model._BUFFER
-    return ({k: v for k, v in sent.items() if not k.startswith(prefix)},
-            {k[len(prefix):]: v for k, v in sent.items() if k.startswith(prefix)})
+    return worker_model._split_buffers(worker_model._sent_tensors(model))
 
 
 def _same_outputs(a: torch.nn.Module, b: torch.nn.Module, size: int) -> bool:
@@ -88,7 +85,8 @@ def test_a_model_keeping_a_tensor_outside_its_parameters_and_buffers_is_built_in
     monkeypatch.setattr(timm, "create_model", with_table)
     model = _caller(spec)
     state, buffers = _split(model)
-    assert worker_model._build_without_init(spec, state, buffers) is None
+    kwargs = {k: v for k, v in spec.items() if k != "timm"}
+    assert worker_model._build_without_init(spec["timm"], kwargs, state, buffers) is None
     rebuilt = _rebuilt(model, spec)
     assert rebuilt.blocks[0].table[0].device.type == "cpu" and torch.equal(rebuilt.blocks[0].table[0],
                                                                             torch.arange(4.0))
