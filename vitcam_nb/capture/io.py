@@ -24,6 +24,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.schema import SUPPORTED_SCHEMAS, is_int, problems
 
 __all__ = ["CHECKSUM_ATTR", "content_sha256", "load", "save", "tree_sha256"]
@@ -250,7 +251,7 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
                              "process can write to") from exc
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+            remove_unfinished_folder(tmp) if tmp.is_dir() else tmp.unlink()
     return path
 
 

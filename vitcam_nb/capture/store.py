@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ import xarray as xr
 from vitcam_nb.capture.store_layout import strings
 from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.provenance import settings_id
 from vitcam_nb.core.schema import (
     ENV_ATTRS,
@@ -181,7 +181,7 @@ class Store:
                                  "batch; one store has one writer. Rerun this call to resume that store") from exc
         finally:
             if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_unfinished_folder(tmp)
         store = cls(path)
         store.mark_done(batch)
         return store

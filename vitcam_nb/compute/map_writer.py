@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION
 from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.provenance import settings_id
 
 __all__ = ["BIG", "MapWriter", "array_dims", "batch_arrays", "check_store", "meta_rows", "write_region"]
@@ -188,7 +188,7 @@ class MapWriter:
                                  "Rerun this call to resume that store") from exc
         finally:
             if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_unfinished_folder(tmp)
         return cls(path)
 
     def grow(self, n: int) -> None:

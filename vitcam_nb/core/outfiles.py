@@ -13,8 +13,11 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +26,7 @@ from pathlib import Path
 from vitcam_nb.core.errors import OutputExistsError, TraceFileError
 from vitcam_nb.core.provenance import file_sha256
 
-__all__ = ["MANIFEST", "OutputFolder", "check_output", "replacing", "write_atomic"]
+__all__ = ["MANIFEST", "OutputFolder", "check_output", "remove_unfinished_folder", "replacing", "write_atomic"]
 
 #: The manifest of an output folder: {"written_by": ..., "files": {name: sha256}}.
 MANIFEST = ".vitcam_nb-outputs.json"
@@ -68,6 +71,39 @@ def replacing(path: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def remove_unfinished_folder(folder: Path) -> None:
+    """Remove the temporary folder of a zarr write that failed, once zarr has stopped writing into it.
+
+    zarr writes an array's chunks as concurrent tasks on its own event loop and, when one fails (a full
+    disk), lets the others run on: removing the folder at once races with them, and a chunk written after the
+    removal leaves a half-written temporary folder behind. Waiting for zarr's pending tasks first closes that.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp()) / ".t.zarr.tmp-1"
+        >>> folder.mkdir()
+        >>> remove_unfinished_folder(folder)
+        >>> folder.exists()
+        False
+    """
+    _wait_for_zarr_writes()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_for_zarr_writes(timeout: float = 60.0) -> None:
+    """Wait (up to ``timeout`` s) for every task on zarr's event loop to end; nothing when zarr was not used."""
+    sync = getattr(sys.modules.get("zarr.core.sync"), "sync", None)
+    if sync is None:
+        return
+
+    async def pending() -> None:
+        tasks = asyncio.all_tasks() - {asyncio.current_task()}
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    sync(pending())
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
