@@ -89,7 +89,15 @@ def _traced_peak(model: object, image: object, targets: object, est: dict, **opt
     peak = (_kib("VmHWM") - before) * 1024
     return {"seconds": round(seconds, 1), "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
             "estimate_dataset_bytes": est["dataset_bytes"], "estimate_peak_bytes": est["peak_bytes"],
-            "peak_over_dataset": round(peak / tr.nbytes, 2), "torch_threads": 1}
+            "peak_over_dataset": round(peak / tr.nbytes, 2), "pass": pass_mode(est), "torch_threads": 1}
+
+
+def pass_mode(est: dict) -> str:
+    """How the pass held its memory, as :func:`vitcam_nb.estimate` reports the mode the trace takes."""
+    if not est.get("recompute"):
+        return "plain"
+    groups = est.get("target_groups", 1)
+    return "blocks recomputed" + (f", targets in {groups} groups" if groups > 1 else "")
 
 
 def measure_blip(size: int) -> dict:
@@ -118,12 +126,13 @@ def measure_blip(size: int) -> dict:
 def table(rows: list[dict]) -> str:
     """The README table of measured sizes."""
     lines = ["| model | input | targets | other arguments | Dataset (measured / estimated) | peak RSS rise (measured / "
-             "estimated) | peak / Dataset |", "|---|---|---|---|---|---|---|"]
+             "estimated) | peak / Dataset | pass |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['input']} px | {r['targets']} | {r.get('options') or '-'} | "
                      f"{r['dataset_bytes'] / 1e9:.2f} / "
                      f"{r['estimate_dataset_bytes'] / 1e9:.2f} GB | {r['peak_rise_bytes'] / 1e9:.2f} / "
-                     f"{r['estimate_peak_bytes'] / 1e9:.2f} GB | {r['peak_over_dataset']:.2f} |")
+                     f"{r['estimate_peak_bytes'] / 1e9:.2f} GB | {r['peak_over_dataset']:.2f} | "
+                     f"{r.get('pass', '-')} |")
     return "\n".join(lines)
 
 
@@ -158,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         readme = ROOT / "README.md"
         text = readme.read_text()
         body = table(json.loads(OUT.read_text()))
+        modes = ROOT / "benchmarks" / "MEMORY_MODES.json"
+        if modes.is_file():
+            from benchmarks.memory_modes import readme_lines
+
+            body += "\n\n" + readme_lines(json.loads(modes.read_text()))
         if START not in text:
             print(body)
             return 1

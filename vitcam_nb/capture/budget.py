@@ -1,31 +1,16 @@
-"""How much memory a trace takes, before it is run: the Dataset's size and the pass's peak from the model's
-config, sites, layers, targets and dtype, and the budget a trace refuses to exceed (with the cheapest ways
-down).
+"""How much memory a trace takes, before it is run, and how its pass holds it: the estimate
+(:func:`estimate`, whose arithmetic is :mod:`vitcam_nb.capture.budget_peak`), the pass's memory mode, and the
+budget a trace refuses to exceed (with the cheapest ways down).
 
-The Dataset size is exact arithmetic over the schema (``act``, ``grad``, ``attn``, ``attn_grad``, logits,
-image and coordinates). The peak follows from how the pass holds memory (parameters frozen, freed memory
-handed back as it goes: :mod:`vitcam_nb.capture.runtime`): after the forward pass, autograd's graph (per block,
-with parameters frozen, about six token-by-channel tensors, the MLP's hidden input and the softmax attention)
-plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
-compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target); the
-assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB (the tensor pass, which a GPU with float32 storage runs). On the CPU, and
-with storage narrower than the computation (float16), the pass writes into the Dataset's arrays as it goes
-(:mod:`vitcam_nb.capture.prealloc`): at the end, the Dataset, one block's transients and half the graph; at the
-start of the backward pass, the graph with the forward pass's freed transients between its tensors.
-``benchmarks/memsizes.py`` measures the peak for twelve cases and ``tests/integration/test_reliability_memory.py``
-checks the estimate against those measurements.
-
-The shapes come from :mod:`vitcam_nb.capture.budget_shapes`: flat token layouts (ViT, DeiT, DINOv2, BEiT, EVA);
-hierarchical Swin (timm V1/V2, Hugging Face Swin/Swinv2), summed per block over its stage's grid, with F2 stored
-per window (``attn_window``, its gradients and the int64 ``attn_window_key``; the pass holds the padded windows,
-and putting a windowed site back in raster order copies it while the windowed original is still held); BLIP, the
-vision tower plus the text encoder and the cross-attention ``xattn`` over the text the target names
-(:func:`vitcam_nb.targets.itm`); the video families (VideoMAE, ViViT, TimeSformer), one clip's (t, y, x) token
-grid with its frames and TimeSformer's ``attn_time`` and ``attn_space``. Any other model, or a BLIP target that
-does not state its text, is not estimated (:func:`estimate` raises): it passes the default budget of
-:func:`check_budget` unchecked, and an explicit ``max_bytes`` for it is refused before the pass, naming the family
-and what is covered.
+A pass takes the fastest of three memory modes that its estimate allows: the plain pass keeps autograd's graph
+of every block; recomputing each block inside the backward pass (:mod:`vitcam_nb.capture.recompute`) keeps one
+block's graph at a time, and is chosen when that lowers the estimated peak by a quarter or more (few late layers);
+splitting the targets' backward pass into groups of two or three targets (one batched backward each over the same
+graph) holds one group's transients at a time, and is chosen when the estimated peak is still above
+:data:`GROUPS_ABOVE` times the Dataset (float16 storage, few targets, Swin). Every mode stores the same values
+bitwise. A trace over its budget takes the fastest mode that fits, and is refused when none does. A model the
+estimate does not cover (:func:`estimate` raises) passes the default budget unchecked, and an explicit
+``max_bytes`` for it is refused before the pass, naming the family and what is covered.
 
 Example:
     >>> import timm
@@ -42,37 +27,20 @@ from dataclasses import replace
 
 import torch
 
-from vitcam_nb.adapters.swin import WINDOWED
-from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
-from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.budget_peak import estimate_plan, n_targets
+from vitcam_nb.capture.budget_shapes import model_shapes
+from vitcam_nb.capture.plan import TracePlan, paired_groups
 from vitcam_nb.capture.prealloc import writes_arrays
-from vitcam_nb.capture.rules import rule_extra_names
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE
-from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 from vitcam_nb.preprocess import data_config, prepare_input
 from vitcam_nb.targets.classes import ClassTargets
 
-__all__ = ["BUDGET_FRACTION", "RECOMPUTE_BELOW", "available_bytes", "check_max_bytes", "estimate", "estimate_plan",
-           "fit_budget", "recomputable"]
+__all__ = ["BUDGET_FRACTION", "GROUPS_ABOVE", "GROUPS_BELOW", "RECOMPUTE_BELOW", "available_bytes", "check_max_bytes",
+           "estimate", "estimate_plan", "fit_budget", "recomputable"]
 
 #: The default budget: this fraction of the memory available when the trace starts.
 BUDGET_FRACTION = 0.5
-# Beyond the tensors the arithmetic counts: the pass's own small allocations (hooks, coordinates, xarray).
-_PEAK_FIXED = 20e6
-# The array pass's heap after the forward pass, as a multiple of the graph (its freed transients between the graph's
-# tensors): see estimate_plan.
-_FORWARD_HOLES = 1.6
-# The array pass's resident memory beyond the Dataset, the blocks' inputs and one block's graph when it recomputes
-# each block, as a multiple of one block's transients: see estimate_plan.
-_RECOMPUTE_HOLES = 1.85
-# Token x channel tensors autograd keeps per block with parameters frozen: the qkv output (3), the scaled
-# queries (1) and both LayerNorm inputs (2).
-_GRAPH_TC = 6
-# Attention-map gradients per target alive at once in a block's batched backward: the softmax's backward holds
-# the gradient it receives and the one it returns. Counting one under-predicted the measured peak by 8-16 %
-# where attention dominates (ViT-Ti at 640 px, DINOv2-S with registers at 322 px, 4-block ViT-B and BEiT).
-_ATTN_GRADS = 2
 
 
 def available_bytes() -> int | None:
@@ -107,189 +75,73 @@ def _input_hw(plan: TracePlan, image: object) -> tuple[int, int]:
     return int(shape[-2]), int(shape[-1])
 
 
-def _n_targets(plan: TracePlan) -> int:
-    target = plan.target
-    if isinstance(target, ClassTargets):
-        return target.k if target.k is not None else len(target.classes or [])
-    return len(getattr(target, "labels", None) or [None])
-
-
-def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
-    """:func:`estimate` of a resolved plan at input size ``hw`` (``batch`` images in one pass).
-
-    Example:
-        >>> import timm
-        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
-        >>> estimate_plan(TracePlan.for_trace(m, "top1", sites=["F2"], layers=[0]), (224, 224))["parts"]["attn"]
-        465708
-    """
-    shapes = model_shapes(plan, hw)
-    store = 2 if plan.dtype == "float16" else 4
-    compute = torch.finfo(plan.compute_dtype).bits // 8
-    k = _n_targets(plan) + 1
-    traced = [shapes.blocks[i] for i in plan.layer_ids]
-    sites = plan.site_ids
-    token_sites = [s for s in sites if s not in (ATTENTION_SITE, SCORES_SITE) and s not in plan.extra_sites]
-    matrices = sum(s in sites for s in (ATTENTION_SITE, SCORES_SITE))  # (head, query, key) sites
-
-    def channels(b: BlockShape) -> int:
-        return sum(b.head_width if s == "F3" else b.width for s in token_sites)
-
-    act = batch * sum(b.tokens * channels(b) for b in traced) * store
-    attn = batch * sum(b.heads * b.tokens * b.keys for b in traced) * store
-    # The pass holds the windows padded to a window multiple; the Dataset only the raster tokens.
-    attn_pass = batch * sum(b.heads * b.rows * b.keys for b in traced) * store
-    parts = {"act": act, "grad": k * act, "attn": 0, "attn_grad": 0}
-    if shapes.windowed and ATTENTION_SITE in sites:
-        parts.update(attn_window=attn, attn_window_grad=k * attn,
-                     attn_window_key=sum(b.tokens * b.keys for b in traced) * 8)
-    elif ATTENTION_SITE in sites:
-        parts.update(attn=attn, attn_grad=k * attn)
-        parts.update({name: k * attn for name in rule_extra_names(plan.rule, plan.adapter)})  # chefer_lrp's dA
-    if SCORES_SITE in sites:
-        parts.update(attn_scores=attn, attn_scores_grad=k * attn)
-    extra = batch * sum(shapes.site_elements.values()) * store  # TimeSformer's attn_time, attn_space
-    for name, n in shapes.site_elements.items():
-        parts.update({name: batch * n * store, f"{name}_grad": k * batch * n * store})
-    text = shapes.text
-    xattn = 0
-    if text is not None and "xattn" in sites:
-        xattn = batch * text.xattn_layers * text.xattn_heads * text.tokens * text.keys * store
-        parts.update(xattn=xattn, xattn_grad=k * xattn)
-    parts["other"] = _coordinates(plan, shapes, hw, batch, k, token_sites)
-    dataset = sum(parts.values())
-    captured = act + matrices * attn_pass + xattn + extra  # in the store dtype, as the pass captures them
-    graph = batch * (sum(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
-                         for b in shapes.blocks) + shapes.extra_graph + _text_graph(text)) * compute
-    transient = k * batch * max(_ATTN_GRADS * b.heads * b.rows * b.keys + b.tokens * b.hidden
-                                for b in shapes.blocks) * compute
-    held = captured * (k + 1) * compute / store  # captured tensors and their gradients, in the compute dtype
-    # The backward's transients come on top of the graph (released only once the backward is done) and of the
-    # held tensors. After the backward, a windowed site (Swin's F2, F3, attn_out) is put back in raster order
-    # into a copy while the pass still holds its windowed original and gradients: that copy replaces them.
-    copy = (k + 1) * batch * _windowed_elements(shapes, traced, sites) * compute
-    peak = _PEAK_FIXED + parts["other"] + max(graph + captured * compute / store + transient,
-                                              held + max(transient, copy))
-    if writes_arrays(plan):
-        # The array pass (the CPU, or narrower storage) never holds the gradients twice, and hands freed memory
-        # back when it has added more than its cap (capture.resident). At the end of the backward pass, beside the
-        # Dataset: one block's transients and the part of the graph still alive, half of it on average as the
-        # backward pass frees it block by block (fitted to the measured ViT-B/16 and ViT-S/16 float16 rows; the
-        # float32 rows and ViT-Ti/16 held out). At its start: the graph (which holds most captured tensors) and the
-        # first transients, plus the forward pass's freed transients, which stay in the heap between the graph's
-        # tensors since nothing is handed back during the forward pass (_FORWARD_HOLES, fitted to the one-layer,
-        # one-site ViT-B/16 row, where that start is the peak; both ViT-S/16 rows held out; Swin leaves fewer, and
-        # is overestimated there). Windowed sites go into their arrays one block at a time: no copy of them all.
-        start = _PEAK_FIXED + parts["other"] + _FORWARD_HOLES * graph + transient
-        peak = max(start, dataset + transient + graph / 2)
-        if plan.recompute:
-            # Recomputing each block in the backward pass (capture.recompute): the forward pass keeps only each
-            # block's input, the backward pass one block's graph at a time beside the Dataset, whose values are
-            # written when the forward pass ends. Without the graph's tensors between them, the block's transients
-            # fragment the heap: _RECOMPUTE_HOLES of them stay resident (fitted to the one-layer ViT-B/16 row).
-            inputs = batch * sum(b.rows * b.width for b in shapes.blocks) * compute
-            block = batch * max(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
-                                for b in shapes.blocks) * compute
-            peak = _PEAK_FIXED + parts["other"] + dataset + inputs + block + _RECOMPUTE_HOLES * transient
-    tokens = [b.tokens for b in shapes.blocks]
-    return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
-            "parts": {n: int(v) for n, v in parts.items()},
-            "tokens": tokens[0] if len(set(tokens)) == 1 else [g[0] * g[1] for g in shapes.grids],
-            "targets": k - 1, "input_size": [int(hw[0]), int(hw[1])]}
-
-
-def _windowed_elements(shapes: Shapes, traced: list[BlockShape], sites: list[str]) -> int:
-    """Elements of one image's windowed sites as the blocks compute them (padded windows)."""
-    if not shapes.windowed:
-        return 0
-    per_site = {ATTENTION_SITE: lambda b: b.heads * b.rows * b.keys, "F3": lambda b: b.rows * b.head_width,
-                "attn_out": lambda b: b.rows * b.width}
-    return sum(per_site[s](b) for s in sites if s in WINDOWED for b in traced)
-
-
-def _text_graph(text: TextShape | None) -> int:
-    """Elements autograd keeps in the text encoder: per layer, the self-attention as in a vision block, the
-    cross-attention's queries, keys and values over the vision tokens with its probabilities, the MLP."""
-    if text is None:
-        return 0
-    n = text.tokens
-    per_layer = (_GRAPH_TC * n * text.width + text.heads * n * n + n * text.hidden
-                 + 4 * n * text.width + 2 * text.keys * text.width)
-    return text.layers * per_layer + text.xattn_layers * text.xattn_heads * n * text.keys
-
-
-def _coordinates(plan: TracePlan, shapes: Shapes, hw: tuple[int, int], batch: int, k: int,
-                 token_sites: list[str]) -> int:
-    """Bytes of the logits, the image and the coordinates: each token axis carries an index, a kind (4-byte
-    unicode, five characters) and a patch row and column; y and x index the image; classes carry an index and a
-    label; a Swin stage is a Dataset of its own with its token axis."""
-    labels = plan.class_labels or getattr(plan.target, "labels", None) or []
-    n_classes = int(getattr(plan.model, "num_classes", 0) or 0) or len(labels)
-    blocks = [shapes.blocks[i] for i in plan.layer_ids]
-    heads = max(b.heads for b in blocks)
-    out = (batch * (n_classes * 4 + shapes.frames * hw[0] * hw[1] * 3) + 8 * (hw[0] + hw[1]) + n_classes * 8
-           + k * 128 + len(labels) * 4 * max((len(s) for s in labels), default=0) + shapes.coords)
-    matrices = ATTENTION_SITE in plan.site_ids or SCORES_SITE in plan.site_ids
-    if not shapes.windowed:
-        tokens = blocks[0].tokens
-        out += (3 if matrices else 1) * tokens * 44 + 8 * (len(blocks) + heads)
-    else:
-        for stage in sorted({b.stage for b in blocks}):
-            members = [b for b in blocks if b.stage == stage]
-            b = members[0]
-            out += 8 * len(members) + b.tokens * 44 + (8 * b.width if token_sites else 0)
-            # nbytes counts again in every stage the root's index coordinates it inherits (class, y, x, rgb, target)
-            out += 8 * (n_classes + hw[0] + hw[1]) + 12 + 56 * k
-            if ATTENTION_SITE in plan.site_ids:  # head, query and window-key indices
-                out += 8 * (b.heads + b.tokens + b.keys)
-    text = shapes.text
-    if text is not None and "xattn" in plan.site_ids:
-        # xattn layer, head, text token (index, string, mask) and, when F2 did not write them, the key axis
-        out += (8 * (text.xattn_layers + text.xattn_heads) + text.tokens * (16 + 4 * text.token_chars)
-                + (0 if matrices else 44 * text.keys))
-    return out
-
-
 def estimate(model: torch.nn.Module, image: object = None, targets: object = "top5", *,
              sites: Sequence[str] | str | None = None, layers: int | Sequence[int] | None = None,
              dtype: str = "float32") -> dict:
     """Memory a :func:`vitcam_nb.trace` with these arguments would take, before running it: the Dataset's
     size (``dataset_bytes``, with ``parts`` per variable) and the peak of the pass (``peak_bytes``, the
-    Dataset included), and whether the pass recomputes each block inside the backward pass to lower it
-    (``recompute``: see :func:`fit_budget`; a trace over its budget may also switch to it). ``image`` sets the input
-    size (default: the model's configured size).
+    Dataset included), and how the pass holds its memory: whether it recomputes each block inside the backward
+    pass (``recompute``) and into how many groups it splits its targets' backward pass (``target_groups``), as
+    :func:`fit_budget` chooses them (a trace over its budget may also switch to a leaner mode). ``image`` sets the
+    input size (default: the model's configured size).
 
     Example:
         >>> import timm, vitcam_nb as vc
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
         >>> e = vc.estimate(m, targets="top1")
-        >>> e["dataset_bytes"] < e["peak_bytes"]
-        True
+        >>> e["dataset_bytes"] < e["peak_bytes"], e["recompute"], e["target_groups"]
+        (True, False, 1)
     """
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype)
     hw = _input_hw(plan, image)
-    plain = estimate_plan(plan, hw)
-    lean = estimate_plan(replace(plan, recompute=True), hw) if recomputable(plan) else None
-    if lean is not None and _pays(plain["peak_bytes"], lean["peak_bytes"]):
-        return {**lean, "recompute": True}
-    return {**plain, "recompute": False}
+    peaks = _mode_peaks(plan, hw, 1, lambda p, n: estimate_plan(p, hw, n)["peak_bytes"], True)
+    recompute, groups = _chosen_mode(plan, hw, 1, peaks)
+    return {**estimate_plan(replace(plan, recompute=recompute, target_groups=groups), hw), "recompute": recompute,
+            "target_groups": groups}
 
 
-def _pays(plain: float, lean: float) -> bool:
-    """Whether recomputing lowers the estimated peak enough to be worth one more forward pass of the blocks."""
-    return lean <= RECOMPUTE_BELOW * plain
+#: A mode of the pass: whether it recomputes each block in the backward pass, and its target groups.
+Mode = tuple[bool, int]
+_PLAIN: Mode = (False, 1)
 
 
-def _lean(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int], allowed: bool) -> int | None:
-    """The estimated peak of ``plan``'s pass recomputing each block, or None where it may not."""
-    return total(replace(plan, recompute=True), batch) if allowed and recomputable(plan) else None
+def _modes(plan: TracePlan, allowed: bool) -> list[Mode]:
+    """The memory modes ``plan``'s pass may take, fastest first: the plain pass; recomputing each block
+    (:func:`recomputable`, where ``allowed``); and that with the targets' backward pass in groups of two or three
+    (:func:`~vitcam_nb.capture.plan.paired_groups`; about a third slower than the plain pass on ViT-B/16 top5)."""
+    modes = [_PLAIN]
+    if allowed and recomputable(plan):
+        modes.append((True, 1))
+        groups = paired_groups(n_targets(plan) + 1)
+        if groups > 1:
+            modes.append((True, groups))
+    return modes
 
 
-def _leanest(plan: TracePlan, batch: int, total: Callable[[TracePlan, int], int], allowed: bool) -> int:
-    """The lower estimated peak of ``plan``'s pass, plain or (where allowed) recomputing each block."""
-    plain = total(replace(plan, recompute=False), batch)
-    lean = _lean(plan, batch, total, allowed)
-    return plain if lean is None else min(plain, lean)
+def _mode_peaks(plan: TracePlan, hw: tuple[int, int], batch: int, total: Callable[[TracePlan, int], int],
+                allowed: bool) -> dict[Mode, int]:
+    """The estimated peak (as ``total`` counts it) of ``plan``'s pass in each mode it may take, fastest first."""
+    return {m: total(replace(plan, recompute=m[0], target_groups=m[1]), batch) for m in _modes(plan, allowed)}
+
+
+def _chosen_mode(plan: TracePlan, hw: tuple[int, int], batch: int, peaks: dict[Mode, int]) -> Mode:
+    """The mode a pass takes before its budget is looked at: recomputing each block when that lowers the estimated
+    peak to :data:`RECOMPUTE_BELOW` of the plain pass's or less; then, if the pass's estimated peak is still above
+    :data:`GROUPS_ABOVE` times its Dataset, its targets in groups too, when the Dataset is at least half that peak
+    (where grouping was measured to lower the peak by a tenth to a sixth: ViT-B/16 float16, ViT-S/16 top3,
+    ViT-Ti/16 top10 float16, Swin-T; the estimate of the grouped pass is up to a fifth above those measurements, so
+    it is not asked) or when the estimate says grouping lowers the peak to :data:`GROUPS_BELOW` of it or less (one
+    late layer)."""
+    mode = _PLAIN
+    if (True, 1) in peaks and peaks[(True, 1)] <= RECOMPUTE_BELOW * peaks[_PLAIN]:
+        mode = (True, 1)
+    grouped = [m for m in peaks if m[1] > 1]
+    if grouped:
+        dataset = estimate_plan(plan, hw, batch)["dataset_bytes"]
+        peak = estimate_plan(replace(plan, recompute=mode[0], target_groups=mode[1]), hw, batch)["peak_bytes"]
+        if peak > GROUPS_ABOVE * dataset and (2 * dataset >= peak or peaks[grouped[0]] <= GROUPS_BELOW * peaks[mode]):
+            mode = grouped[0]
+    return mode
 
 
 def _gb(n: float) -> str:
@@ -343,6 +195,12 @@ def recomputable(plan: TracePlan) -> bool:
 #: The pass recomputes each block when that lowers its estimated peak to this share of the plain pass's or less
 #: (a trace of few late layers: the graph below them is never kept), or when only then it fits its budget.
 RECOMPUTE_BELOW = 0.75
+#: A pass whose estimated peak is above this multiple of its Dataset (float16 storage, few targets, Swin) also
+#: splits its targets' backward pass into groups, trading about a third more time for a peak nearer the Dataset.
+GROUPS_ABOVE = 1.3
+#: ... when the Dataset is at least half the peak, or when grouping lowers the estimated peak to this share or less
+#: (not a small model's, whose peak is mostly the pass's fixed allocations).
+GROUPS_BELOW = 0.95
 
 
 def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: int = 1,
@@ -352,11 +210,15 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
 
     The pass recomputes each block inside the backward pass (``plan.recompute``; one more forward pass of the
     blocks, the same values bitwise) when :func:`recomputable` and that lowers its estimated peak to
-    :data:`RECOMPUTE_BELOW` of the plain pass's or less, or when only then it fits the budget. ``stacked``: the
-    batch's Datasets are also stacked into one copy (``trace_many``); ``recompute=False``: the caller's pass never
-    recomputes (``map_many``, whose pass keeps its tensors for the maps: recomputing there was measured no lower,
-    and slower by about a tenth in the scale benchmark). A model the estimate does not cover passes the default
-    budget unchecked and is refused an explicit ``max_bytes``, which could not be honoured.
+    :data:`RECOMPUTE_BELOW` of the plain pass's or less; it also splits its targets into groups
+    (``plan.target_groups``) when its estimated peak is still above :data:`GROUPS_ABOVE` times its Dataset and the
+    Dataset is at least half of it, or grouping lowers it to :data:`GROUPS_BELOW` of that or less; over the
+    budget, it takes the fastest of these modes that fits. ``stacked``: the batch's Datasets are also stacked into
+    one copy (``trace_many``);
+    ``recompute=False``: the caller's pass never recomputes (``map_many``, whose pass keeps its tensors for the
+    maps: recomputing there was measured no lower, and slower by about a tenth in the scale benchmark). A model
+    the estimate does not cover passes the default budget unchecked and is refused an explicit ``max_bytes``,
+    which could not be honoured.
 
     Example:
         >>> import timm
@@ -366,8 +228,8 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         TraceError: max_bytes: this trace needs about ...
         >>> plan = TracePlan.for_trace(m, "top5", sites=["F1"], layers=[-1])
         >>> fit_budget(plan, (224, 224), None)
-        >>> plan.recompute  # one late layer: the pass keeps one block's graph, not twelve
-        True
+        >>> plan.recompute, plan.target_groups  # one late layer: one block's graph, one group's transients
+        (True, 3)
     """
     check_max_bytes(max_bytes)
 
@@ -375,17 +237,15 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         e = estimate_plan(p, hw, n)
         return e["peak_bytes"] + (e["dataset_bytes"] if stacked else 0)
 
-    plan.recompute = False
+    plan.recompute, plan.target_groups = _PLAIN
     try:
         need = estimate_plan(plan, hw, batch)
     except TraceError as exc:
         if max_bytes is None:  # the default budget is a safeguard: a model it cannot estimate passes unchecked
             return
         raise _uncovered(plan, max_bytes, exc) from exc
-    need["peak_bytes"] = total(plan, batch)
-    lean = _lean(plan, batch, total, recompute)
-    if lean is not None and _pays(need["peak_bytes"], lean):
-        plan.recompute, need["peak_bytes"] = True, lean
+    peaks = _mode_peaks(plan, hw, batch, total, recompute)
+    plan.recompute, plan.target_groups = _chosen_mode(plan, hw, batch, peaks)
     if max_bytes is None:
         available = available_bytes()
         if available is None:
@@ -393,13 +253,13 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         limit, what = BUDGET_FRACTION * available, f"{BUDGET_FRACTION:g} of the {_gb(available)} available"
     else:
         limit, what = float(max_bytes), "max_bytes"
-    if need["peak_bytes"] <= limit:
+    if peaks[(plan.recompute, plan.target_groups)] <= limit:
         return
-    if lean is not None and lean <= limit:
-        plan.recompute = True
+    fits = [m for m, peak in peaks.items() if peak <= limit]  # the fastest mode that fits
+    if fits:
+        plan.recompute, plan.target_groups = fits[0]
         return
-    if lean is not None:  # the refusal names the leaner pass's peak
-        need["peak_bytes"] = min(need["peak_bytes"], lean)
+    need["peak_bytes"] = min(peaks.values())  # the refusal names the leanest mode's peak
     ways = []
     for label, change in (("targets='top1'", {"target": ClassTargets("top1")}),
                           ("sites without 'F2'", {"site_ids": [s for s in plan.site_ids if s != "F2"] or None}),
@@ -410,9 +270,9 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         if "target" in change and not isinstance(plan.target, ClassTargets):
             continue
         other = replace(plan, **change)
-        ways.append((_leanest(other, batch, total, recompute), label))
+        ways.append((min(_mode_peaks(other, hw, batch, total, recompute).values()), label))
     if batch > 1:
-        ways.append((_leanest(plan, 1, total, recompute), "batch_size=1"))
+        ways.append((min(_mode_peaks(plan, hw, 1, total, recompute).values()), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
     # trace_many stores flat layouts and clips only (TracePlan.for_store): a Swin or BLIP user is not sent there.
     if not getattr(plan.adapter, "hierarchical", False) and (not plan.extra_sites or getattr(plan.adapter, "video",

@@ -29,7 +29,7 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.hooks import Capture
-from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.plan import TracePlan, group_bounds
 from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
 from vitcam_nb.capture.recompute import recomputed_blocks
 from vitcam_nb.capture.resident import ResidentCap
@@ -221,7 +221,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
             while cap.tensors:
                 store.keep(*cap.tensors.popitem())
             resident.limit(store.array_bytes(len(outputs)))
-            _backward_into(store, outputs)
+            _backward_into(store, outputs, plan.target_groups)
             images = [ImagePass(z[b].detach(), classes[b], store.acts[b], store.grads[b],
                                 {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in extra_grads.items()},
                                 store.filled[b]) for b in range(int(x.shape[0]))]
@@ -246,20 +246,29 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
                       extra_grads=extra_grads, images=images)
 
 
-def _backward_into(store: Arrays, outputs: torch.Tensor) -> None:
+def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1) -> None:
     """The batched backward pass into ``store``: its hooks write each captured tensor's gradients as soon as
     autograd has summed them, and autograd returns only the lowest tensors' (:func:`lowest_tensors`), which their
-    hooks wrote already. Without readable batched hooks, autograd returns them all and they are written here."""
+    hooks wrote already. Without readable batched hooks, autograd returns them all and they are written here.
+    ``groups`` > 1: the outputs go back in that many groups (:func:`~vitcam_nb.capture.plan.group_bounds`), one
+    batched backward each over the same graph (kept until the last), so only one group's transients are alive at
+    once; each group's gradients go into its rows of the target axis."""
     store.begin_backward(len(outputs))
     keys, edges = list(store.edges), list(store.edges.values())
+    lowest = [edges[i] for i in lowest_tensors(edges)] if edges and store.hooks else edges
+    bounds = group_bounds(len(outputs), groups)
     try:
-        if edges and store.hooks:
-            batched_grad(outputs, [edges[i] for i in lowest_tensors(edges)])
-        elif edges:
-            for k, g in zip(keys, batched_grad(outputs, edges)):
-                if g is not None:
-                    store.put_grad(k, store.arrange(k, g))
+        for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if not edges:
+                break
+            store.backward_targets(int(start), int(stop))
+            got = batched_grad(outputs[start:stop], lowest, retain_graph=i < len(bounds) - 2)
+            if not store.hooks:
+                for k, g in zip(keys, got):
+                    if g is not None:
+                        store.put_grad(k, store.arrange(k, g))
+            del got
     finally:
-        del edges
+        del edges, lowest
         store.edges.clear()  # the graph's nodes go with the pass
     store.finish_backward()

@@ -28,7 +28,7 @@ from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, OPTIONAL_SITES, ST
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import ClassTargets, as_target, head_size
 
-__all__ = ["TracePlan", "model_name", "resolve_layers", "resolve_sites"]
+__all__ = ["TracePlan", "group_bounds", "model_name", "paired_groups", "resolve_layers", "resolve_sites"]
 
 
 def _check_family(model: object, dtype: str) -> tuple[Adapter, torch.nn.Module, tuple[str, ...]]:
@@ -102,6 +102,29 @@ def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> li
     return [s for s in allowed if s in items]
 
 
+def group_bounds(n_targets: int, groups: int) -> np.ndarray:
+    """Where the backward pass of ``n_targets`` outputs split into ``groups`` (:attr:`TracePlan.target_groups`)
+    starts and stops each group: ``groups + 1`` bounds, the groups as even as whole targets allow.
+
+    Example:
+        >>> group_bounds(6, 3).tolist(), group_bounds(5, 2).tolist(), group_bounds(4, 1).tolist()
+        ([0, 2, 4, 6], [0, 2, 5], [0, 4])
+    """
+    return np.linspace(0, n_targets, min(groups, n_targets) + 1).round().astype(int)
+
+
+def paired_groups(n_targets: int) -> int:
+    """The most groups ``n_targets`` backward outputs split into with two targets or more in each (two or three):
+    a group of one target multiplies matrix by vector in the head's backward, whose sums round otherwise than the
+    batched matrix product's, so only groups of two or more store bitwise what one batched backward stores.
+
+    Example:
+        >>> paired_groups(6), paired_groups(3), [int(n) for n in __import__("numpy").diff(group_bounds(11, 5))]
+        (3, 1, [2, 2, 3, 2, 2])
+    """
+    return max(1, n_targets // 2)
+
+
 def model_name(model: torch.nn.Module) -> tuple[str, str]:
     """(architecture, pretrained tag) as the model's timm config states them ("" when it has no tag).
 
@@ -145,6 +168,10 @@ class TracePlan:
     #: run each block forward again inside the backward pass instead of keeping its graph
     #: (:mod:`vitcam_nb.capture.recompute`; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     recompute: bool = False
+    #: the backward pass's targets split into this many groups (:func:`group_bounds`), one batched backward each,
+    #: to hold fewer targets' transients at once (with ``recompute``; chosen by
+    #: :func:`vitcam_nb.capture.budget.fit_budget`)
+    target_groups: int = 1
 
     @property
     def store_dtype(self) -> type:

@@ -210,8 +210,12 @@ class Arrays:
         #: the gradient edge of every kept tensor that has a graph
         self.edges: dict[Key, GradientEdge] = {}
         self.n_targets = 0
+        #: the targets the backward pass now running computes (a slice of the target axis)
+        self.targets = slice(0, 0)
         self._grad_shapes: dict[Key, tuple[int, ...]] = {}
-        self._written: set[Key] = set()
+        #: per key whose gradients arrived, which targets' (a backward pass split into target groups writes each
+        #: group's in turn)
+        self._written: dict[Key, np.ndarray] = {}
         #: captured tensors whose values wait for their gradient (copied together, then let go)
         self._live: dict[Key, torch.Tensor] = {}
         self._kept_elements = 0
@@ -229,7 +233,7 @@ class Arrays:
             # The hook holds the key, never the tensor, and the arrays only weakly: the graph's nodes hold the
             # hook, and this object holds their edges.
             arrays = weakref.ref(self)
-            t.register_hook(lambda g: arrays().put_grad(key, arrays().arrange(key, unbatched(g, arrays().n_targets))))
+            t.register_hook(lambda g: arrays().put_grad(key, arrays().arrange(key, unbatched(g, arrays().in_flight))))
         self.edges[key] = get_gradient_edge(t)
         if self.hold:
             self._live[key] = t.detach()
@@ -276,6 +280,17 @@ class Arrays:
     def begin_backward(self, n_targets: int) -> None:
         """Get ready for the backward pass's ``n_targets`` gradients per captured tensor."""
         self.n_targets = n_targets
+        self.targets = slice(0, n_targets)
+
+    def backward_targets(self, start: int, stop: int) -> None:
+        """The next backward pass computes targets ``start:stop`` of the ``n_targets`` only (a pass whose targets
+        are split into groups): the gradients it hands over are written there."""
+        self.targets = slice(start, stop)
+
+    @property
+    def in_flight(self) -> int:
+        """How many targets the backward pass now running computes."""
+        return self.targets.stop - self.targets.start
 
     def array_bytes(self, n_targets: int) -> int:
         """The bytes the arrays of every tensor kept so far take once filled: values and ``n_targets``
@@ -307,15 +322,16 @@ class Arrays:
         if live is not None:
             self._put_act(key, self.arrange(key, live))
             del live  # the graph alone decides the tensor's life now
-        self._written.add(key)
+        self._written.setdefault(key, np.zeros(self.n_targets, bool))[self.targets] = True
         if key in self.slots:
             group, index = self.slots[key]
             for b in range(self.n_images):
-                copy_into(self._grad_array(b, group)[(slice(None), *index)], g[:, b])
+                copy_into(self._grad_array(b, group)[(self.targets, *index)], g[:, b])
         else:
             for b in range(self.n_images):
-                self.grads[b][key] = np.empty((self.n_targets, 1, *g.shape[2:]), self.dtype)
-                copy_into(self.grads[b][key], g[:, b:b + 1])
+                if key not in self.grads[b]:
+                    self.grads[b][key] = np.zeros((self.n_targets, 1, *g.shape[2:]), self.dtype)
+                copy_into(self.grads[b][key][self.targets], g[:, b:b + 1])
         if self.on_write is not None:
             self.on_write()
 
@@ -327,12 +343,15 @@ class Arrays:
             key, t = self._live.popitem()
             self._put_act(key, self.arrange(key, t))
         for key, shape in self._grad_shapes.items():
-            if key in self._written:
+            missing = ~self._written.get(key, np.zeros(self.n_targets, bool))
+            if not missing.any():
                 continue
             if key in self.slots:
                 group, index = self.slots[key]
                 for b in range(self.n_images):
-                    self._grad_array(b, group)[(slice(None), *index)] = 0
+                    self._grad_array(b, group)[(missing, *index)] = 0
             else:
                 for b in range(self.n_images):
+                    if key in self.grads[b]:
+                        continue  # allocated as zeros: the targets no group wrote are zero already
                     self.grads[b][key] = np.zeros((self.n_targets, 1, *shape), self.dtype)

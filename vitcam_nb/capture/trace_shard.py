@@ -70,7 +70,7 @@ def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, 
         if settings_id(store_settings(plan)) != settings_id_:
             raise TraceError("worker_model: the model on this worker gives other store settings than the caller's")
         # How the pass holds memory, as the caller chose it for this batch against the budget (the same values).
-        plan.recompute = plan_args["recompute"]
+        plan.recompute, plan.target_groups = plan_args["recompute"], plan_args["target_groups"]
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
             per = trace_batch(plan, prepared)
     batch = stack_images(per, indices, items, masks, names)
@@ -109,8 +109,10 @@ class TraceSharder:
         store.grow(max(indices) + 1)
         light = [Item(None, it.label, None, it.source) for it in items]  # the pixels travel prepared, once
         key, _ = self.sending.names()
-        # The memory mode trace_many's budget chose for this batch (plan.recompute, set by fit_budget).
-        plan_args = {**self.plan_args, "recompute": bool(self.plan.recompute)}
+        # The memory mode trace_many's budget chose for this batch (plan.recompute and plan.target_groups, set by
+        # fit_budget).
+        plan_args = {**self.plan_args, "recompute": bool(self.plan.recompute),
+                     "target_groups": int(self.plan.target_groups)}
         future = self.client.submit(_worker_traces, self.steps, key, plan_args, self.settings_id,
                                     str(store.path), indices, light, masks, prepared, names, self.token, retries=2,
                                     pure=False)

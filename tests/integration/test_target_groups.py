@@ -1,0 +1,167 @@
+"""A pass whose targets' backward pass runs in groups (``TracePlan.target_groups``, with each block recomputed in
+the backward pass): one group's transients are alive at a time, so the peak comes nearer the Dataset. What it
+stores is bitwise what one batched backward stores (groups of two or three targets: a group of one would take the
+head's matrix-vector kernel, whose sums round otherwise); targets no group reached are zeros, never what the
+buffer held before; the budget takes the grouped mode when the estimate says the pass is far above its Dataset
+and grouping lowers it, or when only then the trace fits; ``vc.estimate`` reports the mode."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import timm
+import torch
+import xarray as xr
+from timm.models.vision_transformer import VisionTransformer
+
+import vitcam_nb as vc
+import vitcam_nb.capture.passes as passes
+import vitcam_nb.capture.prealloc as prealloc
+from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.budget import GROUPS_ABOVE, GROUPS_BELOW, RECOMPUTE_BELOW, estimate_plan, fit_budget
+from vitcam_nb.capture.plan import TracePlan, group_bounds, paired_groups
+from vitcam_nb.capture.staged import assemble_tree
+from vitcam_nb.preprocess import prepare_input
+
+
+def _init(model: torch.nn.Module) -> torch.nn.Module:
+    torch.manual_seed(0)
+    for p in model.parameters():  # O(1) logits and attention, so that every target's gradient differs
+        torch.nn.init.normal_(p, std=0.3)
+    return model.eval()
+
+
+def _vit() -> torch.nn.Module:
+    return _init(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=8))
+
+
+def _swin() -> torch.nn.Module:
+    return _init(timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=56, embed_dim=16,
+                                   depths=(2, 2), num_heads=(2, 4), num_classes=8))
+
+
+def _image(size: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def _traced(plan: TracePlan, prepared, recompute: bool, groups: int) -> list[xr.Dataset]:
+    plan = replace(plan, recompute=recompute, target_groups=groups)
+    run = passes.run_pass(plan, prepared.tensor, arrays=True)
+    if getattr(plan.adapter, "hierarchical", False):
+        tree = assemble_tree(plan, prepared, run.image(0), run)
+        return [node.to_dataset() for node in tree.subtree if node.data_vars]
+    return [assemble(plan, prepared, run.image(0), run)]
+
+
+def _assert_same(got: list[xr.Dataset], want: list[xr.Dataset]) -> None:
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert sorted(g.data_vars) == sorted(w.data_vars)
+        for name in w.data_vars:
+            np.testing.assert_array_equal(g[name].values, w[name].values, err_msg=name)
+
+
+def test_the_groups_pair_the_targets_two_or_three_at_a_time():
+    for n in range(2, 60):
+        groups = paired_groups(n)
+        sizes = np.diff(group_bounds(n, groups))
+        assert sizes.sum() == n and len(sizes) == groups
+        assert set(sizes.tolist()) <= {2, 3} or (n < 4 and groups == 1)
+        assert min(np.diff(group_bounds(n, groups + 1))) < 2  # one group more would leave one target alone
+    assert group_bounds(6, 3).tolist() == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("family, targets", [("vit", "top3"), ("vit", "top5"), ("swin", "top5")])
+def test_a_grouped_trace_stores_bitwise_what_one_batched_backward_stores(family, targets, dtype):
+    model = _vit() if family == "vit" else _swin()
+    size = 32 if family == "vit" else 56
+    sites = ["F1", "F2", "F3", "F4", "F5", "F6"]
+    plan = TracePlan.for_trace(model, targets, sites=sites, dtype=dtype)
+    prepared = prepare_input(model, _image(size))
+    want = _traced(plan, prepared, recompute=False, groups=1)
+    k = int(targets[3:]) + 1
+    got = _traced(plan, prepared, recompute=True, groups=paired_groups(k))
+    assert paired_groups(k) == k // 2 > 1
+    _assert_same(got, want)
+    grad = next(ds for ds in want if "grad" in ds)["grad"].values
+    assert all(np.abs(grad[i] - grad[0]).max() > 0 for i in range(1, k))  # every group's rows are its own
+
+
+def test_groups_without_readable_batched_hooks_store_the_same(monkeypatch):
+    model = _vit()
+    plan = TracePlan.for_trace(model, "top5", sites=["F1", "F2", "F6"])
+    prepared = prepare_input(model, _image(32))
+    want = _traced(plan, prepared, recompute=False, groups=1)
+    monkeypatch.setattr(passes, "batched_hooks_work", lambda: False)  # autograd returns every gradient per group
+    _assert_same(_traced(plan, prepared, recompute=True, groups=3), want)
+
+
+def test_targets_no_group_reached_are_zeros_not_what_the_buffer_held(monkeypatch):
+    # A fresh buffer may hold anything (the pool of capture.buffers hands back old traces' arrays): NaN here.
+    monkeypatch.setattr(prealloc, "reusable_empty", lambda shape, dtype: np.full(shape, np.nan, dtype))
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+    plan = TracePlan.for_trace(model, "top3", sites=["F1"])
+    arrays = prealloc.Arrays(plan, 1, lambda k, t: t, hooks=False)
+    arrays.keep((0, "F1"), torch.ones(1, 17, 192))
+    arrays.begin_backward(4)
+    arrays.backward_targets(1, 3)  # only the middle group's gradients ever arrive
+    arrays.put_grad((0, "F1"), torch.full((2, 1, 17, 192), 7.0))
+    arrays.finish_backward()
+    (grad,) = [a for key, a in arrays.filled[0].items() if key[-1] == "grad"]
+    assert grad.shape[0] == 4
+    np.testing.assert_array_equal(grad[1:3], 7.0)
+    np.testing.assert_array_equal(grad[[0, 3]], 0.0)
+
+
+def _peaks(plan: TracePlan, hw: tuple[int, int]) -> dict[tuple[bool, int], int]:
+    return {(r, g): estimate_plan(replace(plan, recompute=r, target_groups=g), hw)["peak_bytes"]
+            for r, g in ((False, 1), (True, 1), (True, paired_groups(6)))}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_budget_groups_the_targets_when_the_estimate_is_far_above_the_dataset(dtype):
+    model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
+    plan = TracePlan.for_trace(model, "top5", dtype=dtype)
+    peaks, dataset = _peaks(plan, (224, 224)), estimate_plan(plan, (224, 224))["dataset_bytes"]
+    fit_budget(plan, (224, 224), None)
+    # the rule, from the estimate's own numbers: recompute only if it pays; then group if still far above the
+    # Dataset and the Dataset is most of the peak (or grouping pays by the estimate alone)
+    mode = (True, 1) if peaks[(True, 1)] <= RECOMPUTE_BELOW * peaks[(False, 1)] else (False, 1)
+    if peaks[mode] > GROUPS_ABOVE * dataset and (2 * dataset >= peaks[mode]
+                                                 or peaks[(True, 3)] <= GROUPS_BELOW * peaks[mode]):
+        mode = (True, 3)
+    assert (plan.recompute, plan.target_groups) == mode
+    # float32 keeps the plain pass (the fastest, 1.2x its Dataset); float16 storage halves the Dataset, not the
+    # pass's transients, and groups its six targets in three
+    assert mode == ((False, 1) if dtype == "float32" else (True, 3))
+    e = vc.estimate(model, targets="top5", dtype=dtype)
+    assert (e["recompute"], e["target_groups"]) == mode
+    assert e["peak_bytes"] == peaks[mode]
+
+
+def test_a_small_model_keeps_one_group():
+    # its peak is mostly the pass's fixed allocations, far above its Dataset: grouping would cost time for nothing
+    plan = TracePlan.for_trace(_vit(), "top5", sites=["F1", "F2", "F5"])
+    peaks, dataset = _peaks(plan, (32, 32)), estimate_plan(plan, (32, 32))["dataset_bytes"]
+    assert peaks[(False, 1)] > 2 * dataset and peaks[(True, 3)] > GROUPS_BELOW * peaks[(False, 1)]
+    fit_budget(plan, (32, 32), None)
+    assert plan.target_groups == 1
+
+
+def test_a_trace_over_its_budget_groups_its_targets_when_only_then_it_fits():
+    # 145 tokens: the six targets' attention gradients are a good part of the transients grouping holds fewer of
+    model = _init(VisionTransformer(img_size=48, patch_size=4, embed_dim=16, depth=3, num_heads=2, num_classes=8))
+    args = dict(targets="top5", sites=["F1", "F5"])
+    plan = TracePlan.for_trace(model, "top5", sites=args["sites"])
+    peaks = _peaks(plan, (48, 48))
+    assert peaks[(True, 3)] < min(peaks[(False, 1)], peaks[(True, 1)])
+    budget = (peaks[(True, 3)] + min(peaks[(False, 1)], peaks[(True, 1)])) // 2
+    fit_budget(plan, (48, 48), budget)
+    assert (plan.recompute, plan.target_groups) == (True, 3)
+    fit_budget(plan, (48, 48), 10**12)  # everything fits: grouping lowers the estimate too little to be chosen
+    assert (plan.recompute, plan.target_groups) == (False, 1)
+    image = _image(48)
+    _assert_same([vc.trace(model, image, max_bytes=budget, **args)], [vc.trace(model, image, **args)])
