@@ -331,3 +331,52 @@ def test_a_symlinked_store_is_resumed_and_replaced_where_it_leads(tmp_path):
     with pytest.raises(vc.TraceFileError, match=r"^path: .*dangling.zarr is a symlink to .*nowhere/s.zarr, which "
                                                 "does not exist"):
         vc.trace_many(MODEL, images, dangling, targets="top1", sites=["F1"], progress=False)
+
+
+def test_a_call_taking_the_lock_waits_for_a_batch_its_predecessor_sent_to_finish_writing(tmp_path, monkeypatch):
+    # A sharded call's worker checked its caller's token and is writing a batch when that caller stops and the next
+    # call takes the lock (to resume the store, or to delete it): the next call goes on only once the batch is
+    # written (it used to delete the store under the writing worker: "Directory not empty", or worse, the batch
+    # landed in the new store). The order is set by events, not by a clock.
+    import threading
+
+    from vitcam_nb.capture import store_lock
+    from vitcam_nb.capture.worker_model import sender_writes
+
+    store = tmp_path / "s.zarr"
+    store.mkdir()
+    first = StoreLock(store, writer="map_many")
+    first.acquire()
+    writing, may_finish, next_waits = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def worker() -> None:
+        with sender_writes(str(store), first.token):  # the sender holds the lock: the write goes ahead
+            writing.set()
+            assert may_finish.wait(60)
+            (store / "chunk").write_text("batch")
+            order.append("batch written")
+
+    def waiting(seconds: float) -> None:  # the next call found a batch being written
+        next_waits.set()
+        real_sleep(seconds)
+
+    real_sleep = store_lock._sleep
+    monkeypatch.setattr(store_lock, "_sleep", waiting)
+    writer = threading.Thread(target=worker)
+    writer.start()
+    assert writing.wait(60)
+    first.release()  # the sender stops (interrupted) while its batch is being written
+    second = StoreLock(store, writer="map_many")
+    taker = threading.Thread(target=lambda: (second.acquire(), order.append("next call holds the lock")))
+    taker.start()
+    assert next_waits.wait(60), "the next call took the lock without waiting for the batch being written"
+    assert order == []
+    may_finish.set()
+    writer.join(60)
+    taker.join(60)
+    assert order == ["batch written", "next call holds the lock"]
+    with pytest.raises(vc.TraceFileError, match="no longer written by the call that sent this batch"):
+        with sender_writes(str(store), first.token):  # a batch of the stopped call arriving now writes nothing
+            pass
+    second.release()

@@ -1,13 +1,16 @@
 """One writer per ``trace_many`` store: a lock file inside the store, held while a call writes to it.
 
-The lock is ``<store>/.vitcam_nb.lock``. Holding it means holding an exclusive ``flock`` on that file: the
-kernel arbitrates, so of several calls that find the same lock free (or stale) exactly one gets it, and a
-writer that dies (a crash, a kill) lets go of it at once. The file names the writer (process id, host, start
-time) for the message a refused call gives. A second call refuses with :class:`TraceFileError` naming the
-writer. A lock file that no process holds is stale and is taken over when it names a process of this host that
-is gone, or nobody at all (an empty or garbled file); one naming a live process (a writer of an older vitcam_nb,
-which did not flock) or a process on another host is left alone: delete the file by hand once that writer is
-gone.
+The lock is ``<store>/.vitcam_nb.lock``. Holding it means holding an exclusive ``flock`` on that file: the kernel
+arbitrates, so of several calls that find the same lock free (or stale) exactly one gets it, and a writer that dies
+(a crash, a kill) lets go of it at once. The file names the writer (process id, host, start time, and a token the
+workers of a sharded call check before they write) for the message a refused call gives. A worker writes a batch
+while holding a shared ``flock`` on the store's folder (:func:`batch_writing`), and a call that takes the lock waits
+until no worker holds it: a batch an earlier, interrupted call sent either finished writing before the new call
+touches the store, or finds the new call's token and writes nothing. A second call refuses with
+:class:`TraceFileError` naming the writer. A lock file that no process holds is stale and is taken over when it
+names a process of this host that is gone, or nobody at all (an empty or garbled file); one naming a live process (a
+writer of an older vitcam_nb, which did not flock) or a process on another host is left alone: delete the file by
+hand once that writer is gone.
 
 Example:
     >>> import tempfile
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from vitcam_nb.core.errors import TraceFileError
 
-__all__ = ["LOCK_NAME", "StoreLock", "lock_entry_ignored"]
+__all__ = ["LOCK_NAME", "StoreLock", "batch_writing", "lock_entry_ignored"]
 
 LOCK_NAME = ".vitcam_nb.lock"
 
@@ -77,6 +80,57 @@ def _flock(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+#: How long taking a store's lock waits for the batches workers are writing into it (seconds).
+WRITES_TIMEOUT = 600.0
+
+
+@contextlib.contextmanager
+def batch_writing(path: Path) -> Iterator[None]:
+    """On a worker, around writing one batch's chunks into the store at ``path``: a shared ``flock`` on the store's
+    folder, which a call taking the store's lock waits for (:meth:`StoreLock.acquire`). Check the sender's token
+    inside it: a call that took the lock meanwhile has its own token there by then.
+
+    Example:
+        >>> import tempfile
+        >>> with batch_writing(Path(tempfile.mkdtemp())):
+        ...     pass
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # lets go of the flock
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _wait_for_batch_writes(folder: Path) -> None:
+    """Wait until no worker holds :func:`batch_writing` on ``folder``; refuse after :data:`WRITES_TIMEOUT`."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        waited = 0.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if waited >= WRITES_TIMEOUT:
+                    raise TraceFileError(f"path: a worker has been writing a batch into {folder} for "
+                                         f"{WRITES_TIMEOUT:.0f} s after the call that sent it stopped; rerun once "
+                                         "it has finished") from None
+                _sleep(0.05)
+                waited += 0.05
+    finally:
+        os.close(fd)
 
 
 def _writer(owner: dict) -> str:
@@ -176,6 +230,9 @@ class StoreLock:
                 os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
                                          "since": time.strftime("%Y-%m-%d %H:%M:%S"),
                                          "writer": self.writer}).encode())
+                # Our token is in the file now: a batch still being written was sent by an earlier call, and
+                # its worker checked that call's token before this; let it finish before this call goes on.
+                _wait_for_batch_writes(self.file.parent)
             except BaseException:
                 os.close(fd)
                 raise

@@ -7,7 +7,7 @@ and writes each finished batch's per-image facts and ``done`` flags (their chunk
 raises is retried (twice) on any worker, and one whose worker dies is run again on another (the scheduler's
 ``distributed.scheduler.allowed-failures`` deaths, default 3); either way its chunks are rewritten whole, and it
 is marked done only once written, so the store equals, array for array, the one a single process writes. A batch
-writes only while the call that sent it holds the store's lock (:func:`vitcam_nb.capture.worker_model.check_sender`):
+writes only while the call that sent it holds the store's lock (:func:`vitcam_nb.capture.worker_model.sender_writes`):
 one still running after its call stopped writes nothing.
 
 Example:
@@ -28,7 +28,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import TRACE_VARS, Store, runs
 from vitcam_nb.capture.store_layout import stack_images
-from vitcam_nb.capture.worker_model import ModelSending, check_sender, loaded_model
+from vitcam_nb.capture.worker_model import ModelSending, loaded_model, sender_writes
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import settings_id
 
@@ -74,8 +74,8 @@ def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, 
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
             per = trace_batch(plan, prepared)
     batch = stack_images(per, indices, items, masks, names)
-    check_sender(path, token)
-    written = write_traces(path, batch)
+    with sender_writes(path, token):
+        written = write_traces(path, batch)
     return batch.drop_vars(written), written
 
 

@@ -15,9 +15,10 @@ when the call unloads the model. Where GPUs exist each worker pins one:
 else the GPU numbered by the worker's name modulo the GPU count.
 
 Who may write: a batch is written by its worker only while the call that sent it still holds the store's lock
-(:func:`check_sender`). Cancelling a task does not stop one already running, so a batch of a call that was
+(:func:`sender_writes`). Cancelling a task does not stop one already running, so a batch of a call that was
 interrupted (or failed) may still be computing when a later call resumes or replaces the store; it then writes
-nothing, instead of its maps or traces into the later call's store.
+nothing, instead of its maps or traces into the later call's store; one already writing then is waited for by the
+later call before it touches the store.
 
 Example:
     >>> active_client() is None  # no Client running here
@@ -26,10 +27,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,7 @@ import torch
 
 from vitcam_nb.capture.heap import raise_mmap_threshold, restore_mmap_threshold
 from vitcam_nb.capture.plan import model_name
-from vitcam_nb.capture.store_lock import LOCK_NAME
+from vitcam_nb.capture.store_lock import LOCK_NAME, batch_writing
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import weights_sha256
 
@@ -46,7 +49,8 @@ try:  # the plugin's base class; without distributed there is no Client to shard
 except ImportError:  # pragma: no cover
     _PluginBase = object
 
-__all__ = ["ModelSending", "active_client", "check_sender", "drop_model", "loaded_model", "send_model"]
+__all__ = ["ModelSending", "active_client", "check_sender", "drop_model", "loaded_model", "send_model",
+           "sender_writes"]
 
 #: Models loaded on this worker process, by key: (model, device, lock).
 _MODELS: dict[str, tuple[torch.nn.Module, str, threading.Lock]] = {}
@@ -326,6 +330,21 @@ def loaded_model(key: str) -> tuple[torch.nn.Module, str, threading.Lock]:
         >>> model, device, lock = loaded_model(key)  # doctest: +SKIP
     """
     return _MODELS[key]
+
+
+@contextlib.contextmanager
+def sender_writes(path: str, token: str) -> Iterator[None]:
+    """On a worker, around writing a batch's chunks: the batch is written only while the call that sent it still
+    holds the store's lock (:func:`check_sender`), and a call that takes the lock next waits until it is written
+    (:func:`~vitcam_nb.capture.store_lock.batch_writing`), so no batch writes into a store after its call stopped.
+
+    Example:
+        >>> with sender_writes(path, lock.token):  # doctest: +SKIP
+        ...     write_region(path, start, arrays)
+    """
+    with batch_writing(Path(path)):
+        check_sender(path, token)
+        yield
 
 
 def check_sender(path: str, token: str) -> None:

@@ -8,7 +8,7 @@ GPUs exist) is :mod:`vitcam_nb.capture.worker_model`'s, shared with ``trace_many
 (twice) on any worker, and one whose worker dies is run again on another (the scheduler's
 ``distributed.scheduler.allowed-failures`` deaths, default 3); either way its chunks are rewritten whole, and it
 is marked done only once written. A batch writes only while the call that sent it holds the store's lock
-(:func:`~vitcam_nb.capture.worker_model.check_sender`): one still running after its call stopped writes nothing.
+(:func:`~vitcam_nb.capture.worker_model.sender_writes`): one still running after its call stopped writes nothing.
 
 Example:
     >>> active_client() is None  # no Client running here
@@ -27,7 +27,7 @@ import torch
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.trace_many import store_settings
-from vitcam_nb.capture.worker_model import ModelSending, active_client, check_sender, loaded_model
+from vitcam_nb.capture.worker_model import ModelSending, active_client, loaded_model, sender_writes
 from vitcam_nb.compute.map_recipes import Entry, compute_batch
 from vitcam_nb.compute.map_torch import compute_batch_torch
 from vitcam_nb.compute.map_writer import BIG, write_region
@@ -56,8 +56,8 @@ def _worker_batch(key: str, entries: list[Entry], n_parts: int, plan_args: dict,
             arrays, attrs, kinds = COMPUTE[plan_args.get("backend", "numpy")](plan, entries, n_parts, prepared)
     if not write:
         return arrays, attrs, kinds
-    check_sender(path, token)
-    write_region(path, start, arrays)
+    with sender_writes(path, token):
+        write_region(path, start, arrays)
     return {k: v for k, v in arrays.items() if k not in BIG}, attrs, kinds
 
 
