@@ -141,15 +141,15 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     peak = _PEAK_FIXED + parts["other"] + max(graph + captured * compute / store + transient,
                                               held + max(transient, copy))
     if writes_arrays(plan):
-        # The array pass (the CPU, or narrower storage) never holds the gradients twice, and hands freed memory
-        # back when it has added more than its cap (capture.resident). At the end of the backward pass, beside the
-        # Dataset: one block's transients and the part of the graph still alive, half of it on average as the
-        # backward pass frees it block by block (fitted to the measured ViT-B/16 and ViT-S/16 float16 rows; the
-        # float32 rows and ViT-Ti/16 held out). At its start: the graph (which holds most captured tensors) and the
-        # first transients, plus the forward pass's freed transients, which stay in the heap between the graph's
-        # tensors since nothing is handed back during the forward pass (_FORWARD_HOLES, fitted to the one-layer,
-        # one-site ViT-B/16 row, where that start is the peak; both ViT-S/16 rows held out; Swin leaves fewer, and
-        # is overestimated there). Windowed sites go into their arrays one block at a time: no copy of them all.
+        # The array pass (the CPU, or narrower storage) never holds the gradients twice, and hands freed memory back
+        # when it has added more than its cap (capture.resident). At the end of the backward pass, beside the Dataset:
+        # one block's transients and the part of the graph still alive, half of it on average as the backward pass frees
+        # it block by block (fitted to the ViT-B/16 and ViT-S/16 float16 rows measured in this pass; the float32 rows
+        # and ViT-Ti/16 held out). At its start: the graph (which holds most captured tensors) and the first transients,
+        # plus the forward pass's freed transients, which stay in the heap between the graph's tensors since nothing is
+        # handed back during the forward pass (_FORWARD_HOLES, fitted to the one-layer, one-site ViT-B/16 row, where
+        # that start is the peak; both ViT-S/16 rows held out; Swin leaves fewer, and is overestimated there). Windowed
+        # sites go into their arrays one block at a time: no copy of them all.
         start = _PEAK_FIXED + parts["other"] + _FORWARD_HOLES * graph + transient
         peak = max(start, dataset + transient + graph / 2)
         if plan.recompute:
