@@ -380,3 +380,31 @@ def test_a_call_taking_the_lock_waits_for_a_batch_its_predecessor_sent_to_finish
         with sender_writes(str(store), first.token):  # a batch of the stopped call arriving now writes nothing
             pass
     second.release()
+
+
+def test_a_filesystem_that_cannot_lock_a_folder_still_takes_the_store_lock_and_writes(tmp_path, monkeypatch):
+    # NFS emulates flock with record locks: a folder (opened read-only) cannot take an exclusive one (EBADF). The
+    # store lock and the workers' writes work there as before, guarded by the token check alone.
+    import errno
+    import fcntl
+    import stat
+
+    from vitcam_nb.capture.worker_model import sender_writes
+
+    real = fcntl.flock
+
+    def nfs_like(fd: int, op: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", nfs_like)
+    store = tmp_path / "s.zarr"
+    store.mkdir()
+    with StoreLock(store, writer="map_many") as lock:
+        with sender_writes(str(store), lock.token):
+            (store / "chunk").write_text("batch")
+    with pytest.raises(vc.TraceFileError, match="no longer written by the call that sent this batch"):
+        with sender_writes(str(store), lock.token):
+            pass
+    assert (store / "chunk").read_text() == "batch"

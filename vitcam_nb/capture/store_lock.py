@@ -90,7 +90,9 @@ WRITES_TIMEOUT = 600.0
 def batch_writing(path: Path) -> Iterator[None]:
     """On a worker, around writing one batch's chunks into the store at ``path``: a shared ``flock`` on the store's
     folder, which a call taking the store's lock waits for (:meth:`StoreLock.acquire`). Check the sender's token
-    inside it: a call that took the lock meanwhile has its own token there by then.
+    inside it: a call that took the lock meanwhile has its own token there by then. On a filesystem that cannot
+    lock a folder (NFS emulates ``flock`` with record locks, which a folder cannot take exclusively), the token
+    check alone guards the write, as it did before this lock.
 
     Example:
         >>> import tempfile
@@ -101,10 +103,22 @@ def batch_writing(path: Path) -> Iterator[None]:
 
     fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError as exc:
+            if not _no_folder_locks(exc):
+                raise
         yield
     finally:
         os.close(fd)  # lets go of the flock
+
+
+def _no_folder_locks(exc: OSError) -> bool:
+    """Whether ``exc`` says the filesystem cannot ``flock`` a folder (NFS: ``EBADF`` for an exclusive lock on a
+    read-only descriptor; others: no locks at all)."""
+    import errno
+
+    return exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 def _sleep(seconds: float) -> None:
@@ -112,7 +126,8 @@ def _sleep(seconds: float) -> None:
 
 
 def _wait_for_batch_writes(folder: Path) -> None:
-    """Wait until no worker holds :func:`batch_writing` on ``folder``; refuse after :data:`WRITES_TIMEOUT`."""
+    """Wait until no worker holds :func:`batch_writing` on ``folder``; refuse after :data:`WRITES_TIMEOUT`. A
+    filesystem that cannot lock a folder is not waited on (see :func:`batch_writing`)."""
     import fcntl
 
     fd = os.open(folder, os.O_RDONLY)
@@ -129,6 +144,10 @@ def _wait_for_batch_writes(folder: Path) -> None:
                                          "it has finished") from None
                 _sleep(0.05)
                 waited += 0.05
+            except OSError as exc:
+                if _no_folder_locks(exc):
+                    return
+                raise
     finally:
         os.close(fd)
 
