@@ -84,7 +84,7 @@ def test_a_grouped_trace_stores_bitwise_what_one_batched_backward_stores(family,
     want = _traced(plan, prepared, recompute=False, groups=1)
     k = int(targets[3:]) + 1
     got = _traced(plan, prepared, recompute=True, groups=paired_groups(k))
-    assert paired_groups(k) == k // 2 > 1
+    assert paired_groups(k) > 1  # grouped for real
     _assert_same(got, want)
     grad = next(ds for ds in want if "grad" in ds)["grad"].values
     assert all(np.abs(grad[i] - grad[0]).max() > 0 for i in range(1, k))  # every group's rows are its own

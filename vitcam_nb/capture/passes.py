@@ -256,11 +256,9 @@ def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1) -> Non
     store.begin_backward(len(outputs))
     keys, edges = list(store.edges), list(store.edges.values())
     lowest = [edges[i] for i in lowest_tensors(edges)] if edges and store.hooks else edges
-    bounds = group_bounds(len(outputs), groups)
+    bounds = group_bounds(len(outputs), groups) if edges else []  # no captured tensor has a graph: no backward
     try:
         for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
-            if not edges:
-                break
             store.backward_targets(int(start), int(stop))
             got = batched_grad(outputs[start:stop], lowest, retain_graph=i < len(bounds) - 2)
             if not store.hooks:

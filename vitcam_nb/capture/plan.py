@@ -119,7 +119,7 @@ def paired_groups(n_targets: int) -> int:
     batched matrix product's, so only groups of two or more store bitwise what one batched backward stores.
 
     Example:
-        >>> paired_groups(6), paired_groups(3), [int(n) for n in __import__("numpy").diff(group_bounds(11, 5))]
+        >>> paired_groups(6), paired_groups(3), np.diff(group_bounds(11, paired_groups(11))).tolist()
         (3, 1, [2, 2, 3, 2, 2])
     """
     return max(1, n_targets // 2)
