@@ -14,6 +14,9 @@ import pytest
 import timm
 import torch
 import xarray as xr
+from timm.models.beit import Beit
+from timm.models.deit import VisionTransformerDistilled
+from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
 
 import vitcam_nb as vc
@@ -35,6 +38,19 @@ def _init(model: torch.nn.Module) -> torch.nn.Module:
 
 def _vit() -> torch.nn.Module:
     return _init(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=8))
+
+
+def _flat(family: str) -> torch.nn.Module:
+    """A flat family other than the plain ViT: registers, distillation token, BEiT's relative position bias, EVA's
+    rotary embedding (each adds inputs to its blocks the grouped backward must leave as they are)."""
+    flat = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=8)
+    if family == "vit_reg":
+        return _init(VisionTransformer(**flat, reg_tokens=2, no_embed_class=True))
+    if family == "deit_distilled":
+        return _init(VisionTransformerDistilled(**flat))
+    if family == "beit":
+        return _init(Beit(**flat, use_rel_pos_bias=True, init_values=0.5))
+    return _init(Eva(**flat, use_rot_pos_emb=True, scale_attn_inner=True, init_values=0.5))
 
 
 def _swin() -> torch.nn.Module:
@@ -63,21 +79,27 @@ def _assert_same(got: list[xr.Dataset], want: list[xr.Dataset]) -> None:
             np.testing.assert_array_equal(g[name].values, w[name].values, err_msg=name)
 
 
-def test_the_groups_pair_the_targets_two_or_three_at_a_time():
+def test_the_groups_hold_two_or_three_targets_each_and_are_as_few_as_their_largest_allows():
     for n in range(2, 60):
         groups = paired_groups(n)
         sizes = np.diff(group_bounds(n, groups))
         assert sizes.sum() == n and len(sizes) == groups
         assert set(sizes.tolist()) <= {2, 3} or (n < 4 and groups == 1)
-        assert min(np.diff(group_bounds(n, groups + 1))) < 2  # one group more would leave one target alone
+        largest = 2 if n % 2 == 0 else 3  # an odd count holds a group of three however it is split into pairs
+        assert sizes.max() == min(largest, n)
+        if groups > 1:
+            assert np.diff(group_bounds(n, groups - 1)).max() > largest  # one group fewer: a larger group
     assert group_bounds(6, 3).tolist() == [0, 2, 4, 6]
+    assert np.diff(group_bounds(9, paired_groups(9))).tolist() == [3, 3, 3]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("family, targets", [("vit", "top3"), ("vit", "top5"), ("swin", "top5")])
+@pytest.mark.parametrize("family, targets", [("vit", "top3"), ("vit", "top5"), ("swin", "top5"), ("vit", "top8"),
+                                             ("vit_reg", "top3"), ("deit_distilled", "top3"), ("beit", "top3"),
+                                             ("eva", "top3")])
 def test_a_grouped_trace_stores_bitwise_what_one_batched_backward_stores(family, targets, dtype):
-    model = _vit() if family == "vit" else _swin()
-    size = 32 if family == "vit" else 56
+    model = {"vit": _vit, "swin": _swin}.get(family, lambda: _flat(family))()
+    size = 56 if family == "swin" else 32
     sites = ["F1", "F2", "F3", "F4", "F5", "F6"]
     plan = TracePlan.for_trace(model, targets, sites=sites, dtype=dtype)
     prepared = prepare_input(model, _image(size))

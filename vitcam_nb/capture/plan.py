@@ -114,15 +114,19 @@ def group_bounds(n_targets: int, groups: int) -> np.ndarray:
 
 
 def paired_groups(n_targets: int) -> int:
-    """The most groups ``n_targets`` backward outputs split into with two targets or more in each (two or three):
-    a group of one target multiplies matrix by vector in the head's backward, whose sums round otherwise than the
-    batched matrix product's, so only groups of two or more store bitwise what one batched backward stores.
+    """How many groups a grouped backward pass splits ``n_targets`` outputs into: the most with two targets or
+    more in each, two per group when ``n_targets`` is even; when it is odd, one group holds three anyway, so the
+    fewest groups of at most three (the same largest group, so the same peak, with fewer backward calls). A group
+    of one target multiplies matrix by vector in the head's backward, whose sums round otherwise than the batched
+    matrix product's, so only groups of two or more store bitwise what one batched backward stores.
 
     Example:
         >>> paired_groups(6), paired_groups(3), np.diff(group_bounds(11, paired_groups(11))).tolist()
-        (3, 1, [2, 2, 3, 2, 2])
+        (3, 1, [3, 3, 2, 3])
     """
-    return max(1, n_targets // 2)
+    if n_targets % 2 == 0:
+        return max(1, n_targets // 2)
+    return max(1, -(-n_targets // 3))
 
 
 def model_name(model: torch.nn.Module) -> tuple[str, str]:
