@@ -20,20 +20,25 @@ from vitcam_nb.core.errors import TraceError
 __all__ = ["batched_grad"]
 
 
-def batched_grad(outputs: torch.Tensor, inputs: list[torch.Tensor], *, retain_graph: bool = False) -> tuple:
-    """Gradients of every entry of ``outputs`` (each with its own one-hot) with respect to ``inputs``, in one
-    vmapped backward pass; ``None`` for an input the outputs do not depend on.
+def batched_grad(outputs: torch.Tensor, inputs: list, *, retain_graph: bool = False,
+                 grad_outputs: torch.Tensor | None = None) -> tuple:
+    """Gradients of every entry of ``outputs`` (each with its own one-hot) with respect to ``inputs`` (tensors or
+    their gradient edges), in one vmapped backward pass; ``None`` for an input the outputs do not depend on. With
+    ``grad_outputs`` (``(n, *outputs.shape)``), the ``n`` vectors it holds take the one-hots' place (a backward pass
+    continued from gradients an earlier one stopped at).
 
     Example:
         >>> x = torch.tensor([3.0], requires_grad=True)
         >>> batched_grad((2 * x).sum()[None], [x])[0].tolist()
         [[2.0]]
+        >>> batched_grad(2 * x, [x], grad_outputs=torch.tensor([[1.0], [5.0]]))[0].tolist()
+        [[2.0], [10.0]]
     """
+    if grad_outputs is None:
+        grad_outputs = torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype)
     try:
-        return torch.autograd.grad(
-            outputs, inputs, grad_outputs=torch.eye(len(outputs), device=outputs.device, dtype=outputs.dtype),
-            is_grads_batched=True, allow_unused=True, retain_graph=retain_graph,
-        )
+        return torch.autograd.grad(outputs, inputs, grad_outputs=grad_outputs, is_grads_batched=True,
+                                   allow_unused=True, retain_graph=retain_graph)
     except RuntimeError as exc:
         if "atching rule" not in str(exc) and "vmap" not in str(exc):
             raise

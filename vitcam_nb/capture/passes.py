@@ -28,6 +28,7 @@ import torch
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.backward import batched_grad
+from vitcam_nb.capture.block_major import SharedRecompute, backward_by_block
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan, group_bounds
 from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
@@ -191,8 +192,12 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
+        # Targets in groups: the backward pass goes block by block, each block recomputed once for all groups.
+        shared = SharedRecompute(adapter.blocks(model), cap.quiet) \
+            if arrays and plan.recompute and plan.target_groups > 1 else None
         with releasing_during_forward([] if arrays else adapter.blocks(model)), \
-                (recomputed_blocks(adapter.blocks(model), cap.quiet) if plan.recompute else contextlib.nullcontext()):
+                (shared.installed() if shared is not None else recomputed_blocks(adapter.blocks(model), cap.quiet)
+                 if plan.recompute else contextlib.nullcontext()):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
@@ -221,7 +226,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
             while cap.tensors:
                 store.keep(*cap.tensors.popitem())
             resident.limit(store.array_bytes(len(outputs)))
-            _backward_into(store, outputs, plan.target_groups)
+            _backward_into(store, outputs, plan.target_groups, shared)
             images = [ImagePass(z[b].detach(), classes[b], store.acts[b], store.grads[b],
                                 {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in extra_grads.items()},
                                 store.filled[b]) for b in range(int(x.shape[0]))]
@@ -246,18 +251,23 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
                       extra_grads=extra_grads, images=images)
 
 
-def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1) -> None:
+def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1,
+                   shared: SharedRecompute | None = None) -> None:
     """The batched backward pass into ``store``: its hooks write each captured tensor's gradients as soon as
     autograd has summed them, and autograd returns only the lowest tensors' (:func:`lowest_tensors`), which their
     hooks wrote already. Without readable batched hooks, autograd returns them all and they are written here.
-    ``groups`` > 1: the outputs go back in that many groups (:func:`~vitcam_nb.capture.plan.group_bounds`), one
-    batched backward each over the same graph (kept until the last), so only one group's transients are alive at
-    once; each group's gradients go into its rows of the target axis."""
+    ``groups`` > 1: the outputs go back in that many groups (:func:`~vitcam_nb.capture.plan.group_bounds`), each
+    group's gradients into its rows of the target axis, so only one group's transients are alive at once: block by
+    block when the forward pass ran under ``shared`` and the graph is a chain of blocks
+    (:func:`~vitcam_nb.capture.block_major.backward_by_block`), otherwise one batched backward per group over the
+    whole graph (kept until the last)."""
     store.begin_backward(len(outputs))
     keys, edges = list(store.edges), list(store.edges.values())
     lowest = [edges[i] for i in lowest_tensors(edges)] if edges and store.hooks else edges
     bounds = group_bounds(len(outputs), groups) if edges else []  # no captured tensor has a graph: no backward
     try:
+        if shared is not None and len(bounds) and backward_by_block(store, outputs, bounds, shared):
+            bounds = []
         for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
             store.backward_targets(int(start), int(stop))
             got = batched_grad(outputs[start:stop], lowest, retain_graph=i < len(bounds) - 2)
@@ -269,4 +279,6 @@ def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1) -> Non
     finally:
         del edges, lowest
         store.edges.clear()  # the graph's nodes go with the pass
+        if shared is not None:
+            shared.clear()
     store.finish_backward()
