@@ -5,6 +5,7 @@ and stores the same; a block that does not rerun the same is refused; the model 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -122,7 +123,7 @@ def test_a_head_that_reads_an_earlier_block_goes_back_group_by_group_and_stores_
 
 def test_chained_sees_a_path_that_skips_a_block():
     model = _model("bypass")
-    shared = block_major.SharedRecompute(list(model.blocks), lambda: torch.no_grad())
+    shared = block_major.SharedRecompute(list(model.blocks), contextlib.nullcontext)
     x = torch.zeros(1, 3, 32, 32, requires_grad=True)
     with shared.installed():
         y = model(x)[0, :3]
@@ -144,7 +145,7 @@ class _Flaky(torch.nn.Module):
 
 def test_a_block_that_does_not_rerun_the_same_is_refused_naming_it():
     block = _Flaky()
-    shared = block_major.SharedRecompute([block], lambda: torch.no_grad())
+    shared = block_major.SharedRecompute([block], contextlib.nullcontext)
     x = torch.ones(3, requires_grad=True) * 2
     with shared.installed():
         y = block(x).sum()
@@ -154,7 +155,19 @@ def test_a_block_that_does_not_rerun_the_same_is_refused_naming_it():
 
 def test_a_block_that_runs_twice_in_one_forward_pass_is_refused():
     lin = torch.nn.Linear(2, 2)
-    shared = block_major.SharedRecompute([lin], lambda: torch.no_grad())
+    shared = block_major.SharedRecompute([lin], contextlib.nullcontext)
     with shared.installed(), pytest.raises(TraceError, match="block 0 ran twice"):
         lin(lin(torch.ones(1, 2, requires_grad=True)))
     assert "forward" not in vars(lin)
+
+
+def test_a_block_the_pass_is_done_with_is_never_recomputed_from_stale_inputs():
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    shared = block_major.SharedRecompute([first, second], contextlib.nullcontext)
+    x = torch.ones(1, 2, requires_grad=True)
+    with shared.installed():
+        y = second(torch.tanh(first(x))).sum()
+    shared.done(0)
+    assert shared.inputs[1] is None  # the input of the block above goes with it
+    with pytest.raises(TraceError, match="came back to block 0 after it was done"):
+        torch.autograd.grad(y, [x])

@@ -121,6 +121,9 @@ class SharedRecompute:
         return cache[n] if self.keep else cache.pop(n)
 
     def _recompute(self, i: int) -> dict[int, torch.Tensor]:
+        if i not in self._calls:
+            raise TraceError(f"model: the backward pass came back to block {i} after it was done with it; its graph "
+                             "is not a chain of blocks")
         forward, args, kwargs = self._calls[i]
         saved: list[torch.Tensor] = []
 
@@ -138,9 +141,14 @@ class SharedRecompute:
                              "cannot be recomputed (trace it with max_bytes large enough for the plain pass)")
         return dict(enumerate(saved))
 
-    def release(self, i: int) -> None:
-        """Drop what block ``i`` recomputed (the backward pass is done with it)."""
+    def done(self, i: int) -> None:
+        """The backward pass is done with block ``i``: drop what it recomputed, what it would recompute from, and
+        the input of the block above it (whose gradients the pass has taken), so that the blocks' inputs go as the
+        pass goes down."""
         self._cache.pop(i, None)
+        self._calls.pop(i, None)
+        if i + 1 < len(self.inputs):
+            self.inputs[i + 1] = None
 
     def clear(self) -> None:
         """Drop everything: the recomputed tensors and the blocks' inputs."""
@@ -263,8 +271,9 @@ def backward_by_block(store: Arrays, outputs: torch.Tensor, bounds: Sequence[int
                             store.put_grad(key, store.arrange(key, g))
                 below.append(got[0] if cut is not None else None)
                 del got
-            shared.release(i)
-            grads, root = below, cut
+            grads, root = below, cut  # the block above's input goes: its gradients are taken
+            del cut
+            shared.done(i)
     finally:
         shared.keep = False
     return True
