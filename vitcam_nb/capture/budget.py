@@ -108,7 +108,7 @@ _PLAIN: Mode = (False, 1)
 def _modes(plan: TracePlan, allowed: bool) -> list[Mode]:
     """The memory modes ``plan``'s pass may take, fastest first: the plain pass; recomputing each block
     (:func:`recomputable`, where ``allowed``); and that with the targets' backward pass in groups of two or three
-    (:func:`~vitcam_nb.capture.plan.paired_groups`, block by block: :mod:`~vitcam_nb.capture.block_major`; 1.16x
+    (:func:`~vitcam_nb.capture.plan.paired_groups`, block by block: :mod:`~vitcam_nb.capture.block_major`; 1.19x
     the plain pass's time on ViT-B/16 float16 top5)."""
     modes = [_PLAIN]
     if allowed and recomputable(plan):
@@ -197,7 +197,7 @@ def recomputable(plan: TracePlan) -> bool:
 #: (a trace of few late layers: the graph below them is never kept), or when only then it fits its budget.
 RECOMPUTE_BELOW = 0.75
 #: A pass whose estimated peak is above this multiple of its Dataset (float16 storage, few targets, Swin) also
-#: splits its targets' backward pass into groups, trading a sixth more time (ViT-B/16 float16 top5) for a peak
+#: splits its targets' backward pass into groups, trading a fifth more time (ViT-B/16 float16 top5) for a peak
 #: nearer the Dataset.
 GROUPS_ABOVE = 1.3
 #: ... when the Dataset is at least half the peak, or when grouping lowers the estimated peak to this share or less
