@@ -1,7 +1,8 @@
-"""A grouped backward pass block by block (``vitcam_nb.capture.block_major``): each block recomputed once for all
-target groups, not once per group; what it stores is bitwise what one batched backward pass stores; a graph that is
-not a chain of blocks (a head that reads an earlier block) goes back group by group over the whole graph instead,
-and stores the same; a block that does not rerun the same is refused; the model comes back as it was."""
+"""A grouped backward pass block by block (``vitcam_nb.capture.block_major``): the head in target groups, each block
+one target at a time, recomputed once for all of them, not once per group; what it stores is bitwise what one
+batched backward pass stores; a graph that is not a chain of blocks (a head that reads an earlier block) goes back
+group by group over the whole graph instead, and stores the same; a block that does not rerun the same is refused;
+the model comes back as it was."""
 
 from __future__ import annotations
 
@@ -78,8 +79,14 @@ def _assert_same(got: list, want: list) -> None:
 @pytest.fixture
 def spied(monkeypatch):
     """Counts each block's recomputations and what the block-by-block pass returned."""
-    seen = {"recomputed": [], "by_block": []}
-    recompute, by_block = block_major.SharedRecompute._recompute, block_major.backward_by_block
+    seen = {"recomputed": [], "by_block": [], "rows": []}
+    recompute, by_block, grad = block_major.SharedRecompute._recompute, block_major.backward_by_block, \
+        block_major.batched_grad
+
+    def rows(outputs, inputs, **kwargs):  # how many targets each backward call of the block-by-block pass takes
+        given = kwargs.get("grad_outputs")
+        seen["rows"].append(len(outputs) if given is None else len(given))
+        return grad(outputs, inputs, **kwargs)
 
     def counted(self, i):
         seen["recomputed"].append(i)
@@ -91,6 +98,7 @@ def spied(monkeypatch):
 
     monkeypatch.setattr(block_major.SharedRecompute, "_recompute", counted)
     monkeypatch.setattr(passes, "backward_by_block", reported)
+    monkeypatch.setattr(block_major, "batched_grad", rows)
     return seen
 
 
@@ -107,6 +115,9 @@ def test_each_block_is_recomputed_once_for_all_groups_and_stores_what_one_backwa
     got = _traced(model, recompute=True, groups=3, sites=sites)
     assert spied["by_block"] == [True]
     assert spied["recomputed"] == blocks  # from the top down, each once, none below the lowest captured layer
+    # the head in the three groups of two, then every block one target at a time (block 0 with only F6 captured:
+    # its output's gradients came with block 1's input, nothing left to run)
+    assert spied["rows"] == [2, 2, 2] + [1] * 6 * len(blocks)
     _assert_same(got, want)
     assert_unchanged(before, model)  # each block's own forward is back
 

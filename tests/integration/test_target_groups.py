@@ -174,16 +174,17 @@ def test_a_small_model_keeps_one_group():
 
 
 def test_a_trace_over_its_budget_groups_its_targets_when_only_then_it_fits():
-    # 145 tokens: the six targets' attention gradients are a good part of the transients grouping holds fewer of
-    model = _init(VisionTransformer(img_size=48, patch_size=4, embed_dim=16, depth=3, num_heads=2, num_classes=8))
+    # 65 tokens: grouping lowers the estimate below both other passes', by less than the budget's policy asks for
+    model = _init(VisionTransformer(img_size=32, patch_size=4, embed_dim=16, depth=3, num_heads=2, num_classes=8))
     args = dict(targets="top5", sites=["F1", "F5"])
     plan = TracePlan.for_trace(model, "top5", sites=args["sites"])
-    peaks = _peaks(plan, (48, 48))
+    peaks = _peaks(plan, (32, 32))
     assert peaks[(True, 3)] < min(peaks[(False, 1)], peaks[(True, 1)])
     budget = (peaks[(True, 3)] + min(peaks[(False, 1)], peaks[(True, 1)])) // 2
-    fit_budget(plan, (48, 48), budget)
+    fit_budget(plan, (32, 32), budget)
     assert (plan.recompute, plan.target_groups) == (True, 3)
-    fit_budget(plan, (48, 48), 10**12)  # everything fits: grouping lowers the estimate too little to be chosen
+    fit_budget(plan, (32, 32), 10**12)  # everything fits: grouping lowers the estimate too little to be chosen
+    assert peaks[(True, 3)] > GROUPS_BELOW * peaks[(False, 1)]
     assert (plan.recompute, plan.target_groups) == (False, 1)
-    image = _image(48)
+    image = _image(32)
     _assert_same([vc.trace(model, image, max_bytes=budget, **args)], [vc.trace(model, image, **args)])

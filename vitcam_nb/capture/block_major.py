@@ -1,13 +1,17 @@
-"""A grouped backward pass block by block: each block recomputed once for every target group, not once per group.
+"""A grouped backward pass block by block: each block recomputed once for all targets, its backward one target at a
+time.
 
 A pass whose targets go back in groups (:attr:`~vitcam_nb.capture.plan.TracePlan.target_groups`) with each block
-recomputed (:mod:`vitcam_nb.capture.recompute`) runs one backward call per group; torch's checkpoint recomputes a
-block once per backward call, so ``g`` groups ran the blocks forward ``g + 1`` times. Here the backward pass goes
-block by block instead, from the top: the gradients of every group with respect to a block's input are taken
-from the block's output gradients, one call per group over the same recomputed block, and they are the next
-block's output gradients. :class:`SharedRecompute` keeps each block's saved tensors out of the forward pass (as
-torch's checkpoint does) and recomputes them once, when the first group's call first needs them; they stay for the
-other groups' calls over that block and go with the last.
+recomputed (:mod:`vitcam_nb.capture.recompute`) would run one backward call per group over the whole graph, and
+torch's checkpoint recomputes a block once per backward call, so ``g`` groups ran the blocks forward ``g + 1``
+times. Here the backward pass goes block by block instead, from the top. The head goes first, from the outputs to
+the top block's output, in the target groups (two or three targets each: a group of one would multiply matrix by
+vector in the head, whose sums round otherwise). Then each block, one target at a time: that target's gradients at
+the block's input are taken from those at its output, and they are the next block's output gradients; one
+target's transients are alive at a time, and each block's backward computes every row as the batched backward
+over all targets does (tested bitwise, ViT-S/16 and ViT-B/16 at full size too). :class:`SharedRecompute` keeps each
+block's saved tensors out of the forward pass (as torch's checkpoint does) and recomputes them once, when the first
+target's call first needs them; they stay for the other targets' calls over that block and go with the last.
 
 This is only right when every path from the outputs to a block goes through the next block's input (a chain of
 blocks, as timm's ViTs and Swins are): :func:`chained` checks it on the pass's own autograd graph, and a pass
@@ -70,6 +74,8 @@ class SharedRecompute:
         self.blocks, self.quiet = list(blocks), quiet
         #: each block's input tensor from the forward pass (its graph's), None for a block that did not run
         self.inputs: list[torch.Tensor | None] = [None] * len(self.blocks)
+        #: the output of the block that ran last (the top block's, once the forward pass is done)
+        self.output: torch.Tensor | None = None
         #: keep recomputed tensors for another backward call over the same block
         self.keep = False
         self._calls: dict[int, tuple[Callable, tuple, dict]] = {}
@@ -109,7 +115,9 @@ class SharedRecompute:
                 return i, self._counts[i] - 1
 
             with saved_tensors_hooks(pack, self._unpack):
-                return forward(*args, **kwargs)
+                out = forward(*args, **kwargs)
+            self.output = out if isinstance(out, torch.Tensor) else None
+            return out
 
         return run
 
@@ -155,6 +163,7 @@ class SharedRecompute:
         self._cache.clear()
         self._calls.clear()
         self.inputs = [None] * len(self.blocks)
+        self.output = None
 
 
 def _detached(a: object) -> object:
@@ -196,12 +205,13 @@ def chained(outputs: torch.Tensor, inputs: Sequence[torch.Tensor | None]) -> boo
 
 
 def backward_by_block(store: Arrays, outputs: torch.Tensor, bounds: Sequence[int], shared: SharedRecompute) -> bool:
-    """The backward pass of ``outputs`` into ``store`` in the target groups ``bounds``
-    (:func:`~vitcam_nb.capture.plan.group_bounds`), block by block from the top: for each block, one batched call
-    per group from the gradients at the block above's input (the outputs' one-hots at the top) to this block's
-    input and the tensors captured in it, whose hooks write their gradients; the block's recomputed tensors serve
-    every group and are dropped after the last. Returns False, having run nothing, when the graph is not a chain of
-    blocks (:func:`chained`) or some block between the top and the lowest captured layer did not run.
+    """The backward pass of ``outputs`` into ``store``, block by block from the top: first the head, from the outputs
+    to the top block's output, in the target groups ``bounds`` (:func:`~vitcam_nb.capture.plan.group_bounds`; a
+    group of one target would round otherwise in the head's matrix-vector product); then each block, one target at
+    a time: one batched call per target from its gradients at the block above's input to this block's input and
+    the tensors captured in it, whose hooks write their gradients. A block's recomputed tensors serve every target
+    and are dropped after the last. Returns False, having run nothing, when the graph is not a chain of blocks
+    (:func:`chained`) or some block between the top and the lowest captured layer did not run.
 
     Example:
         >>> import contextlib, timm
@@ -229,41 +239,43 @@ def backward_by_block(store: Arrays, outputs: torch.Tensor, bounds: Sequence[int
         return True  # nothing captured has a graph: nothing to differentiate
     ran = [i for i, t in enumerate(shared.inputs) if t is not None]
     low, top = min(by_layer), max(ran, default=-1)
-    if top < max(by_layer) or any(shared.inputs[i] is None for i in range(low, top + 1)) \
-            or not chained(outputs, shared.inputs[low:top + 1]):
+    if shared.output is None or top < max(by_layer) or any(shared.inputs[i] is None for i in range(low, top + 1)) \
+            or not chained(outputs, [*shared.inputs[low:top + 1], shared.output]):
         return False
-    pairs = list(zip(bounds[:-1], bounds[1:]))
-    grads: list[torch.Tensor | None] = [None] * len(pairs)
-    root: torch.Tensor | None = None
+    heads = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    singles = [(t, t + 1) for t in range(heads[-1][1])]
+    # (block, the tensor its region stops at, the target groups): the head first, then the blocks from the top
+    stages = [(None, shared.output, heads)] + [(i, shared.inputs[i] if i > low else None, singles)
+                                                for i in range(top, low - 1, -1)]
+    grads: list[torch.Tensor | None] | None = None  # at the region's root, per group (None: the outputs' one-hots)
+    root: torch.Tensor = outputs
     try:
-        for i in range(top, low - 1, -1):
-            cut = shared.inputs[i] if i > low else None
-            root_edge = None if root is None else _edge(root)
+        for block, cut, groups in stages:
+            keys = by_layer.get(block, []) if block is not None else []
+            root_edge = _edge(root) if block is not None else None
             # a tensor captured at the block's output is the block above's input: its gradient arrived there
-            region = [(k, e) for k, e in by_layer.get(i, []) if not _same(e, root_edge)]
-            at_root = [k for k, e in by_layer.get(i, []) if _same(e, root_edge)]
+            region = [(k, e) for k, e in keys if not _same(e, root_edge)]
+            at_root = [k for k, e in keys if _same(e, root_edge)]
             wanted = _unique(([_edge(cut)] if cut is not None else []) + [e for _, e in region])
             inputs = [wanted[j] for j in lowest_tensors(wanted)] if store.hooks else wanted
             if cut is not None and not _same(inputs[0], _edge(cut)):
                 inputs.insert(0, _edge(cut))
             below: list[torch.Tensor | None] = []
-            for j, (start, stop) in enumerate(pairs):
-                store.backward_targets(int(start), int(stop))
-                shared.keep = j < len(pairs) - 1
-                if i == top:
+            for j, (start, stop) in enumerate(groups):
+                store.backward_targets(start, stop)
+                shared.keep = block is not None and j < len(groups) - 1
+                if grads is None:
                     got = batched_grad(outputs[start:stop], inputs, retain_graph=True)
-                elif grads[j] is None:  # these targets do not depend on anything below: zeros, written at the end
-                    below.append(None)
-                    continue
                 else:
-                    if not store.hooks:
+                    g, grads[j] = grads[j], None
+                    if g is not None and not store.hooks:
                         for key in at_root:
-                            store.put_grad(key, store.arrange(key, grads[j]))
-                    if not inputs:  # all this block captured is its output, written already
+                            store.put_grad(key, store.arrange(key, g))
+                    if g is None or not inputs:  # no gradient arrives here, or all captured here is written
                         below.append(None)
                         continue
-                    got = batched_grad(root, inputs, retain_graph=True, grad_outputs=grads[j])
-                grads[j] = None
+                    got = batched_grad(root, inputs, retain_graph=True, grad_outputs=g)
+                    del g
                 if not store.hooks:
                     for key, edge in region:
                         g = next((g for e, g in zip(inputs, got) if _same(e, edge)), None)
@@ -271,9 +283,12 @@ def backward_by_block(store: Arrays, outputs: torch.Tensor, bounds: Sequence[int
                             store.put_grad(key, store.arrange(key, g))
                 below.append(got[0] if cut is not None else None)
                 del got
+            if block is None:  # from the head's groups to one target at a time
+                below = [None if g is None else g[r:r + 1] for g, (a, b) in zip(below, groups) for r in range(b - a)]
             grads, root = below, cut  # the block above's input goes: its gradients are taken
             del cut
-            shared.done(i)
+            if block is not None:
+                shared.done(block)
     finally:
         shared.keep = False
     return True

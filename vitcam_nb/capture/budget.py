@@ -5,8 +5,9 @@ budget a trace refuses to exceed (with the cheapest ways down).
 A pass takes the fastest of three memory modes that its estimate allows: the plain pass keeps autograd's graph
 of every block; recomputing each block inside the backward pass (:mod:`vitcam_nb.capture.recompute`) keeps one
 block's graph at a time, and is chosen when that lowers the estimated peak by a quarter or more (few late layers);
-splitting the targets' backward pass into groups of two or three targets (one batched backward each over the same
-graph) holds one group's transients at a time, and is chosen when the estimated peak is still above
+splitting the targets' backward pass (groups of two or three targets at the head, one target at a time through
+the blocks: :mod:`vitcam_nb.capture.block_major`) holds one target's transients at a time, and is chosen when the
+estimated peak is still above
 :data:`GROUPS_ABOVE` times the Dataset (float16 storage, few targets, Swin). Every mode stores the same values
 bitwise. A trace over its budget takes the fastest mode that fits, and is refused when none does. A model the
 estimate does not cover (:func:`estimate` raises) passes the default budget unchecked, and an explicit
@@ -108,8 +109,8 @@ _PLAIN: Mode = (False, 1)
 def _modes(plan: TracePlan, allowed: bool) -> list[Mode]:
     """The memory modes ``plan``'s pass may take, fastest first: the plain pass; recomputing each block
     (:func:`recomputable`, where ``allowed``); and that with the targets' backward pass in groups of two or three
-    (:func:`~vitcam_nb.capture.plan.paired_groups`, block by block: :mod:`~vitcam_nb.capture.block_major`; 1.19x
-    the plain pass's time on ViT-B/16 float16 top5)."""
+    (:func:`~vitcam_nb.capture.plan.paired_groups`) at the head and one target at a time through the blocks
+    (:mod:`~vitcam_nb.capture.block_major`)."""
     modes = [_PLAIN]
     if allowed and recomputable(plan):
         modes.append((True, 1))
@@ -129,8 +130,8 @@ def _chosen_mode(plan: TracePlan, hw: tuple[int, int], batch: int, peaks: dict[M
     """The mode a pass takes before its budget is looked at: recomputing each block when that lowers the estimated
     peak to :data:`RECOMPUTE_BELOW` of the plain pass's or less; then, if the pass's estimated peak is still above
     :data:`GROUPS_ABOVE` times its Dataset, its targets in groups too, when the Dataset is at least half that peak
-    (where grouping was measured to lower the peak by a tenth to a sixth: ViT-B/16 float16, ViT-S/16 top3,
-    ViT-Ti/16 top10 float16, Swin-T; the estimate of the grouped pass is up to a fifth above those measurements, so
+    (where grouping was measured to lower the peak by an eighth to a fifth: ViT-B/16 float16, ViT-S/16 top3,
+    ViT-Ti/16 top10 float16, Swin-T; the estimate of the grouped pass is up to a quarter above those measurements, so
     it is not asked) or when the estimate says grouping lowers the peak to :data:`GROUPS_BELOW` of it or less (one
     late layer)."""
     mode = _PLAIN
@@ -197,8 +198,8 @@ def recomputable(plan: TracePlan) -> bool:
 #: (a trace of few late layers: the graph below them is never kept), or when only then it fits its budget.
 RECOMPUTE_BELOW = 0.75
 #: A pass whose estimated peak is above this multiple of its Dataset (float16 storage, few targets, Swin) also
-#: splits its targets' backward pass into groups, trading a fifth more time (ViT-B/16 float16 top5) for a peak
-#: nearer the Dataset.
+#: splits its targets' backward pass into groups, trading time (``benchmarks/MEMORY_MODES.json``) for a peak nearer
+#: the Dataset.
 GROUPS_ABOVE = 1.3
 #: ... when the Dataset is at least half the peak, or when grouping lowers the estimated peak to this share or less
 #: (not a small model's, whose peak is mostly the pass's fixed allocations).
@@ -230,7 +231,7 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         TraceError: max_bytes: this trace needs about ...
         >>> plan = TracePlan.for_trace(m, "top5", sites=["F1"], layers=[-1])
         >>> fit_budget(plan, (224, 224), None)
-        >>> plan.recompute, plan.target_groups  # one late layer: one block's graph, one group's transients
+        >>> plan.recompute, plan.target_groups  # one late layer: one block's graph, one target's transients
         (True, 3)
     """
     check_max_bytes(max_bytes)

@@ -37,12 +37,11 @@ Example:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
-from vitcam_nb.capture.plan import TracePlan, group_bounds
+from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.rules import rule_extra_names
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
@@ -157,13 +156,16 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
             # block's input, the backward pass one block's graph at a time beside the Dataset, whose values are
             # written when the forward pass ends. Without the graph's tensors between them, the block's transients
             # fragment the heap: some of them stay resident. With the targets split into groups (plan.target_groups),
-            # one group's transients are alive at a time; a share of all the targets' stays resident still
-            # (_RECOMPUTE_HOLES and _RECOMPUTE_GROUP_HOLES: both fitted to the one-layer ViT-B/16 row, its six
-            # targets in one group and in three; the other grouped rows held out).
+            # the blocks go back one target at a time, so one target's transients are alive at a time; a share of
+            # all the targets' stays resident still (_RECOMPUTE_HOLES and _RECOMPUTE_GROUP_HOLES: both fitted to the
+            # one-layer ViT-B/16 row, its six targets in one group and in three of two when every group went back
+            # through the blocks together; the grouped rows measured since are below this estimate, by up to a
+            # fifth).
             inputs = batch * sum(b.rows * b.width for b in shapes.blocks) * compute
             block = batch * max(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
                                 for b in shapes.blocks) * compute
-            largest = max(np.diff(group_bounds(k, plan.target_groups)))
+            # grouped, the blocks go back one target at a time (capture.block_major)
+            largest = 1 if plan.target_groups > 1 else k
             holes = (_RECOMPUTE_HOLES + _RECOMPUTE_GROUP_HOLES * largest / k) * transient
             peak = _PEAK_FIXED + parts["other"] + dataset + inputs + block + holes
     tokens = [b.tokens for b in shapes.blocks]

@@ -172,9 +172,9 @@ class TracePlan:
     #: run each block forward again inside the backward pass instead of keeping its graph
     #: (:mod:`vitcam_nb.capture.recompute`; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     recompute: bool = False
-    #: the backward pass's targets split into this many groups (:func:`group_bounds`), one batched backward each,
-    #: to hold fewer targets' transients at once (with ``recompute``; chosen by
-    #: :func:`vitcam_nb.capture.budget.fit_budget`)
+    #: > 1: the backward pass block by block, the head's targets in this many groups (:func:`group_bounds`) and
+    #: the blocks' one at a time (:mod:`vitcam_nb.capture.block_major`), to hold fewer targets' transients at once
+    #: (with ``recompute``; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     target_groups: int = 1
 
     @property
