@@ -80,13 +80,17 @@ def _assert_same(got: list, want: list) -> None:
 def spied(monkeypatch):
     """Counts each block's recomputations and what the block-by-block pass returned."""
     seen = {"recomputed": [], "by_block": [], "rows": []}
-    recompute, by_block, grad = block_major.SharedRecompute._recompute, block_major.backward_by_block, \
-        block_major.batched_grad
+    recompute, by_block = block_major.SharedRecompute._recompute, block_major.backward_by_block
+    batched, plain = block_major.batched_grad, block_major.one_target_grad
 
-    def rows(outputs, inputs, **kwargs):  # how many targets each backward call of the block-by-block pass takes
+    def rows(outputs, inputs, **kwargs):  # how many targets each batched call of the block-by-block pass takes
         given = kwargs.get("grad_outputs")
         seen["rows"].append(len(outputs) if given is None else len(given))
-        return grad(outputs, inputs, **kwargs)
+        return batched(outputs, inputs, **kwargs)
+
+    def one(outputs, inputs, grad_outputs, **kwargs):  # a plain call: one target
+        seen["rows"].append(f"plain {len(grad_outputs)}")
+        return plain(outputs, inputs, grad_outputs, **kwargs)
 
     def counted(self, i):
         seen["recomputed"].append(i)
@@ -99,6 +103,7 @@ def spied(monkeypatch):
     monkeypatch.setattr(block_major.SharedRecompute, "_recompute", counted)
     monkeypatch.setattr(passes, "backward_by_block", reported)
     monkeypatch.setattr(block_major, "batched_grad", rows)
+    monkeypatch.setattr(block_major, "one_target_grad", one)
     return seen
 
 
@@ -115,9 +120,9 @@ def test_each_block_is_recomputed_once_for_all_groups_and_stores_what_one_backwa
     got = _traced(model, recompute=True, groups=3, sites=sites)
     assert spied["by_block"] == [True]
     assert spied["recomputed"] == blocks  # from the top down, each once, none below the lowest captured layer
-    # the head in the three groups of two, then every block one target at a time (block 0 with only F6 captured:
-    # its output's gradients came with block 1's input, nothing left to run)
-    assert spied["rows"] == [2, 2, 2] + [1] * 6 * len(blocks)
+    # the head in the three groups of two (batched), then every block one target at a time in a plain backward
+    # call (block 0 with only F6 captured: its output's gradients came with block 1's input, nothing left to run)
+    assert spied["rows"] == [2, 2, 2] + ["plain 1"] * 6 * len(blocks)
     _assert_same(got, want)
     assert_unchanged(before, model)  # each block's own forward is back
 

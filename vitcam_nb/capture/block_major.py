@@ -6,8 +6,9 @@ recomputed (:mod:`vitcam_nb.capture.recompute`) would run one backward call per 
 torch's checkpoint recomputes a block once per backward call, so ``g`` groups ran the blocks forward ``g + 1``
 times. Here the backward pass goes block by block instead, from the top. The head goes first, from the outputs to
 the top block's output, in the target groups (two or three targets each: a group of one would multiply matrix by
-vector in the head, whose sums round otherwise). Then each block, one target at a time: that target's gradients at
-the block's input are taken from those at its output, and they are the next block's output gradients; one
+vector in the head, whose sums round otherwise). Then each block, one target at a time, in a plain backward call
+without the batched backward's vmap: that target's gradients at the block's input are taken from those at its
+output, and they are the next block's output gradients; one
 target's transients are alive at a time, and each block's backward computes every row as the batched backward
 over all targets does (tested bitwise, ViT-S/16 and ViT-B/16 at full size too). :class:`SharedRecompute` keeps each
 block's saved tensors out of the forward pass (as torch's checkpoint does) and recomputes them once, when the first
@@ -34,15 +35,15 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge, saved_tensors_hooks
 
-from vitcam_nb.capture.backward import batched_grad
+from vitcam_nb.capture.backward import batched_grad, one_target_grad
 from vitcam_nb.capture.prealloc import Arrays, lowest_tensors
+from vitcam_nb.capture.recompute import forwards_wrapped
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["SharedRecompute", "backward_by_block", "chained"]
@@ -82,21 +83,10 @@ class SharedRecompute:
         self._counts: dict[int, int] = {}
         self._cache: dict[int, dict[int, torch.Tensor]] = {}
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
+    def installed(self) -> AbstractContextManager:
         """Each block's ``forward`` wrapped for the duration, its own (an instance attribute or the class's)
-        restored on exit, also on error."""
-        saved = [(b, vars(b).get("forward")) for b in self.blocks]
-        try:
-            for i, (block, _) in enumerate(saved):
-                block.forward = self._wrapped(i, block.forward)
-            yield
-        finally:
-            for block, own in saved:
-                if own is None:
-                    vars(block).pop("forward", None)
-                else:
-                    block.forward = own
+        restored on exit, also on error (:func:`~vitcam_nb.capture.recompute.forwards_wrapped`)."""
+        return forwards_wrapped(self.blocks, self._wrapped)
 
     def _wrapped(self, i: int, forward: Callable) -> Callable:
         def run(*args: object, **kwargs: object) -> object:
@@ -208,10 +198,11 @@ def backward_by_block(store: Arrays, outputs: torch.Tensor, bounds: Sequence[int
     """The backward pass of ``outputs`` into ``store``, block by block from the top: first the head, from the outputs
     to the top block's output, in the target groups ``bounds`` (:func:`~vitcam_nb.capture.plan.group_bounds`; a
     group of one target would round otherwise in the head's matrix-vector product); then each block, one target at
-    a time: one batched call per target from its gradients at the block above's input to this block's input and
-    the tensors captured in it, whose hooks write their gradients. A block's recomputed tensors serve every target
-    and are dropped after the last. Returns False, having run nothing, when the graph is not a chain of blocks
-    (:func:`chained`) or some block between the top and the lowest captured layer did not run.
+    a time: one plain backward call per target (no vmap: :func:`~vitcam_nb.capture.backward.one_target_grad`) from
+    its gradients at the block above's input to this block's input and the tensors captured in it, whose hooks
+    write their gradients. A block's recomputed tensors serve every target and are dropped after the last. Returns
+    False, having run nothing, when the graph is not a chain of blocks (:func:`chained`) or some block between the
+    top and the lowest captured layer did not run.
 
     Example:
         >>> import contextlib, timm
@@ -274,7 +265,11 @@ def backward_by_block(store: Arrays, outputs: torch.Tensor, bounds: Sequence[int
                     if g is None or not inputs:  # no gradient arrives here, or all captured here is written
                         below.append(None)
                         continue
-                    got = batched_grad(root, inputs, retain_graph=True, grad_outputs=g)
+                    store.batched = False  # one target: a plain backward pass, no vmap
+                    try:
+                        got = one_target_grad(root, inputs, g, retain_graph=True)
+                    finally:
+                        store.batched = True
                     del g
                 if not store.hooks:
                     for key, edge in region:

@@ -14,7 +14,7 @@ with storage narrower than the computation (float16), the pass writes into the D
 (:mod:`vitcam_nb.capture.prealloc`): at the end, the Dataset, one block's transients and half the graph; at the
 start of the backward pass, the graph with the forward pass's freed transients between its tensors. A pass that
 recomputes each block holds the Dataset, every block's input and one block's graph; with its targets in groups,
-one group's transients instead of all the targets'.
+one target's transients instead of all the targets' (the blocks go back one target at a time).
 ``benchmarks/memsizes.py`` measures the peak for twelve cases and ``tests/integration/test_reliability_memory.py``
 checks the estimate against those measurements.
 

@@ -212,6 +212,9 @@ class Arrays:
         self.n_targets = 0
         #: the targets the backward pass now running computes (a slice of the target axis)
         self.targets = slice(0, 0)
+        #: whether that backward pass is batched (one vmapped call for the targets in flight) or a plain one (one
+        #: target)
+        self.batched = True
         self._grad_shapes: dict[Key, tuple[int, ...]] = {}
         #: per key whose gradients arrived, which targets' (a backward pass split into target groups writes each
         #: group's in turn)
@@ -233,7 +236,7 @@ class Arrays:
             # The hook holds the key, never the tensor, and the arrays only weakly: the graph's nodes hold the
             # hook, and this object holds their edges.
             arrays = weakref.ref(self)
-            t.register_hook(lambda g: arrays().put_grad(key, arrays().arrange(key, unbatched(g, arrays().in_flight))))
+            t.register_hook(lambda g: arrays().put_grad(key, arrays().arrange(key, arrays().plain_rows(g))))
         self.edges[key] = get_gradient_edge(t)
         if self.hold:
             self._live[key] = t.detach()
@@ -286,6 +289,11 @@ class Arrays:
         """The next backward pass computes targets ``start:stop`` of the ``n_targets`` only (a pass whose targets
         are split into groups): the gradients it hands over are written there."""
         self.targets = slice(start, stop)
+
+    def plain_rows(self, g: torch.Tensor) -> torch.Tensor:
+        """A gradient a tensor hook receives, as ``(targets in flight, ...)``: taken out of the batched backward
+        pass's vmap, or given its one row when the backward pass running is a plain one (:attr:`batched` false)."""
+        return unbatched(g, self.in_flight) if self.batched else g[None]
 
     @property
     def in_flight(self) -> int:

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["recomputed_blocks"]
+__all__ = ["forwards_wrapped", "recomputed_blocks"]
 
 
 @contextlib.contextmanager
@@ -54,10 +54,27 @@ def recomputed_blocks(blocks: Sequence[torch.nn.Module],
         >>> "forward" in vars(lin)
         False
     """
+    with forwards_wrapped(blocks, lambda _, forward: _checkpointed(forward, quiet)):
+        yield
+
+
+@contextlib.contextmanager
+def forwards_wrapped(blocks: Sequence[torch.nn.Module], wrap: Callable[[int, Callable], Callable]) -> Iterator[None]:
+    """Each of ``blocks`` runs ``wrap(i, its forward)`` in place of its ``forward`` for the duration; each block's own
+    ``forward`` (an instance attribute or the class's) is restored on exit, also on error.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> with forwards_wrapped([lin], lambda i, forward: lambda x: forward(x) * 0):
+        ...     lin(torch.ones(1, 2)).abs().sum().item()
+        0.0
+        >>> "forward" in vars(lin)
+        False
+    """
     saved = [(b, vars(b).get("forward")) for b in blocks]
     try:
-        for block, _ in saved:
-            block.forward = _checkpointed(block.forward, quiet)
+        for i, (block, _) in enumerate(saved):
+            block.forward = wrap(i, block.forward)
         yield
     finally:
         for block, own in saved:
