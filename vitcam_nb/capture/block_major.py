@@ -135,8 +135,8 @@ class SharedRecompute:
             forward(*args, **kwargs)
         if len(saved) != self._counts[i]:
             raise TraceError(f"model: block {i} saved {len(saved)} tensors when run again for the backward pass, "
-                             f"{self._counts[i]} the first time; its forward pass is not deterministic, so it "
-                             "cannot be recomputed (trace it with max_bytes large enough for the plain pass)")
+                             f"{self._counts[i]} the first time; its forward pass does not rerun the same way, so "
+                             "it cannot be recomputed")
         return dict(enumerate(saved))
 
     def done(self, i: int) -> None:
@@ -180,9 +180,8 @@ def chained(outputs: torch.Tensor, inputs: Sequence[torch.Tensor | None]) -> boo
     cuts = [_edge(t) for t in inputs if t is not None and t.grad_fn is not None]
     if len(cuts) != sum(t is not None for t in inputs):
         return False  # a block that ran on a tensor without a graph: nothing to chain
-    top = [e.node for e in [_edge(outputs)] if e.node is not None]
     for lower, upper in zip(cuts[:-1], cuts[1:]):
-        seen, stack = {upper.node}, list(top)  # never past the next block's input
+        seen, stack = {upper.node}, [outputs.grad_fn]  # never past the next block's input
         while stack:
             node = stack.pop()
             if node in seen:
