@@ -10,6 +10,7 @@ Usage::
 
     python -m benchmarks.memsizes                 # measure every case (several GB each), write MEMORY.json
     python -m benchmarks.memsizes --case vitb224  # one case, printed as JSON
+    python -m benchmarks.memsizes --case vitb224 --forward  # its model's forward pass alone (the floor), JSON
     python -m benchmarks.memsizes --case swint224 --write  # one case (fresh process), its row put in MEMORY.json
     python -m benchmarks.memsizes --readme        # README table from MEMORY.json
     python -m benchmarks.memsizes --blip 224      # random-init BLIP-base ITM at 224 px (not in MEMORY.json), JSON
@@ -73,6 +74,30 @@ def measure(case: str) -> dict:
                                                                                           est, **options)}
 
 
+def measure_forward(case: str) -> dict:
+    """The floor under one case's trace, in this process: the resident-memory rise of the model's forward pass alone
+    (no graph, nothing captured), after the same warm-up as :func:`measure`."""
+    import numpy as np
+    import timm
+    import torch
+
+    import vitcam_nb as vc
+
+    name, kwargs, size, *_ = CASES[case]
+    torch.set_num_threads(1)
+    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")
+    model = timm.create_model(name, pretrained=False, **kwargs).eval()
+    x = torch.randn(1, 3, size, size)
+    gc.collect()
+    before = _kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    with torch.no_grad():
+        model(x)
+    return {"case": case, "forward_peak_bytes": (_kib("VmHWM") - before) * 1024}
+
+
 def _traced_peak(model: object, image: object, targets: object, est: dict, **options: object) -> dict:
     """Trace once, measuring the resident-memory rise from here; the Dataset and the estimate beside it."""
     import time
@@ -126,20 +151,28 @@ def measure_blip(size: int) -> dict:
 def table(rows: list[dict]) -> str:
     """The README table of measured sizes."""
     lines = ["| model | input | targets | other arguments | Dataset (measured / estimated) | peak RSS rise (measured / "
-             "estimated) | peak / Dataset | pass |", "|---|---|---|---|---|---|---|---|"]
+             "estimated) | peak / Dataset | the forward pass alone / Dataset | pass |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        floor = f"{r['forward_over_dataset']:.2f}" if "forward_over_dataset" in r else "-"
         lines.append(f"| {r['model']} | {r['input']} px | {r['targets']} | {r.get('options') or '-'} | "
                      f"{r['dataset_bytes'] / 1e9:.2f} / "
                      f"{r['estimate_dataset_bytes'] / 1e9:.2f} GB | {r['peak_rise_bytes'] / 1e9:.2f} / "
-                     f"{r['estimate_peak_bytes'] / 1e9:.2f} GB | {r['peak_over_dataset']:.2f} | "
+                     f"{r['estimate_peak_bytes'] / 1e9:.2f} GB | {r['peak_over_dataset']:.2f} | {floor} | "
                      f"{r.get('pass', '-')} |")
     return "\n".join(lines)
 
 
 def _fresh(case: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case], cwd=ROOT,
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """One case's trace and, in another fresh process, its model's forward pass alone: the floor beside it."""
+    def run(*extra: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case, *extra], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    row, floor = run(), run("--forward")
+    return {**row, "forward_peak_bytes": floor["forward_peak_bytes"],
+            "forward_over_dataset": round(floor["forward_peak_bytes"] / row["dataset_bytes"], 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", action="store_true")
     p.add_argument("--write", action="store_true", help="with --case: measure in a fresh process, replace its row")
     p.add_argument("--blip", type=int, metavar="SIZE")
+    p.add_argument("--forward", action="store_true", help="with --case: the model's forward pass alone, as JSON")
     args = p.parse_args(argv)
     if args.blip:
         print(json.dumps(measure_blip(args.blip)))
@@ -161,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row))
         return 0
     if args.case:
-        print(json.dumps(measure(args.case)))
+        print(json.dumps(measure_forward(args.case) if args.forward else measure(args.case)))
         return 0
     if args.readme:
         readme = ROOT / "README.md"

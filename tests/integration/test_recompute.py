@@ -20,7 +20,7 @@ from vitcam_testing import assert_unchanged, snapshot
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
 from vitcam_nb.capture.assemble import assemble
-from vitcam_nb.capture.budget import RECOMPUTE_BELOW, estimate_plan, fit_budget, recomputable
+from vitcam_nb.capture.budget import GROUPS_BELOW, RECOMPUTE_BELOW, estimate_plan, fit_budget, recomputable
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.staged import assemble_tree
@@ -144,12 +144,18 @@ def test_the_pass_recomputes_when_the_estimate_says_it_pays_and_the_trace_tells_
     model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
     late = TracePlan.for_trace(model, "top5", sites=["F1"], layers=[-1])
     full = TracePlan.for_trace(model, "top5")
-    for plan in (late, full):
-        plain = estimate_plan(plan, (224, 224))["peak_bytes"]
-        lean = estimate_plan(TracePlan(**{**plan.__dict__, "recompute": True}), (224, 224))["peak_bytes"]
+    peaks = {}
+    for name, plan in (("late", late), ("full", full)):
+        peaks[name] = [estimate_plan(TracePlan(**{**plan.__dict__, "recompute": r, "target_groups": g}),
+                                     (224, 224))["peak_bytes"] for r, g in ((False, 1), (True, 1), (True, 3))]
         fit_budget(plan, (224, 224), None)
-        assert plan.recompute == (lean <= RECOMPUTE_BELOW * plain)
-    assert (late.recompute, full.recompute) == (True, False)
+    plain, lean, grouped = peaks["late"]
+    # One late layer: only its block has a graph (capture.graph_start), so recomputing it does not pay on its own,
+    # but the targets going through it one at a time do.
+    assert lean > RECOMPUTE_BELOW * plain and grouped <= GROUPS_BELOW * plain
+    assert (late.recompute, late.target_groups) == (True, 3)
+    plain, lean, grouped = peaks["full"]
+    assert lean > RECOMPUTE_BELOW * plain and not full.recompute
     fit_budget(late, (224, 224), None, recompute=False)  # map_many's pass keeps its tensors: it never recomputes
     assert not late.recompute
     fit_budget(late, (224, 224), None)
@@ -162,7 +168,7 @@ def test_the_pass_recomputes_when_the_estimate_says_it_pays_and_the_trace_tells_
 
 def test_a_trace_over_its_budget_recomputes_when_only_then_it_fits_and_is_refused_otherwise():
     model = _family("vit")
-    plan = TracePlan.for_trace(model, "top2", sites=["F1", "F2"], layers=[1, 2])
+    plan = TracePlan.for_trace(model, "top2", sites=["F1", "F2"], layers=[0, 2])
     plain = estimate_plan(plan, (IMG, IMG))["peak_bytes"]
     lean = estimate_plan(TracePlan(**{**plan.__dict__, "recompute": True}), (IMG, IMG))["peak_bytes"]
     assert lean < plain
@@ -174,6 +180,6 @@ def test_a_trace_over_its_budget_recomputes_when_only_then_it_fits_and_is_refuse
         fit_budget(plan, (IMG, IMG), lean - 1)
     # vc.trace takes the same way: under that budget it runs, and stores what an unlimited trace stores
     image = _image(IMG)
-    _assert_same(vc.trace(model, image, targets="top2", sites=["F1", "F2"], layers=[1, 2],
+    _assert_same(vc.trace(model, image, targets="top2", sites=["F1", "F2"], layers=[0, 2],
                           max_bytes=(lean + plain) // 2),
-                 vc.trace(model, image, targets="top2", sites=["F1", "F2"], layers=[1, 2]))
+                 vc.trace(model, image, targets="top2", sites=["F1", "F2"], layers=[0, 2]))

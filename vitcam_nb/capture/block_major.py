@@ -42,6 +42,7 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge, saved_tensors_hooks
 
 from vitcam_nb.capture.backward import batched_grad, one_target_grad
+from vitcam_nb.capture.graph_start import has_graph
 from vitcam_nb.capture.prealloc import Arrays, lowest_tensors
 from vitcam_nb.capture.recompute import forwards_wrapped
 from vitcam_nb.core.errors import TraceError
@@ -90,6 +91,8 @@ class SharedRecompute:
 
     def _wrapped(self, i: int, forward: Callable) -> Callable:
         def run(*args: object, **kwargs: object) -> object:
+            if not has_graph(args, kwargs):  # below the graph's start (capture.graph_start): nothing to keep
+                return forward(*args, **kwargs)
             if i in self._calls:
                 raise TraceError(f"model: block {i} ran twice in one forward pass; a trace that recomputes its "
                                  "blocks needs each to run once")
@@ -177,7 +180,8 @@ def chained(outputs: torch.Tensor, inputs: Sequence[torch.Tensor | None]) -> boo
         >>> chained((b * 3).sum(), [a, b]), chained((b * 3 + a).sum(), [a, b])  # a second path from the top to a
         (True, False)
     """
-    cuts = [_edge(t) for t in inputs if t is not None and t.grad_fn is not None]
+    # A block's input is in the graph when it has a grad_fn, or is the leaf the graph starts at (capture.graph_start)
+    cuts = [_edge(t) for t in inputs if t is not None and t.requires_grad]
     if len(cuts) != sum(t is not None for t in inputs):
         return False  # a block that ran on a tensor without a graph: nothing to chain
     for lower, upper in zip(cuts[:-1], cuts[1:]):

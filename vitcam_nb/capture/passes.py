@@ -29,6 +29,7 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.block_major import SharedRecompute, backward_by_block
+from vitcam_nb.capture.graph_start import graph_from
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan, group_bounds
 from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
@@ -189,13 +190,15 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
     with deterministic(plan.run_device) as (det, det_settings), frozen_parameters(model), \
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
-        x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(True)
+        # The graph starts at the lowest traced layer's input (capture.graph_start), or at the image.
+        x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(plan.graph_start == 0)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
         # Targets in groups: the backward pass goes block by block, each block recomputed once for all targets.
         shared = SharedRecompute(adapter.blocks(model), cap.quiet) \
             if arrays and plan.recompute and plan.target_groups > 1 else None
         with releasing_during_forward([] if arrays else adapter.blocks(model)), \
+                graph_from(adapter.blocks(model), plan.graph_start) as start, \
                 (shared.installed() if shared is not None else recomputed_blocks(adapter.blocks(model), cap.quiet)
                  if plan.recompute else contextlib.nullcontext()):
             z = plan.target.batch_scores(model, x)
@@ -206,6 +209,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         if missing or cap.grid is None:
             raise TraceError(f"sites: hooks never fired for {missing or ['patch grid']}; the adapter's site "
                              "table does not fit this model")
+        start.check()
         _check_scores(z, int(x.shape[0]))
         classes = [_check_choice(plan.target.choose(row), int(z.shape[1])) for row in z]
         if len({len(c) for c in classes}) > 1:
@@ -238,7 +242,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
             # share the block numbers and would take the vision blocks' places.
             per_layer = {k[0]: cap.tensors[k] for k in needed if k[1] not in extra}
             with releasing_during_backward(list(per_layer.values())):
-                got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) if needed else {}
+                got = dict(zip(needed, batched_grad(outputs, [cap.tensors[k] for k in needed]))) \
+                    if needed and outputs.requires_grad else {}
             release_freed_memory()
             for k in keys:
                 act, g = cap.tensors[k].detach(), got.get(k)
@@ -264,7 +269,9 @@ def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1,
     store.begin_backward(len(outputs))
     keys, edges = list(store.edges), list(store.edges.values())
     lowest = [edges[i] for i in lowest_tensors(edges)] if edges and store.hooks else edges
-    bounds = group_bounds(len(outputs), groups) if edges else []  # no captured tensor has a graph: no backward
+    # No captured tensor has a graph, or the outputs do not depend on any (a head that reads only layers below the
+    # graph's start): no backward, the gradients are zero.
+    bounds = group_bounds(len(outputs), groups) if edges and outputs.requires_grad else []
     try:
         if shared is not None and len(bounds) and backward_by_block(store, outputs, bounds, shared):
             bounds = []

@@ -187,6 +187,20 @@ class TracePlan:
         """The adapter's sites outside the block stack (e.g. ``xattn``)."""
         return self.adapter.extra_sites(self.model)
 
+    @property
+    def graph_start(self) -> int:
+        """The block whose input the pass's autograd graph starts at: the lowest traced layer (the blocks below it
+        run without a graph, since no gradient the trace stores depends on them), or 0, the image itself, when the
+        adapter has sites outside the block stack (BLIP's text layers, TimeSformer's every-block matrices).
+
+        Example:
+            >>> import timm
+            >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+            >>> TracePlan.for_trace(m, "top1", layers=[-1]).graph_start, TracePlan.for_trace(m, "top1").graph_start
+            (11, 0)
+        """
+        return 0 if self.extra_sites else min(self.layer_ids)
+
     @classmethod
     def _make(cls, model: torch.nn.Module, adapter: Adapter, target: Target, class_labels: list[str] | None,
               layer_ids: list[int], site_ids: list[str], dtype: str, device: object) -> TracePlan:

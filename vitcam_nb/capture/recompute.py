@@ -32,6 +32,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from vitcam_nb.capture.graph_start import has_graph
+
 __all__ = ["forwards_wrapped", "recomputed_blocks"]
 
 
@@ -86,6 +88,8 @@ def forwards_wrapped(blocks: Sequence[torch.nn.Module], wrap: Callable[[int, Cal
 
 def _checkpointed(forward: Callable, quiet: Callable[[], AbstractContextManager]) -> Callable:
     def run(*args: object, **kwargs: object) -> object:
+        if not has_graph(args, kwargs):  # below the graph's start (capture.graph_start): nothing to recompute
+            return forward(*args, **kwargs)
         calls = [0]
 
         def once_then_quiet(*a: object, **k: object) -> object:
