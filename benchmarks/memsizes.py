@@ -1,8 +1,9 @@
 """Measured memory of one trace against :func:`vitcam_nb.estimate`: the Dataset's size and the peak resident
-memory of the pass, for the issue's three cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
+memory of the pass, for three large cases (ViT-B/16 at 224 and 384 px, DINOv2-S at 518 px, top5) and
 five held-out ones (other target counts, float16 storage, one layer and site, other widths), two more float16
 ones (ViT-S/16 top3, ViT-Ti/16 at 384 px top10: the array pass float16 storage takes), and a hierarchical
-Swin-T at 224 px, random-init timm models (no download), each in a fresh process, one at a time. Writes
+Swin-T at 224 px, random-init timm models (no download), each in three fresh processes one after the other (the
+median peak; :data:`RUNS`), and the model's forward pass alone beside it. Writes
 ``benchmarks/MEMORY.json`` and, with ``--readme``, the README table between ``<!-- memory:start -->`` and
 ``<!-- memory:end -->``.
 
@@ -11,7 +12,7 @@ Usage::
     python -m benchmarks.memsizes                 # measure every case (several GB each), write MEMORY.json
     python -m benchmarks.memsizes --case vitb224  # one case, printed as JSON
     python -m benchmarks.memsizes --case vitb224 --forward  # its model's forward pass alone (the floor), JSON
-    python -m benchmarks.memsizes --case swint224 --write  # one case (fresh process), its row put in MEMORY.json
+    python -m benchmarks.memsizes --case swint224 --write  # one case (fresh processes), its row put in MEMORY.json
     python -m benchmarks.memsizes --readme        # README table from MEMORY.json
     python -m benchmarks.memsizes --blip 224      # random-init BLIP-base ITM at 224 px (not in MEMORY.json), JSON
 """
@@ -163,16 +164,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: Fresh processes per case: a process's peak varies by a few percent from run to run (up to a tenth on the
+#: smallest rows), so each row is the run with the median peak, and every run's peak is kept beside it.
+RUNS = 3
+
+
 def _fresh(case: str) -> dict:
-    """One case's trace and, in another fresh process, its model's forward pass alone: the floor beside it."""
+    """One case's trace in :data:`RUNS` fresh processes (the row of the median peak, with every run's peak) and,
+    in as many more, its model's forward pass alone (the median): the floor beside it."""
     def run(*extra: str) -> dict:
         out = subprocess.run([sys.executable, "-m", "benchmarks.memsizes", "--case", case, *extra], cwd=ROOT,
                              capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    row, floor = run(), run("--forward")
-    return {**row, "forward_peak_bytes": floor["forward_peak_bytes"],
-            "forward_over_dataset": round(floor["forward_peak_bytes"] / row["dataset_bytes"], 2)}
+    rows = sorted((run() for _ in range(RUNS)), key=lambda r: r["peak_rise_bytes"])
+    floors = sorted(run("--forward")["forward_peak_bytes"] for _ in range(RUNS))
+    row, floor = rows[RUNS // 2], floors[RUNS // 2]
+    return {**row, "peak_rise_runs": [r["peak_rise_bytes"] for r in rows], "forward_peak_bytes": floor,
+            "forward_over_dataset": round(floor / row["dataset_bytes"], 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

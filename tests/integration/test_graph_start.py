@@ -55,12 +55,24 @@ FAMILIES = {
                           num_attention_heads=2, intermediate_size=64, image_size=IMG, patch_size=8),
     "hf_swin": lambda: _hf("SwinConfig", "SwinForImageClassification", image_size=56, patch_size=4, embed_dim=16,
                            depths=[2, 2], num_heads=[2, 4], window_size=7),
+    "hf_yolos": lambda: _hf("YolosConfig", "YolosForObjectDetection", hidden_size=32, num_hidden_layers=4,
+                            num_attention_heads=2, intermediate_size=64, image_size=[IMG, IMG], patch_size=8,
+                            num_detection_tokens=3),
+    "hf_videomae": lambda: _hf("VideoMAEConfig", "VideoMAEForVideoClassification", hidden_size=32,
+                               num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, image_size=IMG,
+                               num_frames=4, patch_size=8, tubelet_size=2),
 }
 
 
-def _image(model: torch.nn.Module) -> np.ndarray:
+def _image(model: torch.nn.Module) -> np.ndarray | torch.Tensor:
+    if "VideoMAE" in type(model).__name__:  # a clip of four frames
+        return torch.randn((4, 3, IMG, IMG), generator=torch.Generator().manual_seed(0))
     size = 56 if "swin" in type(model).__name__.lower() else IMG
     return np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def _targets(model: torch.nn.Module) -> object:
+    return vc.targets.detection(query=[0, 2], class_=1) if "Yolos" in type(model).__name__ else "top3"
 
 
 def _datasets(tr) -> dict[str, xr.Dataset]:
@@ -88,9 +100,9 @@ def test_a_trace_of_some_layers_stores_bitwise_what_a_trace_of_every_layer_store
     n = len(find_adapter(model).blocks(model))
     before = snapshot(model)
     for dtype in ("float32", "float16"):
-        full = vc.trace(model, image, "top3", dtype=dtype)
+        full = vc.trace(model, image, _targets(model), dtype=dtype)
         for layers in ([n - 1], [1, n - 1], [2]):
-            part = vc.trace(model, image, "top3", dtype=dtype, layers=layers)
+            part = vc.trace(model, image, _targets(model), dtype=dtype, layers=layers)
             got, want = _layer_slices(part, layers), _layer_slices(full, layers)
             assert got and sorted(got) == sorted(want), (family, layers)
             for key, values in want.items():
