@@ -1,7 +1,7 @@
 """The pass's graph starts at the lowest traced layer (``vitcam_nb.capture.graph_start``): the blocks below it run
 without a graph, so a trace of late layers holds only their blocks' graph. What a trace of some layers stores is
-bitwise what a trace of every layer stores for them, in every family, storage dtype, memory mode and both passes
-(arrays and tensors); the blocks below keep nothing for the backward pass and a recomputing pass runs them once;
+bitwise what a trace of every layer stores for them, in every family, storage dtype, memory mode, backward rule
+and both passes (arrays and tensors); the blocks below keep nothing for the backward pass and a recomputing pass runs them once;
 a head that reads no traced layer gives zero gradients, as before; a block that receives no floating-point tensor
 is refused by name."""
 
@@ -110,6 +110,18 @@ def test_a_trace_of_some_layers_stores_bitwise_what_a_trace_of_every_layer_store
             grads = [v for (_, name), v in got.items() if name.endswith("grad")]
             assert grads and all(np.abs(g).max() > 0 for g in grads), (family, layers)  # not trivially 0 == 0
     assert_unchanged(before, model)
+
+
+@pytest.mark.parametrize("rule", ["cp_lrp", "attnlrp", "libragrad", "chefer_lrp"])
+def test_a_backward_rule_stores_the_same_late_layers_as_its_trace_of_every_layer(rule):
+    model = FAMILIES["vit"]()
+    image = _image(model)
+    full = vc.trace(model, image, "top2", rule=rule)
+    part = vc.trace(model, image, "top2", rule=rule, layers=[2, 3])
+    names = [v for v in part.data_vars if "layer" in part[v].dims]
+    assert {"grad", "attn_grad"} <= set(names)
+    for name in names:
+        np.testing.assert_array_equal(part[name].values, full[name].sel(layer=[2, 3]).values, err_msg=name)
 
 
 @pytest.mark.parametrize("mode", [(False, 1), (True, 1), (True, 2)])

@@ -4,7 +4,8 @@ budget a trace refuses to exceed (with the cheapest ways down).
 
 A pass takes the fastest of three memory modes that its estimate allows: the plain pass keeps autograd's graph
 of every block; recomputing each block inside the backward pass (:mod:`vitcam_nb.capture.recompute`) keeps one
-block's graph at a time, and is chosen when that lowers the estimated peak by a quarter or more (few late layers);
+block's graph at a time, and is chosen when that lowers the estimated peak by a quarter or more (few sites over many
+layers; the graph starts at the lowest traced layer anyway: :mod:`vitcam_nb.capture.graph_start`);
 splitting the targets' backward pass (groups of two or three targets at the head, one target at a time through
 the blocks: :mod:`vitcam_nb.capture.block_major`) holds one target's transients at a time, and is chosen when the
 estimated peak is still above
@@ -195,7 +196,8 @@ def recomputable(plan: TracePlan) -> bool:
 
 
 #: The pass recomputes each block when that lowers its estimated peak to this share of the plain pass's or less
-#: (a trace of few late layers: the graph below them is never kept), or when only then it fits its budget.
+#: (few sites over many layers: one block's graph at a time instead of every traced block's), or when only then it
+#: fits its budget.
 RECOMPUTE_BELOW = 0.75
 #: A pass whose estimated peak is above this multiple of its Dataset (float16 storage, few targets, Swin) also
 #: splits its targets' backward pass into groups, trading time (``benchmarks/MEMORY_MODES.json``) for a peak nearer

@@ -328,7 +328,9 @@ def plain_attention_grads(outputs: torch.Tensor, tensors: dict) -> dict[str, dic
                          "other forward hooks on attn_drop")
     mode.plain = True
     try:
-        got = batched_grad(outputs, [tensors[k] for k in keys], retain_graph=True)
+        # outputs without a graph: a head that reads no traced layer (capture.graph_start), whose gradients are 0
+        got = batched_grad(outputs, [tensors[k] for k in keys], retain_graph=True) if outputs.requires_grad \
+            else [None] * len(keys)
     finally:
         mode.plain = False
     return {PLAIN_GRAD: {k: torch.zeros((len(outputs), *tensors[k].shape), dtype=tensors[k].dtype,
