@@ -1,9 +1,9 @@
 """The pass's graph starts at the lowest traced layer (``vitcam_nb.capture.graph_start``): the blocks below it run
 without a graph, so a trace of late layers holds only their blocks' graph. What a trace of some layers stores is
 bitwise what a trace of every layer stores for them, in every family, storage dtype, memory mode, backward rule
-and both passes (arrays and tensors); the blocks below keep nothing for the backward pass and a recomputing pass runs them once;
-a head that reads no traced layer gives zero gradients, as before; a block that receives no floating-point tensor
-is refused by name."""
+and both passes (arrays and tensors); the blocks below keep nothing for the backward pass and a recomputing pass
+runs them once; a head that reads no traced layer gives zero gradients, as before; a block that receives no
+floating-point tensor is refused by name."""
 
 from __future__ import annotations
 
