@@ -1,20 +1,21 @@
-"""The memory of a trace before it is run, from the model's config, sites, layers, targets, dtype and the pass's
-memory mode (``TracePlan.recompute``, ``TracePlan.target_groups``): the arithmetic :mod:`vitcam_nb.capture.budget`
-chooses the mode and checks the budget with.
+"""The memory of a trace before it is run, from the model's config, sites, layers, targets, dtype and the pass's memory
+mode (``TracePlan.recompute``, ``TracePlan.target_groups``): the arithmetic :mod:`vitcam_nb.capture.budget` chooses
+the mode and checks the budget with.
 
-The Dataset size is exact arithmetic over the schema (``act``, ``grad``, ``attn``, ``attn_grad``, logits,
-image and coordinates). The peak follows from how the pass holds memory (parameters frozen, freed memory
-handed back as it goes: :mod:`vitcam_nb.capture.runtime`): after the forward pass, autograd's graph (per block,
-with parameters frozen, about six token-by-channel tensors, the MLP's hidden input and the softmax attention)
-plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in the
-compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target); the
-assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two
-plus the transients and a fixed 20 MB (the tensor pass, which a GPU with float32 storage runs). On the CPU, and
-with storage narrower than the computation (float16), the pass writes into the Dataset's arrays as it goes
+The Dataset size is exact arithmetic over the schema (``act``, ``grad``, ``attn``, ``attn_grad``, logits, image and
+coordinates). The peak follows from how the pass holds memory (parameters frozen, freed memory handed back as it
+goes: :mod:`vitcam_nb.capture.runtime`; the graph starts at the lowest traced layer:
+:mod:`vitcam_nb.capture.graph_start`, so only the blocks from there up count): after the forward pass, autograd's
+graph (per block, with parameters frozen, about six token-by-channel tensors, the MLP's hidden input and the softmax
+attention) plus the captured tensors; at the end of the batched backward, every captured tensor and its gradients in
+the compute dtype; in between, the backward's transients (two attention-map and one MLP-hidden gradient per target);
+the assembly then frees each tensor as it copies it, so it never holds more. The peak is the larger of the two plus
+the transients and a fixed 20 MB (the tensor pass, which a GPU with float32 storage runs). On the CPU, and with
+storage narrower than the computation (float16), the pass writes into the Dataset's arrays as it goes
 (:mod:`vitcam_nb.capture.prealloc`): at the end, the Dataset, one block's transients and half the graph; at the
 start of the backward pass, the graph with the forward pass's freed transients between its tensors. A pass that
-recomputes each block holds the Dataset, every block's input and one block's graph; with its targets in groups,
-one target's transients instead of all the targets' (the blocks go back one target at a time).
+recomputes each block holds the Dataset, every graphed block's input and one block's graph; with its targets in
+groups, one target's transients instead of all the targets' (the blocks go back one target at a time).
 ``benchmarks/memsizes.py`` measures the peak for twelve cases and ``tests/integration/test_reliability_memory.py``
 checks the estimate against those measurements.
 
