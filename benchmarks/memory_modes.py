@@ -1,9 +1,9 @@
 """What each memory mode of the trace's pass costs in time, side by side in one process: the plain pass, each block
-recomputed in the backward pass, and that with the targets' backward pass in groups of two or three
-(``vitcam_nb.capture.budget``). For MEMORY.json cases where the budget chooses a leaner mode than the plain pass;
-random-init timm models, one CPU thread, the modes interleaved ``--repeats`` rounds in an order rotated every round
-(medians; a ratio is the median of the per-round ratios), the Datasets checked bitwise equal. Writes
-``benchmarks/MEMORY_MODES.json``.
+recomputed in the backward pass and differentiated one target at a time, and that with the head's backward pass
+in groups of two or three targets (``vitcam_nb.capture.budget``). For MEMORY.json cases where the budget chooses a
+leaner mode than the plain pass; random-init timm models, one CPU thread, the modes interleaved ``--repeats``
+rounds in an order rotated every round (medians; a ratio is the median of the per-round ratios), the Datasets
+checked bitwise equal. Writes ``benchmarks/MEMORY_MODES.json``.
 
 Usage::
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from benchmarks.memsizes import CASES, pass_mode
 
 OUT = Path(__file__).resolve().parent / "MEMORY_MODES.json"
-DEFAULT_CASES = ("vitb224_f16", "vits224_top3_f16", "swint224")
+DEFAULT_CASES = ("vitb224_f16", "vits224_top3_f16", "swint224", "vitb224_last_f1", "swint224_top2_f3f6")
 
 
 @contextlib.contextmanager
@@ -61,13 +61,13 @@ def measure(case: str, repeats: int) -> dict:
     image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     chosen = vc.estimate(model, image, targets, **options)
     groups = paired_groups(chosen["targets"] + 1)
-    modes = {pass_mode({"recompute": r, "target_groups": g}): (r, g)
+    modes = {pass_mode({"recompute": r, "target_groups": g}): (r, g)  # one head group: two modes only
              for r, g in ((False, 1), (True, 1), (True, groups))}
     seconds: dict[str, list[float]] = {m: [] for m in modes}
     plain = None
     order = list(modes)
     for round_ in range(repeats + 1):  # the first round warms up and is not counted
-        for mode in order[round_ % 3:] + order[:round_ % 3]:  # the order rotated every round
+        for mode in order[round_ % len(order):] + order[:round_ % len(order)]:  # the order rotated every round
             with forced_mode(*modes[mode]):
                 start = time.perf_counter()
                 tr = vc.trace(model, image, targets, max_bytes=float("inf"), **options)

@@ -123,7 +123,7 @@ def pass_mode(est: dict) -> str:
     if not est.get("recompute"):
         return "plain"
     groups = est.get("target_groups", 1)
-    return "blocks recomputed" + (f", one target at a time (the head in {groups} groups)" if groups > 1 else "")
+    return "blocks recomputed, one target at a time" + (f" (the head in {groups} groups)" if groups > 1 else "")
 
 
 def measure_blip(size: int) -> dict:

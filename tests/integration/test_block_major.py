@@ -107,22 +107,24 @@ def spied(monkeypatch):
     return seen
 
 
+@pytest.mark.parametrize("groups, head", [(3, [2, 2, 2]), (1, [6])])
 @pytest.mark.parametrize("name, sites, blocks", [
     ("vit", ["F1", "F2", "F3", "F4", "F5", "F6"], [2, 1, 0]),
     ("vit", ["F6"], [2, 1]),  # block 0's output is block 1's input: its gradient comes from block 1's pass
     ("swin", ["F1", "F3", "F6"], [3, 2, 1, 0]),
 ])
 def test_each_block_is_recomputed_once_for_all_groups_and_stores_what_one_backward_stores(spied, name, sites,
-                                                                                            blocks):
+                                                                                            blocks, groups, head):
     model = _model(name)
     want = _traced(model, recompute=False, groups=1, sites=sites)
     before = snapshot(model)
-    got = _traced(model, recompute=True, groups=3, sites=sites)
+    got = _traced(model, recompute=True, groups=groups, sites=sites)
     assert spied["by_block"] == [True]
     assert spied["recomputed"] == blocks  # from the top down, each once, none below the lowest captured layer
-    # the head in the three groups of two (batched), then every block one target at a time in a plain backward
-    # call (block 0 with only F6 captured: its output's gradients came with block 1's input, nothing left to run)
-    assert spied["rows"] == [2, 2, 2] + ["plain 1"] * 6 * len(blocks)
+    # the head in its groups (batched: three of two, or all six targets in one), then every block one target at a
+    # time in a plain backward call (block 0 with only F6 captured: its output's gradients came with block 1's
+    # input, nothing left to run)
+    assert spied["rows"] == head + ["plain 1"] * 6 * len(blocks)
     _assert_same(got, want)
     assert_unchanged(before, model)  # each block's own forward is back
 

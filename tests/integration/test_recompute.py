@@ -150,9 +150,9 @@ def test_the_pass_recomputes_when_the_estimate_says_it_pays_and_the_trace_tells_
                                      (224, 224))["peak_bytes"] for r, g in ((False, 1), (True, 1), (True, 3))]
         fit_budget(plan, (224, 224), None)
     plain, lean, grouped = peaks["late"]
-    # One late layer: only its block has a graph (capture.graph_start), so recomputing it does not pay on its own,
-    # but the targets going through it one at a time do.
-    assert lean > RECOMPUTE_BELOW * plain and grouped <= GROUPS_BELOW * plain
+    # One late layer: only its block has a graph (capture.graph_start), and recomputing it pays because the targets
+    # then go through it one at a time; the head in groups holds fewer targets' gradients at its output still.
+    assert lean <= RECOMPUTE_BELOW * plain and grouped <= GROUPS_BELOW * lean
     assert (late.recompute, late.target_groups) == (True, 3)
     plain, lean, grouped = peaks["full"]
     assert lean > RECOMPUTE_BELOW * plain and not full.recompute

@@ -1,18 +1,20 @@
-"""A grouped backward pass block by block: each block recomputed once for all targets, its backward one target at a
-time.
+"""The backward pass of a trace that recomputes its blocks, block by block: each block recomputed once for all
+targets, its backward one target at a time.
 
-A pass whose targets go back in groups (:attr:`~vitcam_nb.capture.plan.TracePlan.target_groups`) with each block
-recomputed (:mod:`vitcam_nb.capture.recompute`) would run one backward call per group over the whole graph, and
-torch's checkpoint recomputes a block once per backward call, so ``g`` groups ran the blocks forward ``g + 1``
-times. Here the backward pass goes block by block instead, from the top. The head goes first, from the outputs to
-the top block's output, in the target groups (two or three targets each: a group of one would multiply matrix by
-vector in the head, whose sums round otherwise). Then each block, one target at a time, in a plain backward call
-without the batched backward's vmap: that target's gradients at the block's input are taken from those at its
-output, and they are the next block's output gradients; one
-target's transients are alive at a time, and each block's backward computes every row as the batched backward
-over all targets does (tested bitwise, ViT-S/16 and ViT-B/16 at full size too). :class:`SharedRecompute` keeps each
-block's saved tensors out of the forward pass (as torch's checkpoint does) and recomputes them once, when the first
-target's call first needs them; they stay for the other targets' calls over that block and go with the last.
+A pass that recomputes each block under torch's checkpoint (:mod:`vitcam_nb.capture.recompute`) runs all its
+targets through every block in one batched backward call, whose transients are every target's (and torch's batched
+backward runs ops without a batching rule row by row, then concatenates them); split into target groups, it would
+run one call per group over the whole graph, the blocks recomputed once per call. Here the backward pass goes block
+by block instead, from the top. The head goes first, from the outputs to the top block's output, in the target
+groups (:attr:`~vitcam_nb.capture.plan.TracePlan.target_groups`: all the targets in one, or two or three targets
+each; never a group of one, which would multiply matrix by vector in the head, whose sums round otherwise). Then
+each block, one target at a time, in a plain backward call without the batched backward's vmap: that target's
+gradients at the block's input are taken from those at its output, and they are the next block's output
+gradients; one target's transients are alive at a time, and each block's backward computes every row as the
+batched backward over all targets does (tested bitwise, ViT-S/16 and ViT-B/16 at full size too).
+:class:`SharedRecompute` keeps each block's saved tensors out of the forward pass (as torch's checkpoint does) and
+recomputes them once, when the first target's call first needs them; they stay for the other targets' calls over
+that block and go with the last.
 
 This is only right when every path from the outputs to a block goes through the next block's input (a chain of
 blocks, as timm's ViTs and Swins are): :func:`chained` checks it on the pass's own autograd graph, and a pass

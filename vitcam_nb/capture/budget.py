@@ -3,13 +3,12 @@
 budget a trace refuses to exceed (with the cheapest ways down).
 
 A pass takes the fastest of three memory modes that its estimate allows: the plain pass keeps autograd's graph
-of every block; recomputing each block inside the backward pass (:mod:`vitcam_nb.capture.recompute`) keeps one
-block's graph at a time, and is chosen when that lowers the estimated peak by a quarter or more (few sites over many
-layers; the graph starts at the lowest traced layer anyway: :mod:`vitcam_nb.capture.graph_start`);
-splitting the targets' backward pass (groups of two or three targets at the head, one target at a time through
-the blocks: :mod:`vitcam_nb.capture.block_major`) holds one target's transients at a time, and is chosen when the
-estimated peak is still above
-:data:`GROUPS_ABOVE` times the Dataset (float16 storage, few targets, Swin). Every mode stores the same values
+of every traced block (the graph starts at the lowest traced layer: :mod:`vitcam_nb.capture.graph_start`);
+recomputing each block inside the backward pass (:mod:`vitcam_nb.capture.block_major`) keeps one block's graph and
+one target's transients at a time (the blocks go back one target at a time), and is chosen when that lowers the
+estimated peak by a quarter or more (few sites or targets); splitting the head's backward pass into groups of two
+or three targets too is chosen when the estimated peak is still above :data:`GROUPS_ABOVE` times the Dataset
+(float16 storage, few targets, Swin). Every mode stores the same values
 bitwise. A trace over its budget takes the fastest mode that fits, and is refused when none does. A model the
 estimate does not cover (:func:`estimate` raises) passes the default budget unchecked, and an explicit
 ``max_bytes`` for it is refused before the pass, naming the family and what is covered.
@@ -108,10 +107,10 @@ _PLAIN: Mode = (False, 1)
 
 
 def _modes(plan: TracePlan, allowed: bool) -> list[Mode]:
-    """The memory modes ``plan``'s pass may take, fastest first: the plain pass; recomputing each block
-    (:func:`recomputable`, where ``allowed``); and that with the targets' backward pass in groups of two or three
-    (:func:`~vitcam_nb.capture.plan.paired_groups`) at the head and one target at a time through the blocks
-    (:mod:`~vitcam_nb.capture.block_major`)."""
+    """The memory modes ``plan``'s pass may take, fastest first: the plain pass; recomputing each block, one target
+    at a time through the blocks (:func:`recomputable`, where ``allowed``; :mod:`~vitcam_nb.capture.block_major`);
+    and that with the head's backward pass in groups of two or three targets
+    (:func:`~vitcam_nb.capture.plan.paired_groups`)."""
     modes = [_PLAIN]
     if allowed and recomputable(plan):
         modes.append((True, 1))

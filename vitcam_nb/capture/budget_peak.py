@@ -14,8 +14,8 @@ the transients and a fixed 20 MB (the tensor pass, which a GPU with float32 stor
 storage narrower than the computation (float16), the pass writes into the Dataset's arrays as it goes
 (:mod:`vitcam_nb.capture.prealloc`): at the end, the Dataset, one block's transients and half the graph; at the
 start of the backward pass, the graph with the forward pass's freed transients between its tensors. A pass that
-recomputes each block holds the Dataset, every graphed block's input and one block's graph; with its targets in
-groups, one target's transients instead of all the targets' (the blocks go back one target at a time).
+recomputes each block holds the Dataset, every graphed block's input, one block's graph and one target's
+transients instead of all the targets' (the blocks go back one target at a time).
 ``benchmarks/memsizes.py`` measures the peak for twelve cases and ``tests/integration/test_reliability_memory.py``
 checks the estimate against those measurements.
 
@@ -38,11 +38,12 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
-from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.plan import TracePlan, group_bounds
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.rules import rule_extra_names
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
@@ -56,10 +57,8 @@ _PEAK_FIXED = 20e6
 # tensors): see estimate_plan.
 _FORWARD_HOLES = 1.6
 # The array pass's resident memory beyond the Dataset, the blocks' inputs and one block's graph when it recomputes
-# each block, as multiples of one block's transients (see estimate_plan): all the targets' when they go back through
-# the blocks together (the batched backward runs ops without a batching rule row by row and concatenates them), one
-# target's when they go one at a time.
-_RECOMPUTE_HOLES = 1.85
+# each block, as a multiple of one target's transients in one block, since the blocks go back one target at a time
+# (see estimate_plan).
 _ONE_TARGET_HOLES = 0.5
 # Token x channel tensors autograd keeps per block with parameters frozen: the qkv output (3), the scaled
 # queries (1) and both LayerNorm inputs (2).
@@ -156,19 +155,22 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         start = _PEAK_FIXED + parts["other"] + _FORWARD_HOLES * graph + transient
         peak = max(start, dataset + transient + graph / 2)
         if plan.recompute:
-            # Recomputing each block in the backward pass (capture.recompute): the forward pass keeps only each
+            # Recomputing each block in the backward pass (capture.block_major): the forward pass keeps only each
             # graphed block's input, the backward pass one block's graph at a time beside the Dataset, whose values
-            # are written when the forward pass ends. Without the graph's tensors between them, the block's
-            # transients fragment the heap: some of them stay resident. All the targets' when they go back through
-            # the blocks together (_RECOMPUTE_HOLES: measured with that mode forced on ViT-B/16 float16 top5, ViT-S/16
-            # float16 top3, ViT-B/16 top5 at layer 6 and at the last layer, 0.93 to 1.23 of the estimate); one
-            # target's when the targets are in groups, since the blocks then go back one target at a time
-            # (_ONE_TARGET_HOLES: the grouped rows of benchmarks/MEMORY.json, whose base alone is within a tenth).
+            # are written when the forward pass ends, and one target's transients, since the blocks go back one
+            # target at a time. Without the graph's tensors between them, the transients fragment the heap: some
+            # of them stay resident (_ONE_TARGET_HOLES: the recomputing rows of benchmarks/MEMORY.json, whose base
+            # alone is within a tenth).
             inputs = batch * sum(b.rows * b.width for b in graphed) * compute
             block = batch * max(b.rows * (_GRAPH_TC * b.width + b.heads * b.keys) + b.tokens * b.hidden
                                 for b in graphed) * compute
-            holes = _ONE_TARGET_HOLES * transient / k if plan.target_groups > 1 else _RECOMPUTE_HOLES * transient
-            peak = _PEAK_FIXED + parts["other"] + dataset + inputs + block + holes
+            holes = _ONE_TARGET_HOLES * transient / k
+            # The head's batched backward holds its group's gradients at the top block's output: all the targets'
+            # in one group, two or three in groups (plan.target_groups).
+            top = graphed[-1]
+            largest = int(np.diff(group_bounds(k, plan.target_groups)).max())
+            head = largest * batch * top.rows * top.width * compute
+            peak = _PEAK_FIXED + parts["other"] + dataset + inputs + block + holes + head
     tokens = [b.tokens for b in shapes.blocks]
     return {"dataset_bytes": int(dataset), "peak_bytes": int(peak),
             "parts": {n: int(v) for n, v in parts.items()},

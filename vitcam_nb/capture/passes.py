@@ -194,9 +194,9 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(plan.graph_start == 0)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
-        # Targets in groups: the backward pass goes block by block, each block recomputed once for all targets.
-        shared = SharedRecompute(adapter.blocks(model), cap.quiet) \
-            if arrays and plan.recompute and plan.target_groups > 1 else None
+        # Recomputing: the backward pass goes block by block, each block recomputed once for all targets and
+        # differentiated one target at a time.
+        shared = SharedRecompute(adapter.blocks(model), cap.quiet) if arrays and plan.recompute else None
         with releasing_during_forward([] if arrays else adapter.blocks(model)), \
                 graph_from(adapter.blocks(model), plan.graph_start) as start, \
                 (shared.installed() if shared is not None else recomputed_blocks(adapter.blocks(model), cap.quiet)
@@ -261,11 +261,11 @@ def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1,
     """The batched backward pass into ``store``: its hooks write each captured tensor's gradients as soon as
     autograd has summed them, and autograd returns only the lowest tensors' (:func:`lowest_tensors`), which their
     hooks wrote already. Without readable batched hooks, autograd returns them all and they are written here.
-    ``groups`` > 1: the outputs go back in that many groups (:func:`~vitcam_nb.capture.plan.group_bounds`), each
-    group's gradients into its rows of the target axis: block by block when the forward pass ran under ``shared``
-    and the graph is a chain of blocks (:func:`~vitcam_nb.capture.block_major.backward_by_block`: the head in the
-    groups, each block one target at a time), otherwise one batched backward per group over the whole graph (kept
-    until the last), so fewer targets' transients are alive at once."""
+    Block by block when the forward pass ran under ``shared`` (it recomputed its blocks) and the graph is a chain
+    of blocks (:func:`~vitcam_nb.capture.block_major.backward_by_block`: the head in ``groups`` groups of targets,
+    each block one target at a time); otherwise one batched backward per group (:func:`~vitcam_nb.capture.plan.
+    group_bounds`) over the whole graph (kept until the last), each group's gradients into its rows of the target
+    axis, so fewer targets' transients are alive at once."""
     store.begin_backward(len(outputs))
     keys, edges = list(store.edges), list(store.edges.values())
     lowest = [edges[i] for i in lowest_tensors(edges)] if edges and store.hooks else edges

@@ -10,8 +10,9 @@ so the graph alive at any moment is one block's. The gradients are bitwise those
 same kernels on the same inputs; tested for every family the pass recomputes); the cost is one more forward pass
 of the blocks. The capture's hooks inside a block fire again during the recomputation; :func:`recomputed_blocks`
 tells the capture to let those pass (``quiet``), so every site is read once, from the first forward pass.
-A pass whose targets go back in groups recomputes through :mod:`vitcam_nb.capture.block_major` instead, which
-runs each block forward again once for all the groups.
+This serves the tensor pass (a GPU with float32 storage); the array pass (the CPU, float16 storage) recomputes
+through :mod:`vitcam_nb.capture.block_major` instead, which runs each block forward again once and differentiates
+it one target at a time.
 
 Example:
     >>> import timm, torch
