@@ -82,7 +82,8 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
     """Memory a :func:`vitcam_nb.trace` with these arguments would take, before running it: the Dataset's
     size (``dataset_bytes``, with ``parts`` per variable) and the peak of the pass (``peak_bytes``, the
     Dataset included), and how the pass holds its memory: whether it recomputes each block inside the backward
-    pass (``recompute``) and into how many groups it splits its targets' backward pass (``target_groups``), as
+    pass, one target at a time through the blocks (``recompute``), and into how many groups of targets the head's
+    backward pass goes (``target_groups``), as
     :func:`fit_budget` chooses them (a trace over its budget may also switch to a leaner mode). ``image`` sets the
     input size (default: the model's configured size).
 

@@ -169,12 +169,12 @@ class TracePlan:
     wrappers: tuple[str, ...] = ()
     #: the backward rule the pass runs under (:mod:`vitcam_nb.core.rules`; "gradient": autograd's own)
     rule: str = DEFAULT_RULE
-    #: run each block forward again inside the backward pass instead of keeping its graph
-    #: (:mod:`vitcam_nb.capture.recompute`; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
+    #: run each block forward again inside the backward pass instead of keeping its graph, the blocks one target at
+    #: a time in the array pass (:mod:`vitcam_nb.capture.block_major`; the tensor pass:
+    #: :mod:`vitcam_nb.capture.recompute`; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     recompute: bool = False
-    #: > 1: the backward pass block by block, the head's targets in this many groups (:func:`group_bounds`) and
-    #: the blocks' one at a time (:mod:`vitcam_nb.capture.block_major`), to hold fewer targets' transients at once
-    #: (with ``recompute``; chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
+    #: with ``recompute``: the head's backward pass in this many groups of targets (:func:`group_bounds`), to hold
+    #: fewer targets' gradients at once (chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     target_groups: int = 1
 
     @property
