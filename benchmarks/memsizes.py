@@ -20,10 +20,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,18 +57,41 @@ def _kib(field: str) -> int:
     raise RuntimeError(field)
 
 
-def measure(case: str) -> dict:
-    """One case in this process: the estimate, then the trace with its peak resident memory rise."""
+def _warm_up() -> None:
+    """One torch thread, and a tiny trace first: lazy imports and first calls are not a case's memory."""
     import numpy as np
     import timm
     import torch
 
     import vitcam_nb as vc
 
-    name, kwargs, size, label, targets, options = CASES[case]
     torch.set_num_threads(1)
     tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
-    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")  # lazy imports, not the trace's memory
+    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")
+
+
+@contextlib.contextmanager
+def _peak_rise() -> Iterator[list[int]]:
+    """The rise of resident memory's high-water mark over the block, in bytes (the list's one item, on exit): the
+    mark reset on entry, the rise measured from the resident memory then."""
+    gc.collect()
+    before = _kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    rise: list[int] = []
+    yield rise
+    rise.append((_kib("VmHWM") - before) * 1024)
+
+
+def measure(case: str) -> dict:
+    """One case in this process: the estimate, then the trace with its peak resident memory rise."""
+    import numpy as np
+    import timm
+
+    import vitcam_nb as vc
+
+    name, kwargs, size, label, targets, options = CASES[case]
+    _warm_up()
     model = timm.create_model(name, pretrained=False, **kwargs).eval()
     image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
     est = vc.estimate(model, image, targets, **options)
@@ -78,25 +103,16 @@ def measure(case: str) -> dict:
 def measure_forward(case: str) -> dict:
     """The floor under one case's trace, in this process: the resident-memory rise of the model's forward pass alone
     (no graph, nothing captured), after the same warm-up as :func:`measure`."""
-    import numpy as np
     import timm
     import torch
 
-    import vitcam_nb as vc
-
     name, kwargs, size, *_ = CASES[case]
-    torch.set_num_threads(1)
-    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
-    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")
+    _warm_up()
     model = timm.create_model(name, pretrained=False, **kwargs).eval()
     x = torch.randn(1, 3, size, size)
-    gc.collect()
-    before = _kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    with torch.no_grad():
+    with _peak_rise() as peak, torch.no_grad():
         model(x)
-    return {"case": case, "forward_peak_bytes": (_kib("VmHWM") - before) * 1024}
+    return {"case": case, "forward_peak_bytes": peak[0]}
 
 
 def _traced_peak(model: object, image: object, targets: object, est: dict, **options: object) -> dict:
@@ -105,14 +121,11 @@ def _traced_peak(model: object, image: object, targets: object, est: dict, **opt
 
     import vitcam_nb as vc
 
-    gc.collect()
-    before = _kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    start = time.perf_counter()
-    tr = vc.trace(model, image, targets, max_bytes=float("inf"), **options)
-    seconds = time.perf_counter() - start
-    peak = (_kib("VmHWM") - before) * 1024
+    with _peak_rise() as rise:
+        start = time.perf_counter()
+        tr = vc.trace(model, image, targets, max_bytes=float("inf"), **options)
+        seconds = time.perf_counter() - start
+    peak = rise[0]
     return {"seconds": round(seconds, 1), "dataset_bytes": int(tr.nbytes), "peak_rise_bytes": int(peak),
             "estimate_dataset_bytes": est["dataset_bytes"], "estimate_peak_bytes": est["peak_bytes"],
             "peak_over_dataset": round(peak / tr.nbytes, 2), "pass": pass_mode(est), "torch_threads": 1}
@@ -130,15 +143,12 @@ def measure_blip(size: int) -> dict:
     """A random-init BLIP-base ITM (transformers' default config, vision input ``size``) and a 12-token text,
     all sites, in this process."""
     import numpy as np
-    import timm
     import torch
     import transformers
 
     import vitcam_nb as vc
 
-    torch.set_num_threads(1)
-    tiny = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
-    vc.trace(tiny, np.zeros((32, 32, 3), np.uint8), targets="top1")  # lazy imports, not the trace's memory
+    _warm_up()
     torch.manual_seed(0)
     model = transformers.BlipForImageTextRetrieval(transformers.BlipConfig(vision_config={"image_size": size})).eval()
     ids = torch.tensor([[101, *range(2000, 2010), 102]])

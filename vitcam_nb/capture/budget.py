@@ -130,11 +130,10 @@ def _mode_peaks(plan: TracePlan, hw: tuple[int, int], batch: int, total: Callabl
 def _chosen_mode(plan: TracePlan, hw: tuple[int, int], batch: int, peaks: dict[Mode, int]) -> Mode:
     """The mode a pass takes before its budget is looked at: recomputing each block when that lowers the estimated
     peak to :data:`RECOMPUTE_BELOW` of the plain pass's or less; then, if the pass's estimated peak is still above
-    :data:`GROUPS_ABOVE` times its Dataset, its targets in groups too, when the Dataset is at least half that peak
-    (where grouping was measured to lower the peak by an eighth to a fifth: ViT-B/16 float16, ViT-S/16 top3,
-    ViT-Ti/16 top10 float16, Swin-T; the estimate of the grouped pass is up to a quarter above those measurements, so
-    it is not asked) or when the estimate says grouping lowers the peak to :data:`GROUPS_BELOW` of it or less (one
-    late layer)."""
+    :data:`GROUPS_ABOVE` times its Dataset, the head's targets in groups too, when the Dataset is at least half that
+    peak (the head's gradients are then a few MB fewer, for 1-2 % more time: ``benchmarks/MEMORY_MODES.json``) or
+    when the estimate says grouping lowers the peak to :data:`GROUPS_BELOW` of it or less (one late layer, whose
+    Dataset is small beside the head's gradients)."""
     mode = _PLAIN
     if (True, 1) in peaks and peaks[(True, 1)] <= RECOMPUTE_BELOW * peaks[_PLAIN]:
         mode = (True, 1)

@@ -263,9 +263,9 @@ def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1,
     hooks wrote already. Without readable batched hooks, autograd returns them all and they are written here.
     Block by block when the forward pass ran under ``shared`` (it recomputed its blocks) and the graph is a chain
     of blocks (:func:`~vitcam_nb.capture.block_major.backward_by_block`: the head in ``groups`` groups of targets,
-    each block one target at a time); otherwise one batched backward per group (:func:`~vitcam_nb.capture.plan.
-    group_bounds`) over the whole graph (kept until the last), each group's gradients into its rows of the target
-    axis, so fewer targets' transients are alive at once."""
+    each block one target at a time); otherwise one batched backward per group
+    (:func:`~vitcam_nb.capture.plan.group_bounds`) over the whole graph (kept until the last), each group's
+    gradients into its rows of the target axis, so fewer targets' transients are alive at once."""
     store.begin_backward(len(outputs))
     keys, edges = list(store.edges), list(store.edges.values())
     lowest = [edges[i] for i in lowest_tensors(edges)] if edges and store.hooks else edges
