@@ -44,6 +44,9 @@ from vitcam_nb.compute.map_many import map_many
 from vitcam_nb.compute.map_store import image_maps, open_maps
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import (
+    ArgumentError,
+    ArgumentIndexError,
+    ArgumentTypeError,
     DegenerateMapWarning,
     ExportError,
     OutputExistsError,
@@ -51,6 +54,7 @@ from vitcam_nb.core.errors import (
     RecipeError,
     TraceError,
     TraceFileError,
+    VitcamError,
     WeightsError,
 )
 from vitcam_nb.core.recipe import Recipe
@@ -64,6 +68,10 @@ if TYPE_CHECKING:
     from vitcam_nb.widgets import Compare, Explorer, Gallery
 
 __all__ = [
+    "VitcamError",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "ArgumentIndexError",
     "DegenerateMapWarning",
     "ExportError",
     "OutputExistsError",

@@ -18,6 +18,7 @@ from typing import Any
 import xarray as xr
 
 from vitcam_nb.compute.threads import small_array_threads
+from vitcam_nb.core.errors import ArgumentTypeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe, recipe_arguments
 
@@ -62,6 +63,6 @@ def gallery(trace: xr.Dataset, recipe: Recipe | None = None,
     """
     base = recipe if recipe is not None else Recipe()
     if not isinstance(base, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(base).__name__}")
+        raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(base).__name__}")
     with small_array_threads():
         return kind_for(trace, base).gallery(trace, base, vary)

@@ -23,6 +23,7 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.card_schema import PaperCardError, template
 from vitcam_nb.core.card_schema import load_schema as schema
 from vitcam_nb.core.card_schema import validate_card as validate
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
 from vitcam_nb.evaluate.audit.cards import audit_figures as figures
@@ -45,7 +46,7 @@ def parse_reported_args(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"reported: expected field=value words, got {item!r}")
+            raise ArgumentError(f"reported: expected field=value words, got {item!r}")
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:
@@ -73,10 +74,10 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
 
     matplotlib.use("Agg")
     if isinstance(images, bool) or not isinstance(images, int) or images < 1:
-        raise ValueError(f"images: expected a positive int, got {images!r}")
+        raise ArgumentError(f"images: expected a positive int, got {images!r}")
     if image is None and model not in bundled_names():  # refused before the model is built
-        raise ValueError(f"image: a timm model ({model}) needs --image PATH; the bundled sample images are for "
-                         f"the bundled models {bundled_names()}")
+        raise ArgumentError(f"image: a timm model ({model}) needs --image PATH; the bundled sample images are for "
+                            f"the bundled models {bundled_names()}")
     net = load_model(model, pretrained=pretrained, weights=weights)
     origin = weights_origin(net)
     if announce is not None:
@@ -86,7 +87,7 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
 
         path = Path(image)
         if not path.is_file():
-            raise ValueError(f"image: {path} is not a file")
+            raise ArgumentError(f"image: {path} is not a file")
         with Image.open(path) as im:
             pixels, masks = [np.asarray(im.convert("RGB"))], None
     else:

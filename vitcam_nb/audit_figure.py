@@ -26,7 +26,7 @@ import torch
 from vitcam_nb.api import gallery
 from vitcam_nb.audit_plot import plot_audit
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.recipe import HEAD_RULES, TARGETS, WEIGHT_TOKENS, Recipe
 from vitcam_nb.core.schema import CORE_SITES
 from vitcam_nb.core.version import __version__
@@ -103,7 +103,7 @@ def _load_file(name: str, path: str) -> torch.nn.Module:
     try:
         return load_model(name, weights=path)  # a safetensors state dict, loaded strictly; the origin names the file
     except (RuntimeError, OSError, ValueError) as exc:  # a file that does not fit the model
-        raise ValueError(f"weights: {Path(path).name} could not be loaded into {name} ({str(exc)[:200]})") from exc
+        raise ArgumentError(f"weights: {Path(path).name} could not be loaded into {name} ({str(exc)[:200]})") from exc
 
 
 def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str, str]:
@@ -111,12 +111,12 @@ def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str
     if weights is not None:
         path = Path(weights)
         if not path.is_file():
-            raise ValueError(f"weights: {path} is not a file")
+            raise ArgumentError(f"weights: {path} is not a file")
         if path.suffix != ".safetensors":
-            raise ValueError(f"weights: {path.name} is not a .safetensors file; the kit reads no pickled checkpoint")
+            raise ArgumentError(f"weights: {path.name} is not a .safetensors file; the kit reads no pickled checkpoint")
         name = AUDIT_MODEL if model == "auto" else model
         if name in bundled_names():
-            raise ValueError(f"weights: the bundled model {name} carries its own weights; leave out weights")
+            raise ArgumentError(f"weights: the bundled model {name} carries its own weights; leave out weights")
         net = _load_file(name, str(path))
         return net, name, f"ran on {name} with the weights of the local file {path.name}, as asked"
     if model in bundled_names():
@@ -125,13 +125,14 @@ def _choose_model(model: str, weights: str | None) -> tuple[torch.nn.Module, str
     import timm
 
     if not timm.is_model(name):
-        raise ValueError(f"model: {name!r} is neither 'auto', a bundled model {bundled_names()} nor a timm model name")
+        raise ArgumentError(f"model: {name!r} is neither 'auto', a bundled model {bundled_names()} nor a timm model "
+                            f"name")
     found = cached_weights(name)
     if found is None:
         why = f"{name}'s pretrained weights are not on this machine (not in the Hugging Face cache timm reads)"
         if model != "auto":
-            raise ValueError(f"model: {why}; put them there (timm downloads them on first use when online), give "
-                             "weights=FILE, or use model='auto' to fall back to the bundled model")
+            raise ArgumentError(f"model: {why}; put them there (timm downloads them on first use when online), give "
+                                "weights=FILE, or use model='auto' to fall back to the bundled model")
         line = f"ran on the bundled known-answer model {FALLBACK_MODEL}: {why}"
         return load_model(FALLBACK_MODEL), FALLBACK_MODEL, line
     net = _load_file(name, found)
@@ -161,15 +162,15 @@ def _axes(axes: dict[str, list] | None) -> dict[str, list]:
     if axes is None:
         return {k: list(v) for k, v in AUDIT_AXES.items()}
     if not isinstance(axes, dict):
-        raise TypeError(f"axes: expected a dict field -> list of values, got {type(axes).__name__}")
+        raise ArgumentTypeError(f"axes: expected a dict field -> list of values, got {type(axes).__name__}")
     unknown = sorted(set(axes) - set(AUDIT_AXES))
     if unknown:
-        raise ValueError(f"axes: {unknown[0]!r} is not an axis of the audit; axes are {list(AUDIT_AXES)}")
+        raise ArgumentError(f"axes: {unknown[0]!r} is not an axis of the audit; axes are {list(AUDIT_AXES)}")
     out = {}
     for field, default in AUDIT_AXES.items():
         values = axes.get(field, default)
         if isinstance(values, str) or not isinstance(values, (list, tuple)) or not values:
-            raise ValueError(f"axes: {field} needs a non-empty list of values, got {values!r}")
+            raise ArgumentError(f"axes: {field} needs a non-empty list of values, got {values!r}")
         out[field] = list(values)
     return out
 
@@ -177,7 +178,7 @@ def _axes(axes: dict[str, list] | None) -> dict[str, list]:
 def _check_out(folder: Path, overwrite: bool) -> None:
     """Refuse a folder with files the kit did not write (unless ``overwrite``), before any expensive work."""
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"out: {folder} is a file; give a folder path")
+        raise ArgumentError(f"out: {folder} is a file; give a folder path")
     if not folder.is_dir() or overwrite:
         return
     others = sorted(p.name for p in folder.iterdir() if p.name not in FILES)
@@ -189,9 +190,9 @@ def _check_out(folder: Path, overwrite: bool) -> None:
         earlier = False
     if others or (ours and not earlier):
         named = ", ".join((others or [p.name for p in ours])[:5])
-        raise ValueError(f"out: {folder} holds files this command did not write ({named}); the kit never "
-                         "overwrites them. Use an empty or new folder, or overwrite=True (--overwrite) to write "
-                         f"{' and '.join(FILES)} there (other files are left alone)")
+        raise ArgumentError(f"out: {folder} holds files this command did not write ({named}); the kit never "
+                            "overwrites them. Use an empty or new folder, or overwrite=True (--overwrite) to write "
+                            f"{' and '.join(FILES)} there (other files are left alone)")
 
 
 def _images(model: str, net: torch.nn.Module, images: int, photo: bool) -> list[dict[str, Any]]:
@@ -238,23 +239,23 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     from tqdm.auto import tqdm
 
     if isinstance(images, bool) or not isinstance(images, int) or images < 0:
-        raise ValueError(f"images: expected a count >= 0 of bundled shape images, got {images!r}")
+        raise ArgumentError(f"images: expected a count >= 0 of bundled shape images, got {images!r}")
     if not isinstance(model, str) or not model:
-        raise ValueError(f"model: expected 'auto', a bundled name or a timm name, got {model!r}")
+        raise ArgumentError(f"model: expected 'auto', a bundled name or a timm name, got {model!r}")
     if images == 0 and not photo:
-        raise ValueError("images: 0 bundled images and no photograph leave nothing to run")
+        raise ArgumentError("images: 0 bundled images and no photograph leave nothing to run")
     try:
         sample_image("shapes", images - 1)
     except IndexError as exc:
-        raise ValueError(f"images: at most the bundled sample images can be used ({exc})") from exc
+        raise ArgumentError(f"images: at most the bundled sample images can be used ({exc})") from exc
     recipes, skipped = audit_recipes(axes)
     if not recipes:
-        raise ValueError(f"axes: no valid recipe in the product of the axes ({skipped})")
+        raise ArgumentError(f"axes: no valid recipe in the product of the axes ({skipped})")
     folder = Path(out)
     _check_out(folder, overwrite)
     net, name, line = _choose_model(model, weights)
     if isinstance(net, LinearSegmenter):
-        raise ValueError(f"model: {name} is a segmentation model; the audit labels classifier maps")
+        raise ArgumentError(f"model: {name} is a segmentation model; the audit labels classifier maps")
     items = _images(name, net, images, photo)
     groups: dict[tuple, list[Recipe]] = {}
     for r in recipes:  # one gallery per choice of the other fields, over the sites valid for it

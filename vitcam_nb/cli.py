@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from vitcam_nb.core.errors import ArgumentError
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``vitcam-nb``; ``vitcam-nb demo`` is the main job.
@@ -138,7 +140,7 @@ def _axes(items: list[str]) -> dict[str, list]:
     for item in items:
         field, sep, values = item.partition("=")
         if not sep or not values:
-            raise ValueError(f"--axes: expected FIELD=V1,V2, got {item!r}")
+            raise ArgumentError(f"--axes: expected FIELD=V1,V2, got {item!r}")
         axes[field.strip()] = [_value(v.strip()) for v in values.split(",")]
     return axes
 

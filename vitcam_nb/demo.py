@@ -17,7 +17,7 @@ from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.core.recipe import Recipe
@@ -64,15 +64,15 @@ def _load_image(image: str | None, model_name: str) -> tuple[object, np.ndarray 
 
         path = Path(image)
         if not path.is_file():
-            raise ValueError(f"image: {path} is not a file")
+            raise ArgumentError(f"image: {path} is not a file")
         try:
             with Image.open(path) as im:
                 return im.convert("RGB"), None, path.name
         except (OSError, SyntaxError) as exc:  # PIL's errors for a file that is not an image it reads
-            raise ValueError(f"image: {path} could not be read as an image ({exc})") from exc
+            raise ArgumentError(f"image: {path} could not be read as an image ({exc})") from exc
     if model_name not in bundled_names():
-        raise ValueError(f"image: a timm model ({model_name}) needs --image PATH; the bundled sample images "
-                         f"are for the bundled models {bundled_names()}")
+        raise ArgumentError(f"image: a timm model ({model_name}) needs --image PATH; the bundled sample images "
+                            f"are for the bundled models {bundled_names()}")
     if model_name == DETECTOR:
         images, _labels, _boxes, masks = shapes_detection(1, seed=DETECTION_SEED)
         return images[0], masks[0], f"generated detection image (shapes_detection(1, seed={DETECTION_SEED}))"
@@ -91,8 +91,8 @@ def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> obje
     if not isinstance(net, LinearSegmenter):
         return "top5"
     if mask is None:
-        raise ValueError(f"image: the segmentation model {model_name} is shown with a region target on the bundled "
-                         "sample image (its object mask is the region); leave out --image")
+        raise ArgumentError(f"image: the segmentation model {model_name} is shown with a region target on the bundled "
+                            "sample image (its object mask is the region); leave out --image")
     _img, label, _mask = sample_image("shapes", 0, with_mask=True)
     return region(mask, int(label) + 1)
 
@@ -125,8 +125,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     """
     if model in VIDEO_DEMO_MODELS:  # a bundled video model: a generated clip with known evidence frames
         if image is not None or pretrained or weights is not None:
-            raise ValueError(f"image, pretrained, weights: the video demo of {model} traces its bundled weights on a "
-                             "generated clip with known evidence frames; leave them out")
+            raise ArgumentError(f"image, pretrained, weights: the video demo of {model} traces its bundled weights on "
+                                f"a generated clip with known evidence frames; leave them out")
         return run_video_demo(out, model, progress=progress, overwrite=overwrite, announce=announce)
     import matplotlib
 
@@ -136,7 +136,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
 
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
+        raise ArgumentError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
     folder = OutputFolder(out, OUTPUTS, f"vitcam_nb {__version__} run_demo", overwrite=overwrite)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)

@@ -20,7 +20,7 @@ from vitcam_nb import plot
 from vitcam_nb.api import cam
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.provenance import weights_origin
@@ -71,7 +71,7 @@ def run_video_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress:
 
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
+        raise ArgumentError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
     out.mkdir(parents=True, exist_ok=True)
     folder = OutputFolder(out, VIDEO_OUTPUTS, f"vitcam_nb {__version__} run_demo (video)", overwrite=overwrite)
     net = load_model(model)

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitcam_nb.core.errors import RandomWeightsWarning, WeightsError, user_stacklevel
+from vitcam_nb.core.errors import (
+    ArgumentError,
+    ArgumentIndexError,
+    ArgumentTypeError,
+    RandomWeightsWarning,
+    WeightsError,
+    user_stacklevel,
+)
 from vitcam_nb.core.provenance import BUNDLED_KEY, LOADED_KEY, file_sha256, weights_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
@@ -62,7 +69,7 @@ def model_card(name: str) -> dict:
     """
     path = _models_dir() / f"{name}.json"
     if not path.is_file():
-        raise ValueError(_unknown_name_message(name))
+        raise ArgumentError(_unknown_name_message(name))
     return json.loads(path.read_text())
 
 
@@ -108,7 +115,7 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
     expected = card.get("weights_sha256")
     actual = file_sha256(weights_path)
     if actual != expected:
-        raise ValueError(
+        raise ArgumentError(
             f"weights file {weights_path} does not match its model card {card_path.name}: "
             f"expected sha256 {expected}, got {actual}. The file is damaged or was replaced; "
             "reinstall vitcam_nb (or retrain with `python -m vitcam_nb.data.train`)."
@@ -178,26 +185,26 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
         >>> m2 = load_model("vit_base_patch16_224", pretrained=True)  # doctest: +SKIP
     """
     if not isinstance(pretrained, bool):
-        raise TypeError(f"pretrained: expected True or False, got {pretrained!r}")
+        raise ArgumentTypeError(f"pretrained: expected True or False, got {pretrained!r}")
     if pretrained and weights is not None:
-        raise ValueError("pretrained, weights: give one source of weights, not both")
+        raise ArgumentError("pretrained, weights: give one source of weights, not both")
     extra = sorted(timm_kwargs) + (["pretrained"] if pretrained else []) + (["weights"] if weights is not None else [])
     if isinstance(name_or_model, torch.nn.Module):
         if extra:
-            raise ValueError(f"keyword arguments {extra} apply to timm names, not to a module")
+            raise ArgumentError(f"keyword arguments {extra} apply to timm names, not to a module")
         return name_or_model
     if not isinstance(name_or_model, str):
-        raise TypeError(f"expected a model name or a torch.nn.Module, got {type(name_or_model).__name__}")
+        raise ArgumentTypeError(f"expected a model name or a torch.nn.Module, got {type(name_or_model).__name__}")
     name = name_or_model
     if name in bundled_names():
         if extra:
-            raise ValueError(f"bundled model {name!r} takes no keyword arguments, got {extra}")
+            raise ArgumentError(f"bundled model {name!r} takes no keyword arguments, got {extra}")
         models = _models_dir()
         return _load_from_files(models / f"{name}.safetensors", models / f"{name}.json")
     if name.startswith(BUNDLED_PREFIX):
-        raise ValueError(_unknown_name_message(name))
+        raise ArgumentError(_unknown_name_message(name))
     if "pretrained_cfg_overlay" in timm_kwargs and (pretrained or weights is not None):
-        raise ValueError("pretrained_cfg_overlay: vitcam_nb sets where the weights come from; leave it out")
+        raise ArgumentError("pretrained_cfg_overlay: vitcam_nb sets where the weights come from; leave it out")
     state = _read_safetensors(weights) if weights is not None else None
     cfg = _published_cfg(name)
     origin, overlay = None, {}
@@ -228,7 +235,7 @@ def _create(name: str, pretrained: bool, overlay: dict, timm_kwargs: dict) -> to
         return timm.create_model(name, pretrained=pretrained, **timm_kwargs)
     except RuntimeError as err:
         if "Unknown model" in str(err):
-            raise ValueError(_unknown_name_message(name)) from err
+            raise ArgumentError(_unknown_name_message(name)) from err
         raise
 
 
@@ -241,7 +248,7 @@ def _published_cfg(name: str) -> Any:
     try:
         return get_pretrained_cfg(name)
     except RuntimeError as err:  # a tag the architecture does not have
-        raise ValueError(f"{_unknown_name_message(name)} ({err})") from err
+        raise ArgumentError(f"{_unknown_name_message(name)} ({err})") from err
 
 
 def _offline() -> bool:
@@ -315,7 +322,7 @@ def _read_safetensors(weights: str | Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     if not isinstance(weights, (str, Path)):
-        raise TypeError(f"weights: expected a path to a .safetensors file, got {type(weights).__name__}")
+        raise ArgumentTypeError(f"weights: expected a path to a .safetensors file, got {type(weights).__name__}")
     path = Path(weights)
     if not path.is_file():
         raise WeightsError(f"weights: {path} is not a file")
@@ -365,11 +372,11 @@ def sample_image(
         (3, dtype('bool'))
     """
     if kind not in _SAMPLE_KINDS:
-        raise ValueError(f"kind must be one of {_SAMPLE_KINDS}, got {kind!r}")
+        raise ArgumentError(f"kind must be one of {_SAMPLE_KINDS}, got {kind!r}")
     data = _samples()
     images = data["images"]
     if not -len(images) <= index < len(images):
-        raise IndexError(f"index {index} out of range: {len(images)} bundled {kind!r} samples")
+        raise ArgumentIndexError(f"index {index} out of range: {len(images)} bundled {kind!r} samples")
     image = images[index].copy()
     mask = data["masks"][index].copy()
     if kind != "shapes":

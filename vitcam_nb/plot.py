@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
+
 __all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "frame_strip", "grid", "overlay", "recipe_short"]
 
 DEFAULT_CMAP = "inferno"
@@ -23,8 +25,8 @@ _MASK_COLOUR = "cyan"
 
 def _image(trace: xr.Dataset) -> np.ndarray:
     if "image" not in getattr(trace, "variables", {}) and "clip" in getattr(trace, "variables", {}):
-        raise ValueError("trace: a video trace (its frames in 'clip'); overlay() and grid() draw one image. Draw a "
-                         "video map with vc.plot.frame_strip(trace, cam_map)")
+        raise ArgumentError("trace: a video trace (its frames in 'clip'); overlay() and grid() draw one image. Draw a "
+                            "video map with vc.plot.frame_strip(trace, cam_map)")
     return np.asarray(trace["image"].values)
 
 
@@ -32,7 +34,7 @@ def _check_image_map(cam_map: xr.DataArray) -> None:
     dims = tuple(getattr(cam_map, "dims", ()))
     if len(dims) != 2:
         hint = "; a video map: draw it with vc.plot.frame_strip(trace, cam_map)" if len(dims) == 3 else ""
-        raise ValueError(f"cam_map: overlay() draws a 2-D map (y, x), got dims {dims}{hint}")
+        raise ArgumentError(f"cam_map: overlay() draws a 2-D map (y, x), got dims {dims}{hint}")
 
 
 def _recipe_dict(recipe: Any) -> dict:
@@ -104,7 +106,7 @@ def draw_mask(ax: Any, mask: Any, shape: tuple[int, int] | None = None) -> None:
     """
     mask = np.asarray(mask, dtype=bool)
     if mask.ndim != 2:
-        raise ValueError(f"mask: expected a 2-D boolean array, got shape {mask.shape}")
+        raise ArgumentError(f"mask: expected a 2-D boolean array, got shape {mask.shape}")
     h, w = shape or mask.shape
     ys = (np.arange(mask.shape[0]) + 0.5) * h / mask.shape[0] - 0.5
     xs = (np.arange(mask.shape[1]) + 0.5) * w / mask.shape[1] - 0.5
@@ -135,13 +137,13 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
     import matplotlib.pyplot as plt
 
     if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha: expected a float in [0, 1], got {alpha!r}")
+        raise ArgumentError(f"alpha: expected a float in [0, 1], got {alpha!r}")
     img = _image(trace)
     _check_image_map(cam_map)
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
-        raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
-                         "overlay a map on the image it explains")
+        raise ArgumentError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
+                            "overlay a map on the image it explains")
     own = ax is None
     if own:
         fig, ax = plt.subplots(figsize=(4.6 if colorbar else 4, 4.2))
@@ -205,7 +207,7 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     spatial = gallery.dims[-2:]
     varied = list(gallery.dims[:-2])
     if len(varied) > 2:
-        raise ValueError(f"gallery: grid() shows at most two varied dimensions, got {varied}; select some first")
+        raise ArgumentError(f"gallery: grid() shows at most two varied dimensions, got {varied}; select some first")
     while len(varied) < 2:
         gallery = gallery.expand_dims(f"_{len(varied)}")
         varied.insert(0, f"_{len(varied)}")
@@ -272,18 +274,18 @@ def frame_strip(trace: xr.Dataset, cam_map: xr.DataArray, *, alpha: float = 0.5,
     from matplotlib.colors import Normalize
 
     if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha: expected a float in [0, 1], got {alpha!r}")
+        raise ArgumentError(f"alpha: expected a float in [0, 1], got {alpha!r}")
     if "clip" not in getattr(trace, "variables", {}):
-        raise ValueError("trace: frame_strip draws a video trace (its frames in the variable 'clip'); for an image "
-                         "use overlay()")
+        raise ArgumentError("trace: frame_strip draws a video trace (its frames in the variable 'clip'); for an image "
+                            "use overlay()")
     dims = tuple(cam_map.dims)
     if dims not in (("frame", "y", "x"), ("patch_frame", "patch_row", "patch_col")):
-        raise ValueError(f"cam_map: expected a video map with dims (frame, y, x) or (patch_frame, patch_row, "
-                         f"patch_col), got {dims}")
+        raise ArgumentError(f"cam_map: expected a video map with dims (frame, y, x) or (patch_frame, patch_row, "
+                            f"patch_col), got {dims}")
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
-        raise ValueError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
-                         "draw a map over the clip it explains")
+        raise ArgumentError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
+                            "draw a map over the clip it explains")
     frames = np.asarray(trace["clip"].values)
     values = np.asarray(cam_map.values, dtype=np.float32)
     n = values.shape[0]

@@ -17,7 +17,7 @@ import torch
 
 from vitcam_nb.adapters.hf_processor import processor_facts, processor_normalisation, run_processor
 from vitcam_nb.adapters.registry import find_adapter
-from vitcam_nb.core.errors import TraceError, user_stacklevel
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError, user_stacklevel
 
 __all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json", "to_pixels"]
 
@@ -192,8 +192,8 @@ def to_pixels(image: object) -> tuple[np.ndarray | torch.Tensor, dict]:
                              f"given), got {tuple(image.shape)}")
         _check_finite(t)
         return t.to("cpu", torch.float32).clone(), {"input_kind": "tensor (used as given)"}
-    raise TypeError(f"image: expected a PIL image, a numpy array (HxW or HxWxC), an integer tensor or a normalised "
-                    f"(1,3,H,W) float tensor, got {type(image).__name__}")
+    raise ArgumentTypeError(f"image: expected a PIL image, a numpy array (HxW or HxWxC), an integer tensor or a "
+                            f"normalised (1,3,H,W) float tensor, got {type(image).__name__}")
 
 
 def _with_processor(image: object, processor: object, cfg: dict) -> PreparedInput:

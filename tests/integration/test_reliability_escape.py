@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 import markdown
 import numpy as np
 import pytest
+from markdown_it import MarkdownIt
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from vitcam_testing import make_model
 
@@ -32,9 +33,12 @@ HOSTILE = [IMG, SCRIPT, LINK, IMAGE, "<javascript:window.__pwned=1>", "&lt;b&gt;
            "[ref]\n\n[ref]: javascript:alert(1)", "# heading", "- item", "+ item", "1. item", "2) item",
            "---", "===", "> quote", "    indented code", "<!-- comment --> x", "<div>\n\nblock html\n\n</div>",
            "snake_case __dunder__ x_ _y", "a\\\nb", "<https://example.org> www.example.org",
-           "| x |\n| --- |\n| y |"]
+           "| x |\n| --- |\n| y |", "phish@attacker.com attacker.com/login x.io mailto:x@y.org xmpp:x@y.org"]
+# markdown-it with linkify renders notebooks in VS Code: it links bare domains and e-mail addresses too.
+LINKIFY = MarkdownIt("commonmark", {"linkify": True}).enable(["linkify", "table", "strikethrough"])
 RENDERERS = {"nbconvert (mistune)": markdown2html_mistune,
-             "Python-Markdown": lambda text: markdown.markdown(text, extensions=["tables"])}
+             "Python-Markdown": lambda text: markdown.markdown(text, extensions=["tables"]),
+             "markdown-it with linkify": LINKIFY.render}
 
 
 class Parsed(HTMLParser):

@@ -99,7 +99,7 @@ def test_a_frame_outside_the_clip_is_refused_and_the_frame_shown_stays(bad):
     with pytest.raises(IndexError, match=r"^frame: expected an int in \[0, 3\]"):
         ex.frame_index = bad
     ex.frame_request = {"id": 1, "index": bad}  # the page's slider: a message, not a traceback
-    assert ex.error.startswith("IndexError: frame: expected an int in [0, 3]")
+    assert ex.error.startswith("frame: expected an int in [0, 3]")
     assert ex.frame_index == 2
     np.testing.assert_array_equal(ex.map, before)
 
@@ -113,7 +113,7 @@ def test_an_image_trace_has_no_frames(model_factory, model_input):
     with pytest.raises(TypeError, match="^frame_index: this Explorer shows an image trace"):
         ex.frame_index = 0
     ex.frame_request = {"id": 1, "index": 0}
-    assert ex.error.startswith("TypeError: frame: this Explorer shows an image trace")
+    assert ex.error.startswith("frame: this Explorer shows an image trace")
 
 
 @pytest.mark.parametrize("view", ["Compare", "Gallery"])

@@ -10,6 +10,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.vit import VIT_SITES, VitAdapter
+from vitcam_nb.core.errors import ArgumentTypeError
 
 BEIT_SITES: dict[str, SiteSpec] = {
     **VIT_SITES,
@@ -41,8 +42,8 @@ class BeitAdapter(VitAdapter):
     def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
         # Beit.forward_features concatenates exactly one class token in front of the patches.
         if model.num_prefix_tokens != 1 or getattr(model, "cls_token", None) is None:
-            raise TypeError(f"model: {type(model).__name__} has num_prefix_tokens={model.num_prefix_tokens}; "
-                            "the beit adapter expects one class token; register an adapter for this variant")
+            raise ArgumentTypeError(f"model: {type(model).__name__} has num_prefix_tokens={model.num_prefix_tokens}; "
+                                    "the beit adapter expects one class token; register an adapter for this variant")
         return ["cls"]
 
     def describe(self, model: torch.nn.Module) -> dict[str, object]:

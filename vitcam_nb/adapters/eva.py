@@ -17,6 +17,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.vit import VitAdapter
+from vitcam_nb.core.errors import ArgumentTypeError
 
 EVA_SITES: dict[str, SiteSpec] = {
     "F1": SiteSpec("norm1", "output", "LayerNorm output before multi-head attention"),
@@ -49,7 +50,7 @@ def _is_post_norm(model: torch.nn.Module) -> bool:
 
     kinds = {isinstance(blk, EvaBlockPostNorm) for blk in model.blocks}
     if len(kinds) != 1:
-        raise TypeError("model: mixes pre-norm and post-norm EVA blocks; the eva adapter expects one kind")
+        raise ArgumentTypeError("model: mixes pre-norm and post-norm EVA blocks; the eva adapter expects one kind")
     return kinds.pop()
 
 
@@ -93,8 +94,8 @@ class EvaAdapter(VitAdapter):
         if reg is not None:
             kinds.extend(["reg"] * int(reg.shape[1]))
         if len(kinds) != model.num_prefix_tokens:
-            raise TypeError(f"model: {type(model).__name__} has num_prefix_tokens={model.num_prefix_tokens} but the "
-                            f"eva adapter found {kinds}; register an adapter for this variant")
+            raise ArgumentTypeError(f"model: {type(model).__name__} has num_prefix_tokens={model.num_prefix_tokens} "
+                                    f"but the eva adapter found {kinds}; register an adapter for this variant")
         return kinds
 
     def describe(self, model: torch.nn.Module) -> dict[str, object]:

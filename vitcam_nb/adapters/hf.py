@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfBeitAdapter", "HfDeitAdapter", "HfDinov2Adapter", "HfDinov2RegistersAdapter", "HfSiteSpec",
            "HfVitAdapter", "eager_attention", "is_transformers_model", "transformers_configs"]
@@ -166,17 +166,17 @@ class HfVitAdapter(Adapter):
             if isinstance(layers, torch.nn.ModuleList):
                 self._check_layout(model, layers)
                 return f"{root}.{rel}" if root else rel
-        raise TypeError(f"model: {type(model).__name__} has no layer list at layers or encoder.layer; "
-                        f"the {self.family} adapter does not fit it")
+        raise ArgumentTypeError(f"model: {type(model).__name__} has no layer list at layers or encoder.layer; "
+                                f"the {self.family} adapter does not fit it")
 
     def _check_layout(self, model: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
         first = layers[0]
         attn = getattr(first, self.attention, None)
         if attn is None or not hasattr(attn, self.out_proj) or not hasattr(first, self.norm_before):
-            raise TypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 layout "
-                            f"({self.attention} with q_proj/k_proj/v_proj/{self.out_proj}, {self.norm_before}); the "
-                            f"{self.family} "
-                            "adapter reads that layout: pip install 'transformers>=5'")
+            raise ArgumentTypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 layout "
+                                    f"({self.attention} with q_proj/k_proj/v_proj/{self.out_proj}, "
+                                    f"{self.norm_before}); the {self.family} adapter reads that layout: pip install "
+                                    f"'transformers>=5'")
 
     def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         return list(model.get_submodule(self.blocks_path(model)))

@@ -23,7 +23,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import HALF_MEAN, HALF_STD, HfSiteSpec, HfVitAdapter
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfDptAdapter"]
 
@@ -47,14 +47,15 @@ class HfDptAdapter(HfVitAdapter):
 
     def _check_layout(self, model: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
         if getattr(model.config, "is_hybrid", False):
-            raise TypeError(f"model: {type(model).__name__} has a hybrid backbone (config.is_hybrid=True: BiT "
-                            "convolutions before the tokens); the hf_dpt adapter reads the plain ViT backbone only")
+            raise ArgumentTypeError(f"model: {type(model).__name__} has a hybrid backbone (config.is_hybrid=True: BiT "
+                                    f"convolutions before the tokens); the hf_dpt adapter reads the plain ViT backbone "
+                                    f"only")
         first = layers[0]
         if not all(hasattr(first, n) for n in ("layernorm_before", "layernorm_after", "intermediate", "output")) or \
                 not hasattr(getattr(first, "attention", None), "output"):
-            raise TypeError(f"model: {type(model).__name__}'s layers are not the DPTViTLayer layout (attention."
-                            "attention, attention.output.dense, layernorm_before/after, intermediate, output); the "
-                            "hf_dpt adapter does not fit it")
+            raise ArgumentTypeError(f"model: {type(model).__name__}'s layers are not the DPTViTLayer layout "
+                                    f"(attention.attention, attention.output.dense, layernorm_before/after, "
+                                    f"intermediate, output); the hf_dpt adapter does not fit it")
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
         """The site table with the layer list at ``path`` (DPTViTLayer's module names).

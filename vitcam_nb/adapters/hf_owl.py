@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from vitcam_nb.adapters.hf_clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, HfClipAdapter
+from vitcam_nb.core.errors import ArgumentTypeError
 
 __all__ = ["HfOwlVitAdapter", "HfOwlv2Adapter"]
 
@@ -49,8 +50,9 @@ class HfOwlVitAdapter(HfClipAdapter):
         # The detection heads read the patch tokens through these modules; without them it is not the layout read.
         missing = [m for m in ("class_head", "box_head", "layer_norm") if not hasattr(model, m)]
         if missing:
-            raise TypeError(f"model: {type(model).__name__} has no {', '.join(missing)}; the {self.family} adapter "
-                            "reads the detection model of transformers 5: pip install 'transformers>=5'")
+            raise ArgumentTypeError(f"model: {type(model).__name__} has no {', '.join(missing)}; the {self.family} "
+                                    f"adapter reads the detection model of transformers 5: pip install "
+                                    f"'transformers>=5'")
 
     def pooling(self, model: torch.nn.Module) -> str:
         return ("none: every patch token, times the class token (after post_layernorm, then layer_norm), predicts "

@@ -36,7 +36,7 @@ import torch
 from vitcam_nb.adapters.base import SiteSpec, TraceContext
 from vitcam_nb.adapters.hf import IMAGENET_MEAN, IMAGENET_STD, eager_attention, is_transformers_model
 from vitcam_nb.adapters.swin import SwinAdapter, window_tokens
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfStageSiteSpec", "HfSwinAdapter", "HfSwinv2Adapter"]
 
@@ -157,8 +157,9 @@ class HfSwinAdapter(SwinAdapter):
             try:
                 first.get_submodule(module)
             except AttributeError:
-                raise TypeError(f"model: {type(model).__name__}'s layers have no {module!r}: not the transformers 5 "
-                                f"layout the {self.family} adapter reads; pip install 'transformers>=5'") from None
+                raise ArgumentTypeError(f"model: {type(model).__name__}'s layers have no {module!r}: not the "
+                                        f"transformers 5 layout the {self.family} adapter reads; pip install "
+                                        f"'transformers>=5'") from None
 
     def grid_module(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.backbone(model).embeddings.patch_embeddings.projection

@@ -29,6 +29,7 @@ import torch
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import IMAGENET_MEAN, IMAGENET_STD, is_transformers_model
 from vitcam_nb.adapters.hf_swin import HfSwinAdapter
+from vitcam_nb.core.errors import ArgumentTypeError
 
 __all__ = ["HfUperNetSwinAdapter"]
 
@@ -75,10 +76,11 @@ class HfUperNetSwinAdapter(HfSwinAdapter):
             return model
         inner = getattr(model, "backbone", None)
         if not is_transformers_model(inner, SWIN_BACKBONES):
-            raise TypeError(f"model: {type(model).__name__} with a {type(inner).__name__} backbone is not supported; "
-                            f"the {self.family} adapter reads UperNet with a Swin backbone "
-                            f"({', '.join(SWIN_BACKBONES)}, UperNetConfig(backbone_config=SwinConfig(...))). For "
-                            "another backbone, register an adapter for it (vitcam_nb.adapters.register_adapter)")
+            raise ArgumentTypeError(f"model: {type(model).__name__} with a {type(inner).__name__} backbone is not "
+                                    f"supported; the {self.family} adapter reads UperNet with a Swin backbone "
+                                    f"({', '.join(SWIN_BACKBONES)}, UperNetConfig(backbone_config=SwinConfig(...))). "
+                                    f"For another backbone, register an adapter for it "
+                                    f"(vitcam_nb.adapters.register_adapter)")
         return inner.swin
 
     def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:

@@ -35,7 +35,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import HfSiteSpec, HfVitAdapter
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfTimesformerAdapter", "HfVideoMaeAdapter", "HfVivitAdapter", "PerClip", "VideoAdapterMixin",
            "clip_tensor"]
@@ -55,9 +55,9 @@ def clip_tensor(image: object, frames: int, size: tuple[int, int]) -> torch.Tens
     if isinstance(image, np.ndarray) and np.issubdtype(image.dtype, np.floating):
         image = torch.from_numpy(image)
     if not isinstance(image, torch.Tensor) or not image.is_floating_point():
-        raise TypeError(f"image: a video model takes one clip as a normalised float tensor (T, C, H, W) or "
-                        f"(1, T, C, H, W), e.g. a video processor's pixel_values; got {type(image).__name__}"
-                        + (f" of dtype {image.dtype}" if isinstance(image, (torch.Tensor, np.ndarray)) else ""))
+        raise ArgumentTypeError(f"image: a video model takes one clip as a normalised float tensor (T, C, H, W) or "
+                                f"(1, T, C, H, W), e.g. a video processor's pixel_values; got {type(image).__name__}"
+                                + (f" of dtype {image.dtype}" if isinstance(image, (torch.Tensor, np.ndarray)) else ""))
     shape = tuple(int(v) for v in image.shape)
     if image.ndim == 5 and shape[0] != 1:
         raise TraceError(f"image: a batch of {shape[0]} clips {shape}; trace one clip (T, C, H, W) at a time")
@@ -187,9 +187,9 @@ class HfVideoMaeAdapter(VideoAdapterMixin, HfVitAdapter):
     def _check_layout(self, model: torch.nn.Module, layers: torch.nn.ModuleList) -> None:
         first = layers[0]
         if not hasattr(getattr(first, "attention", None), "output") or not hasattr(first, "layernorm_before"):
-            raise TypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 VideoMAE layout "
-                            "(attention.attention, attention.output.dense, layernorm_before/after); install "
-                            "transformers>=5")
+            raise ArgumentTypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 VideoMAE "
+                                    f"layout (attention.attention, attention.output.dense, layernorm_before/after); "
+                                    f"install transformers>=5")
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
         return {
@@ -261,11 +261,11 @@ class HfTimesformerAdapter(VideoAdapterMixin, HfVitAdapter):
         first = layers[0]
         kind = getattr(model.config, "attention_type", "?")
         if kind != "divided_space_time":
-            raise TypeError(f"model: TimeSformer with attention_type={kind!r}; the hf_timesformer adapter reads "
-                            "divided_space_time (the published models) only")
+            raise ArgumentTypeError(f"model: TimeSformer with attention_type={kind!r}; the hf_timesformer adapter "
+                                    f"reads divided_space_time (the published models) only")
         if not hasattr(first, "temporal_attention") or not hasattr(first.attention, "output"):
-            raise TypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 TimeSformer layout "
-                            "(temporal_attention, attention, temporal_dense); install transformers>=5")
+            raise ArgumentTypeError(f"model: {type(model).__name__}'s layers are not the transformers 5 TimeSformer "
+                                    f"layout (temporal_attention, attention, temporal_dense); install transformers>=5")
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
         copies = " (per-frame class-token copies: mean stored, gradient summed)"

@@ -22,6 +22,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import IMAGENET_MEAN, IMAGENET_STD, HfSiteSpec, HfVitAdapter
+from vitcam_nb.core.errors import ArgumentTypeError
 
 __all__ = ["HfYolosAdapter", "yolos_token_order"]
 
@@ -64,10 +65,10 @@ class HfYolosAdapter(HfVitAdapter):
                                           "attention.attention.value", "attention.output.dense", "intermediate.dense",
                                           "output.dense", "layernorm_before", "layernorm_after"))
         if not ok:
-            raise TypeError(f"model: {type(model).__name__}'s layers are not the YOLOS layout of transformers 5 "
-                            "(attention.attention.query/key/value, attention.output.dense, intermediate, output, "
-                            "layernorm_before/after); the hf_yolos adapter reads that layout: "
-                            "pip install 'transformers>=5,<6'")
+            raise ArgumentTypeError(f"model: {type(model).__name__}'s layers are not the YOLOS layout of transformers "
+                                    f"5 (attention.attention.query/key/value, attention.output.dense, intermediate, "
+                                    f"output, layernorm_before/after); the hf_yolos adapter reads that layout: pip "
+                                    f"install 'transformers>=5,<6'")
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
         """The sites of a YOLOS layer (``x + attention(layernorm_before(x))``, then ``x + output.dense(

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["CLIP_SITES", "ClipSiteSpec", "OpenClipAdapter", "image_embedding_dim", "is_open_clip_vit",
            "is_whole_clip", "visual_tower"]
@@ -124,8 +124,8 @@ def visual_tower(model: torch.nn.Module) -> torch.nn.Module:
         return model.visual
     if is_open_clip_vit(model):
         return model
-    raise TypeError(f"model: expected an open_clip CLIP model or its VisionTransformer (model.visual), "
-                    f"got {type(model).__module__}.{type(model).__name__}")
+    raise ArgumentTypeError(f"model: expected an open_clip CLIP model or its VisionTransformer (model.visual), "
+                            f"got {type(model).__module__}.{type(model).__name__}")
 
 
 def image_embedding_dim(model: torch.nn.Module) -> int | None:

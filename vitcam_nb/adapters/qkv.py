@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcam_nb.adapters.base import SiteSpec
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.schema import PROJECTED_QK_SITES, QKV_SITES, SCORES_SITE
 
 __all__ = ["PROJECTED_IO", "SCORES_IO", "SPLIT_IO", "projected_hooks", "projected_qk_sites", "single_head_attention",
@@ -177,8 +178,8 @@ def single_head_attention(model: torch.nn.Module, layers: Sequence[int] = (-1,))
     except TypeError:
         bad = list(layers)
     if bad or not layers:
-        raise ValueError(f"layers: expected block indices in [-{n}, {n - 1}] (this model has "
-                         f"{n} attention blocks), got {list(layers)!r}")
+        raise ArgumentError(f"layers: expected block indices in [-{n}, {n - 1}] (this model has "
+                            f"{n} attention blocks), got {list(layers)!r}")
     # -1 and n-1 name the same block: change it once
     chosen = list(dict.fromkeys(modules[operator.index(layer)] for layer in layers))
     names = [_head_attributes(attn) for attn in chosen]  # every block checked before any is changed
@@ -214,8 +215,8 @@ def _head_attributes(attn: torch.nn.Module) -> tuple[str, str, str]:
         if isinstance(getattr(attn, heads, None), int) and isinstance(getattr(attn, dim, None), int):
             return heads, dim, scale
     known = "; ".join(f"{h}, {d} (and {s})" for h, d, s in _HEAD_ATTRIBUTES)
-    raise TypeError(f"model: single_head_attention changes an attention module's head count and head width; "
-                    f"{type(attn).__name__} has neither attribute pair it knows ({known})")
+    raise ArgumentTypeError(f"model: single_head_attention changes an attention module's head count and head width; "
+                            f"{type(attn).__name__} has neither attribute pair it knows ({known})")
 
 
 def single_head_layers(model: torch.nn.Module, modules: Sequence[torch.nn.Module] | None = None) -> tuple[int, ...]:

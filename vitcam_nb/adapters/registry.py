@@ -24,6 +24,7 @@ from importlib.metadata import entry_points
 
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.wrappers import unsupported_message
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "find_adapter", "register_adapter", "supported_families",
            "unregister_adapter"]
@@ -95,7 +96,7 @@ def register_adapter(adapter: Adapter, *, first: bool = True) -> None:
         >>> unregister_adapter(extra)
     """
     if not isinstance(adapter, Adapter):
-        raise TypeError(f"adapter: expected a vitcam_nb.adapters.Adapter, got {type(adapter).__name__}")
+        raise ArgumentTypeError(f"adapter: expected a vitcam_nb.adapters.Adapter, got {type(adapter).__name__}")
     table = _table()
     if first:
         table.insert(0, adapter)
@@ -124,16 +125,16 @@ def unregister_adapter(adapter: Adapter | str) -> None:
     if isinstance(adapter, str):
         keep = [a for a in table if a.family != adapter]
         if len(keep) == len(table):
-            raise ValueError(f"adapter: no registered adapter of family {adapter!r}; "
-                             f"registered: {', '.join(supported_families())}")
+            raise ArgumentError(f"adapter: no registered adapter of family {adapter!r}; "
+                                f"registered: {', '.join(supported_families())}")
         table[:] = keep
         return
     for i, registered in enumerate(table):
         if registered is adapter:  # identity: a user's second instance of a built-in class stays distinct
             del table[i]
             return
-    raise ValueError(f"adapter: {type(adapter).__name__} (family {getattr(adapter, 'family', '?')!r}) is not "
-                     "registered")
+    raise ArgumentError(f"adapter: {type(adapter).__name__} (family {getattr(adapter, 'family', '?')!r}) is not "
+                        "registered")
 
 
 def supported_families() -> list[str]:
@@ -158,4 +159,4 @@ def find_adapter(model: object) -> Adapter:
     for adapter in _table():
         if adapter.matches(model):
             return adapter
-    raise TypeError(unsupported_message(model, supported_families()))
+    raise ArgumentTypeError(unsupported_message(model, supported_families()))

@@ -6,6 +6,7 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
 from vitcam_nb.adapters.qkv import timm_qkv_sites
+from vitcam_nb.core.errors import ArgumentTypeError
 
 VIT_SITES: dict[str, SiteSpec] = {
     "F1": SiteSpec("norm1", "output", "LayerNorm output before multi-head attention"),
@@ -54,7 +55,7 @@ class VitAdapter(Adapter):
         if reg is not None:
             kinds.extend(["reg"] * reg.shape[1])
         if len(kinds) != model.num_prefix_tokens:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"model: {type(model).__name__} has num_prefix_tokens={model.num_prefix_tokens} but the "
                 f"vit adapter found {kinds}; register an adapter for this family"
             )

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.preprocess import PreparedInput, prepare_input
 
 __all__ = ["IMAGE_SUFFIXES", "Item", "iter_items", "prepare_mask"]
@@ -161,8 +161,8 @@ def iter_items(images: Any, image_labels: Any, masks: Any) -> tuple[Iterator[Ite
     elif isinstance(images, Iterable):
         raw, n = iter(images), None
     else:
-        raise TypeError(f"images: expected a list, an iterator, a folder of image files or a torch DataLoader, "
-                        f"got {type(images).__name__}")
+        raise ArgumentTypeError(f"images: expected a list, an iterator, a folder of image files or a torch DataLoader, "
+                                f"got {type(images).__name__}")
     for name, extra in (("image_labels", image_labels), ("masks", masks)):
         if extra is not None and n is not None and len(extra) != n:
             raise TraceError(f"{name}: {len(extra)} values for {n} images")

@@ -35,7 +35,7 @@ from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.vitcx import VITCX_OPTIONS, score_vitcx
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.provenance import check_traced_scores, check_traced_source
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe
 from vitcam_nb.core.schema import VARIABLES
@@ -87,11 +87,11 @@ def loop_scorer(recipes_or_method: Any, fields: dict) -> Callable[..., xr.Datase
     options = {k: v for k, v in fields.items() if k in (*IG_OPTIONS, *VITCX_OPTIONS)}
     if any(vitcx):
         if any(k in IG_OPTIONS for k in options):
-            raise TypeError(f"vc.score: {sorted(k for k in options if k in IG_OPTIONS)} apply to the integrated "
-                            "gradient, not to ViT-CX")
+            raise ArgumentTypeError(f"vc.score: {sorted(k for k in options if k in IG_OPTIONS)} apply to the "
+                                    f"integrated gradient, not to ViT-CX")
         return lambda trace, model, image, **kw: score_vitcx(trace, model, recipes, image, **options, **kw)
     if any(k in VITCX_OPTIONS for k in options):
-        raise TypeError(f"vc.score: {sorted(k for k in options if k in VITCX_OPTIONS)} apply to ViT-CX only")
+        raise ArgumentTypeError(f"vc.score: {sorted(k for k in options if k in VITCX_OPTIONS)} apply to ViT-CX only")
     return lambda trace, model, image, **kw: score_integrated(trace, model, recipes, image, **options, **kw)
 
 
@@ -105,8 +105,8 @@ def check_traced(trace: Any, model: torch.nn.Module, x: torch.Tensor) -> None:
         TypeError: trace: expected a single-image trace Dataset from vitcam_nb.trace(), got NoneType
     """
     if not isinstance(trace, xr.Dataset) or "image" in trace.dims or "target_class" not in trace.variables:
-        raise TypeError(f"trace: expected a single-image trace Dataset from vitcam_nb.trace(), got "
-                        f"{type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected a single-image trace Dataset from vitcam_nb.trace(), got "
+                                f"{type(trace).__name__}")
     if str(trace.attrs.get("target_kind", "class")) != "class":
         raise TraceError(f"targets: this pass scores the trace's classes along the path alpha * x; the trace's "
                          f"targets are {trace.attrs.get('target_kind')!r}, not class logits")
@@ -191,7 +191,7 @@ def score_integrated(trace: xr.Dataset, model: torch.nn.Module, recipes: list[Re
         ('layer', 'token')
     """
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        raise ArgumentTypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if targets is not None:
         raise TraceError("targets: the integrated gradient differentiates the trace's class logits along alpha * "
                          "x; other targets are not supported")

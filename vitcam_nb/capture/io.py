@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.schema import SUPPORTED_SCHEMAS, is_int, problems
 
@@ -210,8 +210,8 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
         't.nc'
     """
     if not isinstance(trace, (xr.Dataset, xr.DataTree)):
-        raise TypeError(f"trace: expected an xarray.Dataset (or DataTree) from vitcam_nb.trace(), "
-                        f"got {type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected an xarray.Dataset (or DataTree) from vitcam_nb.trace(), "
+                                f"got {type(trace).__name__}")
     path = Path(path)
     kind = _format(path)
     if not path.parent.exists():

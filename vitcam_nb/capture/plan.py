@@ -22,7 +22,7 @@ from vitcam_nb.adapters.registry import find_adapter, supported_families
 from vitcam_nb.adapters.wrappers import unsupported_message, unwrap
 from vitcam_nb.capture.rules import check_rule_for
 from vitcam_nb.capture.runtime import check_autocast, check_device
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, OPTIONAL_SITES, STORAGE_DTYPES
 from vitcam_nb.targets.base import Target
@@ -36,7 +36,7 @@ def _check_family(model: object, dtype: str) -> tuple[Adapter, torch.nn.Module, 
     model it reads (inside torch.compile, DataParallel, DDP or a one-module Sequential when no adapter reads the
     wrapper itself) and the wrappers looked through."""
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        raise ArgumentTypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     try:
         adapter, inner, wrappers = find_adapter(model), model, []
     except TypeError:
@@ -46,9 +46,9 @@ def _check_family(model: object, dtype: str) -> tuple[Adapter, torch.nn.Module, 
         try:
             adapter = find_adapter(inner)
         except TypeError:
-            raise TypeError(unsupported_message(model, supported_families()) + f" Looked through {wrappers} to "
-                            f"{type(inner).__module__}.{type(inner).__name__}, which is not supported "
-                            "either.") from None
+            raise ArgumentTypeError(unsupported_message(model, supported_families()) + f" Looked through {wrappers} to "
+                                    f"{type(inner).__module__}.{type(inner).__name__}, which is not supported "
+                                    "either.") from None
     if dtype not in STORAGE_DTYPES:
         raise TraceError(f"dtype: expected one of {list(STORAGE_DTYPES)}, got {dtype!r}")
     return adapter, inner, tuple(wrappers)

@@ -22,7 +22,7 @@ import xarray as xr
 from vitcam_nb.capture.store import dims_of
 from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.capture.store_lock import lock_entry_ignored
-from vitcam_nb.core.errors import TraceFileError
+from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, TraceFileError
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS, is_int
 
 __all__ = ["image_choices", "image_trace", "is_store", "open_traces"]
@@ -106,10 +106,10 @@ def image_trace(ds: xr.Dataset, index: int) -> xr.Dataset:
         ('expected_logit', ('y', 'x', 'rgb'))
     """
     if not is_store(ds):
-        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+        raise ArgumentTypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     n = ds.sizes["image"]
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not -n <= index < n:
-        raise IndexError(f"index: expected an int in [-{n}, {n - 1}], got {index!r}")
+        raise ArgumentIndexError(f"index: expected an int in [-{n}, {n - 1}], got {index!r}")
     one = ds.isel(image=int(index)).load()
     one.attrs = {**ds.attrs, "image_index": int(ds["image"].values[index])}
     return single_trace(one)
@@ -127,7 +127,7 @@ def image_choices(ds: xr.Dataset) -> list[tuple[str, int]]:
         [('image 0', 0)]
     """
     if not is_store(ds):
-        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+        raise ArgumentTypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     names = ds["class_label"].values if "class_label" in ds.coords else None
     index = ds["image"].values
     sources = ds["source"].values if "source" in ds.coords else [""] * len(index)

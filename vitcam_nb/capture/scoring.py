@@ -41,7 +41,7 @@ from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.capture.hooks import eval_mode, removable_hooks
 from vitcam_nb.capture.integrated import loop_scorer
 from vitcam_nb.capture.runtime import check_autocast, on_device
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.provenance import check_traced_scores, check_traced_source
 from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.schema import SCORE_VARIABLES, VARIABLES
@@ -76,8 +76,8 @@ def _recipes(recipes_or_method: Any, fields: dict) -> list[Recipe]:
             all(isinstance(r, Recipe) for r in recipes_or_method):
         recipes = list(recipes_or_method)
     else:
-        raise TypeError(f"recipes_or_method: expected a weighting name, a vitcam_nb.Recipe or a list of them, got "
-                        f"{recipes_or_method!r}")
+        raise ArgumentTypeError(f"recipes_or_method: expected a weighting name, a vitcam_nb.Recipe or a list of them, "
+                                f"got {recipes_or_method!r}")
     for r in recipes:
         if not WEIGHTINGS.get(r.weighting).scores:
             scored = [w.name for w in WEIGHTINGS.values() if w.scores]
@@ -207,8 +207,8 @@ def _ablating(model: torch.nn.Module, adapter: Adapter, layer: int, site: str, r
 
 def _check(trace: Any, model: Any, adapter: Adapter, x: torch.Tensor, batch_size: Any) -> None:
     if not isinstance(trace, xr.Dataset) or "image" in trace.dims or "act" not in trace.variables:
-        raise TypeError(f"trace: expected a single-image trace Dataset with token sites from vitcam_nb.trace(), got "
-                        f"{type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected a single-image trace Dataset with token sites from "
+                                f"vitcam_nb.trace(), got {type(trace).__name__}")
     if getattr(adapter, "hierarchical", False) or type(adapter).arrange is not Adapter.arrange or \
             type(adapter).arrange_traced is not Adapter.arrange_traced:
         raise TraceError(f"model: vc.score reads and zeroes sites in the model's own (batch, token, channel) layout; "
@@ -246,10 +246,10 @@ def refuse_unscorable(trace: Any) -> None:
         >>> refuse_unscorable(xr.Dataset())  # a flat trace outside autocast: nothing to say
     """
     if isinstance(trace, xr.DataTree):
-        raise TypeError("trace: got a DataTree, the form of a hierarchical (Swin) trace; vc.score does not support "
-                        "Swin (hierarchical) traces: Score-CAM, Ablation-CAM, gScore-CAM, ViT-CX and the "
-                        "integrated-gradient rollouts read and perturb one flat patch grid. vc.cam computes the "
-                        "gradient and attention recipes of this trace without vc.score")
+        raise ArgumentTypeError("trace: got a DataTree, the form of a hierarchical (Swin) trace; vc.score does not "
+                                "support Swin (hierarchical) traces: Score-CAM, Ablation-CAM, gScore-CAM, ViT-CX and "
+                                "the integrated-gradient rollouts read and perturb one flat patch grid. vc.cam "
+                                "computes the gradient and attention recipes of this trace without vc.score")
     try:
         check_autocast()
     except TraceError:
@@ -297,7 +297,7 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
 
     refuse_unscorable(trace)
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        raise ArgumentTypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     scorer = loop_scorer(recipes_or_method, fields)
     if scorer is not None:  # integrated gradients (TAM, Beyond Intuition) and ViT-CX: capture.integrated
         return scorer(trace, model, image, batch_size=batch_size, device=device, progress=progress, targets=targets)

@@ -35,7 +35,7 @@ from vitcam_nb.capture.scoring import pending, refuse_unscorable
 from vitcam_nb.capture.scoring import score as score_one
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_lock import StoreLock
-from vitcam_nb.core.errors import TraceError, TraceFileError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError, TraceFileError
 from vitcam_nb.core.schema import SCORE_VARIABLES, VARIABLES
 from vitcam_nb.targets.base import Target
 
@@ -47,8 +47,8 @@ def _store_path(store: Any) -> Path:
         return Path(store)
     source = store.encoding.get("source") if isinstance(store, xr.Dataset) else None
     if not source:
-        raise TypeError("trace: this many-image Dataset does not say which store it was opened from (a selection "
-                        "loses that); pass the store's path, as returned by vc.trace_many")
+        raise ArgumentTypeError("trace: this many-image Dataset does not say which store it was opened from (a "
+                                "selection loses that); pass the store's path, as returned by vc.trace_many")
     return Path(source)
 
 
@@ -71,8 +71,8 @@ def _score_locked(store: Any, path: Path, model: torch.nn.Module, recipes_or_met
 
     ds = open_traces(path)
     if isinstance(store, xr.Dataset) and not np.array_equal(store["image"].values, ds["image"].values):
-        raise TypeError("trace: a selection of a store's images cannot be scored in place; pass the store's path "
-                        "(every done image is scored, and a rerun skips those already scored)")
+        raise ArgumentTypeError("trace: a selection of a store's images cannot be scored in place; pass the store's "
+                                "path (every done image is scored, and a rerun skips those already scored)")
     if images is None:
         raise TraceError("images: vc.score on a store needs the images given to trace_many, in the same order (the "
                          "store keeps only uint8 display copies of the model inputs)")

@@ -21,6 +21,7 @@ import xarray as xr
 from vitcam_nb.capture.assemble import assemble, to_numpy
 from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.provenance import settings_id
 from vitcam_nb.core.schema import ATTENTION_SITE, ROOT_COORDS, ROOT_VARS
 from vitcam_nb.preprocess import PreparedInput
@@ -72,7 +73,7 @@ def assemble_tree(plan: TracePlan, prepared: PreparedInput, image: ImagePass, ru
                               coords={c: ds[c] for c in ROOT_COORDS if c in ds.coords}, attrs=dict(ds.attrs))
         nodes[f"stage_{s}"] = ds.drop_vars([*ROOT_VARS, *[c for c in ROOT_COORDS if c != "target"]])
     if root is None:
-        raise ValueError("layers: no traced layer lies in any stage of the model")
+        raise ArgumentError("layers: no traced layer lies in any stage of the model")
     # One trace, one id: the root's settings cover every traced layer.
     trace_id = settings_id({"stages": [nodes[k].attrs["trace_id"] for k in sorted(nodes)], "sites": plan.site_ids})
     for ds in [root, *nodes.values()]:

@@ -29,7 +29,7 @@ import xarray as xr
 
 from vitcam_nb.capture.hooks import eval_mode
 from vitcam_nb.capture.runtime import exclusive, on_device
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.provenance import array_sha256, check_traced_scores, weights_sha256
 from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.schema import VARIABLES
@@ -163,8 +163,8 @@ def score_vitcx(trace: xr.Dataset, model: torch.nn.Module, recipes: list[Recipe]
         raise TraceError("targets: ViT-CX scores the softmax probabilities of the trace's classes; other targets "
                          "are not supported")
     if not isinstance(trace, xr.Dataset) or "image" in trace.dims or "target_class" not in trace.variables:
-        raise TypeError(f"trace: expected a single-image trace Dataset from vitcam_nb.trace(), got "
-                        f"{type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected a single-image trace Dataset from vitcam_nb.trace(), got "
+                                f"{type(trace).__name__}")
     if len({(r.site, _layer(trace, r)) for r in recipes}) != 1:
         raise RecipeError("recipes_or_method: ViT-CX keeps the masks of one site and block per trace")
     if not is_int(batch_size) or batch_size < 1:

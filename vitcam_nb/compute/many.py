@@ -26,7 +26,7 @@ from vitcam_nb.compute.maps import map_dims
 from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError, user_stacklevel
+from vitcam_nb.core.errors import ArgumentTypeError, DegenerateMapWarning, RecipeError, TraceError, user_stacklevel
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind, kind_for
 from vitcam_nb.core.recipe import Recipe, recipe_arguments
 from vitcam_nb.core.schema import ATTENTION_SITE, is_int
@@ -137,7 +137,7 @@ def cam_many(ds: xr.Dataset, recipe: Recipe | None = None, *, grid: bool = False
     import dask.array as da
 
     if not is_store(ds):
-        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+        raise ArgumentTypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     recipe = recipe_arguments(recipe, grid, fields)
     kind = kind_for(ds, recipe)
     if kind.name != MANY.name:  # a map store (vc.map_many) reads its stored maps

@@ -32,7 +32,7 @@ from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.video import stacked_frames
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.presets import PRESETS
 from vitcam_nb.core.presets import get as preset
@@ -51,8 +51,8 @@ def _one(item: Any, i: int) -> Recipe:
         return item
     if isinstance(item, str):
         return preset(item) if item in PRESETS else Recipe.parse(item)
-    raise TypeError(f"recipes_or_space: item {i} is a {type(item).__name__}; expected a Recipe, a preset name or a "
-                    "recipe line (Recipe.to_string)")
+    raise ArgumentTypeError(f"recipes_or_space: item {i} is a {type(item).__name__}; expected a Recipe, a preset name "
+                            f"or a recipe line (Recipe.to_string)")
 
 
 def as_recipes(recipes_or_space: Any) -> list[Recipe]:
@@ -77,8 +77,8 @@ def as_recipes(recipes_or_space: Any) -> list[Recipe]:
         if not recipes:
             raise RecipeError(f"recipes_or_space: no combination of {fields} is a valid recipe")
     elif isinstance(recipes_or_space, (Recipe, str)) or not isinstance(recipes_or_space, Sequence):
-        raise TypeError("recipes_or_space: expected a list of Recipes, preset names or recipe lines, or a space "
-                        f"{{field: [values]}}, got {type(recipes_or_space).__name__}")
+        raise ArgumentTypeError(f"recipes_or_space: expected a list of Recipes, preset names or recipe lines, or a "
+                                f"space {{field: [values]}}, got {type(recipes_or_space).__name__}")
     else:
         recipes = [_one(r, i) for i, r in enumerate(recipes_or_space)]
         if not recipes:

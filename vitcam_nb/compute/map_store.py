@@ -37,7 +37,7 @@ from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.video import VIDEO, upsample_clip
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
+from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import Recipe
 
@@ -94,7 +94,7 @@ def _position(ds: xr.Dataset, recipe: Recipe) -> tuple[int, dict]:
     """Which stored recipe ``recipe`` reads (any upsampling of it; a relative layer names the stored absolute
     one); a recipe the store lacks is refused, naming it."""
     if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+        raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     info, index = _store_info(ds)
     keys = [_key(recipe)]
     try:
@@ -229,10 +229,10 @@ def image_maps(ds: xr.Dataset, i: int) -> xr.Dataset:
         ('recipe', 'gy', 'gx')
     """
     if not is_map_store(ds) or "image" not in ds.dims:
-        raise TypeError("ds: expected a map store from vc.open_maps")
+        raise ArgumentTypeError("ds: expected a map store from vc.open_maps")
     n = ds.sizes["image"]
     if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
-        raise IndexError(f"i: expected an image position in -{n}..{n - 1}, got {i!r}")
+        raise ArgumentIndexError(f"i: expected an image position in -{n}..{n - 1}, got {i!r}")
     return ds.isel(image=int(i)).load()
 
 

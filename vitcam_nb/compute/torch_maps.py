@@ -38,7 +38,7 @@ from vitcam_nb.compute.pipeline import (
 )
 from vitcam_nb.compute.torch_spatial import normalise, to_grid
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, RecipeError
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, ROLLOUTS, Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -99,7 +99,7 @@ def torch_refusal(recipe: Recipe) -> str:
         ('', 'weighting: agcam has no torch ')
     """
     if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+        raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     if WEIGHTINGS.get(recipe.weighting).torch_kernel is None:
         return (f"weighting: {recipe.weighting} has no torch kernel (a published method or a whole-image kind "
                 "computed from several sites); compute it with vc.cam on a trace")
@@ -148,14 +148,14 @@ def token_layout(token_kind: Any, patch_row: Any, patch_col: Any, grid: tuple[in
     """
     kinds = np.asarray(token_kind).astype(str)
     if not np.shape(patch_row) == np.shape(patch_col) == kinds.shape:
-        raise ValueError(f"patch_row, patch_col: one per token like token_kind {kinds.shape}, got "
-                         f"{np.shape(patch_row)} and {np.shape(patch_col)}")
+        raise ArgumentError(f"patch_row, patch_col: one per token like token_kind {kinds.shape}, got "
+                            f"{np.shape(patch_row)} and {np.shape(patch_col)}")
     patch = np.flatnonzero(kinds == "patch")
     gh, gw = (int(v) for v in grid)
     if patch.size != gh * gw:
-        raise ValueError(f"token_kind: {patch.size} patch tokens for a {gh}x{gw} grid; give every token's kind")
+        raise ArgumentError(f"token_kind: {patch.size} patch tokens for a {gh}x{gw} grid; give every token's kind")
     if dtype not in ("float32", "float16"):
-        raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
+        raise ArgumentError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
     layers = np.asarray(layers, np.int64)
     flat = np.asarray(patch_row)[patch] * gw + np.asarray(patch_col)[patch]
     return TraceView(attrs={"num_heads": num_heads, **(attrs or {})}, arrays={}, layers=layers, sites=[],
@@ -198,10 +198,10 @@ def _need(tensors: Mapping[str, Any], name: str, ndim: int, batch: int | None = 
                           f"(given: {sorted(tensors)})")
     t = tensors[name]
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"tensors[{name!r}]: expected a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentTypeError(f"tensors[{name!r}]: expected a torch.Tensor, got {type(t).__name__}")
     if t.ndim != ndim or (batch is not None and t.shape[0] != batch):
-        raise ValueError(f"tensors[{name!r}]: expected {ndim} dimensions with {batch} images first, got shape "
-                         f"{tuple(t.shape)}")
+        raise ArgumentError(f"tensors[{name!r}]: expected {ndim} dimensions with {batch} images first, got shape "
+                            f"{tuple(t.shape)}")
     return t
 
 
@@ -388,11 +388,11 @@ def cam_tensors(recipe: Recipe, tensors: Mapping[str, torch.Tensor], layout: Tra
     if refusal:
         raise RecipeError(refusal)
     if not isinstance(layout, TraceView):
-        raise TypeError(f"layout: expected the token layout of vitcam_nb.compute.torch_maps.layout_of, got "
-                        f"{type(layout).__name__}")
+        raise ArgumentTypeError(f"layout: expected the token layout of vitcam_nb.compute.torch_maps.layout_of, got "
+                                f"{type(layout).__name__}")
     if not isinstance(tensors, Mapping):
-        raise TypeError(f"tensors: expected a mapping of trace variable names to torch tensors, got "
-                        f"{type(tensors).__name__}")
+        raise ArgumentTypeError(f"tensors: expected a mapping of trace variable names to torch tensors, got "
+                                f"{type(tensors).__name__}")
     logits_t = _need(tensors, "logits", 2)
     batch = int(logits_t.shape[0])
     logits = logits_t.detach().to("cpu", torch.float32).numpy()

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.compute import spatial
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, RecipeError
 from vitcam_nb.core.recipe import NORMALIZES, UPSAMPLES, Recipe
 
 __all__ = ["grid_reads_exactly", "normalise", "read_map", "to_grid", "upsample"]
@@ -73,8 +73,8 @@ def to_grid(raw: torch.Tensor, flat: np.ndarray | torch.Tensor, grid: tuple[int,
     """
     flat = np.asarray(flat.cpu() if isinstance(flat, torch.Tensor) else flat)
     if np.sort(flat).tolist() != list(range(grid[0] * grid[1])):
-        raise ValueError(f"flat: expected each of the {grid[0]}x{grid[1]} raster positions once (a view's patch "
-                         f"tokens cover the grid), got {flat.size} positions")
+        raise ArgumentError(f"flat: expected each of the {grid[0]}x{grid[1]} raster positions once (a view's patch "
+                            f"tokens cover the grid), got {flat.size} positions")
     # Every cell has one token: a gather, or no copy at all in raster order, instead of a scatter into zeros.
     order = np.argsort(flat)
     raw = raw.to(torch.float32)
@@ -111,5 +111,5 @@ def read_map(grid: np.ndarray | torch.Tensor, recipe: Recipe, size: tuple[int, i
     if isinstance(grid, torch.Tensor):
         return normalise(upsample(grid, size, recipe.upsample, pad), recipe.normalize)
     if not isinstance(grid, np.ndarray):
-        raise TypeError(f"grid: expected a numpy array or a torch tensor, got {type(grid).__name__}")
+        raise ArgumentTypeError(f"grid: expected a numpy array or a torch tensor, got {type(grid).__name__}")
     return spatial.normalise(spatial.upsample(grid, size, recipe.upsample, pad), recipe.normalize)

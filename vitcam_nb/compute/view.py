@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, LOOP_VARIABLES, SCORE_VARIABLES, SUPPORTED_SCHEMAS
 
@@ -103,7 +103,8 @@ class TraceView:
     @classmethod
     def of(cls, trace: Any) -> TraceView:
         if not isinstance(trace, xr.Dataset):
-            raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+            raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
+                                    f"{type(trace).__name__}")
         key = id(trace)
         signature = cls._signature(trace)
         ref, cached = _VIEWS.get(key, (None, None))

@@ -24,7 +24,7 @@ from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import ROLLOUTS, Recipe, is_int
 
@@ -156,9 +156,9 @@ def _report(trace: xr.Dataset, recipe: Recipe) -> tuple[Checklist, str]:
 
 def _check(trace: xr.Dataset, recipe: Recipe) -> None:
     if not isinstance(trace, xr.Dataset):
-        raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
     if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+        raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     if recipe.site != "xattn":
         raise RecipeError(f"site: the xattn kind computes site 'xattn' only, got {recipe.site!r}")
     if "xattn" not in trace.variables or "xattn_grad" not in trace.variables:

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vitcam_nb.core.errors import VitcamError
+
 __all__ = ["AUDIT_DIR", "CARD_FIELDS", "CARD_VERSION", "NOT_APPLICABLE", "NOT_REPORTED", "PaperCardError",
            "card_choices", "load_schema", "template", "validate_card"]
 
@@ -42,7 +44,7 @@ CARD_FIELDS = {
 }
 
 
-class PaperCardError(ValueError):
+class PaperCardError(VitcamError, ValueError):
     """A paper card that does not follow the schema; the message names the field and what is allowed.
 
     Example:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitcam_nb.core.card_schema import CARD_FIELDS, CARD_VERSION, NOT_REPORTED, PaperCardError, validate_card
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.version import __version__
 
@@ -72,10 +73,10 @@ class Checklist(dict):
         """
         if not card:
             if paper is not None:
-                raise TypeError("paper: only a paper card (card=True) has paper metadata")
+                raise ArgumentTypeError("paper: only a paper card (card=True) has paper metadata")
             return json.dumps(self, sort_keys=False)
         if paper is not None and not isinstance(paper, Mapping):
-            raise TypeError(f"paper: expected a dict of paper metadata, got {type(paper).__name__}")
+            raise ArgumentTypeError(f"paper: expected a dict of paper metadata, got {type(paper).__name__}")
         out: dict[str, Any] = {"card_version": CARD_VERSION, "paper": {
             "title": NOT_REPORTED, "year": NOT_REPORTED, "doi": NOT_REPORTED, "library": f"vitcam_nb {__version__}",
             "justification": NOT_REPORTED, **dict(paper or {})}}
@@ -104,15 +105,15 @@ class Checklist(dict):
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"text: not valid checklist JSON ({exc})") from exc
+                raise ArgumentError(f"text: not valid checklist JSON ({exc})") from exc
         else:
             data = text
         if not isinstance(data, Mapping):
-            raise TypeError(f"text: expected checklist JSON or a paper card, got {type(data).__name__}")
+            raise ArgumentTypeError(f"text: expected checklist JSON or a paper card, got {type(data).__name__}")
         if "card_version" not in data:
             bad = [k for k, v in data.items() if not isinstance(v, Mapping)]
             if bad:
-                raise ValueError(f"text: category {bad[0]!r} must map items to text")
+                raise ArgumentError(f"text: category {bad[0]!r} must map items to text")
             return cls({k: dict(v) for k, v in data.items()})
         card = validate_card(data)
         if "checklist" not in card:

@@ -1,7 +1,8 @@
 """Exceptions and warnings raised by vitcam_nb.
 
-Every refusal names the argument, the value it got and what is allowed, and subclasses ``ValueError``
-or ``TypeError`` so that ordinary ``except ValueError`` code catches it. A warning points at the user's
+Every refusal names the argument, the value it got and what is allowed. Every error the kit raises is a
+:class:`VitcamError` (``except vitcam_nb.VitcamError`` catches them all) and also a ``ValueError``, ``TypeError`` or
+``IndexError``, so that ordinary ``except ValueError`` code catches it too. A warning points at the user's
 line (:func:`user_stacklevel`), not at the package.
 """
 
@@ -13,7 +14,47 @@ import sys
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class TraceError(ValueError):
+class VitcamError(Exception):
+    """Base of every error vitcam_nb raises; each is also a ``ValueError``, ``TypeError`` or ``IndexError``.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> try:
+        ...     vc.Recipe(site="F9")
+        ... except vc.VitcamError as e:
+        ...     print(type(e).__name__)
+        RecipeError
+    """
+
+
+class ArgumentError(VitcamError, ValueError):
+    """An argument whose value is not allowed; the message names the argument, what it got and what is allowed.
+
+    Example:
+        >>> isinstance(ArgumentError("batch_size: expected an int >= 1, got 0"), ValueError)
+        True
+    """
+
+
+class ArgumentTypeError(VitcamError, TypeError):
+    """An argument of a type the function does not take; the message names the argument and the types it takes.
+
+    Example:
+        >>> isinstance(ArgumentTypeError("path: expected a str or os.PathLike, got int"), TypeError)
+        True
+    """
+
+
+class ArgumentIndexError(VitcamError, IndexError):
+    """A position outside the images, frames or cells there are; the message names the range.
+
+    Example:
+        >>> isinstance(ArgumentIndexError("index: expected an int in [0, 2], got 5"), IndexError)
+        True
+    """
+
+
+class TraceError(VitcamError, ValueError):
     """Bad input to :func:`vitcam_nb.trace` or a trace that cannot be used.
 
     Example:
@@ -25,7 +66,7 @@ class TraceError(ValueError):
     """
 
 
-class RecipeError(ValueError):
+class RecipeError(VitcamError, ValueError):
     """A recipe field with a value that is unknown, mistyped or meaningless for the other choices.
 
     Example:
@@ -34,7 +75,7 @@ class RecipeError(ValueError):
     """
 
 
-class TraceFileError(ValueError):
+class TraceFileError(VitcamError, ValueError):
     """A trace file that is truncated, corrupted, foreign or of an unsupported schema version.
 
     Example:
@@ -54,7 +95,7 @@ class OutputExistsError(TraceFileError):
     """
 
 
-class ExportError(ValueError):
+class ExportError(VitcamError, ValueError):
     """An export argument that is not allowed, or an export that cannot be made (over its size limit, or no
     recipe of the chosen axes that the trace can give); nothing is written.
 
@@ -94,7 +135,7 @@ class RandomWeightsWarning(UserWarning):
     """
 
 
-class WeightsError(ValueError):
+class WeightsError(VitcamError, ValueError):
     """Weights that cannot be loaded: not in the local cache while offline, not a safetensors file, or a state dict
     that does not fit the architecture.
 

@@ -27,9 +27,14 @@ _INLINE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;", "
 _INLINE_RE = re.compile("[" + re.escape("".join(_INLINE)) + "]")
 # "_" emphasises only at a word boundary, so snake_case names stay readable in the markdown source.
 _UNDERSCORE_RE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
-# Bare URLs that GFM-style renderers (mistune's url plugin, marked) turn into links, taking a following
-# "&gt;" into the address: "://" and "www." lose their trigger character.
-_AUTOLINK_RE = re.compile(r":(?=//)|(?<![A-Za-z0-9])(www)\.", re.IGNORECASE)
+# Bare URLs, e-mail addresses and domains that GFM-style renderers (mistune's url plugin, marked) and linkify
+# (markdown-it, as VS Code renders notebooks) turn into links: "://", "www.", "@" and the dot before a top-level
+# domain (linkify's own list, and any two letters) lose their trigger character. "mailto:" and "xmpp:" links
+# need an "@" too.
+_AUTOLINK_RE = re.compile(r":(?=//)|(?<![A-Za-z0-9])(www)\.|@|(?<=[A-Za-z0-9-])\.(?=(?:biz|com|edu|gov|net|org|"
+                          r"pro|web|xxx|aero|asia|coop|info|museum|name|shop|[a-z]{2})(?![A-Za-z0-9-]))",
+                          re.IGNORECASE)
+_AUTOLINK = {":": "&#58;", "@": "&#64;", ".": "&#46;"}
 # What starts a block at the beginning of a line: heading, list item, thematic break, setext underline,
 # ordered list item ("1." / "1)"). Leading whitespace is dropped (it would make an indented code block, and
 # HTML does not show it).
@@ -45,8 +50,9 @@ def _line_start(match: re.Match) -> str:
 
 
 def escape_markdown(text: object, *, inline: bool = False) -> str:
-    """``text`` as markdown that renders literally: no tag, entity, link (bare URLs included), image,
-    emphasis, code span, table cell break or block (heading, list, code block) comes from it.
+    """``text`` as markdown that renders literally: no tag, entity, link (bare URLs, e-mail addresses and
+    domains included), image, emphasis, code span, table cell break or block (heading, list, code block) comes
+    from it.
     ``inline=True`` also joins its lines with spaces (for a table cell, which a newline would end).
 
     Example:
@@ -54,12 +60,14 @@ def escape_markdown(text: object, *, inline: bool = False) -> str:
         '&#42;a&#42; &lt;b&gt; &amp; &#95;c&#95; snake_case'
         >>> escape_markdown("# x\\n  - y\\n2. z")
         '&#35; x\\n&#45; y\\n2&#46; z'
+        >>> escape_markdown("me@example.org blocks.0.norm1")
+        'me&#64;example&#46;org blocks.0.norm1'
     """
     # Every line break (a lone "\r" ends a markdown line too) becomes "\n", or a space when inline.
     text = (" " if inline else "\n").join(str(text).splitlines())
     text = _INLINE_RE.sub(lambda m: _INLINE[m.group(0)], text)
     text = _UNDERSCORE_RE.sub("&#95;", text)
-    text = _AUTOLINK_RE.sub(lambda m: f"{m.group(1)}&#46;" if m.group(1) else "&#58;", text)
+    text = _AUTOLINK_RE.sub(lambda m: f"{m.group(1)}&#46;" if m.group(1) else _AUTOLINK[m.group(0)], text)
     return _LINE_START_RE.sub(_line_start, text)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.registry import Registry
 
 __all__ = ["TRACE_KINDS", "MapValues", "TraceKind", "kind_for"]
@@ -104,7 +104,7 @@ def kind_for(trace: Any, recipe: Any = None) -> TraceKind:
         TypeError: trace: expected an xarray.Dataset from vitcam_nb.trace(), got list
     """
     if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
-        raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
     for kind in TRACE_KINDS.values():
         if kind.accepts(trace, recipe):
             return kind

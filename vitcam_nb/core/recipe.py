@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe_text import parse_fields, to_string
 from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
@@ -416,11 +416,11 @@ def recipe_arguments(recipe: Recipe | None, grid: bool, fields: Mapping[str, Any
     if recipe is None:
         recipe = Recipe.from_dict(fields)
     elif not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+        raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     elif fields:
         recipe = recipe.replace(**fields)
     if not isinstance(grid, bool):
-        raise TypeError(f"grid: expected True or False, got {grid!r}")
+        raise ArgumentTypeError(f"grid: expected True or False, got {grid!r}")
     return recipe.replace(upsample="none") if grid and recipe.upsample != "none" else recipe
 
 

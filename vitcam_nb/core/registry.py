@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
+from vitcam_nb.core.errors import ArgumentError
+
 T = TypeVar("T")
 
 __all__ = ["Registry"]
@@ -46,10 +48,10 @@ class Registry(Generic[T]):
             2
         """
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name: expected a non-empty string naming the {self.what}, got {name!r}")
+            raise ArgumentError(f"name: expected a non-empty string naming the {self.what}, got {name!r}")
         if name in self._entries and not replace:
-            raise ValueError(f"name: a {self.what} named {name!r} is registered already; "
-                             f"registered: {self.names()}")
+            raise ArgumentError(f"name: a {self.what} named {name!r} is registered already; "
+                                f"registered: {self.names()}")
         if first and name not in self._entries:
             self._entries = {name: entry, **self._entries}
         else:
@@ -63,7 +65,7 @@ class Registry(Generic[T]):
             (1, [])
         """
         if name not in self._entries:
-            raise ValueError(f"name: no {self.what} named {name!r} is registered; registered: {self.names()}")
+            raise ArgumentError(f"name: no {self.what} named {name!r} is registered; registered: {self.names()}")
         return self._entries.pop(name)
 
     def get(self, name: str) -> T:
@@ -76,7 +78,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except (KeyError, TypeError):
-            raise ValueError(f"name: no {self.what} named {name!r}; registered: {self.names()}") from None
+            raise ArgumentError(f"name: no {self.what} named {name!r}; registered: {self.names()}") from None
 
     def names(self) -> list[str]:
         """Names in lookup order.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentTypeError
 from vitcam_nb.core.registry import Registry
 
 __all__ = ["WEIGHTINGS", "Kernel", "ScoredKernel", "Weighting", "channel_weighting_names", "register_weighting",
@@ -90,13 +91,14 @@ def register_weighting(weighting: Weighting, *, replace: bool = False) -> None:
         >>> _ = WEIGHTINGS.unregister("grad_abs_demo")
     """
     if not isinstance(weighting, Weighting):
-        raise TypeError(f"weighting: expected a vitcam_nb.core.weighting.Weighting, got {type(weighting).__name__}")
+        raise ArgumentTypeError(f"weighting: expected a vitcam_nb.core.weighting.Weighting, got "
+                                f"{type(weighting).__name__}")
     if not callable(weighting.kernel):
-        raise TypeError(f"weighting: the kernel of {weighting.name!r} is not callable")
+        raise ArgumentTypeError(f"weighting: the kernel of {weighting.name!r} is not callable")
     if weighting.channel_weights is not None and not callable(weighting.channel_weights):
-        raise TypeError(f"weighting: the channel_weights of {weighting.name!r} is not callable")
+        raise ArgumentTypeError(f"weighting: the channel_weights of {weighting.name!r} is not callable")
     if weighting.torch_kernel is not None and not callable(weighting.torch_kernel):
-        raise TypeError(f"weighting: the torch_kernel of {weighting.name!r} is not callable")
+        raise ArgumentTypeError(f"weighting: the torch_kernel of {weighting.name!r} is not callable")
     WEIGHTINGS.register(weighting.name, weighting, replace=replace)
 
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
+from vitcam_nb.core.errors import ArgumentError
+
 __all__ = ["LinearSegmenter"]
 
 
@@ -34,7 +36,7 @@ class LinearSegmenter(VisionTransformer):
 
     def __init__(self, num_seg_classes: int, **vit_kwargs: Any):
         if not isinstance(num_seg_classes, int) or num_seg_classes < 1:
-            raise ValueError(f"num_seg_classes: expected an int >= 1, got {num_seg_classes!r}")
+            raise ArgumentError(f"num_seg_classes: expected an int >= 1, got {num_seg_classes!r}")
         super().__init__(**{**vit_kwargs, "num_classes": 0})
         self.num_seg_classes = num_seg_classes
         self.seg_head = torch.nn.Linear(self.embed_dim, num_seg_classes)

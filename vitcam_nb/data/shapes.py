@@ -17,6 +17,8 @@ from typing import Literal
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
+
 __all__ = ["CLASS_NAMES", "NUM_CLASSES", "MEAN", "STD", "generator_settings", "shapes", "shortcut_marks"]
 
 CLASS_NAMES: tuple[str, ...] = ("circle", "square", "triangle", "cross", "ring")
@@ -81,11 +83,11 @@ def shapes(
     ['ring', 'cross', 'circle']
     """
     if shortcut not in (False, True, "random"):
-        raise ValueError(f"shortcut must be False, True or 'random', got {shortcut!r}")
+        raise ArgumentError(f"shortcut must be False, True or 'random', got {shortcut!r}")
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise ArgumentError(f"n must be >= 0, got {n}")
     if size < 16:
-        raise ValueError(f"size must be >= 16, got {size}")
+        raise ArgumentError(f"size must be >= 16, got {size}")
     rng = np.random.default_rng(seed)
     images = np.empty((n, size, size, 3), dtype=np.uint8)
     labels = np.empty((n,), dtype=np.int64)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.data.shapes import background, contrasting_colour, coverage, paint, rotate, sd_box
 
 __all__ = ["DET_CLASS_NAMES", "MAX_OBJECTS", "NO_OBJECT", "detection_generator_settings", "shapes_detection"]
@@ -54,9 +55,9 @@ def shapes_detection(n: int, seed: int, size: int = 64) -> tuple[np.ndarray, np.
         True
     """
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise ArgumentError(f"n must be >= 0, got {n}")
     if size < 32:
-        raise ValueError(f"size must be >= 32, got {size}")
+        raise ArgumentError(f"size must be >= 32, got {size}")
     rng = np.random.default_rng(seed)
     s = size / 64.0
     img = background(rng, n, size) if n else np.zeros((0, size, size, 3), np.float32)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.data.shapes import CLASS_NAMES, NUM_CLASSES
 
 __all__ = ["CLASS_NAMES", "NUM_CLASSES", "shape_clips", "video_generator_settings"]
@@ -64,11 +65,11 @@ def shape_clips(n: int, seed: int, frames: int = 4, size: int = 32,
     True
     """
     if n < 0:
-        raise ValueError(f"n: expected >= 0, got {n}")
+        raise ArgumentError(f"n: expected >= 0, got {n}")
     if size < 16:
-        raise ValueError(f"size: expected >= 16, got {size}")
+        raise ArgumentError(f"size: expected >= 16, got {size}")
     if span < 1 or frames < span or frames % span:
-        raise ValueError(f"span: expected a divisor of frames ({frames}) between 1 and frames, got {span}")
+        raise ArgumentError(f"span: expected a divisor of frames ({frames}) between 1 and frames, got {span}")
     rng = np.random.default_rng(seed)
     s = size / 32.0
     t = np.arange(frames)

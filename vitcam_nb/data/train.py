@@ -5,11 +5,10 @@ Usage::
     python -m vitcam_nb.data.train --model shapes-vit
     python -m vitcam_nb.data.train --model all            # the three bundled models, one after another
 
-Every epoch draws fresh images from :func:`vitcam_nb.data.shapes.shapes` with its own seed, so the
-training set is ``epochs x images_per_epoch`` distinct images and the recorded seeds regenerate it. The
-test accuracy is measured on images from a seed never used in training. The script writes
-``<name>.safetensors`` (the state dict) and ``<name>.json`` (the model card) to ``--out`` (default: the
-package's ``data/models`` folder).
+Every epoch draws fresh images from :func:`vitcam_nb.data.shapes.shapes` with its own seed, so the training set
+is ``epochs x images_per_epoch`` distinct images and the recorded seeds regenerate it. The test accuracy is
+measured on images from a seed never used in training. The script writes ``<name>.safetensors`` (the state
+dict) and ``<name>.json`` (the model card) to ``--out`` (default: the package's ``data/models`` folder).
 
 Runs are deterministic for a given torch build and thread count; the script pins one thread.
 """
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes import CLASS_NAMES, MEAN, STD, generator_settings, shapes
 
@@ -245,7 +245,7 @@ def _warm_start(model: torch.nn.Module, weights: Path) -> dict:
     if pos_src.shape != pos_dst.shape:
         extra = pos_src.shape[1] - pos_dst.shape[1]
         if extra != 1 or "cls_token" not in src:
-            raise ValueError(f"cannot map pos_embed {tuple(pos_src.shape)} onto {tuple(pos_dst.shape)}")
+            raise ArgumentError(f"cannot map pos_embed {tuple(pos_src.shape)} onto {tuple(pos_dst.shape)}")
         new["pos_embed"] = pos_src[:, 1:]
         new["cls_token"] = src["cls_token"] + pos_src[:, :1]
     missing = sorted(set(dst) - set(new))

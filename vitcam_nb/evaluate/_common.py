@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import DegenerateMapWarning, user_stacklevel
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, user_stacklevel
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 
@@ -66,13 +66,13 @@ def as_map(value: object, name: str) -> np.ndarray:
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: expected a 2-D numeric map, got {type(value).__name__}") from e
+        raise ArgumentError(f"{name}: expected a 2-D numeric map, got {type(value).__name__}") from e
     if arr.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D map (y, x), got shape {arr.shape}")
+        raise ArgumentError(f"{name}: expected a 2-D map (y, x), got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"{name}: empty map of shape {arr.shape}")
+        raise ArgumentError(f"{name}: empty map of shape {arr.shape}")
     if not np.isfinite(arr).all():
-        raise ValueError(f"{name}: contains NaN or inf; maps must be finite")
+        raise ArgumentError(f"{name}: contains NaN or inf; maps must be finite")
     return arr
 
 
@@ -85,7 +85,7 @@ def as_pair(a: object, b: object) -> tuple[np.ndarray, np.ndarray]:
     """
     x, y = as_map(a, "a"), as_map(b, "b")
     if x.shape != y.shape:
-        raise ValueError(
+        raise ArgumentError(
             f"b: maps of different shapes, a {x.shape} and b {y.shape}; compare maps on the same grid "
             "(vc.cam(tr, recipe, grid=True) gives every recipe of one trace the same token grid)"
         )
@@ -105,20 +105,20 @@ def as_mask(value: object, shape: tuple[int, int], name: str = "mask") -> np.nda
         value = value.detach().cpu().numpy()
     arr = np.asarray(value)
     if arr.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D mask (y, x), got shape {arr.shape}")
+        raise ArgumentError(f"{name}: expected a 2-D mask (y, x), got shape {arr.shape}")
     if arr.dtype != bool:
         if not np.isin(arr, (0, 1)).all():
-            raise ValueError(f"{name}: expected a boolean mask (or 0/1 values), got dtype {arr.dtype} "
-                             "with other values")
+            raise ArgumentError(f"{name}: expected a boolean mask (or 0/1 values), got dtype {arr.dtype} "
+                                "with other values")
         arr = arr.astype(bool)
     if arr.shape != tuple(shape):
-        raise ValueError(
+        raise ArgumentError(
             f"{name}: shape {arr.shape} does not match the map's shape {tuple(shape)}; localisation is "
             "measured at the map's resolution (use the upsampled map, vc.cam(tr, recipe), against a "
             "pixel mask)"
         )
     if not arr.any():
-        raise ValueError(f"{name}: empty mask (no True pixel); localisation against it is undefined")
+        raise ArgumentError(f"{name}: empty mask (no True pixel); localisation against it is undefined")
     return arr
 
 
@@ -130,13 +130,13 @@ def resolve_k(k: int | float, n: int, name: str = "k") -> int:
         (4, 3)
     """
     if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}: expected an int count or a float fraction in (0, 1], got {k!r}")
+        raise ArgumentError(f"{name}: expected an int count or a float fraction in (0, 1], got {k!r}")
     if isinstance(k, (int, np.integer)):
         if not 1 <= k <= n:
-            raise ValueError(f"{name}: a count must be in 1..{n} (the number of cells), got {k}")
+            raise ArgumentError(f"{name}: a count must be in 1..{n} (the number of cells), got {k}")
         return int(k)
     if not 0.0 < k <= 1.0:
-        raise ValueError(f"{name}: a fraction must be in (0, 1], got {k}")
+        raise ArgumentError(f"{name}: a fraction must be in (0, 1], got {k}")
     return max(1, min(n, int(round(k * n))))
 
 

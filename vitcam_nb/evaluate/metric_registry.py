@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.registry import Registry
 
@@ -116,12 +117,12 @@ def register_metric(name: str, category: str, func: Callable[[MetricInputs], Seq
         >>> _ = METRICS.unregister("peak_example")
     """
     if category not in CATEGORIES:
-        raise ValueError(f"category: expected one of {CATEGORIES}, got {category!r}")
+        raise ArgumentError(f"category: expected one of {CATEGORIES}, got {category!r}")
     bad = [n for n in needs if n not in _NEEDS]
     if bad:
-        raise ValueError(f"needs: expected names from {_NEEDS}, got {bad}")
+        raise ArgumentError(f"needs: expected names from {_NEEDS}, got {bad}")
     if not callable(func):
-        raise ValueError(f"func: expected a callable taking MetricInputs, got {type(func).__name__}")
+        raise ArgumentError(f"func: expected a callable taking MetricInputs, got {type(func).__name__}")
     METRICS.register(name, Metric(name, category, func, tuple(needs), bool(higher_is_better), description,
                                   bool(by_default)), replace=replace)
 

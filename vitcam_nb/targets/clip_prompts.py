@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.adapters.open_clip import image_embedding_dim, is_whole_clip
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.targets.embedding import Similarity, pooled_embedding, similarity, similarity_scores
 from vitcam_nb.targets.hf_prompts import hf_text_embeddings, is_hf_text_model
 
@@ -79,19 +79,19 @@ class ClipPrompts(Similarity):
 
 def _tokens(texts: list[str], tokenizer: Any) -> torch.Tensor:
     if not callable(tokenizer):
-        raise TypeError(f"tokenizer: expected an open_clip tokenizer (e.g. open_clip.get_tokenizer(name)), "
-                        f"got {type(tokenizer).__name__}")
+        raise ArgumentTypeError(f"tokenizer: expected an open_clip tokenizer (e.g. open_clip.get_tokenizer(name)), "
+                                f"got {type(tokenizer).__name__}")
     try:
         tokens = tokenizer(texts)
     except Exception as exc:  # a wrong object can fail in any way; say which argument it was
-        raise TypeError(f"tokenizer: calling it on the prompts failed ({type(exc).__name__}: {exc}); expected an "
-                        "open_clip tokenizer") from exc
+        raise ArgumentTypeError(f"tokenizer: calling it on the prompts failed ({type(exc).__name__}: {exc}); expected "
+                                f"an open_clip tokenizer") from exc
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.shape[0] != len(texts) \
             or tokens.dtype.is_floating_point:
         got = f"shape {tuple(tokens.shape)}, dtype {tokens.dtype}" if isinstance(tokens, torch.Tensor) \
             else type(tokens).__name__
-        raise TypeError(f"tokenizer: expected it to return an integer tensor of shape ({len(texts)}, context), "
-                        f"got {got}; expected an open_clip tokenizer")
+        raise ArgumentTypeError(f"tokenizer: expected it to return an integer tensor of shape ({len(texts)}, context), "
+                                f"got {got}; expected an open_clip tokenizer")
     return tokens
 
 
@@ -135,14 +135,14 @@ def prompts(texts: Sequence[str], *, tokenizer: Any, text_model: Any, logit_scal
         ['a photo of a dog', 'a photo of a cat']
     """
     if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise TypeError(f"texts: expected a list of prompt strings, got {type(texts).__name__}"
-                        + ("; wrap a single prompt in a list" if isinstance(texts, str) else ""))
+        raise ArgumentTypeError(f"texts: expected a list of prompt strings, got {type(texts).__name__}"
+                                + ("; wrap a single prompt in a list" if isinstance(texts, str) else ""))
     texts = list(texts)
     if not texts:
         raise TraceError("texts: expected at least one prompt, got an empty list")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise TypeError(f"texts: prompt {i} is a {type(t).__name__}, expected a string")
+            raise ArgumentTypeError(f"texts: prompt {i} is a {type(t).__name__}, expected a string")
     dupes = sorted({t for t in texts if texts.count(t) > 1})
     if dupes:
         raise TraceError(f"texts: duplicate prompts {dupes}; each prompt labels one score")
@@ -151,8 +151,8 @@ def prompts(texts: Sequence[str], *, tokenizer: Any, text_model: Any, logit_scal
         base = similarity(hf_text_embeddings(texts, tokenizer, text_model), texts, metric="cosine", scale=scale)
         return ClipPrompts(base.vectors, base.labels, base.scale, scale_source, library="transformers")
     if not callable(getattr(text_model, "encode_text", None)) or not isinstance(text_model, torch.nn.Module):
-        raise TypeError(f"text_model: expected an open_clip model with encode_text (e.g. the CLIP model from "
-                        f"open_clip.create_model_and_transforms), got {type(text_model).__name__}")
+        raise ArgumentTypeError(f"text_model: expected an open_clip model with encode_text (e.g. the CLIP model from "
+                                f"open_clip.create_model_and_transforms), got {type(text_model).__name__}")
     scale, scale_source = _resolve_scale(logit_scale, text_model)
 
     tokens = _tokens(texts, tokenizer)
@@ -170,13 +170,13 @@ def prompts(texts: Sequence[str], *, tokenizer: Any, text_model: Any, logit_scal
         with torch.no_grad():
             emb = text_model.encode_text(tokens.to(device))
     except Exception as exc:
-        raise TypeError(f"text_model: encode_text failed on the tokenizer's output ({type(exc).__name__}: {exc}); "
-                        "are tokenizer and text_model from the same open_clip model?") from exc
+        raise ArgumentTypeError(f"text_model: encode_text failed on the tokenizer's output ({type(exc).__name__}: "
+                                f"{exc}); are tokenizer and text_model from the same open_clip model?") from exc
     finally:
         for m, mode in modes:
             m.training = mode
     if not isinstance(emb, torch.Tensor) or emb.ndim != 2 or emb.shape[0] != len(texts):
         got = tuple(emb.shape) if isinstance(emb, torch.Tensor) else type(emb).__name__
-        raise TypeError(f"text_model: encode_text returned {got}, expected ({len(texts)}, D)")
+        raise ArgumentTypeError(f"text_model: encode_text returned {got}, expected ({len(texts)}, D)")
     base = similarity(emb, texts, metric="cosine", scale=scale)  # validates finiteness and zero vectors
     return ClipPrompts(base.vectors, base.labels, base.scale, scale_source)

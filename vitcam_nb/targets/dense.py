@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from vitcam_nb.core.errors import TraceError, user_stacklevel
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError, user_stacklevel
 from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import model_logits
@@ -126,7 +126,7 @@ class DenseScores(Target):
 
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], labels: Sequence[str]):
         if not callable(fn):
-            raise TypeError(f"fn: expected a function of the model output, got {type(fn).__name__}")
+            raise ArgumentTypeError(f"fn: expected a function of the model output, got {type(fn).__name__}")
         if isinstance(labels, str) or not isinstance(labels, Sequence) or not labels:
             raise TraceError(f"labels: expected a non-empty list of score names, got {labels!r}")
         self.fn, self.labels = fn, [str(v) for v in labels]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.adapters.hf import is_transformers_model
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.core.provenance import array_sha256
 from vitcam_nb.targets.base import Target
 
@@ -88,16 +88,17 @@ def _tokenize(texts: list[str], tokenizer: Any) -> tuple[torch.Tensor, torch.Ten
     """input_ids and attention_mask of the text queries, padded to the tokenizer's maximum length as OWL's
     processor pads them."""
     if not callable(tokenizer):
-        raise TypeError(f"tokenizer: text queries need a Hugging Face tokenizer (the OWL model's own, e.g. "
-                        f"AutoTokenizer.from_pretrained(name)), got {type(tokenizer).__name__}")
+        raise ArgumentTypeError(f"tokenizer: text queries need a Hugging Face tokenizer (the OWL model's own, e.g. "
+                                f"AutoTokenizer.from_pretrained(name)), got {type(tokenizer).__name__}")
     try:
         enc = tokenizer(texts, padding="max_length", return_tensors="pt")
     except Exception as exc:  # a wrong object can fail in any way; say which argument it was
-        raise TypeError(f"tokenizer: calling it on the text queries failed ({type(exc).__name__}: {exc})") from exc
+        raise ArgumentTypeError(f"tokenizer: calling it on the text queries failed ({type(exc).__name__}: "
+                                f"{exc})") from exc
     ids = enc["input_ids"] if hasattr(enc, "__getitem__") else None
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] != len(texts) or ids.is_floating_point():
-        raise TypeError(f"tokenizer: expected integer input_ids of shape ({len(texts)}, length), got "
-                        f"{type(ids).__name__}")
+        raise ArgumentTypeError(f"tokenizer: expected integer input_ids of shape ({len(texts)}, length), got "
+                                f"{type(ids).__name__}")
     mask = enc["attention_mask"] if "attention_mask" in enc else torch.ones_like(ids)
     padded = [texts[i] for i in range(len(texts)) if int(ids[i, 0]) <= 0]
     if padded:  # OWL reads a first id of 0 as a padded (absent) query
@@ -360,8 +361,8 @@ def _image_query(image: object, text: object, class_: int | None) -> torch.Tenso
     if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.shape[:2] != (1, 3) \
             or not image.is_floating_point() or not bool(torch.isfinite(image).all()):
         got = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-        raise TypeError(f"image_query: expected a finite (1, 3, H, W) float tensor of pixel values as the OWL "
-                        f"processor gives them (query_pixel_values), got {got}")
+        raise ArgumentTypeError(f"image_query: expected a finite (1, 3, H, W) float tensor of pixel values as the OWL "
+                                f"processor gives them (query_pixel_values), got {got}")
     if class_ not in (None, 0):
         raise TraceError(f"class_: one image query has index 0 only, got {class_}")
     return image.detach().clone()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import ExportError, RecipeError
+from vitcam_nb.core.errors import ArgumentTypeError, ExportError, RecipeError
 from vitcam_nb.core.recipe import TARGETS, Recipe, is_int
 from vitcam_nb.core.weighting import channel_weighting_names
 from vitcam_nb.widgets.controls import as_recipe, coerce_request, controls
@@ -98,7 +98,7 @@ def _axis_values(name: str, values: Sequence, facts: TraceFacts) -> list:
             value = [v.item() if isinstance(v, np.generic) else v for v in value]
         parts = value if isinstance(value, list) else [value]
         if not all(isinstance(v, _SCALARS) for v in parts):
-            raise TypeError(f"axes: {name!r} values must be strings, numbers or lists of them, got {value!r}")
+            raise ArgumentTypeError(f"axes: {name!r} values must be strings, numbers or lists of them, got {value!r}")
         if name == "layer":
             for layer in (v for v in parts if is_int(v)):
                 if not -facts.num_layers <= layer < facts.num_layers:
@@ -121,7 +121,7 @@ def export_axes(facts: TraceFacts, axes: Mapping[str, Sequence] | None) -> dict[
                                  "weighting": list(channel_weighting_names()), "target": list(TARGETS),
                                  "class_": _class_values(facts)}
     if axes is not None and not isinstance(axes, Mapping):
-        raise TypeError(f"axes: expected a dict of recipe field -> list of values, got {type(axes).__name__}")
+        raise ArgumentTypeError(f"axes: expected a dict of recipe field -> list of values, got {type(axes).__name__}")
     out = dict(defaults)
     for name, values in (axes or {}).items():
         if name not in _FIELDS:

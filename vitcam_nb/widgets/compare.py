@@ -14,7 +14,7 @@ import xarray as xr
 
 from vitcam_nb.api import cam
 from vitcam_nb.capture.reader import is_store
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate import resolve_k, spearman, topk_iou
 from vitcam_nb.plot import overlay
@@ -87,12 +87,13 @@ class Compare(anywidget.AnyWidget):
                  k: float = 0.1, opacity: float = 0.5, colormap: str = "inferno", size: int = 260,
                  **kwargs: Any) -> None:
         if is_store(trace):
-            raise TypeError("trace: Compare shows one image's trace, got a trace_many store; pass "
-                            "vitcam_nb.image_trace(store, i), or browse the store with vitcam_nb.Explorer(store)")
+            raise ArgumentTypeError("trace: Compare shows one image's trace, got a trace_many store; pass "
+                                    "vitcam_nb.image_trace(store, i), or browse the store with "
+                                    "vitcam_nb.Explorer(store)")
         if colormap not in COLORMAPS:
-            raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+            raise ArgumentError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
         if not 0.0 <= float(opacity) <= 1.0:
-            raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
+            raise ArgumentError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         self._check_k(k)
         facts = TraceFacts.of(trace, view="Compare")
         a, b = compute_grid(trace, as_recipe(recipe_a)), compute_grid(trace, as_recipe(recipe_b))
@@ -107,7 +108,7 @@ class Compare(anywidget.AnyWidget):
     @staticmethod
     def _check_k(k: float) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < float(k) <= 1:
-            raise ValueError(f"k: expected a fraction of the cells in (0, 1], got {k!r}")
+            raise ArgumentError(f"k: expected a fraction of the cells in (0, 1], got {k!r}")
 
     # -- Python API --------------------------------------------------------------------------------
     @property
@@ -182,7 +183,7 @@ class Compare(anywidget.AnyWidget):
             for ax, side, name in zip(axes, (self._a, self._b), "AB"):
                 m = cam(self._trace, side.recipe)
                 overlay(self._trace, m, ax=ax, alpha=self.opacity, cmap=self.colormap,
-                             title=f"{name}: {side.recipe.id}" + (" (degenerate)" if side.degenerate else ""))
+                                title=f"{name}: {side.recipe.id}" + (" (degenerate)" if side.degenerate else ""))
 
         def show(v: float | None) -> str:
             return "n/a" if v is None else f"{v:.3f}"
@@ -201,7 +202,7 @@ class Compare(anywidget.AnyWidget):
     # -- computation -------------------------------------------------------------------------------
     def _stats(self, a: GridResult, b: GridResult, k: float) -> tuple[float | None, float | None, int, str]:
         if a.grid.shape != b.grid.shape:
-            raise ValueError(f"the two maps have different grids {a.grid.shape} and {b.grid.shape}")
+            raise ArgumentError(f"the two maps have different grids {a.grid.shape} and {b.grid.shape}")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             rho = spearman(a.grid, b.grid)

@@ -18,7 +18,7 @@ from typing import Any
 
 from vitcam_nb.compute.maps import DEGENERATE_CAUSES
 from vitcam_nb.core.checklist import CATEGORIES
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentTypeError, RecipeError
 from vitcam_nb.core.presets import CITATIONS, PRESETS
 from vitcam_nb.core.recipe import (
     ATTN_ROWS,
@@ -197,7 +197,8 @@ def as_recipe(value: Any) -> Recipe:
         return Recipe.from_dict(value)
     if isinstance(value, str):
         return Recipe.from_json(value)
-    raise TypeError(f"recipe: expected a vitcam_nb.Recipe, a dict of fields or recipe JSON, got {type(value).__name__}")
+    raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, a dict of fields or recipe JSON, got "
+                            f"{type(value).__name__}")
 
 
 def diff_fields(a: Recipe, b: Recipe) -> list[dict[str, Any]]:

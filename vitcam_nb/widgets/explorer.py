@@ -25,7 +25,13 @@ import xarray as xr
 from vitcam_nb.api import cam
 from vitcam_nb.capture.reader import image_choices, is_store
 from vitcam_nb.compute.map_store import is_map_store
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import (
+    ArgumentError,
+    ArgumentIndexError,
+    ArgumentTypeError,
+    DegenerateMapWarning,
+    RecipeError,
+)
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.plot import frame_strip, overlay
 from vitcam_nb.widgets.assets import css, esm
@@ -135,9 +141,9 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                  colormap: str = "inferno", size: int = 360, index: int = 0,
                  frame_index: int = 0, **kwargs: Any) -> None:
         if not 0.0 <= float(opacity) <= 1.0:
-            raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
+            raise ArgumentError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         if colormap not in COLORMAPS:
-            raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+            raise ArgumentError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
         named = named_traces(trace) if is_trace_set(trace) else {}
         if named:
             trace = next(iter(named.values()))
@@ -146,7 +152,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         if self._store is not None:
             choices = [[label, pos] for label, pos in image_choices(self._store)]
             if not choices:
-                raise ValueError("store: holds no traced images yet")
+                raise ArgumentError("store: holds no traced images yet")
             trace = read_image(self._store, index)
         facts, options, start = explorer_view(trace)
         _check_frame(frame_index, facts.frames)
@@ -204,11 +210,11 @@ class Explorer(TracePicker, anywidget.AnyWidget):
     @index.setter
     def index(self, value: int) -> None:
         if self._store is None:
-            raise TypeError("index: this Explorer shows a single trace; pass a many-image store "
-                            "(vc.open_traces) to pick images")
+            raise ArgumentTypeError("index: this Explorer shows a single trace; pass a many-image store "
+                                    "(vc.open_traces) to pick images")
         n = len(self.images)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
-            raise IndexError(f"index: expected an int in [0, {n - 1}], got {value!r}")
+            raise ArgumentIndexError(f"index: expected an int in [0, {n - 1}], got {value!r}")
         self._show_image(int(value))  # a Python caller gets the exception (e.g. a class this image lacks)
 
     @property
@@ -224,8 +230,8 @@ class Explorer(TracePicker, anywidget.AnyWidget):
     @frame_index.setter
     def frame_index(self, value: int) -> None:
         if not self.frames:
-            raise TypeError("frame_index: this Explorer shows an image trace; a video trace (vc.trace of a clip) "
-                            "has frames to pick")
+            raise ArgumentTypeError("frame_index: this Explorer shows an image trace; a video trace (vc.trace of a "
+                                    "clip) has frames to pick")
         _check_frame(value, self.frames)
         self._show_frame(int(value))
 
@@ -300,8 +306,8 @@ class Explorer(TracePicker, anywidget.AnyWidget):
             >>> html = ex.to_html(axes={"site": ["F1", "F4"]})  # doctest: +SKIP
         """
         if is_map_store(self._trace):
-            raise TypeError("to_html: a page precomputes its axes' maps from a trace; a map store holds only its "
-                            "recipes' maps: export vc.image_trace of a trace store instead")
+            raise ArgumentTypeError("to_html: a page precomputes its axes' maps from a trace; a map store holds only "
+                                    "its recipes' maps: export vc.image_trace of a trace store instead")
         args = dict(recipe=self._recipe, axes=axes, quantize=quantize, colormap=self.colormap,
                     opacity=self.opacity, size=self.size, progress=progress)
         # With several traces the page holds them all, starting at the one shown.
@@ -336,7 +342,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
             index = request.get("index")
             n = len(self.images)
             if self._store is None or isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
-                raise IndexError(f"index: expected an image position in [0, {n - 1}], got {index!r}")
+                raise ArgumentIndexError(f"index: expected an image position in [0, {n - 1}], got {index!r}")
             self._show_image(index)
         except Exception as exc:  # e.g. a class the new image did not trace: said in the page, image kept
             if not isinstance(exc, (ValueError, IndexError)):
@@ -356,7 +362,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         request = change["new"] or {}
         try:
             if not self.frames:
-                raise TypeError("frame: this Explorer shows an image trace, which has no frames")
+                raise ArgumentTypeError("frame: this Explorer shows an image trace, which has no frames")
             index = request.get("index")
             _check_frame(index, self.frames)
             self._show_frame(index)
@@ -440,4 +446,4 @@ def _check_frame(value: object, frames: int) -> None:
     """Refuse a frame that is not a frame of the clip (an image trace has only "frame" 0)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < max(frames, 1):
         allowed = f"an int in [0, {frames - 1}] (the clip has {frames} frames)" if frames else "0 (an image trace)"
-        raise IndexError(f"frame: expected {allowed}, got {value!r}")
+        raise ArgumentIndexError(f"frame: expected {allowed}, got {value!r}")

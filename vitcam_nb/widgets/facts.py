@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.recipe import SITES, Recipe
 
 __all__ = ["TraceFacts", "default_recipe", "is_video"]
@@ -70,22 +71,23 @@ class TraceFacts:
         if not isinstance(trace, xr.Dataset):
             hint = ("; widgets show one stage of a hierarchical trace: pass vc.stages.stage_dataset(tr, stage)"
                     if isinstance(trace, xr.DataTree) else "")
-            raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
-                            f"{type(trace).__name__}{hint}")
+            raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got "
+                                    f"{type(trace).__name__}{hint}")
         clip = None
         if is_video(trace):
             if view is not None:
                 # Compare and Gallery draw one image under one (y, x) map; say what shows a clip instead.
-                raise ValueError(f"trace: a video trace (its frames in 'clip', maps (frame, y, x)); {view} shows one "
-                                 "image's trace. Show a video trace with vc.Explorer(trace) (a frame slider) or "
-                                 "vc.export_html, or draw a map with vc.plot.frame_strip(trace, vc.cam(trace, recipe))")
+                raise ArgumentError(f"trace: a video trace (its frames in 'clip', maps (frame, y, x)); {view} shows "
+                                    f"one image's trace. Show a video trace with vc.Explorer(trace) (a frame slider) "
+                                    f"or vc.export_html, or draw a map with vc.plot.frame_strip(trace, vc.cam(trace, "
+                                    f"recipe))")
             clip = np.asarray(trace["clip"].values)
             if clip.ndim != 4 or clip.shape[-1] != 3 or clip.shape[0] == 0:
-                raise ValueError(f"trace: clip has shape {clip.shape}; expected (frame, y, x, 3)")
+                raise ArgumentError(f"trace: clip has shape {clip.shape}; expected (frame, y, x, 3)")
             trace = trace.assign(image=(("y", "x", "rgb"), clip[0]))
         for name in ("image", "logits", "target_class", "layer"):
             if name not in trace.variables:
-                raise ValueError(f"trace: has no {name!r}; pass a Dataset made by vitcam_nb.trace()")
+                raise ArgumentError(f"trace: has no {name!r}; pass a Dataset made by vitcam_nb.trace()")
         traced = {str(s) for s in trace["site"].values} if "site" in trace.variables else set()
         if "attn" in trace.variables or "attn_window" in trace.variables:
             traced.add("F2")
@@ -105,7 +107,7 @@ class TraceFacts:
         ranked = tuple(int(c) for c in np.argsort(-logits, kind="stable"))
         image = np.asarray(trace["image"].values)
         if image.ndim != 3 or image.shape[-1] != 3:
-            raise ValueError(f"trace: image has shape {image.shape}; expected (y, x, 3)")
+            raise ArgumentError(f"trace: image has shape {image.shape}; expected (y, x, 3)")
         if image.dtype != np.uint8:
             image = np.clip(image, 0, 255).astype(np.uint8)
         if clip is not None and clip.dtype != np.uint8:

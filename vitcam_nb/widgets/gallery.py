@@ -17,7 +17,7 @@ import xarray as xr
 from vitcam_nb.api import gallery as compute_gallery
 from vitcam_nb.capture.reader import is_store
 from vitcam_nb.compute.maps import degenerate_cause
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, ArgumentIndexError, ArgumentTypeError, DegenerateMapWarning
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.plot import grid as plot_grid
 from vitcam_nb.widgets.assets import css, esm
@@ -97,12 +97,13 @@ class Gallery(ipywidgets.VBox):
                  vary: Mapping[str, Any] | Sequence[str] = ("layer", "site"), *, opacity: float = 0.5,
                  colormap: str = "inferno", thumb: int = 96, **kwargs: Any) -> None:
         if is_store(trace):
-            raise TypeError("trace: Gallery shows one image's trace, got a trace_many store; pass "
-                            "vitcam_nb.image_trace(store, i), or browse the store with vitcam_nb.Explorer(store)")
+            raise ArgumentTypeError("trace: Gallery shows one image's trace, got a trace_many store; pass "
+                                    "vitcam_nb.image_trace(store, i), or browse the store with "
+                                    "vitcam_nb.Explorer(store)")
         if colormap not in COLORMAPS:
-            raise ValueError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
+            raise ArgumentError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
         if not 0.0 <= float(opacity) <= 1.0:
-            raise ValueError(f"opacity: expected a float in [0, 1], got {opacity!r}")
+            raise ArgumentError(f"opacity: expected a float in [0, 1], got {opacity!r}")
         facts = TraceFacts.of(trace, view="Gallery")
         base = default_recipe(facts) if recipe is None else as_recipe(recipe)
         if isinstance(vary, str):
@@ -112,7 +113,7 @@ class Gallery(ipywidgets.VBox):
             maps = compute_gallery(trace, base.replace(upsample="none"), vary=vary)
         fields = list(maps.dims[:-2])
         if len(fields) > 2:
-            raise ValueError(f"vary: a gallery grid shows one or two varied fields, got {fields}")
+            raise ArgumentError(f"vary: a gallery grid shows one or two varied fields, got {fields}")
         if len(fields) == 1:
             maps = maps.expand_dims("_row")
         self._trace, self._base, self._maps = trace, base, maps
@@ -241,7 +242,8 @@ class Gallery(ipywidgets.VBox):
         try:
             row, col = (int(v) for v in cell)
             if not (0 <= row < len(self._recipes) and 0 <= col < len(self._recipes[0])):
-                raise IndexError(f"cell {cell} is outside the {len(self._recipes)}x{len(self._recipes[0])} grid")
+                raise ArgumentIndexError(f"cell {cell} is outside the {len(self._recipes)}x{len(self._recipes[0])} "
+                                         "grid")
             self.select(row, col)
             self.thumbnails.error = ""
         except Exception as exc:  # a click never shows a traceback

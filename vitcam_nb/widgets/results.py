@@ -19,7 +19,7 @@ import xarray as xr
 from vitcam_nb.api import cam
 from vitcam_nb.compute.maps import degenerate_cause
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import DegenerateMapWarning, VitcamError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.widgets.facts import is_video
 
@@ -113,12 +113,16 @@ def frame_slice(clip: np.ndarray, frame: int, frames: int) -> np.ndarray:
 
 
 def error_text(exc: BaseException) -> str:
-    """The message shown in a widget for a refused change (no traceback).
+    """The message shown in a widget for a refused change (no traceback): the kit's own refusals by their message,
+    which names the argument, anything else with its type.
 
     Example:
         >>> error_text(KeyError("x"))
         "KeyError: 'x'"
+        >>> from vitcam_nb.core.errors import ArgumentError
+        >>> error_text(ArgumentError("k: expected a number in (0, 1], got 2"))
+        'k: expected a number in (0, 1], got 2'
     """
-    if isinstance(exc, RecipeError):
+    if isinstance(exc, VitcamError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import xarray as xr
 
-from vitcam_nb.core.errors import ExportError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, ExportError, TraceError
 from vitcam_nb.core.outfiles import check_output, write_atomic
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
@@ -125,15 +125,15 @@ def _check_display(trace: object, colormap: object, opacity: object, size: objec
     if not isinstance(colormap, str) or colormap not in COLORMAPS:
         raise ExportError(f"colormap: expected one of {list(COLORMAPS)}, got {colormap!r}")
     if isinstance(opacity, bool) or not isinstance(opacity, Real):
-        raise TypeError(f"opacity: expected a number in [0, 1], got {opacity!r}")
+        raise ArgumentTypeError(f"opacity: expected a number in [0, 1], got {opacity!r}")
     if not 0.0 <= float(opacity) <= 1.0:
         raise ExportError(f"opacity: expected a number in [0, 1], got {opacity!r}")
     if isinstance(size, bool) or not isinstance(size, Integral):
-        raise TypeError(f"size: expected a whole number of pixels from {SIZES[0]} to {SIZES[1]}, got {size!r}")
+        raise ArgumentTypeError(f"size: expected a whole number of pixels from {SIZES[0]} to {SIZES[1]}, got {size!r}")
     if not SIZES[0] <= int(size) <= SIZES[1]:
         raise ExportError(f"size: expected a display width from {SIZES[0]} to {SIZES[1]} pixels, got {size!r}")
     if title is not None and not isinstance(title, str):
-        raise TypeError(f"title: expected a string or None, got {type(title).__name__}")
+        raise ArgumentTypeError(f"title: expected a string or None, got {type(title).__name__}")
 
 
 def _traces_of(trace: Traces) -> dict[str, xr.Dataset]:
@@ -180,7 +180,7 @@ def _check_limit(trace: Traces, axes: Mapping[str, Sequence] | None, max_mb: obj
     if max_mb is None:
         return
     if isinstance(max_mb, bool) or not isinstance(max_mb, Real):
-        raise TypeError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
+        raise ArgumentTypeError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
     if not float(max_mb) > 0:
         raise ExportError(f"max_mb: expected a number of megabytes > 0 or None, got {max_mb!r}")
     count = sum(math.prod(len(v) for v in export_axes(TraceFacts.of(one), axes).values())
@@ -234,7 +234,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
         explorer.html: 0.41 MB (648 recipes, 590 maps as uint8)
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path: expected a file path (str or pathlib.Path), got {type(path).__name__}")
+        raise ArgumentTypeError(f"path: expected a file path (str or pathlib.Path), got {type(path).__name__}")
     path = Path(path)
     _check_display(trace, colormap, opacity, size, title)
     _check_limit(trace, axes, max_mb)

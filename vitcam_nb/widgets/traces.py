@@ -23,7 +23,7 @@ import traitlets as t
 import xarray as xr
 
 from vitcam_nb.capture.reader import is_store
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.widgets.controls import coerce_request, controls
@@ -70,7 +70,7 @@ def named_traces(traces: Mapping[str, xr.Dataset] | Sequence[xr.Dataset]) -> dic
         named = dict(traces)
         bad = [k for k in named if not isinstance(k, str) or not k]
         if bad:
-            raise TypeError(f"trace: the names of a dict of traces must be non-empty strings, got {bad[0]!r}")
+            raise ArgumentTypeError(f"trace: the names of a dict of traces must be non-empty strings, got {bad[0]!r}")
     else:
         named = {}
         for trace in traces:
@@ -80,12 +80,13 @@ def named_traces(traces: Mapping[str, xr.Dataset] | Sequence[xr.Dataset]) -> dic
                                  "them")
             named[name] = trace
     if not named:
-        raise TypeError(f"trace: expected at least one trace, got an empty {type(traces).__name__}")
+        raise ArgumentTypeError(f"trace: expected at least one trace, got an empty {type(traces).__name__}")
     for name, trace in named.items():
         if not isinstance(trace, xr.Dataset) or is_store(trace):
             what = "a many-image store" if is_store(trace) else type(trace).__name__
-            raise TypeError(f"trace {name!r}: several traces in one Explorer must be single-image Datasets of "
-                            f"vitcam_nb.trace(), got {what} (a store has its own image picker: vc.Explorer(store))")
+            raise ArgumentTypeError(f"trace {name!r}: several traces in one Explorer must be single-image Datasets of "
+                                    f"vitcam_nb.trace(), got {what} (a store has its own image picker: "
+                                    f"vc.Explorer(store))")
         if "input_sha256" not in trace.attrs:
             raise TraceError(f"trace {name!r}: has no input_sha256; pass a Dataset made by vitcam_nb.trace()")
     first, hash0 = next(iter(named)), str(next(iter(named.values())).attrs["input_sha256"])
@@ -155,8 +156,8 @@ class TracePicker(t.HasTraits):
     @trace_name.setter
     def trace_name(self, value: str) -> None:
         if not self._traces:
-            raise TypeError("trace_name: this Explorer shows one trace; pass several traces of one image "
-                            "(vc.Explorer({'gradient': tr, 'cp_lrp': rel})) to switch between them")
+            raise ArgumentTypeError("trace_name: this Explorer shows one trace; pass several traces of one image "
+                                    "(vc.Explorer({'gradient': tr, 'cp_lrp': rel})) to switch between them")
         if not isinstance(value, str) or value not in self._traces:
             raise TraceError(f"trace_name: expected one of {list(self._traces)}, got {value!r}")
         self._show_trace(value)

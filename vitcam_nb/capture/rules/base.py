@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from vitcam_nb.adapters.base import Adapter
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentError, TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
 
 __all__ = ["RuleImpl", "check_rule_for", "register_refusal", "register_rule", "rule_context", "rule_extra_grads",
@@ -77,11 +77,11 @@ def register_rule(rule: str, impl: RuleImpl, *, replace: bool = False) -> None:
         >>> del _IMPLS["cp_lrp"]["demo"]
     """
     if check_rule(rule) == DEFAULT_RULE:
-        raise ValueError(f"rule: {DEFAULT_RULE!r} is autograd's own gradient and takes no implementation")
+        raise ArgumentError(f"rule: {DEFAULT_RULE!r} is autograd's own gradient and takes no implementation")
     table = _IMPLS.setdefault(rule, {})
     if impl.family in table and not replace:
-        raise ValueError(f"rule: {rule!r} already has an implementation for family {impl.family!r}; pass "
-                         "replace=True to replace it")
+        raise ArgumentError(f"rule: {rule!r} already has an implementation for family {impl.family!r}; pass "
+                            "replace=True to replace it")
     table[impl.family] = impl
 
 

@@ -17,6 +17,7 @@ from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.compute.many import image_blocks, is_lazy, subset
 from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.compute.spatial import upsample
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import MetricWarning, grid_map, warn
 from vitcam_nb.evaluate.agreement.metrics import AGREEMENT_METRICS, SIGNED_METRICS
@@ -62,17 +63,17 @@ def _normalise_recipes(recipes: object) -> tuple[list, list[str]]:
     elif isinstance(recipes, Sequence) and not isinstance(recipes, str):
         items, labels = list(recipes), None
     else:
-        raise ValueError("recipes: expected a list of Recipes or a dict label -> Recipe, "
-                         f"got {type(recipes).__name__}")
+        raise ArgumentError("recipes: expected a list of Recipes or a dict label -> Recipe, "
+                            f"got {type(recipes).__name__}")
     if len(items) < 2:
-        raise ValueError(f"recipes: an atlas needs at least 2 recipes, got {len(items)}")
+        raise ArgumentError(f"recipes: an atlas needs at least 2 recipes, got {len(items)}")
     for r in items:
         if not isinstance(r, Recipe):
-            raise ValueError(f"recipes: expected vitcam_nb.Recipe values, got {type(r).__name__}")
+            raise ArgumentError(f"recipes: expected vitcam_nb.Recipe values, got {type(r).__name__}")
     ids = [r.id for r in items]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
-        raise ValueError(f"recipes: the same recipe appears more than once (ids {dup})")
+        raise ArgumentError(f"recipes: the same recipe appears more than once (ids {dup})")
     return items, labels or recipe_labels(items)
 
 
@@ -80,7 +81,7 @@ def _metric(metric: str | Callable[..., float]) -> tuple[str, Callable[..., floa
     if callable(metric):
         return getattr(metric, "__name__", "custom"), metric
     if metric not in AGREEMENT_METRICS:
-        raise ValueError(f"metric: expected one of {list(AGREEMENT_METRICS)} or a callable, got {metric!r}")
+        raise ArgumentError(f"metric: expected one of {list(AGREEMENT_METRICS)} or a callable, got {metric!r}")
     return metric, AGREEMENT_METRICS[metric]
 
 
@@ -179,10 +180,10 @@ def atlas(
     if isinstance(tr, (xr.Dataset, xr.DataTree)):
         return _one(tr, items, labels, name, fn, signed, metric_kwargs)
     if not isinstance(tr, Sequence) or isinstance(tr, str) or len(tr) == 0:
-        raise ValueError(f"tr: expected a trace or a non-empty list of traces, got {type(tr).__name__}")
+        raise ArgumentError(f"tr: expected a trace or a non-empty list of traces, got {type(tr).__name__}")
     for i, t in enumerate(tr):
         if not isinstance(t, xr.Dataset):
-            raise ValueError(f"tr: item {i} is a {type(t).__name__}, not a trace")
+            raise ArgumentError(f"tr: item {i} is a {type(t).__name__}, not a trace")
     per = [_one(t, items, labels, name, fn, signed, metric_kwargs) for t in tr]
     return aggregate(per)
 
@@ -247,12 +248,12 @@ def atlas_many(
     import dask
 
     if not is_store(ds):
-        raise TypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
+        raise ArgumentTypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     items, _ = _normalise_recipes(recipes)
     _metric(metric)
     n = ds.sizes["image"]
     if n == 0:
-        raise ValueError("ds: the store holds no finished images")
+        raise ArgumentError("ds: the store holds no finished images")
     sub = subset(ds, items)
     if is_lazy(sub):
         blocks = image_blocks(sub)
@@ -332,12 +333,12 @@ def plot_atlas(
     std = None
     if isinstance(da, xr.Dataset):
         if "mean" not in da:
-            raise ValueError("da: expected an atlas DataArray or a Dataset with 'mean' (and 'std')")
+            raise ArgumentError("da: expected an atlas DataArray or a Dataset with 'mean' (and 'std')")
         std = da["std"].values if "std" in da else None
         da = da["mean"].assign_attrs(da.attrs)
     if not isinstance(da, xr.DataArray) or da.ndim != 2 or da.shape[0] != da.shape[1]:
-        raise ValueError("da: expected a square (recipe_a, recipe_b) atlas, "
-                         f"got {getattr(da, 'dims', type(da))}")
+        raise ArgumentError("da: expected a square (recipe_a, recipe_b) atlas, "
+                            f"got {getattr(da, 'dims', type(da))}")
     values = np.asarray(da.values, dtype=float)
     n = values.shape[0]
     labels = [str(v) for v in (da["label_a"].values if "label_a" in da.coords else range(n))]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_pair, nan_because, order_desc, recipe_fields, resolve_k, warn
 
 __all__ = [
@@ -118,10 +119,10 @@ def ssim(a: object, b: object, data_range: float | None = None, sigma: float = 1
             return nan_because("ssim", "both maps are the same constant (data range zero); pass data_range")
     else:
         if not np.isfinite(data_range) or data_range <= 0:
-            raise ValueError(f"data_range: expected a positive number, got {data_range!r}")
+            raise ArgumentError(f"data_range: expected a positive number, got {data_range!r}")
         rng = float(data_range)
     if not sigma > 0:
-        raise ValueError(f"sigma: expected a positive window width in cells, got {sigma!r}")
+        raise ArgumentError(f"sigma: expected a positive window width in cells, got {sigma!r}")
     c1, c2 = (0.01 * rng) ** 2, (0.03 * rng) ** 2
 
     def smooth(z: np.ndarray) -> np.ndarray:
@@ -295,7 +296,7 @@ def agreement_functions(metrics: Sequence[str | Callable[..., float]]) -> list[t
         elif m in AGREEMENT_METRICS:
             out.append((m, AGREEMENT_METRICS[m]))
         else:
-            raise ValueError(f"metrics: expected names from {list(AGREEMENT_METRICS)} or callables, got {m!r}")
+            raise ArgumentError(f"metrics: expected names from {list(AGREEMENT_METRICS)} or callables, got {m!r}")
     if not out:
-        raise ValueError("metrics: expected at least one metric")
+        raise ArgumentError("metrics: expected at least one metric")
     return out

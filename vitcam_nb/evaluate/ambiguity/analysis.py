@@ -27,7 +27,7 @@ import xarray as xr
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.compute.map_store import is_map_store
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import NORMALIZES, RESHAPES, UPSAMPLES, Recipe
 from vitcam_nb.evaluate._common import as_mask
@@ -227,16 +227,16 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
     space = dict(space or {})
     for field in space:
         if field not in _FIELDS:
-            raise ValueError(f"space: unknown recipe field {field!r}; fields are {_FIELDS}")
+            raise ArgumentError(f"space: unknown recipe field {field!r}; fields are {_FIELDS}")
         if field in fixed:
-            raise ValueError(f"space: {field!r} is reported ({fixed[field]!r}), so it has no space; leave it out of "
-                             "reported to open it")
+            raise ArgumentError(f"space: {field!r} is reported ({fixed[field]!r}), so it has no space; leave it out of "
+                                "reported to open it")
         values = space[field]
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-            raise ValueError(f"space: {field} needs a non-empty list of values, got {values!r}")
+            raise ArgumentError(f"space: {field} needs a non-empty list of values, got {values!r}")
         unknown = [v for v in values if field in _CHOICES and v not in _CHOICES[field]]
         if unknown:  # a value no recipe can take would only be skipped: refuse it instead
-            raise ValueError(f"space: {field} takes {list(_CHOICES[field])}, got {unknown}")
+            raise ArgumentError(f"space: {field} takes {list(_CHOICES[field])}, got {unknown}")
     if is_map_store(trace):  # the store's recipes are the space
         return {**store_space(trace, fixed, open_fields(fixed)), **{f: tuple(v) for f, v in space.items()}}
     view = TraceView.of(trace)
@@ -256,8 +256,8 @@ def _mask(trace: xr.Dataset, mask: Any) -> np.ndarray | None:
         return np.asarray(trace["mask"].values, bool) if "mask" in trace.variables else None
     shape, got = geometry(trace)[:2], np.shape(mask)
     if len(got) == 2 and got != shape:
-        raise ValueError(f"mask: shape {got} is not the traced image's {shape}; give the object's pixels at the "
-                         "image size the trace holds (the maps are upsampled to it)")
+        raise ArgumentError(f"mask: shape {got} is not the traced image's {shape}; give the object's pixels at the "
+                            "image size the trace holds (the maps are upsampled to it)")
     return as_mask(mask, shape)
 
 
@@ -270,17 +270,17 @@ def _check_memory(trace: xr.Dataset, values: dict, mask: np.ndarray | None, max_
     need = design_bytes(sizes, max_cells, max_recipes, n_samples, n_boot, pixels, 0 if mask is None else mask.size)
     free = available_bytes()
     if free is not None and need > BUDGET_FRACTION * free:
-        raise ValueError(f"n_samples, max_cells: the analysis of {len(sizes)} open field(s) would hold about "
-                         f"{need / 1e9:.2f} GB, over the budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB "
-                         f"available); lower n_samples ({n_samples}), max_cells ({max_cells}), n_boot ({n_boot}) "
-                         "or narrow space=")
+        raise ArgumentError(f"n_samples, max_cells: the analysis of {len(sizes)} open field(s) would hold about "
+                            f"{need / 1e9:.2f} GB, over the budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB "
+                            f"available); lower n_samples ({n_samples}), max_cells ({max_cells}), n_boot ({n_boot}) "
+                            "or narrow space=")
 
 
 def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[str, Sequence] | None,
          mask: Any, max_cells: int, max_recipes: int, n_samples: int, seed: int, n_boot: int) -> Ambiguity:
     if (not isinstance(trace, xr.Dataset) or "image" in trace.dims
             or (not is_map_store(trace) and TraceView.of(trace).sites == [])):
-        raise TypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
+        raise ArgumentTypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
     fixed, opened = parse_reported(reported)
     values = _space(trace, fixed, opened, space)
     mask = _mask(trace, mask)
@@ -398,12 +398,12 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     for name, value in (("max_cells", max_cells), ("max_recipes", max_recipes), ("n_samples", n_samples),
                         ("n_boot", n_boot)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_cells" else 1):
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            raise ArgumentError(f"{name}: expected a positive int, got {value!r}")
     if reported is not None and not isinstance(reported, Mapping):
-        raise TypeError(f"reported: expected a dict of recipe fields (or checklist categories), got "
-                        f"{type(reported).__name__}")
+        raise ArgumentTypeError(f"reported: expected a dict of recipe fields (or checklist categories), got "
+                                f"{type(reported).__name__}")
     if space is not None and not isinstance(space, Mapping):
-        raise TypeError(f"space: expected a dict of recipe field -> list of values, got {type(space).__name__}")
+        raise ArgumentTypeError(f"space: expected a dict of recipe field -> list of values, got {type(space).__name__}")
     args = (reported, space, mask, max_cells, max_recipes, n_samples, seed, n_boot)
     if isinstance(trace, xr.Dataset) and "image" not in trace.dims:
         return _one(trace, *args)

@@ -21,6 +21,7 @@ import xarray as xr
 
 from vitcam_nb.compute.spatial import interp_matrix, normalise, upsample
 from vitcam_nb.compute.view import TraceView
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import ROLLOUTS, Recipe
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
@@ -140,7 +141,7 @@ def distance_coords(stack: np.ndarray) -> np.ndarray:
     # their bootstrap cost that many numbers per cell, not one per map.
     factor, piv, rank, info = scipy.linalg.lapack.dpstrf(gram, lower=1)
     if info < 0:
-        raise ValueError(f"stack: the Gram matrix of the maps could not be factored (LAPACK info {info})")
+        raise ArgumentError(f"stack: the Gram matrix of the maps could not be factored (LAPACK info {info})")
     coords = np.empty((len(gram), max(int(rank), 1)))
     coords[piv - 1] = np.tril(factor)[:, :coords.shape[1]]
     return coords

@@ -25,6 +25,7 @@ from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.compute.many import image_blocks, is_lazy
 from vitcam_nb.compute.map_store import image_maps, is_map_store
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.escape import escape_markdown
 
 __all__ = ["AmbiguityMany", "ambiguity_many"]
@@ -193,10 +194,10 @@ def ambiguity_many(traces: Any, one: Callable[..., Any], reported: Any, space: A
     elif isinstance(traces, Sequence) and not isinstance(traces, str) and traces:
         n = len(traces)
     else:
-        raise TypeError(f"trace: expected a trace Dataset, a non-empty list of them or an open_traces store, got "
-                        f"{type(traces).__name__}")
+        raise ArgumentTypeError(f"trace: expected a trace Dataset, a non-empty list of them or an open_traces store, "
+                                f"got {type(traces).__name__}")
     if masks is not None and len(masks) != n:
-        raise ValueError(f"mask: over {n} images give one mask per image (a list), got {len(masks)}")
+        raise ArgumentError(f"mask: over {n} images give one mask per image (a list), got {len(masks)}")
     show = n > 8 if progress is None else bool(progress)
     mask = [None] * n if masks is None else list(masks)
     if store and is_lazy(traces):

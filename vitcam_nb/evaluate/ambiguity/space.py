@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from vitcam_nb.core.card_schema import CARD_FIELDS
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentError, RecipeError
 from vitcam_nb.core.recipe import ATTN_ROWS, HEAD_RULES, HEAD_SITES, RELUS, TARGETS, WEIGHT_TOKENS, Recipe
 from vitcam_nb.core.weighting import WEIGHTINGS
 
@@ -98,8 +98,8 @@ def parse_reported(reported: Mapping[str, Any] | None) -> tuple[dict[str, Any], 
     for key, value in dict(reported or {}).items():
         if key in CATEGORY_FIELDS:
             if value != OPEN:
-                raise ValueError(f"reported: a checklist category ({key!r}) can only be left open, with the value "
-                                 f"{OPEN!r}; name its fields {list(CATEGORY_FIELDS[key])} to report them")
+                raise ArgumentError(f"reported: a checklist category ({key!r}) can only be left open, with the value "
+                                    f"{OPEN!r}; name its fields {list(CATEGORY_FIELDS[key])} to report them")
             opened += list(CATEGORY_FIELDS[key])
         elif key in _FIELDS:
             if isinstance(value, str) and value == OPEN:
@@ -107,8 +107,8 @@ def parse_reported(reported: Mapping[str, Any] | None) -> tuple[dict[str, Any], 
             else:
                 fixed[key] = value
         else:
-            raise ValueError(f"reported: unknown key {key!r}; use recipe fields {_FIELDS} or checklist categories "
-                             f"{list(CATEGORY_FIELDS)}")
+            raise ArgumentError(f"reported: unknown key {key!r}; use recipe fields {_FIELDS} or checklist categories "
+                                f"{list(CATEGORY_FIELDS)}")
     return fixed, opened
 
 

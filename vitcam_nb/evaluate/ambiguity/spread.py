@@ -15,6 +15,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.compute.spatial import upsample
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate.localisation.metrics import default_tolerance
 
 __all__ = ["Spread", "localising_share", "spread_of"]
@@ -80,7 +81,7 @@ def localising_share(maps: np.ndarray, mask: np.ndarray, tolerance: float | None
     from scipy import ndimage
     mask = np.asarray(mask, bool)
     if mask.ndim != 2 or not mask.any():
-        raise ValueError(f"mask: expected a non-empty 2-D boolean mask, got shape {mask.shape}")
+        raise ArgumentError(f"mask: expected a non-empty 2-D boolean mask, got shape {mask.shape}")
     up = upsample(np.asarray(maps, np.float32), mask.shape, "bilinear") if maps.shape[1:] != mask.shape else maps
     tol = default_tolerance(mask.shape) if tolerance is None else float(tolerance)
     hit = (ndimage.distance_transform_edt(~mask) <= tol).ravel()

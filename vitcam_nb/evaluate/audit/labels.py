@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, as_mask
 from vitcam_nb.evaluate.localisation.metrics import auroc, default_tolerance, energy_pointing_game, pointing_game
 
@@ -79,7 +80,7 @@ def label_map(map2d: object, mask: object, tolerance: float | None = None) -> tu
     m = as_map(map2d, "map2d")
     msk = as_mask(mask, m.shape)
     if msk.all():
-        raise ValueError("mask: covers the whole map; the labels need pixels outside the object as well")
+        raise ArgumentError("mask: covers the whole map; the labels need pixels outside the object as well")
     span = float(np.ptp(m))
     numbers: dict[str, float | None] = {"range": span, "pointing_game": None, "auroc": None, "energy_inside": None,
                                         "mask_share": float(msk.mean())}

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.schema import POSITION_R2
 
 __all__ = ["RELATIVE_ALPHAS", "position_probe"]
@@ -103,21 +104,21 @@ def _probe_r2(x: np.ndarray, y: np.ndarray, folds: list[np.ndarray], alpha: floa
 
 def _check(trace: object, folds: object, alpha: object) -> xr.Dataset:
     if isinstance(trace, xr.DataTree):
-        raise TypeError("trace: a hierarchical (Swin) trace has one grid per stage; probe one stage's Dataset")
+        raise ArgumentTypeError("trace: a hierarchical (Swin) trace has one grid per stage; probe one stage's Dataset")
     if not isinstance(trace, xr.Dataset):
-        raise TypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
+        raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
     missing = [k for k in ("act", "token_kind", "patch_row", "patch_col") if k not in trace.variables]
     if missing:
-        raise ValueError(f"trace: missing {missing}; the probe needs the token sites' activations ('act') and each "
-                         "token's kind and grid position (trace with sites=['F1', ...])")
+        raise ArgumentError(f"trace: missing {missing}; the probe needs the token sites' activations ('act') and each "
+                            "token's kind and grid position (trace with sites=['F1', ...])")
     if "image" in trace["act"].dims:
-        raise ValueError("trace: a store of many images; probe one image's trace (vitcam_nb.image_trace(store, i))")
+        raise ArgumentError("trace: a store of many images; probe one image's trace (vitcam_nb.image_trace(store, i))")
     if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
-        raise ValueError(f"folds: expected an int >= 2, got {folds!r}")
+        raise ArgumentError(f"folds: expected an int >= 2, got {folds!r}")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number))
                               or not np.isfinite(alpha) or alpha <= 0):
-        raise ValueError(f"alpha: expected None (chosen per fold by leave-one-out) or a finite number > 0, "
-                         f"got {alpha!r}")
+        raise ArgumentError(f"alpha: expected None (chosen per fold by leave-one-out) or a finite number > 0, "
+                            f"got {alpha!r}")
     return trace
 
 
@@ -127,7 +128,7 @@ def _chosen(name: str, asked: Sequence | None, have: list) -> list:
     asked = [asked] if isinstance(asked, (str, int, np.integer)) else list(asked)
     unknown = [a for a in asked if a not in have]
     if unknown or not asked:
-        raise ValueError(f"{name}: {unknown or asked} not in the trace; it has {have}")
+        raise ArgumentError(f"{name}: {unknown or asked} not in the trace; it has {have}")
     return asked
 
 
@@ -161,9 +162,9 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
     y = np.stack([trace["patch_row"].values[patch], trace["patch_col"].values[patch]], -1).astype(np.float64)
     y = y[:, y.std(0) > 0]  # a one-row (or one-column) grid has no row (column) to predict
     if y.shape[1] == 0 or len(patch) < 2 * folds:
-        raise ValueError(f"trace: {len(patch)} patch tokens on a {'constant' if y.shape[1] == 0 else 'small'} "
-                         f"grid; the probe needs positions that vary and at least 2 tokens per fold "
-                         f"(folds={folds})")
+        raise ArgumentError(f"trace: {len(patch)} patch tokens on a {'constant' if y.shape[1] == 0 else 'small'} "
+                            f"grid; the probe needs positions that vary and at least 2 tokens per fold "
+                            f"(folds={folds})")
     order = np.random.default_rng(seed).permutation(len(patch))
     parts = np.array_split(order, folds)
     out = np.full((len(sites), len(layers)), np.nan)
@@ -173,7 +174,7 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
             x = np.asarray(values.sel(site=site, layer=layer).values, np.float64)[patch]
             x = x[:, ~np.isnan(x).all(0)]  # channels this site does not have (padding) are not features
             if x.size == 0 or np.isnan(x).any():
-                raise ValueError(f"trace: act at site {site}, layer {layer} has missing values; cannot probe it")
+                raise ArgumentError(f"trace: act at site {site}, layer {layer} has missing values; cannot probe it")
             out[i, j] = _probe_r2(x, y, parts, None if alpha is None else float(alpha))
     attrs = {"method": "ridge probe from patch-token activations (standardised per fold) to (patch_row, "
                        "patch_col); R^2 of out-of-fold predictions, averaged over row and column",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, nan_because
 
 __all__ = ["COMPLEXITY_METRICS", "complexity", "effective_complexity", "sparseness"]
@@ -82,7 +83,7 @@ def effective_complexity(saliency: object, eps: float = 1e-5) -> float:
         2.0
     """
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)) or not 0 <= eps < 1:
-        raise ValueError(f"eps: expected a threshold in [0, 1) on the normalised magnitude, got {eps!r}")
+        raise ArgumentError(f"eps: expected a threshold in [0, 1) on the normalised magnitude, got {eps!r}")
     a = _magnitude(saliency, "effective_complexity")
     if a is None:
         return float("nan")

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import nan_because, resolve_k
 from vitcam_nb.evaluate.faithfulness.irof import irof
 from vitcam_nb.evaluate.faithfulness.removal import check_count, removed_scores, setup
@@ -98,8 +99,8 @@ def faithfulness_correlation(
         subsets = np.asarray(subsets)
         if (subsets.ndim != 2 or subsets.shape[0] < 2 or not np.issubdtype(subsets.dtype, np.integer)
                 or subsets.min() < 0 or subsets.max() >= n):
-            raise ValueError(f"subsets: expected an int array (n_runs >= 2, size) of cell ids in 0..{n - 1}, "
-                             f"got shape {subsets.shape} dtype {subsets.dtype}")
+            raise ArgumentError(f"subsets: expected an int array (n_runs >= 2, size) of cell ids in 0..{n - 1}, "
+                                f"got shape {subsets.shape} dtype {subsets.dtype}")
     flat = s.cells.ravel()
     sums = flat[subsets].sum(axis=1)
     scores = removed_scores(s, [np.array([], int), *subsets], progress=progress,
@@ -159,7 +160,7 @@ def monotonicity_correlation(
     step = check_count("step", step, 1, s.n_cells)
     n_samples = check_count("n_samples", n_samples, 1, 1000)
     if not (np.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps: expected a non-negative number, got {eps!r}")
+        raise ArgumentError(f"eps: expected a non-negative number, got {eps!r}")
     flat = s.cells.ravel()
     order = np.argsort(flat, kind="stable")
     groups = [order[i: i + step] for i in range(0, s.n_cells, step)]

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, warn
 from vitcam_nb.evaluate.faithfulness.perturbation import (
     MODES,
@@ -71,11 +72,11 @@ class PerturbationSetup:
         check_choice("score", score, SCORES)
         check_choice("order", order, ORDERS)
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+            raise ArgumentError(f"batch_size: expected a positive int, got {batch_size!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+            raise ArgumentError(f"seed: expected a non-negative int, got {seed!r}")
         if not (np.isfinite(nli_noise) and nli_noise >= 0):
-            raise ValueError(f"nli_noise: expected a non-negative number, got {nli_noise!r}")
+            raise ArgumentError(f"nli_noise: expected a non-negative number, got {nli_noise!r}")
         self.scorer = Scorer(model, score)
         self.x, self.input_kind = model_input(model, image)
         h, w = self.x.shape[-2:]
@@ -90,7 +91,7 @@ class PerturbationSetup:
         if blur_sigma is None:
             blur_sigma = 5.0 * math.sqrt(h * w) / 224.0
         if not (np.isfinite(blur_sigma) and blur_sigma > 0):
-            raise ValueError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
+            raise ArgumentError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
         self.target = resolve_target(self.scorer, self.x, target, saliency)
         self.settings = dict(mode=mode, substrate=substrate, score=score, order=order,
                              batch_size=int(batch_size), seed=int(seed), target=self.target, metric=metric)
@@ -120,8 +121,8 @@ class PerturbationSetup:
         if step is None:
             step = 1 if self.patch else max(1, math.ceil(self.n_cells / 224))
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 1 <= step <= self.n_cells:
-            raise ValueError(f"step: expected an int number of {self.attrs['cell']}s per step in "
-                             f"1..{self.n_cells}, got {step!r}")
+            raise ArgumentError(f"step: expected an int number of {self.attrs['cell']}s per step in "
+                                f"1..{self.n_cells}, got {step!r}")
         counts = np.arange(0, self.n_cells + step, step)
         counts[-1] = self.n_cells
         return np.unique(counts), int(step)
@@ -312,8 +313,8 @@ def road(
     """
     p = np.asarray(percentiles, dtype=np.float64)
     if p.ndim != 1 or p.size == 0 or not np.all((p >= 0) & (p <= 1)) or np.any(np.diff(p) <= 0):
-        raise ValueError(f"percentiles: expected strictly increasing fractions in [0, 1], "
-                         f"got {percentiles!r}")
+        raise ArgumentError(f"percentiles: expected strictly increasing fractions in [0, 1], "
+                            f"got {percentiles!r}")
     s = PerturbationSetup(model, image, saliency, mode=mode, substrate=substrate, step=None, score=score, order=order,
                target=target, batch_size=batch_size, seed=seed, patch_size=patch_size, blur_sigma=blur_sigma,
                nli_noise=nli_noise, metric="road")

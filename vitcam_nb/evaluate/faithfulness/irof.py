@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, nan_because
 from vitcam_nb.evaluate.faithfulness.perturbation import area_under_curve
 from vitcam_nb.evaluate.faithfulness.removal import removed_scores, setup
@@ -35,17 +36,17 @@ def segment_labels(x: torch.Tensor, segments: object) -> np.ndarray:
     h, w = x.shape[-2:]
     if isinstance(segments, str):
         if segments != "slic":
-            raise ValueError(f"segments: expected one of {list(SEGMENTATIONS)} or a label image, got {segments!r}")
+            raise ArgumentError(f"segments: expected one of {list(SEGMENTATIONS)} or a label image, got {segments!r}")
         try:
             from skimage.segmentation import slic
         except ImportError as e:  # optional: only this segmentation needs it
-            raise ValueError("segments: 'slic' needs scikit-image (pip install scikit-image)") from e
+            raise ArgumentError("segments: 'slic' needs scikit-image (pip install scikit-image)") from e
         labels = slic(np.moveaxis(x[0].numpy(), 0, -1).astype(np.float64), start_label=0)
     else:
         labels = np.asarray(segments)
         if labels.shape != (h, w) or not np.issubdtype(labels.dtype, np.integer):
-            raise ValueError(f"segments: a label image must be an int array of the input size {(h, w)}, got "
-                             f"shape {labels.shape} dtype {labels.dtype}")
+            raise ArgumentError(f"segments: a label image must be an int array of the input size {(h, w)}, got "
+                                f"shape {labels.shape} dtype {labels.dtype}")
     return np.unique(labels, return_inverse=True)[1].reshape(h, w)
 
 
@@ -93,8 +94,8 @@ def irof(
     else:
         sal = as_map(saliency, "saliency")
         if sal.shape != s.shape:
-            raise ValueError(f"saliency: segments other than 'patch' need the map at the input size {s.shape}, "
-                             f"got {sal.shape}")
+            raise ArgumentError(f"saliency: segments other than 'patch' need the map at the input size {s.shape}, "
+                                f"got {sal.shape}")
         labels = segment_labels(s.x, segments)
         counts = np.bincount(labels.ravel())
         seg_saliency = np.bincount(labels.ravel(), weights=sal.ravel()) / counts

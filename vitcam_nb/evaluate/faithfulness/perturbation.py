@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.provenance import weights_sha256
 from vitcam_nb.evaluate._common import recipe_fields
 from vitcam_nb.evaluate.faithfulness.substrates import fixed_substrate, noisy_linear_imputation
@@ -50,11 +51,11 @@ def model_input(model: torch.nn.Module, image: object) -> tuple[torch.Tensor, st
     """
     if isinstance(image, xr.Dataset):
         if "image" not in image:
-            raise ValueError("image: the trace has no 'image' variable")
+            raise ArgumentError("image: the trace has no 'image' variable")
         traced = image.attrs.get("weights_sha256")
         if isinstance(traced, str) and traced and traced != weights_sha256(model):
-            raise ValueError(f"image: the trace was made with other weights (sha256 {traced[:12]}...) than this "
-                             f"model's ({weights_sha256(model)[:12]}...); score a trace with the model that made it")
+            raise ArgumentError(f"image: the trace was made with other weights (sha256 {traced[:12]}...) than this "
+                                f"model's ({weights_sha256(model)[:12]}...); score a trace with the model that made it")
         pixels = np.asarray(image["image"].transpose("y", "x", "rgb").values)
         facts = json.loads(image.attrs.get("preprocessing", "{}") or "{}")
         if "mean" in facts and "std" in facts:
@@ -84,8 +85,8 @@ def _data_config(model: torch.nn.Module) -> dict | None:
 def _mean_std(model: torch.nn.Module) -> tuple[Sequence[float], Sequence[float]]:
     cfg = _data_config(model)
     if cfg is None:
-        raise ValueError("image: cannot normalise a uint8 array for a model without a timm data config; "
-                         "pass a normalised float tensor")
+        raise ArgumentError("image: cannot normalise a uint8 array for a model without a timm data config; "
+                            "pass a normalised float tensor")
     return cfg["mean"], cfg["std"]
 
 
@@ -131,13 +132,13 @@ def patch_size_of(
         pe = getattr(model, "patch_embed", None)
         value = getattr(pe, "patch_size", None)
     if value is None:
-        raise ValueError("patch_size: token mode needs the patch size; pass patch_size=, a trace, or a model "
-                         "with patch_embed.patch_size")
+        raise ArgumentError("patch_size: token mode needs the patch size; pass patch_size=, a trace, or a model "
+                            "with patch_embed.patch_size")
     if isinstance(value, (int, np.integer)):
         value = (int(value), int(value))
     ph, pw = (int(v) for v in value)
     if ph < 1 or pw < 1:
-        raise ValueError(f"patch_size: expected positive sizes, got {value!r}")
+        raise ArgumentError(f"patch_size: expected positive sizes, got {value!r}")
     return ph, pw
 
 
@@ -154,19 +155,19 @@ def cell_scores(
     h, w = shape
     if mode == "pixel":
         if sal.shape != (h, w):
-            raise ValueError(f"saliency: pixel mode needs a map of the input size {(h, w)}, got {sal.shape}; "
-                             "use the upsampled map (vc.cam(tr, recipe)) or mode='token'")
+            raise ArgumentError(f"saliency: pixel mode needs a map of the input size {(h, w)}, got {sal.shape}; "
+                                "use the upsampled map (vc.cam(tr, recipe)) or mode='token'")
         return sal
     ph, pw = patch
     if h % ph or w % pw:
-        raise ValueError(f"patch_size: {ph}x{pw} patches do not tile the {h}x{w} input")
+        raise ArgumentError(f"patch_size: {ph}x{pw} patches do not tile the {h}x{w} input")
     gh, gw = h // ph, w // pw
     if sal.shape == (gh, gw):
         return sal
     if sal.shape == (h, w):
         return sal.reshape(gh, ph, gw, pw).mean(axis=(1, 3))
-    raise ValueError(f"saliency: token mode needs a map on the token grid {(gh, gw)} or at the input size "
-                     f"{(h, w)}, got {sal.shape}")
+    raise ArgumentError(f"saliency: token mode needs a map on the token grid {(gh, gw)} or at the input size "
+                        f"{(h, w)}, got {sal.shape}")
 
 
 def pixel_rank(cells: np.ndarray, shape: tuple[int, int], order: str) -> np.ndarray:
@@ -192,7 +193,7 @@ def check_choice(name: str, value: object, allowed: Sequence[str]) -> None:
         >>> check_choice("mode", "pixel", MODES)
     """
     if value not in allowed:
-        raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
+        raise ArgumentError(f"{name}: expected one of {list(allowed)}, got {value!r}")
 
 
 def show_progress(show: bool | None, n_inputs: int) -> bool:
@@ -217,7 +218,7 @@ class Scorer:
 
     def __init__(self, model: torch.nn.Module, score: str):
         if not isinstance(model, torch.nn.Module):
-            raise ValueError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+            raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         self.model, self.score = model, score
         params = list(model.parameters())
         self.device = params[0].device if params else torch.device("cpu")
@@ -234,7 +235,7 @@ class Scorer:
                 m.training = mode
         if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != batch.shape[0]:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"model: expected logits of shape (batch, classes), got {shape}")
+            raise ArgumentError(f"model: expected logits of shape (batch, classes), got {shape}")
         return out.detach().to("cpu", torch.float32)
 
     def __call__(self, batch: torch.Tensor, target: int) -> np.ndarray:
@@ -261,8 +262,8 @@ def resolve_target(scorer: Scorer, x: torch.Tensor, target: int | None, saliency
         rank = int(cls[3:]) if isinstance(cls, str) and cls[3:].isdigit() and cls.startswith("top") else 1
         return int(torch.argsort(logits[0], descending=True, stable=True)[min(rank, n_classes) - 1])
     if isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not 0 <= target < n_classes:
-        raise ValueError(f"target: expected a class index in 0..{n_classes - 1} or None (the predicted "
-                         f"class), got {target!r}")
+        raise ArgumentError(f"target: expected a class index in 0..{n_classes - 1} or None (the predicted "
+                            f"class), got {target!r}")
     return int(target)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate.faithfulness.curves import PerturbationSetup
 from vitcam_nb.evaluate.faithfulness.perturbation import show_progress
 from vitcam_nb.evaluate.faithfulness.substrates import fixed_substrate, noisy_linear_imputation
@@ -48,7 +49,7 @@ def check_count(name: str, value: object, low: int, high: int) -> int:
         10
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-        raise ValueError(f"{name}: expected an int in {low}..{high}, got {value!r}")
+        raise ArgumentError(f"{name}: expected an int in {low}..{high}, got {value!r}")
     return int(value)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vitcam_nb.core.errors import ArgumentError
+
 __all__ = ["SUBSTRATES", "blur", "fixed_substrate", "noisy_linear_imputation"]
 
 SUBSTRATES = ("mean", "image_mean", "blur", "nli")
@@ -61,7 +63,7 @@ def noisy_linear_imputation(
     x = np.asarray(image, dtype=np.float64)
     rem = np.asarray(removed, dtype=bool)
     if x.ndim != 3 or rem.shape != x.shape[1:]:
-        raise ValueError(f"removed: expected a mask of shape {x.shape[1:]}, got {rem.shape}")
+        raise ArgumentError(f"removed: expected a mask of shape {x.shape[1:]}, got {rem.shape}")
     out = x.copy()
     n = int(rem.sum())
     if n == 0:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, warn
 
 __all__ = ["DISTANCES", "sufficiency"]
@@ -25,10 +26,10 @@ DISTANCES = ("seuclidean", "euclidean", "cityblock", "cosine")
 def _prediction(p: object, i: int) -> int:
     if isinstance(p, xr.Dataset):
         if "logits" not in p:
-            raise ValueError(f"predictions: trace {i} has no 'logits' variable")
+            raise ArgumentError(f"predictions: trace {i} has no 'logits' variable")
         return int(np.argmax(np.asarray(p["logits"].values).ravel()))
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
-        raise ValueError(f"predictions: expected class indices or traces, got {type(p).__name__} at {i}")
+        raise ArgumentError(f"predictions: expected class indices or traces, got {type(p).__name__} at {i}")
     return int(p)
 
 
@@ -60,22 +61,22 @@ def sufficiency(
     from scipy.spatial.distance import cdist
 
     if not isinstance(maps, Sequence) or len(maps) < 2:
-        raise ValueError("maps: expected a sequence of two or more maps")
+        raise ArgumentError("maps: expected a sequence of two or more maps")
     arrs = [as_map(m, f"maps[{i}]") for i, m in enumerate(maps)]
     if any(a.shape != arrs[0].shape for a in arrs):
-        raise ValueError(f"maps: every map must have one shape, got {sorted({a.shape for a in arrs})}")
+        raise ArgumentError(f"maps: every map must have one shape, got {sorted({a.shape for a in arrs})}")
     if len(predictions) != len(arrs):
-        raise ValueError(f"predictions: expected {len(arrs)} (one per map), got {len(predictions)}")
+        raise ArgumentError(f"predictions: expected {len(arrs)} (one per map), got {len(predictions)}")
     classes = np.array([_prediction(p, i) for i, p in enumerate(predictions)])
     if not (np.isfinite(threshold) and 0.0 <= threshold <= 1.0):
-        raise ValueError(f"threshold: expected a number in [0, 1], got {threshold!r}")
+        raise ArgumentError(f"threshold: expected a number in [0, 1], got {threshold!r}")
     if distance not in DISTANCES:
-        raise ValueError(f"distance: expected one of {list(DISTANCES)}, got {distance!r}")
+        raise ArgumentError(f"distance: expected one of {list(DISTANCES)}, got {distance!r}")
     flat = np.stack([np.abs(a).ravel() for a in arrs])
     peak = flat.max(axis=1, keepdims=True)
     if (peak == 0).any():
-        raise ValueError(f"maps: map(s) {np.nonzero(peak.ravel() == 0)[0].tolist()} are all zeros; they cannot be "
-                         "normalised")
+        raise ArgumentError(f"maps: map(s) {np.nonzero(peak.ravel() == 0)[0].tolist()} are all zeros; they cannot be "
+                            "normalised")
     flat = flat / peak
     if distance == "seuclidean":
         flat = flat[:, flat.var(axis=0) > 0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, as_mask, nan_because, order_desc, resolve_k, warn
 
 __all__ = [
@@ -60,7 +61,7 @@ def pointing_game(saliency: object, mask: object, tolerance: float | None = None
     m, msk = _inputs(saliency, mask)
     tol = default_tolerance(m.shape) if tolerance is None else float(tolerance)
     if not np.isfinite(tol) or tol < 0:
-        raise ValueError(f"tolerance: expected a non-negative number of pixels, got {tolerance!r}")
+        raise ArgumentError(f"tolerance: expected a non-negative number of pixels, got {tolerance!r}")
     if np.ptp(m) == 0.0:
         return nan_because("pointing_game", "the saliency map is constant (it has no maximum)")
     dist = ndimage.distance_transform_edt(~msk)  # distance of each pixel to the nearest mask pixel

@@ -17,7 +17,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentError, RecipeError
 from vitcam_nb.evaluate._common import grid_map, nan_because, warn
 from vitcam_nb.evaluate.agreement.metrics import agreement_functions
 from vitcam_nb.evaluate.faithfulness.perturbation import model_input
@@ -55,11 +55,11 @@ def _map(model: torch.nn.Module, inputs: Sequence[torch.Tensor], recipe: object,
 
 def _check(seed: object, parts: Sequence[str] | None, model: torch.nn.Module) -> list[str]:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+        raise ArgumentError(f"seed: expected a non-negative int, got {seed!r}")
     available = [name for name, _ in model_parts(model)]
     order = list(available) if parts is None else list(parts)
     if not order or any(p not in available for p in order):
-        raise ValueError(f"parts: expected a non-empty list from {available}, got {parts!r}")
+        raise ArgumentError(f"parts: expected a non-empty list from {available}, got {parts!r}")
     return order
 
 
@@ -109,10 +109,10 @@ def smooth_mprt(
     from tqdm.auto import tqdm
 
     if mode not in ("cascading", "independent"):
-        raise ValueError(f"mode: expected 'cascading' or 'independent', got {mode!r}")
+        raise ArgumentError(f"mode: expected 'cascading' or 'independent', got {mode!r}")
     n_samples = check_count("n_samples", n_samples, 1, 1000)
     if not (np.isfinite(noise) and noise >= 0):
-        raise ValueError(f"noise: expected a non-negative number, got {noise!r}")
+        raise ArgumentError(f"noise: expected a non-negative number, got {noise!r}")
     order = _check(seed, parts, model)
     fns = agreement_functions(metrics)
     kw = {k: v for k, v in (trace_kwargs or {}).items() if k != "targets"}
@@ -124,8 +124,8 @@ def smooth_mprt(
     cls, fixed = _class_and_recipe(model, x, recipe, kw)
     ref = _map(model, inputs, fixed, cls, kw)
     if np.ptp(ref) == 0:
-        raise ValueError("recipe: the smoothed map on the original model is constant; a randomisation test needs a "
-                         "map that carries information")
+        raise ArgumentError("recipe: the smoothed map on the original model is constant; a randomisation test needs a "
+                            "map that carries information")
     rows = []
     show = len(order) > 8 if progress is None else bool(progress)
     for i, part in enumerate(tqdm(order, desc=f"smooth MPRT ({mode})", disable=not show, leave=False)):

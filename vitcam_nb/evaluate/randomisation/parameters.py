@@ -20,7 +20,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.errors import ArgumentError, RecipeError
 from vitcam_nb.evaluate._common import grid_map, warn
 from vitcam_nb.evaluate.agreement.metrics import agreement_functions
 
@@ -73,11 +73,11 @@ def randomise_parts(
         (True, False)
     """
     if init not in _INITS:
-        raise ValueError(f"init: expected one of {list(_INITS)}, got {init!r}")
+        raise ArgumentError(f"init: expected one of {list(_INITS)}, got {init!r}")
     table = dict(model_parts(model))
     unknown = [p for p in parts if p not in table]
     if unknown:
-        raise ValueError(f"parts: unknown part(s) {unknown}; this model has {list(table)}")
+        raise ArgumentError(f"parts: unknown part(s) {unknown}; this model has {list(table)}")
     out = copy.deepcopy(model)
     if init == "reset":
         chosen = {name for part in parts for name in table[part]}
@@ -178,13 +178,13 @@ def model_randomisation(
     from tqdm.auto import tqdm
 
     if mode not in ("cascading", "independent"):
-        raise ValueError(f"mode: expected 'cascading' or 'independent', got {mode!r}")
+        raise ArgumentError(f"mode: expected 'cascading' or 'independent', got {mode!r}")
     fns = agreement_functions(metrics)
     available = [name for name, _ in model_parts(model)]
     order = list(available) if parts is None else list(parts)
     unknown = [p for p in order if p not in available]
     if unknown or not order:
-        raise ValueError(f"parts: expected a non-empty list from {available}, got {parts!r}")
+        raise ArgumentError(f"parts: expected a non-empty list from {available}, got {parts!r}")
     kw = dict(trace_kwargs or {})
     kw.pop("targets", None)
     cls_request = recipe.class_
@@ -196,8 +196,8 @@ def model_randomisation(
     fixed = _fix_class(recipe, cls)
     ref = grid_map(tr0, fixed)
     if ref.attrs.get("degenerate"):
-        raise ValueError(f"recipe: the map on the original model is degenerate ({ref.attrs['degenerate']}); "
-                         "a randomisation test needs a map that carries information")
+        raise ArgumentError(f"recipe: the map on the original model is degenerate ({ref.attrs['degenerate']}); "
+                            "a randomisation test needs a map that carries information")
     rows, maps, labels, counts, reasons = [], [ref], [], [], []
     show = len(order) > 8 if progress is None else bool(progress)
     for i, part in enumerate(tqdm(order, desc=f"{mode} randomisation", disable=not show, leave=False)):
@@ -242,7 +242,7 @@ def plot_randomisation(sim: xr.DataArray, maps: xr.DataArray | None = None):
     import matplotlib.pyplot as plt
 
     if not isinstance(sim, xr.DataArray) or set(sim.dims) != {"layer", "metric"}:
-        raise ValueError("sim: expected the (layer, metric) DataArray of model_randomisation")
+        raise ArgumentError("sim: expected the (layer, metric) DataArray of model_randomisation")
     labels = [str(v) for v in sim["layer"].values]
     n = len(labels)
     if maps is not None:
@@ -294,22 +294,22 @@ def randomised_logit(
         ('metric',)
     """
     if recipe.layer_fusion == "rollout":
-        raise ValueError("recipe: attention rollout does not depend on the class; the check does not apply")
+        raise ArgumentError("recipe: attention rollout does not depend on the class; the check does not apply")
     fns = agreement_functions(metrics)
     pred = int(np.argmax(tr["logits"].values))
     traced = [int(c) for c in tr["target_class"].values if int(c) >= 0]
     if pred not in traced:
-        raise ValueError(f"tr: the predicted class {pred} was not traced (traced {traced}); trace with "
-                         f"targets=[{pred}, other]")
+        raise ArgumentError(f"tr: the predicted class {pred} was not traced (traced {traced}); trace with "
+                            f"targets=[{pred}, other]")
     candidates = [c for c in traced if c != pred]
     if other is None:
         if not candidates:
-            raise ValueError(f"tr: the trace holds no class other than the predicted {pred}; trace with "
-                             f"targets=[{pred}, other] or targets='top5'")
+            raise ArgumentError(f"tr: the trace holds no class other than the predicted {pred}; trace with "
+                                f"targets=[{pred}, other] or targets='top5'")
         other = int(candidates[np.random.default_rng(seed).integers(len(candidates))])
     elif other not in candidates:
-        raise ValueError(f"other: class {other!r} is not a traced class other than the predicted {pred} "
-                         f"(traced {traced})")
+        raise ArgumentError(f"other: class {other!r} is not a traced class other than the predicted {pred} "
+                            f"(traced {traced})")
     a = grid_map(tr, recipe.replace(class_=pred))
     b = grid_map(tr, recipe.replace(class_=int(other)))
     values = []

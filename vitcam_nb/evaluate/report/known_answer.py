@@ -15,7 +15,7 @@ import torch
 
 from vitcam_nb.capture.scoring import score as score_channels
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import TOKEN_SITES
@@ -103,9 +103,9 @@ def report_known_answer(
     if device is not None:
         model = copy.deepcopy(model).to(device)
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
-        raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
+        raise ArgumentError(f"n_images: expected a positive int, got {n_images!r}")
     if isinstance(deletion_steps, bool) or not isinstance(deletion_steps, int) or deletion_steps < 1:
-        raise ValueError(f"deletion_steps: expected a positive int, got {deletion_steps!r}")
+        raise ArgumentError(f"deletion_steps: expected a positive int, got {deletion_steps!r}")
     if weightings is None:
         weightings = [w for w in channel_weighting_names()
                       if w != "gscorecam" and WEIGHTINGS.get(w).scored_target == "logit"]
@@ -124,8 +124,8 @@ def report_known_answer(
         tr = trace(model, images[i], targets=[label])
         h, w = tr.sizes["y"], tr.sizes["x"]
         if (h, w) != masks[i].shape:
-            raise ValueError(f"model: its input size {(h, w)} differs from the shapes images "
-                             f"{masks[i].shape}; the masks would not line up with the maps")
+            raise ArgumentError(f"model: its input size {(h, w)} differs from the shapes images "
+                                f"{masks[i].shape}; the masks would not line up with the maps")
         tol = default_tolerance((h, w)) if tolerance is None else float(tolerance)
         layers = [int(v) for v in tr["layer"].values]
         if scored:  # the forward passes Score-CAM / Ablation-CAM read, stored in this image's trace

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.recipe import Recipe
@@ -69,10 +69,11 @@ def report_known_answer_detection(
     import pandas as pd
 
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
-        raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
+        raise ArgumentError(f"n_images: expected a positive int, got {n_images!r}")
     recipes = dict(_DEFAULT if recipes is None else recipes)
     if not recipes or not all(isinstance(r, Recipe) for r in recipes.values()):
-        raise TypeError(f"recipes: expected a non-empty mapping of labels to vitcam_nb.Recipe, got {recipes!r:.80}")
+        raise ArgumentTypeError(f"recipes: expected a non-empty mapping of labels to vitcam_nb.Recipe, got "
+                                f"{recipes!r:.80}")
     # a file of these names that the kit did not write there is refused before any image is traced
     folder = None if out_dir is None else OutputFolder(Path(out_dir), _OUTPUTS, "report_known_answer_detection")
     name = model if isinstance(model, str) else type(model).__name__

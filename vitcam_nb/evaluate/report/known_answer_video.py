@@ -27,7 +27,7 @@ import torch
 
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.data.shapes_video import shape_clips
@@ -52,8 +52,8 @@ VIDEO_RECIPES: dict[str, Recipe] = {
 def _frames(cam_map: object, what: str) -> np.ndarray:
     values = np.asarray(getattr(cam_map, "values", cam_map), dtype=np.float64)
     if values.ndim != 3:
-        raise ValueError(f"cam_map: expected a video map (frame, y, x), got {values.ndim} dimensions {values.shape}; "
-                         f"{what}")
+        raise ArgumentError(f"cam_map: expected a video map (frame, y, x), got {values.ndim} dimensions "
+                            f"{values.shape}; {what}")
     return values
 
 
@@ -70,7 +70,7 @@ def right_frames(cam_map: object, evidence: np.ndarray) -> float:
     values = _frames(cam_map, "compute it with upsampling on (not upsample='none')")
     evidence = np.asarray(evidence, dtype=bool)
     if evidence.shape != values.shape[:1]:
-        raise ValueError(f"evidence: expected one bool per frame ({values.shape[0]}), got shape {evidence.shape}")
+        raise ArgumentError(f"evidence: expected one bool per frame ({values.shape[0]}), got shape {evidence.shape}")
     total = values.sum()
     return float(values[evidence].sum() / total) if total != 0 else float("nan")
 
@@ -92,7 +92,7 @@ def frame_pointing(cam_map: object, masks: np.ndarray, evidence: np.ndarray, tol
     values = _frames(cam_map, "the pointing game is per frame")
     masks, evidence = np.asarray(masks, dtype=bool), np.asarray(evidence, dtype=bool)
     if masks.shape != values.shape:
-        raise ValueError(f"masks: expected the map's shape {values.shape}, got {masks.shape}")
+        raise ArgumentError(f"masks: expected the map's shape {values.shape}, got {masks.shape}")
     hits = []
     for f in np.flatnonzero(evidence):
         frame = values[f]
@@ -128,7 +128,7 @@ def report_known_answer_video(model: torch.nn.Module | str = "shapes-video", n_c
         ('uniform map', 0.5)
     """
     if not isinstance(n_clips, int) or n_clips < 1:
-        raise ValueError(f"n_clips: expected a positive int, got {n_clips!r}")
+        raise ArgumentError(f"n_clips: expected a positive int, got {n_clips!r}")
     recipes = dict(VIDEO_RECIPES if recipes is None else recipes)
     net = load_model(model)
     cfg = net.config

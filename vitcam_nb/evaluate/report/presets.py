@@ -36,7 +36,7 @@ from vitcam_nb.adapters.qkv import single_head_attention
 from vitcam_nb.capture.scoring import score as score_trace
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.provenance import weights_sha256
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe, is_int
@@ -201,9 +201,9 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
     if isinstance(model, str):
         model = load_model(model)
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
-        raise ValueError(f"n_images: expected a positive int, got {n_images!r}")
+        raise ArgumentError(f"n_images: expected a positive int, got {n_images!r}")
     if isinstance(shapley_images, bool) or not isinstance(shapley_images, int) or not 0 <= shapley_images <= n_images:
-        raise ValueError(f"shapley_images: expected an int in 0..n_images ({n_images}), got {shapley_images!r}")
+        raise ArgumentError(f"shapley_images: expected an int in 0..n_images ({n_images}), got {shapley_images!r}")
     names = list(presets.names() if names is None else names)
     images, labels, masks = shapes(n_images, seed)
     if shapley_images:  # grid, baseline and memory refused before any trace or model call

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
+
 __all__ = ["ShapleyCache"]
 
 _FORMAT = "vitcam_nb shapley cache v1"
@@ -50,8 +52,8 @@ class ShapleyCache:
         if self.path is not None and self.path.exists():
             data = json.loads(self.path.read_text())
             if not isinstance(data, dict) or data.get("format") != _FORMAT:
-                raise ValueError(f"shapley_cache: {self.path} is not a vitcam_nb Shapley cache (expected a JSON object "
-                                 f"with format {_FORMAT!r}); give another path")
+                raise ArgumentError(f"shapley_cache: {self.path} is not a vitcam_nb Shapley cache (expected a JSON "
+                                    f"object with format {_FORMAT!r}); give another path")
             self.entries = dict(data.get("entries", {}))
 
     def get(self, *, weights: str, seed: int, n_images: int, image: int, grid: tuple[int, int], baseline: str,

@@ -39,7 +39,7 @@ from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
-from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.weighting import WEIGHTINGS
@@ -64,11 +64,11 @@ def perturb(x: torch.Tensor, n: int = 10, radius: float = 0.2, seed: int = 0) ->
         ((4, 3, 2, 2), True)
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n: expected a positive int number of perturbations, got {n!r}")
+        raise ArgumentError(f"n: expected a positive int number of perturbations, got {n!r}")
     if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not (np.isfinite(radius) and radius > 0):
-        raise ValueError(f"radius: expected a positive finite noise bound (model-input units), got {radius!r}")
+        raise ArgumentError(f"radius: expected a positive finite noise bound (model-input units), got {radius!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+        raise ArgumentError(f"seed: expected a non-negative int, got {seed!r}")
     noise = np.random.default_rng(seed).uniform(-radius, radius, size=(int(n),) + tuple(x.shape[1:]))
     return x[0].unsqueeze(0) + torch.from_numpy(noise.astype(np.float32))
 
@@ -99,7 +99,8 @@ def robustness_scores(
     """
     unknown = [m for m in metrics if m not in ROBUSTNESS_METRICS]
     if unknown:
-        raise ValueError(f"metrics: unknown robustness metric(s) {unknown}; expected names from {ROBUSTNESS_METRICS}")
+        raise ArgumentError(f"metrics: unknown robustness metric(s) {unknown}; expected names from "
+                            f"{ROBUSTNESS_METRICS}")
     m = np.asarray(saliency, np.float64)
     mj = np.asarray(perturbed, np.float64).reshape(-1, *m.shape)
     n = len(mj)
@@ -225,7 +226,7 @@ def robustness(
     """
     recipes = list(recipes)
     if not recipes or not all(isinstance(r, Recipe) for r in recipes):
-        raise ValueError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
+        raise ArgumentError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
     robustness_scores(np.ones(1), np.ones((1, 1)), np.ones(1), np.ones((1, 1)), np.ones(1), np.ones((1, 1)), metrics)
     x, _ = model_input(model, image)
     xs = perturb(x, n, radius, seed)
@@ -234,9 +235,9 @@ def robustness(
     if target is None:
         target = int(torch.argmax(logits[0]))
     elif isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not 0 <= target < n_classes:
-        raise ValueError(f"target: expected a class index in 0..{n_classes - 1} or None, got {target!r}")
+        raise ArgumentError(f"target: expected a class index in 0..{n_classes - 1} or None, got {target!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        raise ArgumentError(f"batch_size: expected a positive int, got {batch_size!r}")
     fixed = [_for_class(r, int(target)) for r in recipes]
     traces = _traces(model, torch.cat([x, xs]), int(target), fixed, int(batch_size), image)
     rows = []

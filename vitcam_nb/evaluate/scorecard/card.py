@@ -37,7 +37,7 @@ from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.compute.map_store import MAPS, image_maps, is_map_store
-from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate._common import MetricWarning, warn
@@ -82,13 +82,13 @@ def _resolve_class(recipe: Recipe, trace: xr.Dataset, target: str) -> Recipe:
     if target == "label":
         label = trace.attrs.get("image_label", -1)
         if label is None or int(label) < 0:
-            raise ValueError("target: 'label' needs each image's ground-truth class (trace_many image_labels); "
-                             f"image {trace.attrs.get('image_index', '?')} has none")
+            raise ArgumentError("target: 'label' needs each image's ground-truth class (trace_many image_labels); "
+                                f"image {trace.attrs.get('image_index', '?')} has none")
         traced = [int(c) for c in trace["target_class"].values] if "target_class" in trace.coords else []
         if traced and int(label) not in traced:  # its map would need a gradient the trace does not hold
-            raise ValueError(f"target: 'label' explains image {trace.attrs.get('image_index', '?')}'s class "
-                             f"{int(label)}, which its trace does not hold (traced classes {traced}); trace with "
-                             "targets that include every label (e.g. 'topN' with N the number of classes)")
+            raise ArgumentError(f"target: 'label' explains image {trace.attrs.get('image_index', '?')}'s class "
+                                f"{int(label)}, which its trace does not hold (traced classes {traced}); trace with "
+                                "targets that include every label (e.g. 'topN' with N the number of classes)")
         return recipe.replace(class_=int(label))
     if isinstance(recipe.class_, str):  # "topN": the N-th highest logit of this image
         order = np.argsort(-np.asarray(trace["logits"].values, np.float64), kind="stable")
@@ -142,18 +142,19 @@ def _metrics(metrics: Sequence[str] | None, has_mask: bool, model: Any, maps_onl
                 and (model is not None or "model" not in METRICS.get(n).needs)
                 and (not maps_only or METRICS.get(n).category in MAP_CATEGORIES)]
     if isinstance(metrics, str) or not metrics:
-        raise ValueError(f"metrics: expected a non-empty list of metric names from {METRICS.names()}, got {metrics!r}")
+        raise ArgumentError(f"metrics: expected a non-empty list of metric names from {METRICS.names()}, got "
+                            f"{metrics!r}")
     chosen = [METRICS.get(n) for n in metrics]
     other = [m.name for m in chosen if maps_only and m.category not in MAP_CATEGORIES]
     if other:
-        raise ValueError(f"metrics: {other} read the trace or call the model; a map store holds maps only, which "
-                         f"the {' and '.join(MAP_CATEGORIES)} metrics read (score traces for the others)")
+        raise ArgumentError(f"metrics: {other} read the trace or call the model; a map store holds maps only, which "
+                            f"the {' and '.join(MAP_CATEGORIES)} metrics read (score traces for the others)")
     for m in chosen:
         if "model" in m.needs and model is None:
-            raise ValueError(f"model: metric {m.name!r} calls the model; pass model=")
+            raise ArgumentError(f"model: metric {m.name!r} calls the model; pass model=")
         if "mask" in m.needs and not has_mask:
-            raise ValueError(f"masks: metric {m.name!r} needs a ground-truth mask per image; pass masks= or trace "
-                             "the store with masks")
+            raise ArgumentError(f"masks: metric {m.name!r} needs a ground-truth mask per image; pass masks= or trace "
+                                "the store with masks")
     return chosen
 
 
@@ -187,8 +188,8 @@ def _check_stored(store: xr.Dataset, recipes: Sequence[Recipe], target: str) -> 
     """Refuse, before any image is scored, what a map store cannot give: another class than its recipes name,
     and a recipe it does not hold (named)."""
     if target != "recipe":
-        raise ValueError("target: a map store's maps explain the classes its recipes name; target='label' needs "
-                         "traces (vc.trace_many with image_labels)")
+        raise ArgumentError("target: a map store's maps explain the classes its recipes name; target='label' needs "
+                            "traces (vc.trace_many with image_labels)")
     first = image_maps(store, 0)
     missing = []
     for recipe in recipes:
@@ -285,28 +286,29 @@ def scorecard(
     try:
         recipes = list(recipes)
     except TypeError:
-        raise TypeError(f"recipes: expected a non-empty sequence of vitcam_nb.Recipe, got {type(recipes).__name__}"
-                        ) from None
+        raise ArgumentTypeError(f"recipes: expected a non-empty sequence of vitcam_nb.Recipe, got "
+                                f"{type(recipes).__name__}") from None
     if not recipes or not all(isinstance(r, Recipe) for r in recipes):
-        raise ValueError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
+        raise ArgumentError("recipes: expected a non-empty sequence of vitcam_nb.Recipe")
     ids = [r.id for r in recipes]
     if len(set(ids)) != len(ids):
-        raise ValueError("recipes: two recipes are the same recipe (equal ids); give each once")
+        raise ArgumentError("recipes: two recipes are the same recipe (equal ids); give each once")
     if target not in _TARGETS:
-        raise ValueError(f"target: expected one of {_TARGETS}, got {target!r}")
+        raise ArgumentError(f"target: expected one of {_TARGETS}, got {target!r}")
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
-        raise ValueError(f"n_boot: expected a positive int, got {n_boot!r}")
+        raise ArgumentError(f"n_boot: expected a positive int, got {n_boot!r}")
     lazy = is_store(store_or_traces)
     source = store_or_traces if lazy else ([store_or_traces] if isinstance(store_or_traces, xr.Dataset)
                                            else list(store_or_traces))
     bad = [] if lazy else [type(t).__name__ for t in source if not isinstance(t, (xr.Dataset, xr.DataTree))]
     if bad:
-        raise TypeError(f"store_or_traces: expected an open_traces store or a list of traces, got a {bad[0]} in it")
+        raise ArgumentTypeError(f"store_or_traces: expected an open_traces store or a list of traces, got a {bad[0]} "
+                                f"in it")
     n = int(source.sizes["image"]) if lazy else len(source)
     if n == 0:
-        raise ValueError("store_or_traces: no images")
+        raise ArgumentError("store_or_traces: no images")
     if masks is not None and len(masks) != n:
-        raise ValueError(f"masks: expected one mask per image ({n}), got {len(masks)}")
+        raise ArgumentError(f"masks: expected one mask per image ({n}), got {len(masks)}")
     has_mask = masks is not None or ("mask" in source if lazy else all("mask" in t for t in source))
     chosen = _metrics(metrics, has_mask, model, maps_only=is_map_store(source))
     if is_map_store(source):
@@ -314,8 +316,8 @@ def scorecard(
     # The bootstrap holds every resample's image indices and means at once: refused before any image is scored.
     need, free = int(n_boot) * 8 * (n + 2 * len(recipes) * len(chosen)), available_bytes()
     if free is not None and need > BUDGET_FRACTION * free:
-        raise ValueError(f"n_boot: {n_boot} resamples of {n} images would hold about {need / 1e9:.1f} GB, over the "
-                         f"budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB available); lower n_boot")
+        raise ArgumentError(f"n_boot: {n_boot} resamples of {n} images would hold about {need / 1e9:.1f} GB, over the "
+                            f"budget ({BUDGET_FRACTION:.0%} of the {free / 1e9:.1f} GB available); lower n_boot")
     kw = {"recipes": recipes, "metrics": chosen, "model": model, "target": target, "seed": int(seed),
           "settings": settings}
     with warnings.catch_warnings():

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
+
 __all__ = ["ScorecardAccessor", "metric_agreement", "goodness", "plot_agreement", "plot_scorecard"]
 
 _METHODS = ("spearman", "kendall")
@@ -48,7 +50,7 @@ def metric_agreement(card: xr.Dataset, method: str = "spearman") -> xr.DataArray
     """
     from scipy import stats  # here, not at import: scipy takes half a second to import
     if method not in _METHODS:
-        raise ValueError(f"method: expected one of {_METHODS}, got {method!r}")
+        raise ArgumentError(f"method: expected one of {_METHODS}, got {method!r}")
     g = goodness(card).transpose("recipe", "metric").values
     k = g.shape[1]
     out = np.full((k, k), np.nan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import as_map, nan_because
 from vitcam_nb.evaluate.agreement.metrics import spearman
 
@@ -35,13 +36,13 @@ def pool_groups(saliency: np.ndarray, grid: tuple[int, int], input_size: tuple[i
     h, w = saliency.shape
     if h % gy or w % gx:
         if input_size is None or input_size[0] % h or input_size[1] % w:
-            raise ValueError(f"saliency: a {h}x{w} map does not tile the {gy}x{gx} groups"
-                             + ("" if input_size is None else f" nor the {input_size[0]}x{input_size[1]} input")
-                             + "; give the map at the input size (vc.cam(tr, recipe)) or on the token grid")
+            raise ArgumentError(f"saliency: a {h}x{w} map does not tile the {gy}x{gx} groups"
+                                + ("" if input_size is None else f" nor the {input_size[0]}x{input_size[1]} input")
+                                + "; give the map at the input size (vc.cam(tr, recipe)) or on the token grid")
         saliency = np.repeat(np.repeat(saliency, input_size[0] // h, axis=0), input_size[1] // w, axis=1)
         h, w = saliency.shape
         if h % gy or w % gx:
-            raise ValueError(f"saliency: the {h}x{w} input does not tile the {gy}x{gx} groups")
+            raise ArgumentError(f"saliency: the {h}x{w} input does not tile the {gy}x{gx} groups")
     return saliency.reshape(gy, h // gy, gx, w // gx).mean(axis=(1, 3))
 
 

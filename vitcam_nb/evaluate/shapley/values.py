@@ -23,6 +23,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.provenance import weights_origin, weights_sha256
 from vitcam_nb.evaluate.faithfulness.perturbation import (
     SCORES,
@@ -55,7 +56,7 @@ def exact_shapley(v: np.ndarray) -> np.ndarray:
     v = np.asarray(v, dtype=np.float64)
     n = int(v.size).bit_length() - 1
     if v.ndim != 1 or n < 1 or v.size != 1 << n:
-        raise ValueError(f"v: expected the values of all 2^n coalitions (n >= 1), got shape {v.shape}")
+        raise ArgumentError(f"v: expected the values of all 2^n coalitions (n >= 1), got shape {v.shape}")
     idx = np.arange(v.size, dtype=np.int64)
     size = np.zeros(v.size, dtype=np.int64)
     for b in range(n):
@@ -88,14 +89,14 @@ def _check_grid(grid: object, shape: tuple[int, int]) -> tuple[int, int]:
     ok = (isinstance(grid, (tuple, list)) and len(grid) == 2
           and all(isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 1 for g in grid))
     if not ok:
-        raise ValueError(f"grid: expected (rows, columns) of positive ints, e.g. (3, 3) or (4, 4), got {grid!r}")
+        raise ArgumentError(f"grid: expected (rows, columns) of positive ints, e.g. (3, 3) or (4, 4), got {grid!r}")
     gy, gx = int(grid[0]), int(grid[1])
     h, w = shape
     if h % gy or w % gx or gy * gx < 2:
         rows = [g for g in range(1, 9) if h % g == 0]
         cols = [g for g in range(1, 9) if w % g == 0]
-        raise ValueError(f"grid: {gy}x{gx} groups do not tile the {h}x{w} model input into equal groups of at least "
-                         f"two; rows must divide {h} (up to 8: {rows}), columns must divide {w} (up to 8: {cols})")
+        raise ArgumentError(f"grid: {gy}x{gx} groups do not tile the {h}x{w} model input into equal groups of at least "
+                            f"two; rows must divide {h} (up to 8: {rows}), columns must divide {w} (up to 8: {cols})")
     return gy, gx
 
 
@@ -107,26 +108,26 @@ def _baseline(baseline: object, x: torch.Tensor, blur_sigma: float) -> tuple[tor
             return torch.zeros_like(x), "mean (zero model input: the normalisation mean colour)"
         return blur(x, blur_sigma), f"blur (Gaussian, sigma {blur_sigma:.3g} px, zero padding)"
     if isinstance(baseline, (bool, np.bool_)):
-        raise ValueError(f"baseline: expected one of {list(BASELINES)}, a number or a tensor, got {baseline!r}")
+        raise ArgumentError(f"baseline: expected one of {list(BASELINES)}, a number or a tensor, got {baseline!r}")
     if isinstance(baseline, (int, float, np.integer, np.floating)):
         if not np.isfinite(baseline):
-            raise ValueError(f"baseline: expected a finite number, got {baseline!r}")
+            raise ArgumentError(f"baseline: expected a finite number, got {baseline!r}")
         return torch.full_like(x, float(baseline)), f"value {float(baseline):.6g} (model-input units)"
     try:
         t = torch.as_tensor(np.asarray(baseline, dtype=np.float32) if not isinstance(baseline, torch.Tensor)
                             else baseline.detach().cpu().float())
     except (TypeError, ValueError) as e:
-        raise ValueError(f"baseline: expected one of {list(BASELINES)}, a number or a tensor, got "
-                         f"{type(baseline).__name__}") from e
+        raise ArgumentError(f"baseline: expected one of {list(BASELINES)}, a number or a tensor, got "
+                            f"{type(baseline).__name__}") from e
     if t.ndim == 1 and t.numel() == x.shape[1]:
         t = t.view(1, -1, 1, 1)
     try:
         out = torch.broadcast_to(t, x.shape).clone()
     except RuntimeError as e:
-        raise ValueError(f"baseline: a tensor of shape {tuple(t.shape)} does not broadcast to the model input "
-                         f"{tuple(x.shape)}; give one value per channel ({x.shape[1]},) or the whole input") from e
+        raise ArgumentError(f"baseline: a tensor of shape {tuple(t.shape)} does not broadcast to the model input "
+                            f"{tuple(x.shape)}; give one value per channel ({x.shape[1]},) or the whole input") from e
     if not torch.isfinite(out).all():
-        raise ValueError("baseline: contains NaN or inf")
+        raise ArgumentError("baseline: contains NaN or inf")
     return out, f"tensor of shape {tuple(t.shape)} (model-input units)"
 
 
@@ -149,15 +150,15 @@ def _check_budget(n: int, batch_size: int, shape: tuple[int, int], channels: int
         said = "" if free is None else f"{BUDGET_FRACTION:.0%} of the {free / 1e9:.2f} GB available"
     else:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, float)) or not max_bytes > 0:
-            raise ValueError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
+            raise ArgumentError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
         limit, said = float(max_bytes), f"max_bytes {float(max_bytes):.3g}"
     if limit is None or need <= limit:
         return
     scores = (1 << n) * _BYTES_PER_COALITION
     arg = "grid" if scores > limit else "batch_size"  # no batch size fits when the scores alone do not
-    raise ValueError(f"{arg}: {n} groups take 2^{n} = {1 << n:,} forward passes and would hold about "
-                     f"{need / 1e9:.3g} GB ({scores / 1e9:.3g} GB of scores, {(need - scores) / 1e9:.3g} GB for a "
-                     f"batch of {batch_size}), over the budget ({said}); use fewer groups or a smaller batch_size")
+    raise ArgumentError(f"{arg}: {n} groups take 2^{n} = {1 << n:,} forward passes and would hold about "
+                        f"{need / 1e9:.3g} GB ({scores / 1e9:.3g} GB of scores, {(need - scores) / 1e9:.3g} GB for a "
+                        f"batch of {batch_size}), over the budget ({said}); use fewer groups or a smaller batch_size")
 
 
 def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], baseline: object, batch_size: int, *,
@@ -172,17 +173,17 @@ def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], ba
     """
     check_choice("score", score, SCORES)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        raise ArgumentError(f"batch_size: expected a positive int, got {batch_size!r}")
     scorer = Scorer(model, score)
     x, input_kind = model_input(model, image)
     if x.ndim != 4 or x.shape[0] != 1:
-        raise ValueError(f"image: expected one image, got a model input of shape {tuple(x.shape)}")
+        raise ArgumentError(f"image: expected one image, got a model input of shape {tuple(x.shape)}")
     h, w = (int(v) for v in x.shape[-2:])
     gy, gx = _check_grid(grid, (h, w))
     if blur_sigma is None:
         blur_sigma = 5.0 * math.sqrt(h * w) / 224.0
     if isinstance(blur_sigma, bool) or not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
-        raise ValueError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
+        raise ArgumentError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
     base, base_said = _baseline(baseline, x, float(blur_sigma))
     _check_budget(gy * gx, int(batch_size), (h, w), int(x.shape[1]), max_bytes)
     return scorer, x, input_kind, (gy, gx), base, base_said
