@@ -17,6 +17,7 @@ import numpy as np
 
 from vitcam_nb.api import cam
 from vitcam_nb.core.errors import DegenerateMapWarning
+from vitcam_nb.core.escape import escape_mathtext
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.audit.labels import LABELS
 
@@ -37,11 +38,6 @@ def example_title(row: dict[str, Any], image: str) -> str:
     """
     return (f"{image}\n{row['site']}, {row['target']} target, {row['weighting']}\n"
             f"{row['weight_tokens']} tokens, heads {row['heads']}")
-
-
-def _plain(text: str) -> str:
-    """Text as matplotlib shows it literally: a file or class name with two "$" would otherwise become mathtext."""
-    return text.replace("$", r"\$")
 
 
 def _typical(label: str, row: dict[str, Any]) -> float:
@@ -125,7 +121,7 @@ def plot_audit(summary: dict[str, Any], rows: list[dict[str, Any]], items: list[
             shown = ax.imshow(np.asarray(m.values), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.contour(item["input_mask"], levels=[0.5], colors="white", linewidths=0.8)
             auroc = "" if row["auroc"] is None else f"\nAUROC {row['auroc']:.2f}, pointing {row['pointing_game']:.2f}"
-            ax.set_title(_plain(example_title(row, item["name"].split(" (")[0]) + auroc), fontsize=6.5)
+            ax.set_title(escape_mathtext(example_title(row, item["name"].split(" (")[0]) + auroc), fontsize=6.5)
     if shown is not None:
         bar = fig.colorbar(shown, cax=fig.add_subplot(grid[: len(LABELS), cols]))
         bar.set_label("map value (each map min-max normalised); white line: object mask", fontsize=8)
@@ -147,7 +143,7 @@ def plot_audit(summary: dict[str, Any], rows: list[dict[str, Any]], items: list[
     head = (f"The audit's experiment: {summary['maps']} maps ({summary['recipes_per_image']} variants x "
             f"{len(items)} images; {summary['skipped_combinations']} invalid combinations skipped). "
             f"{ran}. Weights origin (trace): {summary['weights_origin']}.")
-    fig.suptitle(_plain("\n".join(textwrap.wrap(head, 150))), fontsize=9, y=0.99)
-    fig.text(0.01, 0.03, _plain("\n".join(textwrap.wrap("Rule: " + summary["rule"] + " " + summary["caveat"], 200))),
-             fontsize=6.5, va="bottom")
+    fig.suptitle(escape_mathtext("\n".join(textwrap.wrap(head, 150))), fontsize=9, y=0.99)
+    rule = "\n".join(textwrap.wrap("Rule: " + summary["rule"] + " " + summary["caveat"], 200))
+    fig.text(0.01, 0.03, escape_mathtext(rule), fontsize=6.5, va="bottom")
     return fig

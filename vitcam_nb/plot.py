@@ -16,6 +16,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentError
+from vitcam_nb.core.escape import escape_mathtext
 
 __all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "frame_strip", "grid", "overlay", "recipe_short"]
 
@@ -117,8 +118,8 @@ def _map_title(trace: xr.Dataset, m: xr.DataArray) -> str:
     recipe = m.attrs.get("recipe")
     title = recipe_short(recipe) if recipe else f"recipe {m.attrs.get('recipe_id', '?')}"
     name = class_name(trace, recipe) if recipe else None
-    if name is not None:
-        title += f"\nclass {name}"
+    if name is not None:  # the model's own label: drawn as written
+        title += f"\nclass {escape_mathtext(name)}"
     if m.attrs.get("degenerate"):
         title += "\nDEGENERATE: map is all zeros"
     return title
@@ -249,8 +250,8 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     title = recipe_short(recipe) if recipe else f"recipe {gallery.attrs.get('recipe_id', '?')}"
     name = class_name(trace, recipe) if recipe else None
     vary = ", ".join(v for v in varied if not v.startswith("_"))
-    fig.suptitle(f"{title}" + (f" — class {name}" if name else "") + (f"; varied: {vary}" if vary else ""),
-                 fontsize=9)
+    fig.suptitle(f"{title}" + (f" — class {escape_mathtext(name)}" if name else "")
+                 + (f"; varied: {vary}" if vary else ""), fontsize=9)
     fig.tight_layout(rect=(0, 0, 0.93, 1))
     cax = fig.add_axes((0.94, 0.15, 0.015, 0.7))
     fig.colorbar(ScalarMappable(Normalize(0, 1), cmap=cmap), cax=cax, label="map value")

@@ -198,3 +198,25 @@ def test_the_explorers_copied_checklist_is_the_escaped_markdown(tmp_path):
     md = vc.Recipe().checklist(tr).to_markdown()
     assert "<img" not in md and "<script" not in md and "&lt;img src=x onerror=" in md
     assert Explorer(tr, vc.Recipe()).checklist_md == md == compute_grid(tr, vc.Recipe()).checklist_md
+
+
+def test_a_class_label_with_dollar_signs_is_drawn_as_written_not_as_mathtext():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.cbook import is_math_text
+
+    model = make_model("vit")
+    tr = vc.trace(model, np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8), targets="top1",
+                  labels=[f"$\\alpha$ price $5 #{i}" for i in range(10)])
+    recipe = vc.Recipe()
+    cls = int(tr["target_class"].values[0])
+    figures = [vc.plot.overlay(tr, vc.cam(tr, recipe)), vc.plot.grid(tr, vc.gallery(tr, recipe, vary={"layer": "all"}))]
+    for fig in figures:
+        titles = [fig._suptitle.get_text()] if fig._suptitle else []
+        titles += [ax.get_title() for ax in fig.axes]
+        shown = [t for t in titles if "price" in t]
+        assert shown and all(not is_math_text(t) for t in shown), titles
+        assert all(f"class \\$\\alpha\\$ price \\$5 #{cls}" in t for t in shown), shown
+        plt.close(fig)

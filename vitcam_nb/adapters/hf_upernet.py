@@ -70,7 +70,7 @@ class HfUperNetSwinAdapter(HfSwinAdapter):
             >>> m.backbone = torch.nn.Conv2d(3, 3, 1)
             >>> HfUperNetSwinAdapter().backbone(m)  # doctest: +ELLIPSIS
             Traceback (most recent call last):
-            TypeError: model: UperNetForSemanticSegmentation with a Conv2d backbone is not supported; ...
+            vitcam_nb.core.errors.ArgumentTypeError: model: UperNetForSemanticSegmentation with a Conv2d backbone ...
         """
         if not is_transformers_model(model, self.classes):
             return model

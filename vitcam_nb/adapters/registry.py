@@ -154,7 +154,7 @@ def find_adapter(model: object) -> Adapter:
     Example:
         >>> find_adapter(object())  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
-        TypeError: model: ...
+        vitcam_nb.core.errors.ArgumentTypeError: model: ...
     """
     for adapter in _table():
         if adapter.matches(model):

@@ -99,10 +99,10 @@ def check_traced(trace: Any, model: torch.nn.Module, x: torch.Tensor) -> None:
     """The trace must be a single-image class-target trace of this model on this input.
 
     Example:
-        >>> check_traced(None, torch.nn.Linear(1, 1), torch.zeros(1))
+        >>> check_traced(None, torch.nn.Linear(1, 1), torch.zeros(1))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        TypeError: trace: expected a single-image trace Dataset from vitcam_nb.trace(), got NoneType
+        vitcam_nb.core.errors.ArgumentTypeError: trace: expected a single-image trace Dataset ... got NoneType
     """
     if not isinstance(trace, xr.Dataset) or "image" in trace.dims or "target_class" not in trace.variables:
         raise ArgumentTypeError(f"trace: expected a single-image trace Dataset from vitcam_nb.trace(), got "

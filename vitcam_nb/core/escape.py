@@ -18,7 +18,7 @@ from __future__ import annotations
 import html
 import re
 
-__all__ = ["escape_html", "escape_markdown"]
+__all__ = ["escape_html", "escape_markdown", "escape_mathtext"]
 
 # Characters that open markdown or HTML syntax anywhere in a line: tags and entities (& < >), links and
 # images ([ ]), emphasis and strikethrough (* ~), code spans (`), backslash escapes (\) and table cells (|).
@@ -80,3 +80,14 @@ def escape_html(text: object) -> str:
         '&lt;b title=&#x27;x&#x27;&gt;'
     """
     return html.escape(str(text), quote=True)
+
+
+def escape_mathtext(text: object) -> str:
+    """``str(text)`` as matplotlib draws it literally: a class or file name with two ``$`` would otherwise be
+    typeset as mathtext (``$x$`` as an italic x).
+
+    Example:
+        >>> escape_mathtext("price $5 to $10")
+        'price \\\\$5 to \\\\$10'
+    """
+    return str(text).replace("$", r"\$")

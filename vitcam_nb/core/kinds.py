@@ -101,7 +101,7 @@ def kind_for(trace: Any, recipe: Any = None) -> TraceKind:
     Example:
         >>> kind_for([1, 2])  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
-        TypeError: trace: expected an xarray.Dataset from vitcam_nb.trace(), got list
+        vitcam_nb.core.errors.ArgumentTypeError: trace: expected an xarray.Dataset from vitcam_nb.trace(), got list
     """
     if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
         raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")

@@ -64,7 +64,7 @@ def named_traces(traces: Mapping[str, xr.Dataset] | Sequence[xr.Dataset]) -> dic
     Example:
         >>> named_traces([])  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
-        TypeError: trace: expected at least one trace, got an empty list
+        vitcam_nb.core.errors.ArgumentTypeError: trace: expected at least one trace, got an empty list
     """
     if isinstance(traces, Mapping):
         named = dict(traces)
