@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import OutputExistsError, TraceFileError
 from vitcam_nb.core.provenance import file_sha256
 
@@ -34,7 +35,7 @@ MANIFEST = ".vitcam_nb-outputs.json"
 
 def check_output(path: Path, *, overwrite: bool, ours: Callable[[Path], bool], what: str) -> None:
     """Refuse a path whose folder is missing, that is a folder, or that holds a file ``ours`` does not
-    recognise as one vitcam_nb wrote (unless ``overwrite``).
+    recognise as one vitcam_nb wrote (unless ``overwrite``, which must be True or False).
 
     Example:
         >>> check_output(Path("/nonexistent/x.html"), overwrite=False, ours=bool, what="page")
@@ -42,6 +43,7 @@ def check_output(path: Path, *, overwrite: bool, ours: Callable[[Path], bool], w
         ...
         vitcam_nb.core.errors.TraceFileError: path: folder /nonexistent does not exist
     """
+    overwrite = as_flag("overwrite", overwrite)
     if not path.parent.is_dir():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
     if path.is_dir():
@@ -125,8 +127,9 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
 
 class OutputFolder:
     """A folder of named outputs: on creation, every name that exists must be a file the kit wrote there and
-    left unchanged (its manifest entry and SHA-256 agree) unless ``overwrite``; each :meth:`write` is atomic
-    and recorded in the manifest at once.
+    left unchanged (its manifest entry and SHA-256 agree) unless ``overwrite`` (True or False); a ``root`` that is
+    a file is refused. Creating it checks only and creates nothing (the caller makes ``root`` before the first
+    write); each :meth:`write` is atomic and recorded in the manifest at once.
 
     Example:
         >>> import tempfile
@@ -138,7 +141,11 @@ class OutputFolder:
     """
 
     def __init__(self, root: Path, names: Sequence[str], written_by: str, *, overwrite: bool = False) -> None:
+        overwrite = as_flag("overwrite", overwrite)
         self.root, self.written_by = Path(root), written_by
+        if self.root.exists() and not self.root.is_dir():
+            raise OutputExistsError(f"path: {self.root} is a file; the outputs are written into a folder. Use a "
+                                    "folder path")
         manifest = self.root / MANIFEST
         self.files: dict[str, str] = {}
         if manifest.exists():
