@@ -20,11 +20,14 @@ from typing import Any
 import numpy as np
 
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.card_schema import PaperCardError, template
 from vitcam_nb.core.card_schema import load_schema as schema
 from vitcam_nb.core.card_schema import validate_card as validate
 from vitcam_nb.core.errors import ArgumentError
+from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.provenance import weights_origin
+from vitcam_nb.core.version import __version__
 from vitcam_nb.evaluate.ambiguity.analysis import ambiguity
 from vitcam_nb.evaluate.audit.cards import audit_figures as figures
 from vitcam_nb.evaluate.audit.cards import load_cards, summarise
@@ -32,6 +35,9 @@ from vitcam_nb.models import bundled_names, load_model, sample_image
 
 __all__ = ["PaperCardError", "figures", "load_cards", "parse_reported_args", "run_ambiguity", "schema", "summarise",
            "template", "validate"]
+
+#: What ``vitcam-nb ambiguity`` writes in its folder (and lists, with each file's SHA-256, in the folder's manifest).
+_OUTPUTS = ("ambiguity.png", "ambiguity.json")
 
 
 def parse_reported_args(items: Sequence[str]) -> dict[str, Any]:
@@ -57,27 +63,37 @@ def parse_reported_args(items: Sequence[str]) -> dict[str, Any]:
 
 def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str, Any] | None = None,
                   images: int = 1, image: str | None = None, *, pretrained: bool = False,
-                  weights: str | Path | None = None, announce: Callable[[str], None] | None = None
-                  ) -> dict[str, Path]:
+                  weights: str | Path | None = None, announce: Callable[[str], None] | None = None,
+                  overwrite: bool = False) -> dict[str, Path]:
     """Trace ``model`` on ``images`` bundled sample images (or the file ``image``), run the ambiguity of
     ``reported`` and write ``ambiguity.png`` and ``ambiguity.json`` into ``out``; returns their paths. On a
     bundled model the images' object masks give the chance to localise. ``pretrained`` and ``weights`` go to
     :func:`vitcam_nb.load_model`; ``announce`` gets the weights' origin line before any result; the JSON
     (``weights_origin`` and the report paragraph) and the figure (footer and PNG Title) state it.
 
+    Each file is written atomically and listed in the folder's manifest (``.vitcam_nb-outputs.json``); a file of
+    those names that an earlier run did not write there, or that changed since, is refused before the model is
+    built (:class:`~vitcam_nb.OutputExistsError`) unless ``overwrite=True``. A refused call creates nothing.
+
     Example:
-        >>> paths = run_ambiguity("/tmp/vitcam-ambiguity", reported={"site": "F1", "layer": -1})
+        >>> import tempfile
+        >>> paths = run_ambiguity(tempfile.mkdtemp(), reported={"site": "F1", "layer": -1})
         >>> sorted(paths)
         ['figure', 'summary']
     """
     import matplotlib
 
     matplotlib.use("Agg")
+    folder = as_path("out", out)
+    overwrite = as_flag("overwrite", overwrite)
     if isinstance(images, bool) or not isinstance(images, int) or images < 1:
         raise ArgumentError(f"images: expected a positive int, got {images!r}")
     if image is None and model not in bundled_names():  # refused before the model is built
         raise ArgumentError(f"image: a timm model ({model}) needs --image PATH; the bundled sample images are for "
                             f"the bundled models {bundled_names()}")
+    if image is not None and not Path(image).is_file():
+        raise ArgumentError(f"image: {Path(image)} is not a file")
+    outputs = OutputFolder(folder, _OUTPUTS, f"vitcam_nb {__version__} run_ambiguity", overwrite=overwrite)
     net = load_model(model, pretrained=pretrained, weights=weights)
     origin = weights_origin(net)
     if announce is not None:
@@ -85,10 +101,7 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
     if image is not None:
         from PIL import Image
 
-        path = Path(image)
-        if not path.is_file():
-            raise ArgumentError(f"image: {path} is not a file")
-        with Image.open(path) as im:
+        with Image.open(image) as im:
             pixels, masks = [np.asarray(im.convert("RGB"))], None
     else:
         kind = "shortcut" if "shortcut" in model else "shapes"
@@ -102,11 +115,12 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
         many = ambiguity(traces, reported, mask=masks)
         summary["images"] = many.summary()
         summary["report_images"] = said + many.report()
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {"figure": folder / "ambiguity.png", "summary": folder / "ambiguity.json"}
     fig = first.plot()
     fig.text(0.005, 0.005, f"{model}; weights: {origin}", fontsize=6, color="0.3", ha="left", va="bottom")
-    fig.savefig(paths["figure"], dpi=110, metadata={"Title": f"vitcam_nb ambiguity of {model}; weights: {origin}"})
-    paths["summary"].write_text(json.dumps(summary, indent=2, default=str))
-    return paths
+    title = f"vitcam_nb ambiguity of {model}; weights: {origin}"
+    text = json.dumps(summary, indent=2, default=str)
+    folder.mkdir(parents=True, exist_ok=True)  # only now: a call refused above leaves no folder behind
+    # the temporary file has no .png suffix for matplotlib to read the format from
+    return {"figure": outputs.write("ambiguity.png",
+                                    lambda p: fig.savefig(p, dpi=110, format="png", metadata={"Title": title})),
+            "summary": outputs.write("ambiguity.json", lambda p: p.write_text(text, encoding="utf-8"))}

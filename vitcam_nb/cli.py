@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     amb.add_argument("--images", type=int, default=1, help="bundled sample images to analyse (default 1)")
     amb.add_argument("--image", default=None, help="image file (needed for a timm model)")
     amb.add_argument("--out", default="vitcam-ambiguity", help="output folder (default: vitcam-ambiguity)")
+    amb.add_argument("--overwrite", action="store_true",
+                     help="replace ambiguity.png / ambiguity.json in --out that this command did not write (or that "
+                          "changed since)")
     _weights_arguments(amb)
     export = sub.add_parser("export", help="write a trace's Explorer as one self-contained HTML file")
     export.add_argument("trace", help="a trace file written by vc.save (netCDF or zarr)")
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             paths = run_ambiguity(args.out, model=args.model, reported=parse_reported_args(args.reported),
                                   images=args.images, image=args.image, pretrained=args.pretrained,
-                                  weights=args.weights, announce=_announce)
+                                  weights=args.weights, announce=_announce, overwrite=args.overwrite)
         except (ValueError, TypeError) as exc:
             print(f"vitcam-nb ambiguity: {exc}", file=sys.stderr)
             return 2
