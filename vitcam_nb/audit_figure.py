@@ -26,7 +26,9 @@ import torch
 from vitcam_nb.api import gallery
 from vitcam_nb.audit_plot import plot_audit
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
+from vitcam_nb.core.outfiles import MANIFEST, OutputFolder
 from vitcam_nb.core.recipe import HEAD_RULES, TARGETS, WEIGHT_TOKENS, Recipe
 from vitcam_nb.core.schema import CORE_SITES
 from vitcam_nb.core.version import __version__
@@ -175,24 +177,17 @@ def _axes(axes: dict[str, list] | None) -> dict[str, list]:
     return out
 
 
-def _check_out(folder: Path, overwrite: bool) -> None:
-    """Refuse a folder with files the kit did not write (unless ``overwrite``), before any expensive work."""
+def _check_out(folder: Path, overwrite: bool) -> OutputFolder:
+    """Refuse a folder holding anything but this command's outputs, and either output unless the kit wrote it there
+    unchanged (unless ``overwrite``), before any expensive work; the folder whose writes are atomic and recorded."""
     if folder.exists() and not folder.is_dir():
         raise ArgumentError(f"out: {folder} is a file; give a folder path")
-    if not folder.is_dir() or overwrite:
-        return
-    others = sorted(p.name for p in folder.iterdir() if p.name not in FILES)
-    ours = [folder / f for f in FILES if (folder / f).exists()]
-    record = folder / FILES[1]
-    try:
-        earlier = json.loads(record.read_text()).get("written_by") == WRITTEN_BY if record.is_file() else False
-    except (OSError, ValueError, AttributeError):
-        earlier = False
-    if others or (ours and not earlier):
-        named = ", ".join((others or [p.name for p in ours])[:5])
-        raise ArgumentError(f"out: {folder} holds files this command did not write ({named}); the kit never "
-                            "overwrites them. Use an empty or new folder, or overwrite=True (--overwrite) to write "
-                            f"{' and '.join(FILES)} there (other files are left alone)")
+    others = sorted(p.name for p in folder.iterdir() if p.name not in (*FILES, MANIFEST)) if folder.is_dir() else []
+    if others and not overwrite:
+        raise ArgumentError(f"out: {folder} holds files this command did not write ({', '.join(others[:5])}); the kit "
+                            "never overwrites them. Use an empty or new folder, or overwrite=True (--overwrite) to "
+                            f"write {' and '.join(FILES)} there (other files are left alone)")
+    return OutputFolder(folder, FILES, WRITTEN_BY, overwrite=overwrite)
 
 
 def _images(model: str, net: torch.nn.Module, images: int, photo: bool) -> list[dict[str, Any]]:
@@ -223,8 +218,11 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     a bundled name, or a timm name whose weights are cached (or given as the local file ``weights``). Images:
     the first ``images`` bundled shapes (exact masks) and, with ``photo``, matplotlib's ``grace_hopper.jpg``
     with its hand-drawn mask. ``axes`` narrows :data:`AUDIT_AXES`. Returns the paths, the summary dict and the
-    line saying which model ran and why. A folder holding files this command did not write is refused unless
-    ``overwrite`` (which writes the two files beside them).
+    line saying which model ran and why. Both files are written atomically and listed in the folder's manifest
+    (``.vitcam_nb-outputs.json``); a rerun replaces them. Before any work, a folder holding other files, or either
+    file when an earlier run did not write it there or it changed since, is refused
+    (:class:`~vitcam_nb.OutputExistsError` for the two files) unless ``overwrite=True``, which replaces the two
+    files and leaves the others alone. A refused call creates nothing.
 
     Example:
         >>> result = run_figure("/tmp/vitcam-figure", model="shapes-vit", images=1, photo=False,
@@ -238,6 +236,7 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     import matplotlib.pyplot as plt
     from tqdm.auto import tqdm
 
+    overwrite = as_flag("overwrite", overwrite)
     if isinstance(images, bool) or not isinstance(images, int) or images < 0:
         raise ArgumentError(f"images: expected a count >= 0 of bundled shape images, got {images!r}")
     if not isinstance(model, str) or not model:
@@ -251,8 +250,8 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     recipes, skipped = audit_recipes(axes)
     if not recipes:
         raise ArgumentError(f"axes: no valid recipe in the product of the axes ({skipped})")
-    folder = Path(out)
-    _check_out(folder, overwrite)
+    folder = as_path("out", out)
+    outputs = _check_out(folder, overwrite)
     net, name, line = _choose_model(model, weights)
     if isinstance(net, LinearSegmenter):
         raise ArgumentError(f"model: {name} is a segmentation model; the audit labels classifier maps")
@@ -280,11 +279,12 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     bar.close()
     summary = _summary(name, line, traces[0].attrs, items, rows, recipes, skipped, _axes(axes))
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"figure": folder / FILES[0], "summary": folder / FILES[1]}
     fig = plot_audit(summary, rows, items, traces, examples=examples)
-    fig.savefig(paths["figure"], dpi=72)
+    text = json.dumps(summary, indent=1, default=str)
+    # the temporary file has no .png suffix for matplotlib to read the format from
+    paths = {"figure": outputs.write(FILES[0], lambda p: fig.savefig(p, dpi=72, format="png")),
+             "summary": outputs.write(FILES[1], lambda p: p.write_text(text, encoding="utf-8"))}
     plt.close(fig)
-    paths["summary"].write_text(json.dumps(summary, indent=1, default=str))
     return {"paths": paths, "summary": summary, "line": line}
 
 

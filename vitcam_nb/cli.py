@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     fig.add_argument("--axes", action="append", default=[], metavar="FIELD=V1,V2",
                      help="narrow an axis (repeatable), e.g. site=F1,F2 weighting=gradcam")
     fig.add_argument("--overwrite", action="store_true",
-                     help="write into a folder holding other files (they are left alone)")
+                     help="write into a folder holding other files (they are left alone) and replace "
+                          "audit_figure.png / audit_figure.json there even if this command did not write them")
     fig.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
