@@ -16,6 +16,9 @@ each of ``--sites`` of the block before; writes ``known_answer_detection.csv`` a
 
     python scripts/known_answer_report.py --model shapes-yolos --n-images 200 --seed 0 \
         --out reports/known_answer/detection
+
+A file of those names in ``--out`` that the kit did not write there (or that changed since), such as a report an
+earlier version wrote without the folder's manifest, is refused before any work unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sites", nargs="+", default=None, help="sites (default F1..F6)")
     parser.add_argument("--weightings", nargs="+", default=None, help="weightings (default every channel weighting)")
     parser.add_argument("--targets", nargs="+", default=None, help="targets (default logit, prob, logprob)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace report files in --out that the kit did not write there (or that changed since)")
     args = parser.parse_args(argv)
     if args.model == "shapes-yolos":
         return _detection(args)
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     table, _ = report_known_answer(
         args.model, n_images=args.n_images, seed=args.seed, deletion_steps=args.deletion_steps, **variants,
         substrate=args.substrate, score=args.score, batch_size=args.batch_size, device=args.device,
-        out_dir=args.out, progress=True,
+        out_dir=args.out, progress=True, overwrite=args.overwrite,
     )
     print(table.head(20).to_string(index=False))
     return 0
@@ -72,7 +77,8 @@ def _detection(args: argparse.Namespace) -> int:
     recipes = {"gradcam F1 last": vc.Recipe(site="F1"),
                **{f"gradcam {site} second-to-last": vc.Recipe(site=site, layer=-2) for site in sites}}
     _table, summary = vc.evaluate.report_known_answer_detection(args.model, n_images=args.n_images, seed=args.seed,
-                                                               recipes=recipes, out_dir=args.out)
+                                                               recipes=recipes, out_dir=args.out,
+                                                               overwrite=args.overwrite)
     for label, row in summary.items():
         print(f"{label}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
     return 0
@@ -88,7 +94,7 @@ def _video(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    folder = OutputFolder(out, ["known_answer_video.json"], "scripts/known_answer_report.py")
+    folder = OutputFolder(out, ["known_answer_video.json"], "scripts/known_answer_report.py", overwrite=args.overwrite)
     rows, settings = report_known_answer_video(args.model, n_clips=args.n_images, seed=args.seed)
     text = json.dumps({"settings": settings, "rows": rows}, indent=1)
     folder.write("known_answer_video.json", lambda p: p.write_text(text, encoding="utf-8"))

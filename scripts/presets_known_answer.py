@@ -8,6 +8,8 @@ Writes ``presets.csv`` (one row per preset; presets that do not apply to the mod
 column ``rule``: the backward rule of the trace each row was computed from, the rule presets' images being traced
 once more with their rule) and ``presets.json`` (the settings) to ``--out``. ``--names`` limits the presets;
 ``--shapley-images k`` adds the Shapley agreement on the first k images, reading and extending ``--shapley-cache``.
+A file of those names in ``--out`` that the kit did not write there (or that changed since) is refused before any
+work unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--names", nargs="+", default=None, help="presets to measure (default: every preset)")
     parser.add_argument("--shapley-images", type=int, default=0, help="Shapley agreement on the first k images")
     parser.add_argument("--shapley-cache", default=None, help="JSON file of Shapley values to read and extend")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace presets.csv / presets.json in --out that the kit did not write there")
     args = parser.parse_args(argv)
     table = report_presets(args.model, n_images=args.n_images, seed=args.seed, deletion_steps=args.deletion_steps,
                            names=args.names, shapley_images=args.shapley_images, shapley_cache=args.shapley_cache,
-                           out_dir=args.out, progress=True)
+                           out_dir=args.out, progress=True, overwrite=args.overwrite)
     print(table.drop(columns=["recipe"], errors="ignore").to_string(index=False))
     return 0
 

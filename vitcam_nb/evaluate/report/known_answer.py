@@ -15,8 +15,10 @@ import torch
 
 from vitcam_nb.capture.scoring import score as score_channels
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, channel_weighting_names
@@ -34,6 +36,7 @@ from vitcam_nb.models import load_model
 __all__ = ["report_known_answer"]
 
 _TOKEN_SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
+_OUTPUTS = ("known_answer_report.csv", "known_answer_report.png", "known_answer_report.json")
 
 
 def _pointing(maps: np.ndarray, mask: np.ndarray, tol: float) -> np.ndarray:
@@ -63,6 +66,7 @@ def report_known_answer(
     device: str | torch.device | None = None,
     out_dir: str | Path | None = None,
     progress: bool | None = None,
+    overwrite: bool = False,
 ):
     """Rank every variant on the known-answer model over ``n_images`` images of :func:`vitcam_nb.data.shapes`.
 
@@ -85,7 +89,10 @@ def report_known_answer(
             left where it is). The full report scores about 10^4 inputs per image: use a GPU for a few
             hundred images.
         out_dir: if given, writes ``known_answer_report.csv``, ``known_answer_report.png`` and
-            ``known_answer_report.json`` (the settings) there.
+            ``known_answer_report.json`` (the settings) there, each atomically, listed in the folder's manifest
+            (``.vitcam_nb-outputs.json``). A file of those names there that the kit did not write (or that changed
+            since) is refused (:class:`~vitcam_nb.OutputExistsError`) before any work unless ``overwrite=True``.
+        overwrite: replace such files (True or False).
 
     Returns:
         ``(table, figure)``: a pandas DataFrame (one row per variant; settings in ``table.attrs``) and a
@@ -98,6 +105,10 @@ def report_known_answer(
     import pandas as pd
     from tqdm.auto import tqdm
 
+    overwrite = as_flag("overwrite", overwrite)
+    # a file of these names that the kit did not write there is refused before the model is loaded
+    folder = None if out_dir is None else OutputFolder(as_path("out_dir", out_dir), _OUTPUTS, "report_known_answer",
+                                                       overwrite=overwrite)
     if isinstance(model, str):
         model = load_model(model)
     if device is not None:
@@ -211,12 +222,13 @@ def report_known_answer(
         **settings,
     }
     fig = _figure(table)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "known_answer_report.csv", index=False)
-        fig.savefig(out / "known_answer_report.png", dpi=150)
-        (out / "known_answer_report.json").write_text(json.dumps(table.attrs, indent=2, default=str))
+    if folder is not None:
+        folder.root.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(table.attrs, indent=2, default=str)
+        folder.write("known_answer_report.csv", lambda p: table.to_csv(p, index=False))
+        # the temporary file has no .png suffix for matplotlib to read the format from
+        folder.write("known_answer_report.png", lambda p: fig.savefig(p, dpi=150, format="png"))
+        folder.write("known_answer_report.json", lambda p: p.write_text(text, encoding="utf-8"))
     return table, fig
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.outfiles import OutputFolder
@@ -42,6 +43,7 @@ def report_known_answer_detection(
     recipes: Mapping[str, Recipe] | None = None,
     tolerance: float = 0.0,
     out_dir: str | Path | None = None,
+    overwrite: bool = False,
 ):
     """Pointing game per detection of the known-answer detector over ``n_images`` generated images.
 
@@ -53,8 +55,9 @@ def report_known_answer_detection(
         recipes: label -> Recipe (default Grad-CAM at F1 of the last block); ``class_=k`` is set per detection.
         tolerance: pointing-game tolerance in pixels (0: the map's peak inside the object's mask).
         out_dir: if given, writes ``known_answer_detection.csv`` and ``known_answer_detection.json`` (settings
-            and summary) there; a file of those names there that the kit did not write is refused
-            (:class:`~vitcam_nb.OutputExistsError`) before any work.
+            and summary) there; a file of those names there that the kit did not write (or that changed since) is
+            refused (:class:`~vitcam_nb.OutputExistsError`) before any work unless ``overwrite=True``.
+        overwrite: replace such files (True or False).
 
     Returns:
         ``(table, summary)``: a pandas DataFrame with one row per recipe x image x present object (``pointing``,
@@ -74,8 +77,10 @@ def report_known_answer_detection(
     if not recipes or not all(isinstance(r, Recipe) for r in recipes.values()):
         raise ArgumentTypeError(f"recipes: expected a non-empty mapping of labels to vitcam_nb.Recipe, got "
                                 f"{recipes!r:.80}")
+    overwrite = as_flag("overwrite", overwrite)
     # a file of these names that the kit did not write there is refused before any image is traced
-    folder = None if out_dir is None else OutputFolder(Path(out_dir), _OUTPUTS, "report_known_answer_detection")
+    folder = None if out_dir is None else OutputFolder(as_path("out_dir", out_dir), _OUTPUTS,
+                                                       "report_known_answer_detection", overwrite=overwrite)
     name = model if isinstance(model, str) else type(model).__name__
     model = load_model(model) if isinstance(model, str) else model
     images, labels, boxes, masks = shapes_detection(n_images, seed)
@@ -113,9 +118,8 @@ def report_known_answer_detection(
                 "recipes": {k: json.loads(r.to_json()) for k, r in recipes.items()},
                 "chance": "share of the image inside the object's mask (a uniformly random peak's hit rate)"}
     table.attrs.update(settings)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    if folder is not None:
+        folder.root.mkdir(parents=True, exist_ok=True)
         text = json.dumps({**settings, "summary": summary}, indent=1)
         folder.write("known_answer_detection.csv", lambda p: table.to_csv(p, index=False))
         folder.write("known_answer_detection.json", lambda p: p.write_text(text, encoding="utf-8"))

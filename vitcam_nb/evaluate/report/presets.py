@@ -36,8 +36,10 @@ from vitcam_nb.adapters.qkv import single_head_attention
 from vitcam_nb.capture.scoring import score as score_trace
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.provenance import weights_sha256
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, Recipe, is_int
 from vitcam_nb.core.rules import DEFAULT_RULE, RULES
@@ -61,6 +63,7 @@ from vitcam_nb.targets.layerwise import layerwise
 
 __all__ = ["fit_to_model", "needs_scores", "report_presets", "rule_for"]
 
+_OUTPUTS = ("presets.csv", "presets.json")
 _FAMILY_ONLY = {site: "needs a vision-language family with text cross-attention (BLIP/ALBEF); the model is an "
                       "image classifier without it" for site in EXTRA_SITES}
 
@@ -176,10 +179,12 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    score: str = "prob", batch_size: int = 512, shapley_images: int = 0,
                    shapley_grid: tuple[int, int] = (4, 4), shapley_baseline: str = "mean",
                    shapley_cache: str | Path | None = None, out_dir: str | Path | None = None,
-                   progress: bool | None = None) -> Any:
+                   progress: bool | None = None, overwrite: bool = False) -> Any:
     """Pointing game and deletion AUC of every preset on ``n_images`` images of :func:`vitcam_nb.data.shapes`
     (one row per preset; a preset that does not apply has ``status`` "skipped: <reason>"). With ``out_dir``,
-    writes ``presets.csv`` and ``presets.json`` (the settings) there.
+    writes ``presets.csv`` and ``presets.json`` (the settings) there, each atomically, listed in the folder's
+    manifest (``.vitcam_nb-outputs.json``); a file of those names there that the kit did not write (or that changed
+    since) is refused (:class:`~vitcam_nb.OutputExistsError`) before any work unless ``overwrite=True``.
 
     With ``shapley_images=k`` (at most ``n_images``), the first ``k`` images also get the exact Shapley values of
     ``shapley_grid`` patch groups for the true class's logit (:func:`~vitcam_nb.evaluate.shapley_patches`; 4x4
@@ -198,6 +203,10 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
     import pandas as pd
     from tqdm.auto import tqdm
 
+    overwrite = as_flag("overwrite", overwrite)
+    # a file of these names that the kit did not write there is refused before the model is loaded
+    folder = None if out_dir is None else OutputFolder(as_path("out_dir", out_dir), _OUTPUTS, "report_presets",
+                                                       overwrite=overwrite)
     if isinstance(model, str):
         model = load_model(model)
     if isinstance(n_images, bool) or not isinstance(n_images, int) or n_images < 1:
@@ -314,9 +323,9 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             "shapley_agreement = mean Spearman of the token-grid map pooled (mean) per group against them")
         table.attrs["shapley_cache"] = (f"{cache.hits} image(s) read from {cache.path}, {cache.misses} computed"
                                         if cache.path is not None else f"none: all {cache.misses} computed")
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "presets.csv", index=False)
-        (out / "presets.json").write_text(json.dumps(table.attrs, indent=2, default=str))
+    if folder is not None:
+        folder.root.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(table.attrs, indent=2, default=str)
+        folder.write("presets.csv", lambda p: table.to_csv(p, index=False))
+        folder.write("presets.json", lambda p: p.write_text(text, encoding="utf-8"))
     return table
