@@ -17,6 +17,7 @@ from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
+from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.provenance import weights_origin
@@ -113,16 +114,18 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     variants), ``report.html`` and ``recipes.json``; returns their paths. Each is written atomically and listed
     in the folder's manifest (``.vitcam_nb-outputs.json``); a file of those names that an earlier demo did not
     write there, or that changed since, is refused before any work (:class:`~vitcam_nb.OutputExistsError`)
-    unless ``overwrite=True``. A bundled video model (``shapes-video``) writes the video demo's outputs instead
-    (:func:`vitcam_nb.demo_video.run_video_demo`). ``pretrained`` and ``weights`` go to
-    :func:`vitcam_nb.load_model`; ``announce`` is called with the weights' origin line once the model is loaded,
-    before any result. The trace, both PNGs (a footer and their Title) and the report state that origin.
+    unless ``overwrite=True``; a refused call (an output, an argument, the model) creates nothing. A bundled video
+    model (``shapes-video``) writes the video demo's outputs instead (:func:`vitcam_nb.demo_video.run_video_demo`).
+    ``pretrained`` and ``weights`` go to :func:`vitcam_nb.load_model`; ``announce`` is called with the weights'
+    origin line once the model is loaded, before any result. The trace, both PNGs (a footer and their Title) and
+    the report state that origin.
 
     Example:
         >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
         >>> sorted(paths)  # doctest: +SKIP
         ['atlas', 'gallery', 'recipes', 'report', 'trace']
     """
+    overwrite = as_flag("overwrite", overwrite)
     if model in VIDEO_DEMO_MODELS:  # a bundled video model: a generated clip with known evidence frames
         if image is not None or pretrained or weights is not None:
             raise ArgumentError(f"image, pretrained, weights: the video demo of {model} traces its bundled weights on "
@@ -137,7 +140,6 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ArgumentError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
-    out.mkdir(parents=True, exist_ok=True)
     folder = OutputFolder(out, OUTPUTS, f"vitcam_nb {__version__} run_demo", overwrite=overwrite)
     steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
     img, mask, image_name = _load_image(image, model)  # a missing image is refused before the model is built
@@ -150,6 +152,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     if mask is not None and mask.ndim == 3:  # the detector's image: score maps of the top detection (top1)
         top = json.loads(tr.attrs["target_detections"])[int(np.argmax(tr["logits"].values))]
         mask, image_name = mask[top["detection"]], f"{image_name}; the mask of object {top['detection']}"
+    out.mkdir(parents=True, exist_ok=True)  # only now: a call refused above (an argument, the model) leaves no folder
     # vc.save writes atomically itself; the folder check above already decided that trace.nc may be replaced.
     save(tr, out / "trace.nc", overwrite=True)
     paths = {"trace": folder.record("trace.nc")}

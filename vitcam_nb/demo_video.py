@@ -20,6 +20,7 @@ from vitcam_nb import plot
 from vitcam_nb.api import cam
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.outfiles import OutputFolder
@@ -59,7 +60,7 @@ def run_video_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress:
     ``scores.json`` and ``report.md`` (right-frames share and pointing per evidence frame of each map; a uniform map
     scores the evidence frames' share) and ``recipes.json``; returns their paths. Files are written atomically and
     listed in the folder's manifest; a file of those names the kit did not write there is refused before any work
-    unless ``overwrite``.
+    unless ``overwrite=True``; a refused call creates nothing.
 
     Example:
         >>> paths = run_video_demo("/tmp/vitcam-video-demo", progress=False)  # doctest: +SKIP
@@ -69,10 +70,10 @@ def run_video_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    overwrite = as_flag("overwrite", overwrite)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ArgumentError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
-    out.mkdir(parents=True, exist_ok=True)
     folder = OutputFolder(out, VIDEO_OUTPUTS, f"vitcam_nb {__version__} run_demo (video)", overwrite=overwrite)
     net = load_model(model)
     origin = f"weights: {weights_origin(net)}"
@@ -80,6 +81,7 @@ def run_video_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress:
         announce(origin)
     clip, label, masks, evidence = sample_clip()
     tr = trace(net, normalise_clips(clip[None])[0], targets="top1")
+    out.mkdir(parents=True, exist_ok=True)  # only now: a call refused above leaves no folder
     save(tr, out / "trace.nc", overwrite=True)
     paths = {"trace": folder.record("trace.nc")}
     pred = int(np.argmax(tr["logits"].values))

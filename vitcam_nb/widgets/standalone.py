@@ -26,6 +26,7 @@ from pathlib import Path
 
 import xarray as xr
 
+from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentTypeError, ExportError, TraceError
 from vitcam_nb.core.outfiles import check_output, write_atomic
 from vitcam_nb.core.recipe import Recipe
@@ -225,7 +226,8 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
             when the axes alone need more (:data:`RECIPE_FLOOR_BYTES` a recipe), while computing as soon as the
             recipes computed so far need more, else once the page is built.
         progress: a progress bar over the recipes.
-        overwrite: replace a file at ``path`` that this function did not write.
+        overwrite: replace a file at ``path`` that this function did not write (True or False; anything else is
+            refused with :class:`~vitcam_nb.ArgumentTypeError`).
 
     Returns the path written; the size is printed before writing.
 
@@ -236,6 +238,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
     if not isinstance(path, (str, os.PathLike)):
         raise ArgumentTypeError(f"path: expected a file path (str or pathlib.Path), got {type(path).__name__}")
     path = Path(path)
+    overwrite = as_flag("overwrite", overwrite)
     _check_display(trace, colormap, opacity, size, title)
     _check_limit(trace, axes, max_mb)
     check_output(path, overwrite=overwrite, ours=_is_page, what="page")
