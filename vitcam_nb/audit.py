@@ -120,7 +120,12 @@ def run_ambiguity(out: str | Path, model: str = "shapes-vit", reported: dict[str
     title = f"vitcam_nb ambiguity of {model}; weights: {origin}"
     text = json.dumps(summary, indent=2, default=str)
     folder.mkdir(parents=True, exist_ok=True)  # only now: a call refused above leaves no folder behind
-    # the temporary file has no .png suffix for matplotlib to read the format from
-    return {"figure": outputs.write("ambiguity.png",
-                                    lambda p: fig.savefig(p, dpi=110, format="png", metadata={"Title": title})),
+    import matplotlib.pyplot as plt
+
+    try:  # the temporary file has no .png suffix for matplotlib to read the format from
+        figure = outputs.write("ambiguity.png",
+                               lambda p: fig.savefig(p, dpi=110, format="png", metadata={"Title": title}))
+    finally:  # written to a file, not shown: a notebook calling this twice keeps no figure open
+        plt.close(fig)
+    return {"figure": figure,
             "summary": outputs.write("ambiguity.json", lambda p: p.write_text(text, encoding="utf-8"))}

@@ -70,9 +70,13 @@ def test_ambiguity_refuses_a_users_file_before_the_model_is_built(tmp_path, monk
 
 
 def test_ambiguity_replaces_its_own_outputs_and_overwrite_replaces_a_users(tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
     out = tmp_path / "amb"
+    open_figures = plt.get_fignums()
     assert main(["ambiguity", "--out", str(out), *NARROW_ARGS]) == 0
     assert sorted(recorded(out)) == ["ambiguity.json", "ambiguity.png"]
+    assert plt.get_fignums() == open_figures  # the figure went to its file and was closed
     wider = [a for a in NARROW_ARGS if not a.startswith("relu=")]  # relu left open: a different summary
     assert main(["ambiguity", "--out", str(out), *wider]) == 0  # its own outputs: replaced
     assert json.loads((out / "ambiguity.json").read_text())["reported"] == {k: v for k, v in NARROW.items()
