@@ -19,7 +19,10 @@ from vitcam_nb.adapters.hf_processor import processor_facts, processor_normalisa
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError, user_stacklevel
 
-__all__ = ["PreparedInput", "data_config", "prepare_input", "preprocessing_json", "to_pixels"]
+__all__ = ["PreparedInput", "check_image", "data_config", "prepare_input", "preprocessing_json", "to_pixels"]
+
+_PROCESSOR_WITH_TENSOR = ("processor: given with a float tensor image, which is used as given (already normalised); "
+                          "drop the processor, or pass the PIL image or pixel array")
 
 
 @dataclass
@@ -116,10 +119,7 @@ def _rescale_rule(values: np.ndarray, what: str) -> tuple[np.ndarray, str | None
     """8-bit values from any numeric array, and the rule used when it is not the documented one."""
     if values.dtype == np.uint8:
         return values, None
-    if values.dtype == np.bool_ or not (np.issubdtype(values.dtype, np.integer)
-                                        or np.issubdtype(values.dtype, np.floating)):
-        raise TraceError(f"image: {what} of dtype {values.dtype} has no pixel meaning; pass uint8 (0..255), "
-                         "floats in 0..1 or integers in 0..255")
+    _check_dtype(values.dtype, what)
     if values.size == 0:
         raise TraceError(f"image: empty {what} of shape {values.shape}")
     if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
@@ -137,12 +137,40 @@ def _rescale_rule(values: np.ndarray, what: str) -> tuple[np.ndarray, str | None
     return np.round(scaled).astype(np.uint8), rule
 
 
+def _check_dtype(dtype: np.dtype, what: str) -> None:
+    """Refuse a dtype that holds no pixel values (booleans, strings, objects, complex numbers)."""
+    if dtype == np.bool_ or not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        raise TraceError(f"image: {what} of dtype {dtype} has no pixel meaning; pass uint8 (0..255), "
+                         "floats in 0..1 or integers in 0..255")
+
+
+def _check_layout(shape: tuple[int, ...], what: str) -> None:
+    """Refuse a shape that is no HxW, HxWx1, HxWx3 or HxWx4 image of at least one pixel."""
+    if not (len(shape) == 2 or (len(shape) == 3 and shape[-1] in (1, 3, 4))) or min(shape[:2]) < 1:
+        raise TraceError(f"image: expected an HxW, HxWx1, HxWx3 or HxWx4 {what}, got shape {tuple(shape)}")
+
+
+def _check_float_tensor(shape: tuple[int, ...]) -> None:
+    """Refuse a float tensor that is no (1,3,H,W) or (3,H,W) model input."""
+    batched = (1, *shape) if len(shape) == 3 else tuple(shape)
+    if len(batched) != 4 or batched[0] != 1 or batched[1] != 3:
+        raise TraceError(f"image: expected a float tensor of shape (1,3,H,W) or (3,H,W) (normalised, used as "
+                         f"given), got {tuple(shape)}")
+
+
+def _hwc(arr: np.ndarray) -> np.ndarray:
+    """An integer tensor's values laid out as an image array: a batch of one dropped, CHW moved to HWC."""
+    arr = arr[0] if arr.ndim == 4 and arr.shape[0] == 1 else arr
+    if arr.ndim == 3 and arr.shape[0] in (1, 3) and arr.shape[-1] not in (1, 3, 4):
+        arr = np.moveaxis(arr, 0, -1)
+    return arr
+
+
 def _rgb(values: np.ndarray, what: str) -> tuple[np.ndarray, dict]:
     """An HxW, HxWx1, HxWx3 or HxWx4 array as HxWx3 uint8 (grey repeated, alpha dropped)."""
-    if values.ndim == 3 and values.shape[-1] in (1, 3, 4):
+    _check_layout(values.shape, what)
+    if values.ndim == 3:
         values = values[..., 0] if values.shape[-1] == 1 else values[..., :3]
-    if not (values.ndim == 2 or (values.ndim == 3 and values.shape[-1] == 3)) or min(values.shape[:2]) < 1:
-        raise TraceError(f"image: expected an HxW, HxWx1, HxWx3 or HxWx4 {what}, got shape {values.shape}")
     values, rule = _rescale_rule(values, what)
     if values.ndim == 2:
         values = np.repeat(values[..., None], 3, axis=-1)
@@ -179,21 +207,52 @@ def to_pixels(image: object) -> tuple[np.ndarray | torch.Tensor, dict]:
     if isinstance(image, torch.Tensor):
         t = image.detach()
         if not t.is_floating_point():
-            arr = t.cpu().numpy()
-            arr = arr[0] if arr.ndim == 4 and arr.shape[0] == 1 else arr
-            if arr.ndim == 3 and arr.shape[0] in (1, 3) and arr.shape[-1] not in (1, 3, 4):
-                arr = np.moveaxis(arr, 0, -1)
-            pixels, how = _rgb(arr, f"{t.dtype} tensor".replace("torch.", ""))
+            pixels, how = _rgb(_hwc(t.cpu().numpy()), f"{t.dtype} tensor".replace("torch.", ""))
             return pixels, {"input_kind": f"{t.dtype} tensor".replace("torch.", ""), **how}
-        if t.ndim == 3:
-            t = t.unsqueeze(0)
-        if t.ndim != 4 or t.shape[0] != 1 or t.shape[1] != 3:
-            raise TraceError(f"image: expected a float tensor of shape (1,3,H,W) or (3,H,W) (normalised, used as "
-                             f"given), got {tuple(image.shape)}")
+        _check_float_tensor(tuple(t.shape))
+        t = t if t.ndim == 4 else t.unsqueeze(0)
         _check_finite(t)
         return t.to("cpu", torch.float32).clone(), {"input_kind": "tensor (used as given)"}
-    raise ArgumentTypeError(f"image: expected a PIL image, a numpy array (HxW or HxWxC), an integer tensor or a "
-                            f"normalised (1,3,H,W) float tensor, got {type(image).__name__}")
+    raise _not_an_image(image)
+
+
+def _not_an_image(image: object) -> ArgumentTypeError:
+    return ArgumentTypeError(f"image: expected a PIL image, a numpy array (HxW or HxWxC), an integer tensor or a "
+                             f"normalised (1,3,H,W) float tensor, got {type(image).__name__}")
+
+
+def check_image(image: object, processor: object = None) -> None:
+    """Refuse what :func:`prepare_input` would refuse, without converting or resizing anything: the type, the
+    shape and dtype, and NaN or inf values of a float array or tensor (one pass over it). Many images are
+    checked this way before any pass, so that a bad one is refused before the model runs. A PIL image is
+    taken as it is (each mode converts).
+
+    Example:
+        >>> check_image(np.zeros((8, 8, 3), np.uint8))
+        >>> check_image(np.zeros((8, 8, 5), np.uint8))  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceError: image: expected an HxW, HxWx1, HxWx3 or HxWx4 array, got shape (8, 8, 5)
+    """
+    from PIL import Image
+
+    if isinstance(image, np.ndarray):
+        _check_layout(image.shape, "array")
+        _check_dtype(image.dtype, "array")
+        if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
+            raise TraceError("image: contains NaN or inf values; expected finite pixel values")
+    elif isinstance(image, torch.Tensor) and image.is_floating_point():
+        if processor is not None:
+            raise TraceError(_PROCESSOR_WITH_TENSOR)
+        _check_float_tensor(tuple(image.shape))
+        _check_finite(image.detach())
+    elif isinstance(image, torch.Tensor):
+        what = f"{image.dtype} tensor".replace("torch.", "")
+        # A zero-strided stand-in of the tensor's shape and dtype: the layout rule without a copy of the values.
+        stand_in = _hwc(np.broadcast_to(image.new_zeros(()).cpu().numpy(), tuple(image.shape)))
+        _check_layout(stand_in.shape, what)
+        _check_dtype(stand_in.dtype, what)
+    elif not isinstance(image, Image.Image):
+        raise _not_an_image(image)
 
 
 def _with_processor(image: object, processor: object, cfg: dict) -> PreparedInput:
@@ -203,8 +262,7 @@ def _with_processor(image: object, processor: object, cfg: dict) -> PreparedInpu
 
     pixels, how = to_pixels(image)
     if isinstance(pixels, torch.Tensor):
-        raise TraceError("processor: given with a float tensor image, which is used as given (already "
-                         "normalised); drop the processor, or pass the PIL image or pixel array")
+        raise TraceError(_PROCESSOR_WITH_TENSOR)
     image = Image.fromarray(pixels)
     mean, std = processor_normalisation(processor)
     facts = {**how, "source": "the image processor handed to the trace", **processor_facts(processor),
