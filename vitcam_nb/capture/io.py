@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import uuid
 import warnings
@@ -23,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import ArgumentTypeError, TraceFileError
+from vitcam_nb.core.arguments import as_flag, as_path
+from vitcam_nb.core.errors import ArgumentTypeError, OutputExistsError, TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.schema import SUPPORTED_SCHEMAS, is_int, problems
 
@@ -112,34 +114,67 @@ def _top_attrs(path: Path) -> dict | None:
         return None
 
 
+#: The metadata files a zarr v2 or v3 writer makes in a group's or an array's folder.
+_ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
+#: A chunk's key inside its array's folder: v2 ``0.0.1`` (or ``0/0/1``), v3 ``c/0/0`` (``c.0.0``; ``c`` for 0-d).
+_CHUNK_KEY = re.compile(r"c|(c[./])?\d+([./]\d+)*")
+
+
+def _node_kind(folder: Path) -> str | None:
+    """"array" or "group" for a zarr node's folder (by its metadata file), None for any other folder."""
+    if (folder / ".zarray").is_file():
+        return "array"
+    meta = folder / "zarr.json"
+    if meta.is_file():
+        try:
+            return "array" if json.loads(meta.read_text()).get("node_type") == "array" else "group"
+        except (OSError, ValueError, AttributeError):  # unreadable or not an object: holds no chunks of ours
+            return "group"
+    return "group" if (folder / ".zgroup").is_file() else None
+
+
 def _foreign_files(path: Path) -> list[str]:
-    """Entries of a zarr store that no zarr writer made (another program's files kept in the folder)."""
-    out = []
-    for entry in path.iterdir():
-        if entry.name in (".zattrs", ".zgroup", ".zmetadata", "zarr.json"):
-            continue
-        if not entry.is_dir() or not any((entry / m).exists() for m in (".zarray", ".zgroup", "zarr.json")):
-            out.append(entry.name)
-    return sorted(out)
+    """Every file or folder of a zarr store, at any depth, that no zarr writer made (another program's files kept
+    in it): a zarr writer makes only node folders, their metadata files, and chunk files in an array's folder."""
+    out: list[str] = []
+
+    def visit(folder: Path, array: Path | None) -> None:
+        kind = _node_kind(folder)
+        if kind is not None:
+            array = folder if kind == "array" else None
+        elif array is None:  # a folder in a group that is no node: not zarr's
+            out.append(f"{folder.relative_to(path).as_posix()}/")
+            return
+        for entry in sorted(folder.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                visit(entry, array)
+            elif not (entry.is_file() and not entry.is_symlink() and (
+                    (kind is not None and entry.name in _ZARR_METADATA)
+                    or (array is not None and _CHUNK_KEY.fullmatch(entry.relative_to(array).as_posix())))):
+                out.append(entry.relative_to(path).as_posix())
+
+    visit(path, None)
+    return out
 
 
 def _check_overwrite(path: Path, kind: str) -> None:
     """Refuse to replace anything but a single trace vitcam_nb.save wrote (files it did not write are kept)."""
     if kind == "netcdf" and path.is_dir():
-        raise TraceFileError(f"path: {path} is a folder; a .nc trace is one file. Use another path")
+        raise OutputExistsError(f"path: {path} is a folder; a .nc trace is one file. Use another path")
     if kind == "zarr" and path.is_file():
-        raise TraceFileError(f"path: {path} is a file; a .zarr trace is a folder. Use another path")
+        raise OutputExistsError(f"path: {path} is a file; a .zarr trace is a folder. Use another path")
     attrs = _top_attrs(path)
     if attrs is not None and "store_kind" in attrs:
-        raise TraceFileError(f"path: {path} is a trace_many store; save will not replace it. Use another path, "
-                             "or overwrite=True to replace it")
+        raise OutputExistsError(f"path: {path} is a trace_many store; save will not replace it. Use another path, "
+                                "or overwrite=True to replace it")
     if attrs is None or CHECKSUM_ATTR not in attrs or "schema_version" not in attrs:
-        raise TraceFileError(f"path: {path} exists and is not a trace vitcam_nb.save wrote; it is left alone. Use "
-                             "another path, or overwrite=True to replace it")
+        raise OutputExistsError(f"path: {path} exists and is not a trace vitcam_nb.save wrote; it is left alone. Use "
+                                "another path, or overwrite=True to replace it")
     foreign = _foreign_files(path) if path.is_dir() else []
     if foreign:
-        raise TraceFileError(f"path: {path} holds files vitcam_nb did not write ({', '.join(foreign[:5])}); it is "
-                             "left alone. Use another path, or overwrite=True to replace it")
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise OutputExistsError(f"path: {path} holds files vitcam_nb did not write ({', '.join(foreign[:5])}{more}); "
+                                "it is left alone. Use another path, or overwrite=True to replace it")
 
 
 class _SpillOnFailure:
@@ -199,8 +234,10 @@ def _write_netcdf(out: xr.Dataset | xr.DataTree, tmp: Path, path: Path) -> None:
 def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
 
-    An existing path is replaced only when it holds a single trace written by :func:`save`; anything else
-    (another program's file or folder, a ``trace_many`` store) is refused unless ``overwrite=True``.
+    An existing path is replaced only when it holds a single trace written by :func:`save`, and for a zarr
+    folder only when every file in it, at any depth, is one a zarr writer makes; anything else (another
+    program's file or folder, a file kept inside a saved trace, a ``trace_many`` store) is refused
+    (:class:`~vitcam_nb.OutputExistsError`, a ``TraceFileError``) unless ``overwrite=True``.
 
     Example:
         >>> import tempfile, numpy as np, xarray as xr
@@ -209,17 +246,17 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
         >>> p.name
         't.nc'
     """
+    path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
     if not isinstance(trace, (xr.Dataset, xr.DataTree)):
         raise ArgumentTypeError(f"trace: expected an xarray.Dataset (or DataTree) from vitcam_nb.trace(), "
                                 f"got {type(trace).__name__}")
-    path = Path(path)
     kind = _format(path)
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
     if path.exists() and not overwrite:
         _check_overwrite(path, kind)
     if overwrite and kind == "netcdf" and path.is_dir():
-        raise TraceFileError(f"path: {path} is a folder; a .nc trace is one file. Use another path")
+        raise OutputExistsError(f"path: {path} is a folder; a .nc trace is one file. Use another path")
     out = trace.copy(deep=False)
     out.attrs = {**trace.attrs, CHECKSUM_ATTR: _checksum(trace)}
     nodes = [n.to_dataset(inherit=False) for n in out.subtree] if isinstance(out, xr.DataTree) else [out]
@@ -315,7 +352,7 @@ def load(path: str | os.PathLike, *, verify: bool = True, max_bytes: float | Non
         >>> bool((load(p)["a"] == ds["a"]).all())
         True
     """
-    path = Path(path)
+    path = as_path("path", path)
     kind = _format(path)
     if not path.exists():
         raise TraceFileError(f"path: {path} does not exist")
