@@ -11,7 +11,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
-from vitcam_nb.preprocess import PreparedInput, prepare_input
+from vitcam_nb.preprocess import PreparedInput, check_image, prepare_input
 
-__all__ = ["IMAGE_SUFFIXES", "Item", "iter_items", "prepare_mask"]
+__all__ = ["IMAGE_SUFFIXES", "Item", "check_item", "check_items", "check_label", "iter_items", "prepare_item",
+           "prepare_mask"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -185,27 +186,128 @@ def iter_items(images: Any, image_labels: Any, masks: Any) -> tuple[Iterator[Ite
     return generate(), n
 
 
-def prepare_mask(model: torch.nn.Module, item: Item, prepared: PreparedInput, index: int) -> np.ndarray | None:
+def _indexed(exc: TraceError | ArgumentTypeError, index: int, video: bool) -> TraceError | ArgumentTypeError:
+    """The refusal of one item, of the same type, naming it by its index among ``images``."""
+    rest = str(exc).removeprefix("image: ")
+    return type(exc)(f"images: clip {index}: {rest}" if video else f"images[{index}]: {rest}")
+
+
+def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> PreparedInput:
+    """One item prepared as the pass takes it: a video family's clip by its adapter (a clip that does not fit
+    the model is refused naming the clip and both frame counts or sizes), an image by the model's data config
+    (a bad one refused naming it, ``images[index]``).
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.adapters.registry import find_adapter
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> tuple(prepare_item(m, find_adapter(m), np.zeros((224, 224, 3), np.uint8), None, 0).tensor.shape)
+        (1, 3, 224, 224)
+    """
+    video = getattr(adapter, "video", False)
+    try:
+        return adapter.prepare_input(model, image, processor) if video else prepare_input(model, image, processor)
+    except (TraceError, ArgumentTypeError) as exc:
+        raise _indexed(exc, index, video) from exc
+
+
+def check_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> None:
+    """Refuse, before any pass, an item :func:`prepare_item` would refuse: an image by its type, shape, dtype and
+    values, without resizing it; a video family's clip by preparing it (one copy of the clip).
+
+    Example:
+        >>> import timm
+        >>> from vitcam_nb.adapters.registry import find_adapter
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> check_item(m, find_adapter(m), "cat.png", None, 2)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        ArgumentTypeError: images[2]: expected a PIL image, a numpy array (HxW or HxWxC), ... got str
+    """
+    if getattr(adapter, "video", False):
+        prepare_item(model, adapter, image, processor, index)
+        return
+    try:
+        check_image(image, processor)
+    except (TraceError, ArgumentTypeError) as exc:
+        raise _indexed(exc, index, False) from exc
+
+
+def check_label(label: int, index: int, classes: int) -> None:
+    """Refuse an image label outside the model's ``classes`` (-1: unknown).
+
+    Example:
+        >>> check_label(-1, 0, 10)
+    """
+    if label >= classes:
+        raise TraceError(f"image_labels: image {index} has label {label}; the model has {classes} classes "
+                         f"(0..{classes - 1}, or -1/None)")
+
+
+def _in_memory(images: Any) -> bool:
+    """Whether ``images`` are held in memory (a list, array or tensor), so that reading them twice costs nothing; a
+    folder, iterator, Dataset or DataLoader is read once, as it is traced."""
+    return isinstance(images, (np.ndarray, torch.Tensor)) or (
+        isinstance(images, Sequence) and not isinstance(images, (str, bytes)))
+
+
+def check_items(images: Any, image_labels: Any, masks: Any, check: Callable[[Item, int], None],
+                classes: int | None) -> None:
+    """Refuse, before any pass, every input that is bad without the model's output: each ``image_labels`` value
+    (its type, and the model's ``classes`` when given) and ``masks`` value (its shape), and for images held in
+    memory (a list, array or tensor) each item: by ``check(item, index)`` (its image), its label, its mask's size.
+    Images read from a folder, an iterator or a DataLoader are checked as each is read.
+
+    Example:
+        >>> check_items([np.zeros((4, 4, 3), np.uint8)], [7], None, lambda item, i: None, classes=5)
+        Traceback (most recent call last):
+        ...
+        vitcam_nb.core.errors.TraceError: image_labels: image 0 has label 7; the model has 5 classes (0..4, or -1/None)
+    """
+    if _in_memory(images):
+        for i, item in enumerate(iter_items(images, image_labels, masks)[0]):
+            check(item, i)
+            if classes is not None:
+                check_label(item.label, i, classes)
+            if item.mask is not None:
+                _check_mask_size(item, i)
+        return
+    # Labels and masks given beside lazily read images are in memory: checked here, not when each image is read.
+    for i, value in enumerate(image_labels if _in_memory(image_labels) else ()):
+        label = _label(value, f"image {i}")
+        if classes is not None:
+            check_label(label, i, classes)
+    for i, value in enumerate(masks if _in_memory(masks) else ()):
+        _mask(value, f"image {i}")
+
+
+def _check_mask_size(item: Item, index: int) -> None:
+    """Refuse a mask of another size than its image (a tensor used as given: its own H x W)."""
+    if isinstance(item.image, torch.Tensor):
+        hw = tuple(item.image.shape[-2:])
+        if item.mask.shape != hw:
+            raise TraceError(f"masks: image {index} is a tensor used as given ({hw[0]}x{hw[1]}), but its "
+                             f"mask is {item.mask.shape[0]}x{item.mask.shape[1]}")
+        return
+    size = item.image.shape[:2] if isinstance(item.image, np.ndarray) else item.image.size[::-1]
+    if item.mask.shape != tuple(size):
+        raise TraceError(f"masks: image {index} is {size[0]}x{size[1]} but its mask is "
+                         f"{item.mask.shape[0]}x{item.mask.shape[1]}")
+
+
+def prepare_mask(model: torch.nn.Module, item: Item, index: int) -> np.ndarray | None:
     """The mask in the model input's geometry: it goes through the image's own resize and crop.
 
     Example:
         >>> import timm
         >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
         >>> image, mask = np.zeros((112, 112, 3), np.uint8), np.ones((112, 112), bool)
-        >>> prepare_mask(m, Item(image, 0, mask, ""), prepare_input(m, image), 0).shape
+        >>> prepare_mask(m, Item(image, 0, mask, ""), 0).shape
         (224, 224)
     """
     if item.mask is None:
         return None
-    out_hw = prepared.display.shape[:2]
+    _check_mask_size(item, index)
     if isinstance(item.image, torch.Tensor):
-        if item.mask.shape != out_hw:
-            raise TraceError(f"masks: image {index} is a tensor used as given ({out_hw[0]}x{out_hw[1]}), but its "
-                             f"mask is {item.mask.shape[0]}x{item.mask.shape[1]}")
         return item.mask
-    size = item.image.shape[:2] if isinstance(item.image, np.ndarray) else item.image.size[::-1]
-    if item.mask.shape != tuple(size):
-        raise TraceError(f"masks: image {index} is {size[0]}x{size[1]} but its mask is "
-                         f"{item.mask.shape[0]}x{item.mask.shape[1]}")
     rgb = np.repeat(item.mask[..., None].astype(np.uint8) * 255, 3, axis=-1)
     return prepare_input(model, rgb).display[..., 0] >= 128

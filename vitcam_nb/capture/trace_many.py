@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from vitcam_nb.adapters.hf_processor import processor_facts
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import check_max_bytes, fit_budget
-from vitcam_nb.capture.inputs import Item, iter_items, prepare_mask
+from vitcam_nb.capture.inputs import Item, check_item, check_items, check_label, iter_items, prepare_item, prepare_mask
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.prealloc import writes_arrays
@@ -39,6 +38,7 @@ from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
 from vitcam_nb.capture.store_layout import IMAGE_ATTRS_KEY, stack_images, store_target_names, strings
 from vitcam_nb.capture.store_lock import StoreLock
+from vitcam_nb.capture.store_replace import replace_store
 from vitcam_nb.capture.store_targets import (
     detection_plan,
     detection_settings,
@@ -48,14 +48,15 @@ from vitcam_nb.capture.store_targets import (
 )
 from vitcam_nb.capture.trace_shard import TraceSharder
 from vitcam_nb.capture.worker_model import active_client
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
-from vitcam_nb.preprocess import PreparedInput, data_config, prepare_input
+from vitcam_nb.preprocess import PreparedInput, data_config
 from vitcam_nb.targets.classes import ClassTargets, head_size
 from vitcam_nb.targets.detection import Detection
 
-__all__ = ["clip_list", "image_count", "prepare_item", "store_settings", "trace_many"]
+__all__ = ["clip_list", "image_count", "store_settings", "trace_many"]
 
 
 def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
@@ -76,25 +77,6 @@ def _trace_each(plan: TracePlan, targets: list[Detection], indices: list[int], p
         run = run_pass(one, p.tensor)
         per.append(assemble(one, p, run.image(0), run))
     return per
-
-
-def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> PreparedInput:
-    """One item prepared as the pass takes it: a video family's clip by its adapter (a clip that does not fit
-    the model is refused naming the clip and both frame counts or sizes), an image by the model's data config.
-
-    Example:
-        >>> import timm
-        >>> from vitcam_nb.adapters.registry import find_adapter
-        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
-        >>> tuple(prepare_item(m, find_adapter(m), np.zeros((224, 224, 3), np.uint8), None, 0).tensor.shape)
-        (1, 3, 224, 224)
-    """
-    if not getattr(adapter, "video", False):
-        return prepare_input(model, image, processor)
-    try:
-        return adapter.prepare_input(model, image, processor)
-    except TraceError as exc:
-        raise type(exc)(f"images: clip {index}: {str(exc).removeprefix('image: ')}") from exc
 
 
 def image_count(images: Any) -> int | None:
@@ -206,6 +188,10 @@ def trace_many(
     other settings is refused (``TraceFileError``) unless ``overwrite=True``. With ``verify`` (default),
     images already in the store are checked against this call's images by input hash.
 
+    Bad arguments are refused before any pass and before a store is read or replaced, and so is every image
+    held in memory (a list, array or tensor), by its type, shape, dtype and values, naming it (``images[i]``);
+    images read from a folder, an iterator or a DataLoader are checked as each is read, and named the same way.
+
     Args:
         model: a timm VisionTransformer (or a family with a registered adapter).
         images: a list or array of images (PIL, HxWx3 uint8, (3,H,W) float tensors used as given), an
@@ -223,7 +209,9 @@ def trace_many(
         image_labels: per-image ground-truth classes (-1 or None for unknown).
         masks: per-image ground-truth masks (H, W) at the image's own size; stored in the model input's
             geometry (the image's resize and crop applied).
-        overwrite: replace an existing store instead of resuming it.
+        overwrite: replace an existing store instead of resuming it (``True`` or ``False``). The old store is
+            kept, whole, until this call's first batch is ready to be written: a call refused before that leaves
+            it as it was. A folder that is not a store is never replaced.
         verify: check that images already done are the same images (by input hash).
         progress: show a progress bar.
         processor: a Hugging Face image processor that preprocesses every image instead of the model's own
@@ -247,6 +235,11 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
+    path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
+    if path.suffix.lower() != ".zarr":
+        raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
+    if not path.parent.exists():
+        raise TraceFileError(f"path: folder {path.parent} does not exist")
     dets = detection_targets(targets, image_count(images))
     plan_args = dict(sites=sites, layers=layers, dtype=dtype, device=device, labels=labels, rule=rule)
     plan = detection_plan(model, dets, **plan_args) if dets else TracePlan.for_store(model, targets, **plan_args)
@@ -255,11 +248,6 @@ def trace_many(
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     check_max_bytes(max_bytes, plan)  # before a store is read or replaced
     settings = store_settings(plan, processor, dets)
-    path = Path(path)
-    if path.suffix.lower() != ".zarr":
-        raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
-    if not path.parent.exists():
-        raise TraceFileError(f"path: folder {path.parent} does not exist")
     given = path
     if path.is_symlink():  # the store is where the link leads: written, resumed and replaced there
         if not path.exists():
@@ -270,9 +258,22 @@ def trace_many(
     if masks is not None and video:
         raise TraceError(f"masks: the {plan.adapter.family} family takes clips; a store of clips holds no masks "
                          "(pass masks=None)")
-    items, n = iter_items(clip_list(images, plan.adapter), image_labels, masks)
+    images = clip_list(images, plan.adapter)
+    items, n = iter_items(images, image_labels, masks)
+
+    def no_clip_mask(item: Item, i: int) -> None:
+        if video and item.mask is not None:
+            raise TraceError(f"masks: clip {i} carries a mask; a store of clips holds no masks")
+
+    def check(item: Item, i: int) -> None:
+        check_item(model, plan.adapter, item.image, processor, i)
+        no_clip_mask(item, i)
+
+    # Everything that needs no pass is checked now: a refused call has run no pass and touched no store.
+    check_items(images, image_labels, masks, check, None if dets else head_size(model))
 
     store: Store | None = None
+    replace = False  # overwrite=True over a store: it is replaced once the first batch is ready to be written
     lock = StoreLock(path)
     try:
         if path.exists():
@@ -283,8 +284,7 @@ def trace_many(
                 except TraceFileError as exc:
                     if "another model or settings" not in str(exc):
                         raise
-                shutil.rmtree(path)
-                lock.release()  # the folder and its lock are gone; the new store takes a new lock once created
+                replace = True
             else:
                 Store.check(path, settings)
                 store = Store(path)
@@ -312,7 +312,7 @@ def trace_many(
         if not pending:
             return
         fit_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
-        batch_masks = [prepare_mask(model, it, p, i) for i, it, p in pending]
+        batch_masks = [prepare_mask(model, it, i) for i, it, _ in pending]
         if shard is not None and store is not None:  # the first batch shapes the store here; the others go out
             shard.submit(store, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks,
                          [p for _, _, p in pending], names)
@@ -341,7 +341,10 @@ def trace_many(
                                 "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
                                 "n_expected": -1 if n is None else int(n), "n_images": 0,
                                 "batch_size": int(batch_size), "complete": 0})
-            store = Store.create(path, batch)
+            if replace:
+                store = replace_store(path, lambda: Store.create(path, batch), lock)
+            else:
+                store = Store.create(path, batch)
             lock.acquire()
         else:
             store.write(batch)
@@ -369,11 +372,9 @@ def trace_many(
                                                  f"{store.hashes[i][:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
-                if dets is None and item.label >= head_size(model):
-                    raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
-                                     f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
-                if video and item.mask is not None:
-                    raise TraceError(f"masks: clip {i} carries a mask; a store of clips holds no masks")
+                if dets is None:  # the label an item of a folder, iterator or DataLoader carries
+                    check_label(item.label, i, head_size(model))
+                no_clip_mask(item, i)
                 prepared = prepare_item(model, plan.adapter, item.image, processor, i)
                 pending.append((i, item, prepared))
             flush()

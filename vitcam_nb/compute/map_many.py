@@ -27,17 +27,19 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.budget import available_bytes, check_max_bytes, fit_budget
-from vitcam_nb.capture.inputs import iter_items
+from vitcam_nb.capture.inputs import check_item, check_items, check_label, iter_items, prepare_item
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store_lock import StoreLock
+from vitcam_nb.capture.store_replace import replace_store, tree_bytes
 from vitcam_nb.capture.store_targets import detection_plan, detection_targets, image_target
-from vitcam_nb.capture.trace_many import clip_list, image_count, prepare_item, store_settings
+from vitcam_nb.capture.trace_many import clip_list, image_count, store_settings
 from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
 from vitcam_nb.compute.report_cache import cached_report
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe
@@ -108,35 +110,36 @@ def _cells(plan: TracePlan, hw: tuple[int, int]) -> int:
 
 
 def _check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
-                 batch: int, max_bytes: float | None, parent: Path) -> None:
-    """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk."""
+                 batch: int, max_bytes: float | None, parent: Path, replaced: int) -> None:
+    """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk (its
+    free space and the ``replaced`` bytes of the store this call replaces, still there until the first write)."""
     per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
     budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
     if per_image * batch > budget:
         raise TraceError(f"recipes_or_space: {len(entries)} recipes ({n_parts} fused parts) need about "
                          f"{per_image * batch / 1e6:.1f} MB of maps per batch of {batch}, above the memory budget of "
                          f"{budget / 1e6:.1f} MB; use fewer recipes or a smaller batch_size")
-    free = shutil.disk_usage(parent).free
+    free = shutil.disk_usage(parent).free + replaced
     if n is not None and per_image * n > free:
         raise TraceFileError(f"recipes_or_space: {len(entries)} recipes over {n} images make a store of about "
                              f"{per_image * n / 1e9:.2f} GB ({per_image / 1e3:.1f} kB per image); {parent} has "
-                             f"{free / 1e9:.2f} GB free")
+                             f"{free / 1e9:.2f} GB free" + (" (with the store this call replaces)" if replaced else ""))
 
 
-def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: StoreLock) -> MapWriter | None:
-    """The existing store to resume (lock taken), None for a new one; another model's store is refused."""
+def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: StoreLock
+          ) -> tuple[MapWriter | None, bool]:
+    """The existing store to resume (lock taken), or None for a new one, and whether a new one replaces the store
+    there (``overwrite``: locked and kept until the first batch is ready); another model's store is refused."""
     if not path.exists():
-        return None
+        return None, False
     lock.acquire()
     if overwrite:
         try:
             check_store(path, settings)
         except TraceFileError as exc:
             if "another model or settings" not in str(exc):
-                raise  # never delete a folder that is not a map store
-        shutil.rmtree(path)
-        lock.release()
-        return None
+                raise  # never replace a folder that is not a map store
+        return None, True
     check_store(path, settings)
     writer = MapWriter(path)
     expected = int(writer.attrs.get("n_expected", -1))
@@ -145,7 +148,7 @@ def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: Stor
                              "images. Use a new path, or overwrite=True")
     # A store begun from an iterator learns its length from the first call that knows it.
     writer.group.attrs.update({"complete": 0, "n_expected": expected if n is None or expected >= 0 else int(n)})
-    return writer
+    return writer, False
 
 
 def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: str | os.PathLike, *,
@@ -163,7 +166,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     normalises as the recipe names, so a map read back is bitwise ``vc.cam`` on the trace of that image made by
     the same pass. Resumable (a batch is computed again only if it was not marked done), locked, and refusing a
     store of another model or other settings. With an active ``dask.distributed`` Client the batches are
-    sharded over its workers (see :mod:`vitcam_nb.compute.map_shard`).
+    sharded over its workers (see :mod:`vitcam_nb.compute.map_shard`). Bad arguments, recipes and images held
+    in memory are refused before any pass and before a store is read or replaced, as by
+    :func:`vitcam_nb.trace_many`.
 
     Args:
         model: a timm ViT-like model (a flat token layout; a class head), or a video family's (VideoMAE, ViViT,
@@ -178,7 +183,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         dtype: the storage dtype of the traces the maps are computed from, as in :func:`vitcam_nb.trace` (the
             maps themselves are float32, as ``vc.cam`` returns them).
         targets: the classes traced; default: ``"topK"`` for the recipes' largest ``class_="topK"``.
-        overwrite, verify, progress, max_bytes: as in :func:`vitcam_nb.trace_many`.
+        overwrite, verify, progress, max_bytes: as in :func:`vitcam_nb.trace_many` (an old store is kept, whole,
+            until this call's first batch is ready to be written).
         backend: ``"numpy"`` (default): each image's maps by the NumPy pipeline of ``vc.cam`` on its trace, bitwise
             ``vc.cam``; ``"torch"``: each batch's maps by the torch kernels on the pass's device, straight from the
             pass's tensors (within 1e-5 of each map's scale, the same degenerate flags; a recipe without a torch
@@ -199,6 +205,11 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     """
     from vitcam_nb.compute import map_shard
 
+    path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
+    if path.suffix.lower() != ".zarr":
+        raise TraceFileError(f"path: a map_many store is a zarr folder and its path ends in .zarr, got {path}")
+    if not path.parent.exists():
+        raise TraceFileError(f"path: folder {path.parent} does not exist")
     if backend not in BACKENDS:
         raise TraceError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
     recipes = as_recipes(recipes_or_space)
@@ -223,22 +234,21 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                 "batch_size": batch_size}
     if backend != "numpy":  # a NumPy store keeps the settings (and id) it had before backends existed
         settings["backend"] = backend
-    path = Path(path)
-    if path.suffix.lower() != ".zarr":
-        raise TraceFileError(f"path: a map_many store is a zarr folder and its path ends in .zarr, got {path}")
-    if not path.parent.exists():
-        raise TraceFileError(f"path: folder {path.parent} does not exist")
     client = map_shard.active_client()
     if client is not None and dets:
         raise TraceError("targets: detection targets are mapped in this process (each image in its own pass); "
                          "close the dask.distributed Client, or map class targets")
-    items, n = iter_items(clip_list(images, plan.adapter), image_labels, None)
+    images = clip_list(images, plan.adapter)
+    items, n = iter_items(images, image_labels, None)
     if client is not None and n is None:
         raise TraceError("images: a map_many sharded over a dask.distributed Client needs a list or array of images "
                          "(its length known), not an iterator")
+    # Everything that needs no pass is checked now: a refused call has run no pass and touched no store.
+    check_items(images, image_labels, None, lambda item, i: check_item(model, plan.adapter, item.image, None, i),
+                None if dets else head_size(model))
     lock = StoreLock(path, writer="map_many")
     try:
-        writer = _open(path, settings, overwrite, n, lock)
+        writer, replace = _open(path, settings, overwrite, n, lock)
     except BaseException:
         lock.release()
         raise
@@ -263,7 +273,11 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             **({"grid_t": int(attrs["grid_t"]), "clip_frames": int(attrs["clip_frames"])} if video else {}),
             "recipes": json.dumps([_info(e, report_of(attrs, str(arrays["provenance"][0]), kinds)) for e in entries]),
         }
-        new = MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
+
+        def make() -> MapWriter:
+            return MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
+
+        new = replace_store(path, make, lock) if replace else make()
         lock.acquire()
         state["writer"] = new
         return new
@@ -272,7 +286,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         shape = tuple(batch[0][1].tensor.shape)
         if state["shape"] is None:
             state["shape"] = shape
-            _check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent)
+            _check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent,
+                         tree_bytes(path) if replace else 0)
         for i, p, _ in batch:
             if tuple(p.tensor.shape) != state["shape"]:
                 raise TraceError(f"images: image {i} has input size {tuple(p.tensor.shape)[-2:]}, the store "
@@ -321,9 +336,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                                                  f"{str(w.hashes[i])[:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
-                if not dets and item.label >= head_size(model):
-                    raise TraceError(f"image_labels: image {i} has label {item.label}; the model has "
-                                     f"{head_size(model)} classes (0..{head_size(model) - 1}, or -1/None)")
+                if not dets:  # the label an item of a folder, iterator or DataLoader carries
+                    check_label(item.label, i, head_size(model))
                 pending.append((i, prepare_item(model, plan.adapter, item.image, None, i), (item.label, item.source)))
             if pending:
                 flush(start, pending)
