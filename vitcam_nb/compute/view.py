@@ -67,6 +67,25 @@ class ActivationNorms:
         self.known[self.layers, self.sites] = True
 
 
+def _int_attr(attrs: dict, name: str, default: int | None = None) -> int:
+    """An int attribute of a trace (``default`` when it has none); a value that is no int, as an edited or damaged
+    trace may hold, is refused naming the attribute and the value.
+
+    Example:
+        >>> _int_attr({"num_layers": "x"}, "num_layers")  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceError: trace: attribute 'num_layers' is 'x'; expected an int ...
+    """
+    if name not in attrs and default is not None:
+        return default
+    value = attrs.get(name)
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TraceError(f"trace: attribute {name!r} is {value!r:.60}; expected an int (the trace was edited or "
+                         "damaged: trace the image again, or restore the attribute)") from exc
+
+
 @dataclass
 class TraceView:
     """Plain numpy views of a trace plus the bookkeeping every computation needs (cached per trace).
@@ -120,7 +139,7 @@ class TraceView:
         version = trace.attrs.get("schema_version")
         if version is None:
             raise TraceError("trace: not a vitcam_nb trace (no schema_version attribute)")
-        if int(version) not in SUPPORTED_SCHEMAS:
+        if _int_attr(trace.attrs, "schema_version") not in SUPPORTED_SCHEMAS:
             raise TraceError(f"trace: schema_version {version} is not supported (this vitcam_nb reads "
                              f"{list(SUPPORTED_SCHEMAS)}); re-trace the model with this version")
         missing = [k for k in ("token_kind", "patch_row", "patch_col", "logits", "target_class")
@@ -133,7 +152,7 @@ class TraceView:
                   if k in trace.variables}
         kinds = trace.variables["token_kind"].values
         patch = np.flatnonzero(kinds == "patch")
-        gh, gw = int(trace.attrs["grid_h"]), int(trace.attrs["grid_w"])
+        gh, gw = _int_attr(trace.attrs, "grid_h"), _int_attr(trace.attrs, "grid_w")
         rows = trace.variables["patch_row"].values[patch]
         cols = trace.variables["patch_col"].values[patch]
         sites = [str(s) for s in arrays["site"]] if "site" in arrays else []
@@ -148,12 +167,12 @@ class TraceView:
         if patch.size != gh * gw:
             raise TraceError(f"trace: it holds {patch.size} of the {gh}x{gw} = {gh * gw} patch tokens (sliced "
                              "along token?); maps need every patch token. Select layers, sites or targets instead")
-        height = int(trace.sizes.get("y", trace.attrs.get("img_height", gh)))
-        width = int(trace.sizes.get("x", trace.attrs.get("img_width", gw)))
+        height = trace.sizes["y"] if "y" in trace.sizes else _int_attr(trace.attrs, "img_height", gh)
+        width = trace.sizes["x"] if "x" in trace.sizes else _int_attr(trace.attrs, "img_width", gw)
         return cls(
             attrs=trace.attrs, arrays=arrays, layers=trace.variables["layer"].values, sites=sites,
             kinds=kinds, patch=patch, flat=rows * gw + cols, gh=gh, gw=gw, height=height, width=width,
-            num_layers=int(trace.attrs.get("num_layers", int(trace.variables["layer"].values.max()) + 1)),
+            num_layers=_int_attr(trace.attrs, "num_layers", int(trace.variables["layer"].values.max()) + 1),
             rtol=1e-2 if dtype == np.float16 else 1e-5, signature=signature,
         )
 

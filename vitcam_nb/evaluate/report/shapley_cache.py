@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.core.arguments import as_path
 from vitcam_nb.core.errors import ArgumentError
 
 __all__ = ["ShapleyCache"]
@@ -45,12 +46,16 @@ class ShapleyCache:
     """
 
     def __init__(self, path: str | Path | None) -> None:
-        self.path = None if path is None else Path(path)
+        self.path = None if path is None else as_path("shapley_cache", path)
         self.entries: dict[str, dict[str, Any]] = {}
         self.hits = 0
         self.misses = 0
         if self.path is not None and self.path.exists():
-            data = json.loads(self.path.read_text())
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8 or not JSON: not a cache
+                raise ArgumentError(f"shapley_cache: {self.path} could not be read as a vitcam_nb Shapley cache "
+                                    f"(a JSON file): {exc}; it is left alone. Give another path") from exc
             if not isinstance(data, dict) or data.get("format") != _FORMAT:
                 raise ArgumentError(f"shapley_cache: {self.path} is not a vitcam_nb Shapley cache (expected a JSON "
                                     f"object with format {_FORMAT!r}); give another path")
