@@ -111,6 +111,16 @@ def test_save_and_load_name_a_path_that_is_no_path(value):
         vc.load(value)
 
 
+def test_save_names_a_text_attribute_netcdf_cannot_hold(tmp_path):
+    ds = TRACE.copy()
+    ds.attrs["note"] = "a\x00b"
+    with pytest.raises(vc.TraceFileError, match=r"^trace: attribute 'note' holds a NUL character, which netCDF "
+                                                r"cannot store"):
+        vc.save(ds, tmp_path / "t.nc")
+    assert list(tmp_path.iterdir()) == []
+    assert vc.load(vc.save(ds, tmp_path / "t.zarr")).attrs["note"] == "a\x00b"  # zarr's JSON metadata holds it
+
+
 # -- trace_many and map_many: every check before a store is touched or the model runs -------------------------
 BAD_CALLS = {
     "a str among the images": (lambda: [IMAGE, "oops", IMAGE], {}, vc.ArgumentTypeError,

@@ -265,6 +265,10 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
                     or not isinstance(v, (str, int, float, np.integer, np.floating))]:
             raise TraceFileError(f"trace: attribute {bad!r} is {type(attrs[bad]).__name__}; only str, int and "
                                  "float attributes can be stored (store a flag as int(...))")
+        # HDF5 stores a netCDF string attribute NUL-terminated: h5py refuses one holding a NUL character.
+        for bad in [k for k, v in attrs.items() if kind == "netcdf" and isinstance(v, str) and "\x00" in v]:
+            raise TraceFileError(f"trace: attribute {bad!r} holds a NUL character, which netCDF cannot store; remove "
+                                 "it, or save to a .zarr path")
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if kind == "netcdf":
