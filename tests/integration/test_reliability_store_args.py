@@ -254,3 +254,17 @@ def test_report_presets_refuses_a_non_json_shapley_cache_and_keeps_it(tmp_path):
                        deletion_steps=2, progress=False)
     assert path.read_text() == "my notes, not json"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("kind", ["trace_many", "map_many"])
+@pytest.mark.parametrize("flag", ["verify", "progress"])
+def test_verify_and_progress_take_only_a_bool(tmp_path, kind, flag):
+    """``verify=0`` would silently skip checking that a resumed store's images are the same images."""
+    path = tmp_path / "s.zarr"
+    kwargs = {"progress": False, flag: 0}
+    with pytest.raises(vc.ArgumentTypeError, match=rf"^{flag}: expected True or False, got 0$"):
+        if kind == "trace_many":
+            vc.trace_many(MODEL, IMAGES, path, targets="top1", sites=["F1"], **kwargs)
+        else:
+            vc.map_many(MODEL, IMAGES, ["gradcam"], path, **kwargs)
+    assert not path.exists()

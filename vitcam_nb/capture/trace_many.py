@@ -236,6 +236,7 @@ def trace_many(
         ('image', 'layer', 'site', 'token', 'channel')
     """
     path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
+    verify, progress = as_flag("verify", verify), as_flag("progress", progress)
     if path.suffix.lower() != ".zarr":
         raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
     if not path.parent.exists():

@@ -206,6 +206,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     from vitcam_nb.compute import map_shard
 
     path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
+    verify, progress = as_flag("verify", verify), as_flag("progress", progress)
     if path.suffix.lower() != ".zarr":
         raise TraceFileError(f"path: a map_many store is a zarr folder and its path ends in .zarr, got {path}")
     if not path.parent.exists():
