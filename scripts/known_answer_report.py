@@ -93,10 +93,10 @@ def _video(args: argparse.Namespace) -> int:
     from vitcam_nb.evaluate.report.known_answer_video import report_known_answer_video
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     folder = OutputFolder(out, ["known_answer_video.json"], "scripts/known_answer_report.py", overwrite=args.overwrite)
     rows, settings = report_known_answer_video(args.model, n_clips=args.n_images, seed=args.seed)
     text = json.dumps({"settings": settings, "rows": rows}, indent=1)
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused or failed run leaves no folder behind
     folder.write("known_answer_video.json", lambda p: p.write_text(text, encoding="utf-8"))
     for row in rows:
         print(f"{row['recipe']:40s} right frames {row['right_frames']:.3f}  frame pointing {row['frame_pointing']:.3f}")

@@ -13,11 +13,12 @@ baseline, as the report's deletion substrate) and every preset's token-grid map 
 game and deletion AUC on the same images, as :func:`vitcam_nb.evaluate.report.presets.report_presets` measures
 them. One image took 824 s here on two CPU cores shared with other jobs (about 3 ms per pass unshared): the default
 of 2 images (the committed ``reports/known_answer/shapley.csv``: 1,370 s here) is a quick look, not a ranking.
-Writes ``shapley.csv`` and ``shapley.json`` (the settings and the time taken) to ``--out``; an existing file is
-not overwritten unless ``--overwrite``. The Shapley values themselves are kept in ``--cache`` (default
-``shapley_values.json`` beside the report; ``--no-cache`` computes everything): they depend on the image, the
-grid, the baseline and the class, never on a map, so a rerun that adds a method (e.g. the backward-rule presets)
-reads them instead of repeating 65,536 passes per image; the settings say how many images were read.
+Writes ``shapley.csv`` and ``shapley.json`` (the settings and the time taken) to ``--out``; a file of these names
+that the script did not write there (the folder's manifest says) is refused unless ``--overwrite``. The Shapley
+values themselves are kept in ``--cache`` (default ``shapley_values.json`` beside the report; ``--no-cache``
+computes everything): they depend on the image, the grid, the baseline and the class, never on a map, so a rerun
+that adds a method (e.g. the backward-rule presets) reads them instead of repeating 65,536 passes per image; the
+settings say how many images were read.
 The table has a ``rule`` column: the backward rule of the trace each row was computed from.
 """
 
@@ -54,12 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import vitcam_nb as vc
+    from vitcam_nb.core.errors import OutputExistsError
+    from vitcam_nb.core.outfiles import OutputFolder
     from vitcam_nb.evaluate.report.presets import report_presets
 
     out = args.out
-    targets = [out / "shapley.csv", out / "shapley.json"]
-    if not args.overwrite and any(t.exists() for t in targets):
-        print(f"{out}: shapley.csv or shapley.json exists; pass --overwrite to replace it", file=sys.stderr)
+    try:  # files of these names that this script did not write there are kept
+        folder = OutputFolder(out, ["shapley.csv", "shapley.json"], "scripts/shapley_known_answer.py",
+                              overwrite=args.overwrite)
+    except OutputExistsError as exc:
+        print(f"{exc}", file=sys.stderr)
         return 1
     model = vc.load_model("shapes-vit")
     if args.device is not None:
@@ -73,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cols = [c for c in ("preset", "status", "rule", "shapley_agreement", "shapley_n_images", "pointing_game",
                         "deletion_auc", "recipe_id") if c in table.columns]
-    table[cols].to_csv(targets[0], index=False)
+    folder.write("shapley.csv", lambda p: table[cols].to_csv(p, index=False))
     settings = {**table.attrs, "command": "python scripts/shapley_known_answer.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "seconds": round(seconds, 1), "device": str(args.device or "cpu")}
     if "shapley_cache" in settings:  # the repository's own paths relative, as in the command line
         settings["shapley_cache"] = settings["shapley_cache"].replace(str(ROOT) + "/", "")
-    targets[1].write_text(json.dumps(settings, indent=2, default=str) + "\n")
+    folder.write("shapley.json", lambda p: p.write_text(json.dumps(settings, indent=2, default=str) + "\n"))
     print(table[cols].to_string(index=False))
     return 0
 
