@@ -42,7 +42,8 @@ RENDERERS = {"nbconvert (mistune)": markdown2html_mistune,
 
 
 class Parsed(HTMLParser):
-    """The element names and the text (character references decoded) of an HTML fragment."""
+    """The element names (but an attribute-less ``span``) and the text (character references decoded) of an HTML
+    fragment."""
 
     def __init__(self, html: str) -> None:
         super().__init__(convert_charrefs=True)
@@ -54,6 +55,8 @@ class Parsed(HTMLParser):
         self.close()
 
     def handle_starttag(self, tag, attrs):
+        if tag == "span" and not attrs:  # the escape's own: keeps MathJax off "$" and "\", shows nothing
+            return
         self.tags.append(tag)
         if tag in ("td", "th"):
             self._cell = []

@@ -4,7 +4,10 @@ emphasis or code span.
 
 Markdown is escaped with character references (``&lt;``, ``&#42;``), not backslashes: every renderer
 (CommonMark, GFM, mistune, marked, Python-Markdown) shows a reference as its character and none treats it as
-syntax, while backslash escapes differ between them (Python-Markdown keeps ``\\<`` as a tag).
+syntax, while backslash escapes differ between them (Python-Markdown keeps ``\\<`` as a tag). ``$`` and ``\\``
+are references inside an empty ``<span>``, which every one of them passes through: JupyterLab's MathJax reads
+the rendered text, references decoded, and would typeset ``$x$`` or ``\\(x\\)`` and drop the backslash of
+``\\$``, but never matches across an element.
 
 Example:
     >>> escape_markdown('blocks.<l>.norm1 [x](javascript:y)')
@@ -22,8 +25,11 @@ __all__ = ["escape_html", "escape_markdown", "escape_mathtext"]
 
 # Characters that open markdown or HTML syntax anywhere in a line: tags and entities (& < >), links and
 # images ([ ]), emphasis and strikethrough (* ~), code spans (`), backslash escapes (\) and table cells (|).
+# "$" and "\" also go inside an empty span: JupyterLab typesets the rendered page with MathJax, which reads
+# "$...$", "\(...\)" and its escapes from the decoded text (a reference alone does not stop it, and "\$"
+# would show as "$") but never matches across an element.
 _INLINE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;", "*": "&#42;", "~": "&#126;",
-           "`": "&#96;", "\\": "&#92;", "|": "&#124;"}
+           "`": "&#96;", "\\": "<span>&#92;</span>", "|": "&#124;", "$": "<span>&#36;</span>"}
 _INLINE_RE = re.compile("[" + re.escape("".join(_INLINE)) + "]")
 # "_" emphasises only at a word boundary, so snake_case names stay readable in the markdown source.
 _UNDERSCORE_RE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
