@@ -29,7 +29,7 @@ from vitcam_nb.core.errors import (
     WeightsError,
     user_stacklevel,
 )
-from vitcam_nb.core.provenance import BUNDLED_KEY, LOADED_KEY, file_sha256, weights_sha256
+from vitcam_nb.core.provenance import LOADED_KEY, file_sha256, weights_sha256
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
 from vitcam_nb.data.train_video import HF_CLASS as HF_VIDEO_CLASS
@@ -132,7 +132,8 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
         model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
     cfg = _pretrained_cfg(card) if "pretrained_cfg" in card else _video_cfg(card)
-    cfg[BUNDLED_KEY] = f"{card.get('name', weights_path.stem)} (file sha256 {actual})"
+    cfg[LOADED_KEY] = {"origin": f"bundled {card.get('name', weights_path.stem)} (file sha256 {actual})",
+                       "weights_sha256": weights_sha256(model)}
     model.pretrained_cfg = cfg
     model.default_cfg = cfg
     return model.eval()

@@ -57,10 +57,9 @@ def weights_sha256(model: torch.nn.Module) -> str:
 
 
 _NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)
-# A model loaded by vitcam_nb.load_model from a bundled file states it in its pretrained_cfg under this key.
-BUNDLED_KEY = "vitcam_nb_bundled"
-# One load_model built with pretrained or file weights: {"origin": "pretrained ..." / "file ...", "weights_sha256":
-# the tensors' hash when loaded}; the origin is stated only while the weights are still those.
+# One load_model built from a bundled file, pretrained or file weights: {"origin": "bundled ..." / "pretrained ..." /
+# "file ...", "weights_sha256": the tensors' hash when loaded}; the origin is stated only while the weights are still
+# those (a copy whose parameters were randomised, or weights written in place, keep the config but not the weights).
 LOADED_KEY = "vitcam_nb_weights"
 
 
@@ -80,25 +79,26 @@ def untrained(model: torch.nn.Module) -> bool:
 
 
 def weights_origin(model: torch.nn.Module) -> str:
-    """What is known of the weights: ``"random-init"`` (:func:`untrained`), ``"bundled <name> (file sha256
-    <hash>)"`` for a model :func:`vitcam_nb.load_model` loaded from the package, ``"pretrained <name> from
-    <source> (file sha256 <hash>)"`` or ``"file <name> (file sha256 <hash>)"`` for one it loaded with
-    ``pretrained=True`` or ``weights=PATH`` (while its tensors are still those it loaded), else ``"unknown"`` (a
-    timm config tag says which weights the architecture was published with, not which ones are loaded).
+    """What is known of the weights: ``"bundled <name> (file sha256 <hash>)"`` for a model
+    :func:`vitcam_nb.load_model` loaded from the package, ``"pretrained <name> from <source> (file sha256 <hash>)"``
+    or ``"file <name> (file sha256 <hash>)"`` for one it loaded with ``pretrained=True`` or ``weights=PATH``, each
+    while its tensors are still those it loaded (their hash is checked); else ``"random-init"``
+    (:func:`untrained`), else ``"unknown"`` (a timm config tag says which weights the architecture was published
+    with, not which ones are loaded).
 
     Example:
         >>> weights_origin(torch.nn.Linear(2, 2))
         'unknown'
     """
-    if untrained(model):
-        return "random-init"
     cfg = getattr(model, "pretrained_cfg", None)
     cfg = cfg if isinstance(cfg, dict) else {}
-    if cfg.get(BUNDLED_KEY):
-        return f"bundled {cfg[BUNDLED_KEY]}"
     loaded = cfg.get(LOADED_KEY)
+    # The loaded file wins over the norm-layer heuristic: a file may keep every norm at its default (a linear probe
+    # trained on a random backbone) and is still the file.
     if isinstance(loaded, dict) and loaded.get("weights_sha256") == weights_sha256(model):
         return str(loaded["origin"])
+    if untrained(model):
+        return "random-init"
     return "unknown"
 
 
