@@ -60,6 +60,8 @@ def test_demo_command_writes_all_outputs(tmp_path, capsys):
     ids = re.findall(r"data-recipe-id='([0-9a-f]{12})'", html)
     assert sorted(ids) == sorted(vc.Recipe.from_dict(r).id for r in recipes.values())
     assert html.count("<table class='checklist'>") == len(ids)
+    run = f"run on {tr.attrs['device']}, computed in {tr.attrs['compute_dtype']}, stored as {tr.attrs['dtype']}"
+    assert html.count(run) == len(ids)  # every map's methods paragraph
     assert "http://" not in html and "https://" not in html
     degenerate = vc.cam(tr, vc.Recipe(site="F6", layer=-1)).attrs["degenerate"]
     assert degenerate and "degenerate" in html

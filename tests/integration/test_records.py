@@ -14,8 +14,10 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
+from timm.models.vision_transformer import VisionTransformer
 
 import vitcam_nb as vc
+from vitcam_nb import htmlreport
 from vitcam_nb.core.provenance import untrained, weights_origin, weights_sha256
 from vitcam_nb.evaluate.randomisation.parameters import model_parts, randomise_parts
 from vitcam_nb.models import _models_dir
@@ -28,6 +30,12 @@ TINY = {"img_size": 32, "patch_size": 8, "depth": 2}
 
 def _sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _model(depth: int = 2) -> VisionTransformer:
+    torch.manual_seed(depth)
+    return VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=depth, num_heads=4,
+                             num_classes=4).eval()
 
 
 def test_a_weights_file_whose_norm_layers_keep_their_defaults_is_recorded_as_the_file(tmp_path):
@@ -67,3 +75,37 @@ def test_a_bundled_model_whose_weights_changed_is_no_longer_recorded_as_the_bund
         for p in model.parameters():
             p.mul_(0.5)
     assert weights_sha256(model) != loaded and weights_origin(model) == "unknown"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_checklist_and_methods_state_the_device_and_both_dtypes(dtype):
+    model = _model()
+    tr = vc.trace(model, IMAGE, targets="top2", dtype=dtype)
+    assert str(tr["act"].dtype) == dtype  # what was stored, independently of the attrs
+    compute = str(next(model.parameters()).dtype).removeprefix("torch.")
+    m = vc.cam(tr, vc.Recipe(site="F1", layer=0))
+    mi = json.loads(m.attrs["checklist"])["model and input"]
+    assert (mi["device"], mi["compute dtype"], mi["storage dtype"]) == (tr.attrs["device"], compute, dtype)
+    assert f"run on {tr.attrs['device']}, computed in {compute}, stored as {dtype})" in m.attrs["methods"]
+    html = htmlreport.render(tr, [htmlreport.ReportEntry("F1", m, {})], title="t")
+    assert "storage dtype" in html and f"stored as {dtype}" in html
+
+
+def test_a_trace_lacking_the_device_and_dtypes_says_they_are_not_recorded():
+    tr = vc.trace(_model(), IMAGE, targets="top2")
+    older = tr.copy()
+    older.attrs = {k: v for k, v in tr.attrs.items() if k not in ("device", "dtype", "compute_dtype")}
+    m = vc.cam(older, vc.Recipe(site="F1", layer=0))
+    mi = json.loads(m.attrs["checklist"])["model and input"]
+    assert mi["device"] == mi["compute dtype"] == mi["storage dtype"] == "not recorded"
+    assert "device not recorded, compute dtype not recorded, storage dtype not recorded)" in m.attrs["methods"]
+    assert "cpu" not in m.attrs["methods"]
+
+
+def test_a_store_states_the_device_its_images_were_traced_on(tmp_path):
+    images = list(np.random.default_rng(1).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8))
+    ds = vc.open_traces(vc.trace_many(_model(), images, tmp_path / "s.zarr", targets="top1", progress=False))
+    assert "device" not in ds.attrs  # kept per image
+    devices = sorted({str(v) for v in ds["device"].values})
+    mi = json.loads(vc.cam(ds, vc.Recipe(site="F1", layer=-1)).attrs["checklist"])["model and input"]
+    assert mi["device"] == ", ".join(devices) and mi["storage dtype"] == str(ds["act"].dtype)

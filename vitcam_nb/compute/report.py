@@ -2,8 +2,8 @@
 (feature representation, gradient target, token handling, aggregation, spatial reconstruction), the recipe's
 id and preset, and the model facts a trace records. Trace kinds add what is particular to them. Since 0.2 it also
 says in words what the map is made from (the schema's site meanings), carries the caveat of the raster reshape, and
-quotes the trace's ``position_r2`` (``vc.evaluate.position_probe``) when it holds one; a trace 0.1 wrote keeps its
-0.1 report.
+quotes the trace's ``position_r2`` (``vc.evaluate.position_probe``) when it holds one, and states the device, the
+compute and the storage dtype; a trace 0.1 wrote keeps its 0.1 report.
 
 Example:
     >>> import vitcam_nb as vc
@@ -325,6 +325,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "versions": f"vitcam_nb {attrs.get('vitcam_nb_version', '?')}, torch "
                         f"{attrs.get('torch_version', '?')}, timm {attrs.get('timm_version', '?')}",
         }
+        if _words_apply(attrs):  # 0.1 reports did not state them (the 0.1 contract reproduces those exactly)
+            checklist["model and input"].update(_run_items(trace, attrs))
         if attrs.get("model_wrapper"):
             checklist["model and input"]["wrapper"] = str(attrs["model_wrapper"])
         if attrs.get("single_head_attention"):  # the model was changed for the trace: every map should say so
@@ -342,6 +344,32 @@ def _add_map_words(checklist: Checklist, recipe: Recipe, trace: Any, attrs: Any)
     probe = _probe_text(recipe, trace, attrs)
     if probe:
         checklist["spatial reconstruction"]["position probe"] = probe
+
+
+NOT_RECORDED = "not recorded"
+
+
+def _run_items(trace: Any, attrs: Any) -> dict[str, str]:
+    """Where and in which precision the pass ran and the trace is stored: maps of float16 and float32 traces
+    differ in the last digits. A store keeps the device per image (a coordinate); an attribute a trace lacks is
+    said to be not recorded."""
+    device = str(attrs.get("device", ""))
+    per_image = getattr(trace, "coords", {}).get("device") if trace is not None and not device else None
+    if per_image is not None:
+        device = ", ".join(sorted({str(v) for v in per_image.values.ravel()} - {""}))
+    return {"device": device or NOT_RECORDED,
+            "compute dtype": str(attrs.get("compute_dtype", NOT_RECORDED)),
+            "storage dtype": str(attrs.get("dtype", NOT_RECORDED))}
+
+
+def _run_words(mi: Any) -> str:
+    """The methods paragraph's words for the device and dtypes of the checklist's ``model and input``."""
+    if "device" not in mi:  # a 0.1 report
+        return ""
+    words = [f"{what} not recorded" if mi[item] == NOT_RECORDED else f"{how} {mi[item]}"
+             for item, what, how in (("device", "device", "run on"), ("compute dtype", "compute dtype", "computed in"),
+                                     ("storage dtype", "storage dtype", "stored as"))]
+    return "; " + ", ".join(words)
 
 
 def _model_text(attrs: Any) -> str:
@@ -381,7 +409,8 @@ def describe(recipe: Recipe, trace: Any = None, checklist: Checklist | None = No
     model = ""
     if "model and input" in c:
         mi = c["model and input"]
-        model = f" on {mi['model']} (weights sha256 {mi['weights sha256'][:12]}…, input {mi['input size']})"
+        model = (f" on {mi['model']} (weights sha256 {mi['weights sha256'][:12]}…, input {mi['input size']}"
+                 f"{_run_words(mi)})")
     where = f"{fr['site']} at {fr['layer']}"
     if fr["module"] and not fr["module"].startswith("see"):
         where += f" (the {fr['input or output']} of {fr['module']})"

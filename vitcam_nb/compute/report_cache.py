@@ -25,8 +25,9 @@ _REPORTS: dict[tuple, tuple[str, str]] = {}
 
 def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
     """(checklist JSON, methods paragraph) of ``recipe`` on ``trace``, cached by the recipe and every attribute
-    of the trace the report reads (a store has no trace id, and a trace reloaded under a newer version keeps its
-    id but not its versions): a gallery or widget repaint asks for the same report many times.
+    of the trace the report reads (a store has no trace id, a trace reloaded under a newer version keeps its id but
+    not its versions, and a store's devices are a coordinate): a gallery or widget repaint asks for the same report
+    many times.
 
     Example:
         >>> import json, vitcam_nb as vc
@@ -35,7 +36,7 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
         True
     """
     attrs = getattr(trace, "attrs", {}) or {}
-    key = (recipe, tuple(attrs.items()), _probe_key(trace))
+    key = (recipe, tuple(attrs.items()), _probe_key(trace), _coords_key(trace))
     try:
         found = _REPORTS.get(key)
     except TypeError:  # an attribute a user set to a list or dict: report without the cache
@@ -48,6 +49,14 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
         if key is not None:
             _REPORTS[key] = found
     return found
+
+
+def _coords_key(trace: Any) -> tuple | None:
+    """The coordinates the report reads: a store's per-image ``device``."""
+    coords = getattr(trace, "coords", {}) if trace is not None else {}
+    # A store has one device per image: the distinct ones are what the report states, a short key for many images.
+    return tuple(sorted({str(v) for v in np.asarray(coords["device"].values).ravel()})) if "device" in coords \
+        else None
 
 
 def _probe_key(trace: Any) -> tuple | None:
