@@ -109,3 +109,28 @@ def test_a_store_states_the_device_its_images_were_traced_on(tmp_path):
     devices = sorted({str(v) for v in ds["device"].values})
     mi = json.loads(vc.cam(ds, vc.Recipe(site="F1", layer=-1)).attrs["checklist"])["model and input"]
     assert mi["device"] == ", ".join(devices) and mi["storage dtype"] == str(ds["act"].dtype)
+
+
+@pytest.mark.parametrize(("depth", "layers", "text"), [(2, [1], "1 of 0..1"), (3, [0, 2], "0, 2 of 0..2"),
+                                                       (2, None, "0, 1 of 0..1")])
+def test_layer_all_names_the_blocks_the_trace_holds(depth, layers, text):
+    tr = vc.trace(_model(depth), IMAGE, targets="top2", layers=layers)
+    for recipe in (vc.Recipe(site="F1", layer="all", layer_fusion="mean"),
+                   vc.Recipe(site="F2", layer="all", layer_fusion="rollout")):
+        m = vc.cam(tr, recipe)
+        held = [int(v) for v in tr["layer"].values]
+        assert m.attrs["blocks"] == ",".join(map(str, held))  # the blocks the map was computed from
+        assert text.split(" of ")[0] == ", ".join(map(str, held))
+        layer = json.loads(m.attrs["checklist"])["feature representation"]["layer"]
+        assert layer == f"all traced blocks ({text})"
+        assert f"at all traced blocks ({text})" in m.attrs["methods"]
+
+
+def test_a_selection_of_blocks_gets_its_own_layer_text():
+    tr = vc.trace(_model(3), IMAGE, targets="top2")
+    recipe = vc.Recipe(site="F1", layer="all", layer_fusion="mean")
+    full = json.loads(vc.cam(tr, recipe).attrs["checklist"])["feature representation"]["layer"]
+    part = vc.cam(tr.sel(layer=[0, 2]), recipe)  # same attributes, fewer blocks: not the cached report
+    assert full == "all traced blocks (0, 1, 2 of 0..2)"
+    assert part.attrs["blocks"] == "0,2"
+    assert json.loads(part.attrs["checklist"])["feature representation"]["layer"] == "all traced blocks (0, 2 of 0..2)"

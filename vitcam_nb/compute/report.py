@@ -2,8 +2,9 @@
 (feature representation, gradient target, token handling, aggregation, spatial reconstruction), the recipe's
 id and preset, and the model facts a trace records. Trace kinds add what is particular to them. Since 0.2 it also
 says in words what the map is made from (the schema's site meanings), carries the caveat of the raster reshape, and
-quotes the trace's ``position_r2`` (``vc.evaluate.position_probe``) when it holds one, and states the device, the
-compute and the storage dtype; a trace 0.1 wrote keeps its 0.1 report.
+quotes the trace's ``position_r2`` (``vc.evaluate.position_probe``) when it holds one, states the device, the
+compute and the storage dtype, and lists the blocks ``layer="all"`` stands for; a trace 0.1 wrote keeps its 0.1
+report.
 
 Example:
     >>> import vitcam_nb as vc
@@ -140,9 +141,14 @@ def _probe_text(recipe: Recipe, trace: Any, attrs: Any) -> str:
             f"predicts each token's grid position from its {recipe.site} activations with R^2 = {values}: {verdict}")
 
 
-def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
+def _layer_text(recipe: Recipe, num_layers: int | None = None, traced: list[int] | None = None) -> str:
+    """The blocks of ``recipe.layer``; for ``"all"``, the trace's own blocks when ``traced`` lists them (a trace
+    made with ``layers=`` holds only some, and the map is of those)."""
     if recipe.layer == "all":
-        return "all traced blocks"
+        if traced is None:
+            return "all traced blocks"
+        return f"all traced blocks ({', '.join(map(str, traced))}" + \
+            (f" of 0..{num_layers - 1})" if num_layers is not None else ")")
     values = recipe.layer if isinstance(recipe.layer, tuple) else (recipe.layer,)
     if num_layers is None:
         text = ", ".join(map(str, values)) + (" (the last block)" if values == (-1,) else "")
@@ -152,6 +158,12 @@ def _layer_text(recipe: Recipe, num_layers: int | None = None) -> str:
         if absolute == [num_layers - 1]:
             text += " (the last block)"
     return ("blocks " if len(values) > 1 else "block ") + text
+
+
+def _traced_blocks(trace: Any) -> list[int] | None:
+    """The blocks a trace holds (its ``layer`` coordinate), or None when it has none (a tree's root, no trace)."""
+    layer = getattr(trace, "coords", {}).get("layer") if trace is not None else None
+    return None if layer is None else [int(v) for v in layer.values]
 
 
 def _target_scalar(attrs: Any, cls: str) -> tuple[str, str] | None:
@@ -278,7 +290,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "site": site_text,
             "module": module or "see trace (hook template per site)",
             "input or output": io or "see trace",
-            "layer": _layer_text(recipe, int(attrs["num_layers"]) if "num_layers" in attrs else None),
+            "layer": _layer_text(recipe, int(attrs["num_layers"]) if "num_layers" in attrs else None,
+                                 _traced_blocks(trace) if _words_apply(attrs) else None),
         },
         "gradient target": {
             "scalar": scalar,

@@ -26,8 +26,8 @@ _REPORTS: dict[tuple, tuple[str, str]] = {}
 def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
     """(checklist JSON, methods paragraph) of ``recipe`` on ``trace``, cached by the recipe and every attribute
     of the trace the report reads (a store has no trace id, a trace reloaded under a newer version keeps its id but
-    not its versions, and a store's devices are a coordinate): a gallery or widget repaint asks for the same report
-    many times.
+    not its versions, a store's devices are a coordinate, and a selection of its blocks keeps its attributes but not
+    its ``layer`` coordinate): a gallery or widget repaint asks for the same report many times.
 
     Example:
         >>> import json, vitcam_nb as vc
@@ -51,12 +51,14 @@ def cached_report(recipe: Recipe, trace: Any) -> tuple[str, str]:
     return found
 
 
-def _coords_key(trace: Any) -> tuple | None:
-    """The coordinates the report reads: a store's per-image ``device``."""
+def _coords_key(trace: Any) -> tuple:
+    """The coordinates the report reads: the blocks held (``layer``) and a store's per-image ``device``."""
     coords = getattr(trace, "coords", {}) if trace is not None else {}
+    layer = tuple(np.asarray(coords["layer"].values).tolist()) if "layer" in coords else None
     # A store has one device per image: the distinct ones are what the report states, a short key for many images.
-    return tuple(sorted({str(v) for v in np.asarray(coords["device"].values).ravel()})) if "device" in coords \
+    device = tuple(sorted({str(v) for v in np.asarray(coords["device"].values).ravel()})) if "device" in coords \
         else None
+    return layer, device
 
 
 def _probe_key(trace: Any) -> tuple | None:
