@@ -8,11 +8,14 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numpy as np
 import pytest
 import timm
 import torch
-from safetensors.torch import load_file
+import zarr
+from safetensors.torch import load_file, save_file
 
+import vitcam_nb as vc
 from vitcam_nb.capture import worker_model
 from vitcam_nb.core.provenance import weights_sha256
 
@@ -72,6 +75,34 @@ def test_a_worker_that_cannot_read_the_file_gets_the_weights_as_bytes(client, mo
     assert name not in worker_model._FILES and _weights_files() == before  # written, found unreadable, removed
     assert set(client.run(_loaded, key).values()) == {weights_sha256(model)}
     worker_model.drop_model(client, name)
+
+
+@pytest.mark.slow
+def test_sharded_stores_state_the_weights_origin_a_single_process_states(client, tmp_path, monkeypatch):
+    from vitcam_nb.compute import map_shard
+
+    # A model loaded from a weights file: its origin lives in its pretrained_cfg, which the workers' model now has.
+    trained = _model()
+    with torch.no_grad():  # norms off their initial values: else the origin is "random-init" whatever was loaded
+        for name, p in trained.named_parameters():
+            if "norm" in name:
+                p.add_(0.1)
+    save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    model = vc.load_model(SPEC["timm"], weights=tmp_path / "w.safetensors",
+                          **{k: v for k, v in SPEC.items() if k != "timm"})
+    images = list(np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8))
+    with monkeypatch.context() as here:  # the single-process store, while the client is running
+        here.setattr(map_shard, "active_client", lambda: None)
+        local = vc.map_many(model, images, ["gradcam"], tmp_path / "local.zarr", batch_size=2, progress=False)
+    sharded = vc.map_many(model, images, ["gradcam"], tmp_path / "sharded.zarr", batch_size=2, progress=False,
+                          worker_model=SPEC)
+    attrs = [dict(zarr.open_group(str(p), mode="r").attrs) for p in (local, sharded)]
+    assert "file w.safetensors (file sha256 " in attrs[0]["trace_attrs"]
+    assert attrs[1] == attrs[0]
+    # trace_many traces its first batch here and the second on the worker: one store, one origin.
+    traces = vc.trace_many(model, images, tmp_path / "traces.zarr", targets="top1", sites=["F1"], batch_size=2,
+                           progress=False, worker_model=SPEC)
+    assert vc.open_traces(traces).attrs["weights_origin"].startswith("file w.safetensors (file sha256 ")
 
 
 def _refaults(n: int = 32) -> tuple[int | None, int]:

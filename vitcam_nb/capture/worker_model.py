@@ -4,15 +4,18 @@
 How the model travels: not pickled. Its architecture is rebuilt on each worker by ``timm.create_model`` from a
 spec (``{"timm": name, **kwargs}``; default the model's timm name), its tensors are loaded once per worker from
 safetensors (a worker plugin, so a worker that joins or restarts loads them too): the state dict and the
-non-persistent buffers, so that the worker's model holds exactly the caller's tensors. Where every tensor of the
-model comes so, it is built on torch's meta device, without the random initialisation its weights would replace.
-The weights hash of the rebuilt model must equal the caller's, or the batch is refused. The tensors go as a file
-the call writes (in a folder in memory, ``/dev/shm``, where it has room; else the temporary folder) when every
-worker reads it there (workers on this machine: a ``LocalCluster``, a multi-GPU node), which spares sending
-hundreds of megabytes through the scheduler to each worker; otherwise as bytes in the plugin. The file is removed
-when the call unloads the model. Where GPUs exist each worker pins one:
-``cuda:0`` of what ``CUDA_VISIBLE_DEVICES`` leaves it (dask-cuda's LocalCUDACluster gives each worker its own),
-else the GPU numbered by the worker's name modulo the GPU count.
+non-persistent buffers, so that the worker's model holds exactly the caller's tensors. Its ``pretrained_cfg``
+is the caller's too: that is where :func:`vitcam_nb.load_model` states where the weights came from (a file, the
+published ones, a bundled model), so the worker's traces and maps state the same origin as the caller's (the
+origin holds only while the weights hash equals the one it was stated for, which the rebuilt model's does). Where
+every tensor of the model comes so, it is built on torch's meta device, without the random initialisation its
+weights would replace. The weights hash of the rebuilt model must equal the caller's, or the batch is refused. The
+tensors go as a file the call writes (in a folder in memory, ``/dev/shm``, where it has room; else the temporary
+folder) when every worker reads it there (workers on this machine: a ``LocalCluster``, a multi-GPU node), which
+spares sending hundreds of megabytes through the scheduler to each worker; otherwise as bytes in the plugin. The
+file is removed when the call unloads the model. Where GPUs exist each worker pins one: ``cuda:0`` of what
+``CUDA_VISIBLE_DEVICES`` leaves it (dask-cuda's LocalCUDACluster gives each worker its own), else the GPU numbered
+by the worker's name modulo the GPU count.
 
 Who may write: a batch is written by its worker only while the call that sent it still holds the store's lock
 (:func:`sender_writes`). Cancelling a task does not stop one already running, so a batch of a call that was
@@ -28,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import threading
@@ -140,7 +144,9 @@ def _build_without_init(name: str, kwargs: dict, state: dict[str, torch.Tensor],
     return model
 
 
-def _build(spec: dict, weights: bytes | str, sha: str, training: bool) -> torch.nn.Module:
+def _build(spec: dict, weights: bytes | str, sha: str, training: bool, cfg: dict | None) -> torch.nn.Module:
+    """The caller's model, rebuilt on a worker: ``spec``'s architecture, the caller's tensors (``weights``: bytes or
+    a file; their hash must be ``sha``), train/eval mode and ``pretrained_cfg`` (``cfg``; None keeps timm's)."""
     import timm
     from safetensors.torch import load, load_file
 
@@ -162,6 +168,8 @@ def _build(spec: dict, weights: bytes | str, sha: str, training: bool) -> torch.
         raise TraceError(f"worker_model: {spec} builds a model whose weights do not fit the caller's ({exc}); pass "
                          "worker_model={'timm': name, **the create_model kwargs the model was built with}") from exc
     model.train(training)
+    if cfg is not None:  # the caller's config states the weights' origin (vitcam_nb.core.provenance.weights_origin)
+        model.pretrained_cfg = model.default_cfg = copy.deepcopy(cfg)
     if weights_sha256(model) != sha:
         raise TraceError(f"worker_model: the model rebuilt from {spec} has other weights than the caller's "
                          f"(sha256 {weights_sha256(model)[:12]}…, caller {sha[:12]}…)")
@@ -171,14 +179,16 @@ def _build(spec: dict, weights: bytes | str, sha: str, training: bool) -> torch.
 class _ModelPlugin(_PluginBase):
     """A worker plugin that loads the model once on each worker (and on workers that join later)."""
 
-    def __init__(self, key: str, spec: dict, weights: bytes | str, sha: str, training: bool, device: str) -> None:
+    def __init__(self, key: str, spec: dict, weights: bytes | str, sha: str, training: bool, device: str,
+                 cfg: dict | None) -> None:
         self.key, self.spec, self.weights, self.sha, self.training, self.device = key, spec, weights, sha, training, \
             device
+        self.cfg = cfg
         self.name = f"vitcam_nb-model-{key}"
 
     def setup(self, worker: Any) -> None:
         if self.key not in _MODELS:
-            model = _build(self.spec, self.weights, self.sha, self.training)
+            model = _build(self.spec, self.weights, self.sha, self.training, self.cfg)
             _MODELS[self.key] = (model, _pin(self.device, getattr(worker, "name", 0)), threading.Lock())
             raise_mmap_threshold()  # dask's workers map every block above 128 KiB anew (vitcam_nb.capture.heap)
 
@@ -229,8 +239,11 @@ class ModelSending:
         self.client = client
         spec = _spec(model, worker_model, caller)
         weights = _sent_tensors(model)
+        cfg = getattr(model, "pretrained_cfg", None)
+        cfg = copy.deepcopy(cfg) if isinstance(cfg, dict) else None  # as it is now, like the weights
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitcam_nb-send-model")
-        self._future = pool.submit(_register, client, spec, weights, weights_sha256(model), model.training, device)
+        self._future = pool.submit(_register, client, spec, weights, weights_sha256(model), model.training, device,
+                                   cfg)
         pool.shutdown(wait=False)
 
     def names(self) -> tuple[str, str]:
@@ -247,15 +260,16 @@ class ModelSending:
         drop_model(self.client, name)
 
 
-def _register(client: Any, spec: dict, state: dict[str, torch.Tensor], sha: str, training: bool, device: str
-              ) -> tuple[str, str]:
-    """Register the plugin that loads ``state`` into the model ``spec`` builds on every worker; (key, name)."""
+def _register(client: Any, spec: dict, state: dict[str, torch.Tensor], sha: str, training: bool, device: str,
+              cfg: dict | None) -> tuple[str, str]:
+    """Register the plugin that loads ``state`` (and the caller's ``pretrained_cfg``, ``cfg``) into the model
+    ``spec`` builds on every worker; (key, name)."""
     from safetensors.torch import save
 
     # One key per call: two calls sending the same model (two threads of one process) each unload only their own.
     key = f"{sha[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path = _shared_file(client, state)
-    plugin = _ModelPlugin(key, spec, save(state) if path is None else path, sha, training, device)
+    plugin = _ModelPlugin(key, spec, save(state) if path is None else path, sha, training, device, cfg)
     if path is not None:
         _FILES[plugin.name] = path
     try:

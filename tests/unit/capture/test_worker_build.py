@@ -14,7 +14,7 @@ from safetensors.torch import save
 
 from vitcam_nb.capture import worker_model
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.core.provenance import weights_sha256
+from vitcam_nb.core.provenance import weights_origin, weights_sha256
 
 TINY = {"vit": {"timm": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 2, "num_classes": 5},
         "swin": {"timm": "swin_tiny_patch4_window7_224", "img_size": 56, "embed_dim": 24, "depths": (1, 1),
@@ -27,7 +27,8 @@ def _caller(spec: dict, seed: int = 0) -> torch.nn.Module:
 
 
 def _rebuilt(model: torch.nn.Module, spec: dict) -> torch.nn.Module:
-    return worker_model._build(spec, save(worker_model._sent_tensors(model)), weights_sha256(model), False)
+    return worker_model._build(spec, save(worker_model._sent_tensors(model)), weights_sha256(model), False,
+                               getattr(model, "pretrained_cfg", None))
 
 
 def _split(model: torch.nn.Module) -> tuple[dict, dict]:
@@ -91,6 +92,29 @@ def test_a_model_keeping_a_tensor_outside_its_parameters_and_buffers_is_built_in
     assert rebuilt.blocks[0].table[0].device.type == "cpu" and torch.equal(rebuilt.blocks[0].table[0],
                                                                             torch.arange(4.0))
     assert _same_outputs(model, rebuilt, spec["img_size"])
+
+
+def test_the_worker_s_model_states_the_weights_origin_the_caller_s_states(tmp_path):
+    from safetensors.torch import save_file
+
+    import vitcam_nb as vc
+
+    spec = TINY["vit"]
+    trained = _caller(spec)
+    with torch.no_grad():  # norms off their initial values: else the origin is "random-init" whatever was loaded
+        for name, p in trained.named_parameters():
+            if "norm" in name:
+                p.add_(0.1)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(path))
+    model = vc.load_model(spec["timm"], weights=path, **{k: v for k, v in spec.items() if k != "timm"})
+    assert weights_origin(model).startswith("file w.safetensors (file sha256 ")
+    rebuilt = _rebuilt(model, spec)
+    assert weights_origin(rebuilt) == weights_origin(model)
+    assert rebuilt.pretrained_cfg == model.pretrained_cfg and rebuilt.pretrained_cfg is not model.pretrained_cfg
+    with torch.no_grad():  # the origin is still stated only while the weights are the ones it was stated for
+        rebuilt.head.bias.add_(1.0)
+    assert weights_origin(rebuilt) == "unknown"
 
 
 def test_a_spec_that_builds_other_weights_is_refused_either_way():
