@@ -111,6 +111,17 @@ def test_torch_store_records_its_backend(stores, model, images):
         vc.map_many(model, images, RECIPES, numpy_path, batch_size=2, progress=False, backend="torch")
 
 
+def test_either_backend_s_store_states_its_backend_dtype_and_batch_size(stores, model, images, tmp_path):
+    import json
+
+    half = vc.map_many(model, images[:3], RECIPES[:1], tmp_path / "half.zarr", batch_size=3, progress=False,
+                       backend="torch", dtype="float16")
+    got = [vc.open_maps(p).attrs for p in (*stores, half)]
+    assert [(a["backend"], a["dtype"], a["batch_size"]) for a in got] == [
+        ("numpy", "float32", 2), ("torch", "float32", 2), ("torch", "float16", 3)]
+    assert json.loads(got[2]["trace_attrs"])["dtype"] == "float16"
+
+
 def test_torch_backend_refuses_before_any_model_call(tmp_path, model, images):
     calls: list[int] = []
     hook = model.register_forward_pre_hook(lambda _m, args: calls.append(1))

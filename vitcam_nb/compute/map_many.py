@@ -193,7 +193,10 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             architecture on each worker (its weights travel as safetensors bytes); default: the model's timm name.
 
     Returns:
-        the store path.
+        the store path. Its attributes (``vc.open_maps(path).attrs``) state how the maps were made: ``backend``,
+        ``dtype`` (the traces' storage dtype), ``batch_size``, and in ``trace_attrs`` the first pass's trace
+        attributes (weights origin and hash, ``compute_dtype``, device settings, versions), the same for a store
+        written by the workers of a Client.
 
     Example:
         >>> import timm, numpy as np, tempfile, vitcam_nb as vc
@@ -266,6 +269,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             "store_kind": MAPS_STORE_KIND, "store_version": MAPS_STORE_VERSION,
             "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
             "n_expected": -1 if n is None else int(n), "n_images": 0, "batch_size": batch_size, "complete": 0,
+            # How the maps were computed, for either backend (settings name the backend only for torch, so that
+            # NumPy stores keep their settings id): the maps' backend and the storage dtype of the traces
+            "backend": backend, "dtype": plan.dtype,
             "trace_attrs": json.dumps(attrs, sort_keys=True, default=str), "num_layers": int(attrs["num_layers"]),
             "img_height": int(attrs["img_height"]), "img_width": int(attrs["img_width"]),
             "grid_h": int(attrs["grid_h"]), "grid_w": int(attrs["grid_w"]),
