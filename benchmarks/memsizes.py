@@ -132,11 +132,11 @@ def _traced_peak(model: object, image: object, targets: object, est: dict, **opt
 
 
 def pass_mode(est: dict) -> str:
-    """How the pass held its memory, as :func:`vitcam_nb.estimate` reports the mode the trace takes."""
-    if not est.get("recompute"):
-        return "plain"
-    groups = est.get("target_groups", 1)
-    return "blocks recomputed, one target at a time" + (f" (the head in {groups} groups)" if groups > 1 else "")
+    """How the pass held its memory, as :func:`vitcam_nb.estimate` reports the mode the trace takes (in the words
+    of a trace's ``memory_mode`` attribute)."""
+    from vitcam_nb.capture.plan import memory_mode
+
+    return memory_mode(bool(est.get("recompute")), int(est.get("target_groups", 1)))
 
 
 def measure_blip(size: int) -> dict:

@@ -326,3 +326,29 @@ def test_masks_follow_the_image_geometry(tmp_path, model):
     assert image_trace(ds, 0)["mask"].dims == ("y", "x")
     with pytest.raises(vc.TraceError, match="mask for every image or for none"):
         trace_many(model, [(imgs[0], 0, mask), (imgs[1], 1, None)], tmp_path / "u.zarr", progress=False)
+
+
+def test_a_store_lists_every_memory_mode_its_batches_ran_in(tmp_path, model, images, monkeypatch):
+    import vitcam_nb.capture.trace_many as trace_many_module
+
+    real, calls = trace_many_module.fit_budget, []
+
+    def later_batches_recompute(plan, *args, **kwargs):  # as a budget may choose, batch by batch
+        real(plan, *args, **kwargs)
+        calls.append(plan)
+        if len(calls) > 1:
+            plan.recompute, plan.target_groups = True, 1
+
+    monkeypatch.setattr(trace_many_module, "fit_budget", later_batches_recompute)
+    args = dict(targets="top3", batch_size=BATCH, progress=False)
+    path = trace_many(model, images[:4], tmp_path / "modes.zarr", **args)
+    modes = "plain; blocks recomputed, one target at a time"
+    assert open_traces(path).attrs["memory_mode"] == modes
+    assert image_trace(open_traces(path), 3).attrs["memory_mode"] == modes
+    # A store begun before modes were recorded: its first batches' modes are unknown, so resuming it claims none.
+    old = tmp_path / "old.zarr"
+    with pytest.raises(KeyboardInterrupt):
+        trace_many(model, _gen(images[:4], stop=3), old, **args)
+    del zarr.open_group(str(old), mode="r+").attrs["memory_mode"]
+    trace_many(model, images[:4], old, **args)
+    assert open_traces(old)["image"].size == 4 and "memory_mode" not in open_traces(old).attrs

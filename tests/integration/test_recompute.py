@@ -183,3 +183,20 @@ def test_a_trace_over_its_budget_recomputes_when_only_then_it_fits_and_is_refuse
     _assert_same(vc.trace(model, image, targets="top2", sites=["F1", "F2"], layers=[0, 2],
                           max_bytes=(lean + plain) // 2),
                  vc.trace(model, image, targets="top2", sites=["F1", "F2"], layers=[0, 2]))
+
+
+def test_a_trace_records_the_memory_mode_its_pass_took_without_changing_its_id():
+    model = _family("vit")
+    kw = dict(targets="top2", sites=["F1", "F2"], layers=[0, 2])
+    plan = TracePlan.for_trace(model, "top2", sites=["F1", "F2"], layers=[0, 2])
+    plain = estimate_plan(plan, (IMG, IMG))["peak_bytes"]
+    lean = estimate_plan(TracePlan(**{**plan.__dict__, "recompute": True}), (IMG, IMG))["peak_bytes"]
+    fit_budget(plan, (IMG, IMG), None)
+    assert not plan.recompute  # unlimited, this trace takes the plain pass
+    image = _image(IMG)
+    free = vc.trace(model, image, **kw)
+    forced = vc.trace(model, image, max_bytes=(lean + plain) // 2, **kw)  # only recomputing fits
+    assert free.attrs["memory_mode"] == "plain" == vc.estimate(model, image, **kw)["memory_mode"]
+    assert forced.attrs["memory_mode"] == "blocks recomputed, one target at a time"
+    # the same values bitwise: the id (what was asked) and every other attribute stay those of the plain trace
+    assert {k for k in free.attrs if free.attrs[k] != forced.attrs[k]} == {"memory_mode"}

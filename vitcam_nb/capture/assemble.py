@@ -22,7 +22,7 @@ import torch
 import xarray as xr
 
 from vitcam_nb.capture.passes import ImagePass, PassResult
-from vitcam_nb.capture.plan import TracePlan, model_name
+from vitcam_nb.capture.plan import TracePlan, memory_mode, model_name
 from vitcam_nb.capture.runtime import release_freed_memory
 from vitcam_nb.capture.video import frame_coords
 from vitcam_nb.core.errors import TraceError
@@ -257,6 +257,8 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         "torch_threads": int(torch.get_num_threads()),
         "dtype": plan.dtype,
         "compute_dtype": str(plan.compute_dtype).replace("torch.", ""),
+        # the mode fit_budget chose: not part of the trace id (every mode stores the same values bitwise)
+        "memory_mode": memory_mode(plan.recompute, plan.target_groups),
         "deterministic": run.deterministic,
         "deterministic_settings": run.deterministic_settings,
         **target.attrs(),

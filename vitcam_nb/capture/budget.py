@@ -30,7 +30,7 @@ import torch
 
 from vitcam_nb.capture.budget_peak import estimate_plan, n_targets
 from vitcam_nb.capture.budget_shapes import model_shapes
-from vitcam_nb.capture.plan import TracePlan, paired_groups
+from vitcam_nb.capture.plan import TracePlan, memory_mode, paired_groups
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE
@@ -84,7 +84,8 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
     Dataset included), and how the pass holds its memory: whether it recomputes each block inside the backward
     pass, one target at a time through the blocks (``recompute``), and into how many groups of targets the head's
     backward pass goes (``target_groups``), as
-    :func:`fit_budget` chooses them (a trace over its budget may also switch to a leaner mode). ``image`` sets the
+    :func:`fit_budget` chooses them (a trace over its budget may also switch to a leaner mode), and that mode in
+    words (``memory_mode``, as the trace's ``memory_mode`` attribute records the mode it took). ``image`` sets the
     input size (default: the model's configured size).
 
     Example:
@@ -99,7 +100,7 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
     peaks = _mode_peaks(plan, hw, 1, lambda p, n: estimate_plan(p, hw, n)["peak_bytes"], True)
     recompute, groups = _chosen_mode(plan, hw, 1, peaks)
     return {**estimate_plan(replace(plan, recompute=recompute, target_groups=groups), hw), "recompute": recompute,
-            "target_groups": groups}
+            "target_groups": groups, "memory_mode": memory_mode(recompute, groups)}
 
 
 #: A mode of the pass: whether it recomputes each block in the backward pass, and its target groups.

@@ -28,7 +28,8 @@ from vitcam_nb.core.schema import CORE_SITES, EXTENDED_SITES, OPTIONAL_SITES, ST
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.classes import ClassTargets, as_target, head_size
 
-__all__ = ["TracePlan", "group_bounds", "model_name", "paired_groups", "resolve_layers", "resolve_sites"]
+__all__ = ["TracePlan", "group_bounds", "memory_mode", "model_name", "paired_groups", "resolve_layers",
+           "resolve_sites"]
 
 
 def _check_family(model: object, dtype: str) -> tuple[Adapter, torch.nn.Module, tuple[str, ...]]:
@@ -111,6 +112,22 @@ def group_bounds(n_targets: int, groups: int) -> np.ndarray:
         ([0, 2, 4, 6], [0, 2, 5], [0, 4])
     """
     return np.linspace(0, n_targets, min(groups, n_targets) + 1).round().astype(int)
+
+
+def memory_mode(recompute: bool, target_groups: int) -> str:
+    """How a pass held its memory (:attr:`TracePlan.recompute`, :attr:`TracePlan.target_groups`), in words: a
+    trace's ``memory_mode`` attribute and :func:`vitcam_nb.estimate`'s. Every mode stores the same values bitwise.
+
+    Example:
+        >>> memory_mode(False, 1), memory_mode(True, 1)
+        ('plain', 'blocks recomputed, one target at a time')
+        >>> memory_mode(True, 3)
+        'blocks recomputed, one target at a time (the head in 3 groups)'
+    """
+    if not recompute:
+        return "plain"
+    return "blocks recomputed, one target at a time" + (f" (the head in {target_groups} groups)"
+                                                        if target_groups > 1 else "")
 
 
 def paired_groups(n_targets: int) -> int:

@@ -29,6 +29,7 @@ from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.provenance import settings_id
 from vitcam_nb.core.schema import (
     ENV_ATTRS,
+    MODE_ATTR,
     SCORE_VARIABLES,
     STORE_KIND,
     STORE_PIXELS,
@@ -209,7 +210,7 @@ class Store:
 
     def check_batch(self, batch: xr.Dataset, written: Sequence[str] = ()) -> None:
         stored = self.attrs
-        diff = [k for k, v in batch.attrs.items() if k not in ENV_ATTRS and stored.get(k) != v]
+        diff = [k for k, v in batch.attrs.items() if k not in (*ENV_ATTRS, MODE_ATTR) and stored.get(k) != v]
         # vc.score adds its arrays to a store later; a resumed trace_many leaves them alone (grow lengthens them)
         names = {k for k in self.arrays if k not in ("image", "done", *SCORE_VARIABLES)}
         wanted = {k for k in batch.variables if "image" in batch[k].dims and k not in ("image", "done")}
@@ -223,6 +224,7 @@ class Store:
         """Write a batch's data at its image indices, then mark those images done; ``written``: the arrays a
         worker already wrote (``trace_many`` sharded), absent from ``batch``."""
         self.check_batch(batch, written)
+        self._record_mode(batch)
         indices = [int(i) for i in batch["image"].values]
         self.grow(max(indices) + 1)
         spans = runs(indices)
@@ -234,6 +236,14 @@ class Store:
                 start = indices[run[0]]
                 self.arrays[name][start:start + len(run)] = values[run]
         self.mark_done(batch)
+
+    def _record_mode(self, batch: xr.Dataset) -> None:
+        """Add the batch's memory mode to those the store lists (a store begun before modes were recorded lists
+        none: its earlier batches' modes are unknown)."""
+        modes = self.group.attrs.get(MODE_ATTR)
+        mode = batch.attrs.get(MODE_ATTR)
+        if isinstance(modes, str) and mode is not None and mode not in modes.split("; "):
+            self.group.attrs[MODE_ATTR] = f"{modes}; {mode}"
 
     def mark_done(self, batch: xr.Dataset) -> None:
         indices = [int(i) for i in batch["image"].values]
