@@ -161,3 +161,9 @@ def cells():
 @pytest.fixture(scope="module")
 def store_cells():
     return STORE_CELL
+
+
+@pytest.fixture(scope="module")
+def markdown_value():
+    """The checklist value the markdown notebook displays (MARKDOWN_CELL)."""
+    return MARKDOWN_VALUE

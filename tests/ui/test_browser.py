@@ -353,11 +353,9 @@ def test_store_image_picker_switches_image_keeps_recipe_and_follows_python(lab, 
         page.close()
 
 
-def test_dollar_signs_and_backslashes_in_a_checklist_are_shown_as_written(lab, browser):
+def test_dollar_signs_and_backslashes_in_a_checklist_are_shown_as_written(lab, browser, markdown_value):
     """JupyterLab typesets every rendered markdown output with MathJax: a model name holding "$x^2$" or "\\(y\\)"
     must still show as written, backslashes and all, not as a formula."""
-    from conftest import MARKDOWN_VALUE
-
     page = new_page(browser)
     try:
         open_notebook(page, lab, "markdown.ipynb")
@@ -367,6 +365,6 @@ def test_dollar_signs_and_backslashes_in_a_checklist_are_shown_as_written(lab, b
                                 "o => ({formulas: o.querySelectorAll('mjx-container').length, text: o.innerText}))")
         checklist, control = outputs[0], outputs[-1]
         assert len(outputs) == 2 and control["formulas"] == 1
-        assert checklist["formulas"] == 0 and MARKDOWN_VALUE in checklist["text"], checklist
+        assert checklist["formulas"] == 0 and markdown_value in checklist["text"], checklist
     finally:
         page.close()

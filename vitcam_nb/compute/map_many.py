@@ -368,7 +368,7 @@ def _info(e: Entry, report: xr.Dataset) -> dict:
     own, with its trace id, is what ``vc.cam`` gives on read)."""
     r = e.recipe
     return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
-            "checklist": cached_report(r, report)[0],
+            "checklist": cached_report(r, report.assign_coords(layer=("layer", list(e.layers))))[0],
             "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
             "part": list(e.part) if e.part else None, "slot": list(e.slot)}
 

@@ -122,26 +122,32 @@ def _resolve(recipe: Recipe, n: int) -> Recipe:
     return recipe.replace(layer=absolute(recipe.layer))
 
 
-def report_trace(one: xr.Dataset) -> xr.Dataset:
+def report_trace(one: xr.Dataset, layers: Sequence[int] | None = None) -> xr.Dataset:
     """What a recipe's checklist and methods are written from: the trace's attributes (those of the image's pass)
-    and its token kinds, as on the image's trace.
+    and its token kinds, as on the image's trace, and the blocks the recipe's map is of (``layers``).
 
     Example:
         >>> report_trace(image_maps(open_maps("maps.zarr"), 0)).attrs["model_family"]  # doctest: +SKIP
         'vit'
     """
-    return report_of(json.loads(one.attrs["trace_attrs"]), str(one["provenance"].values), one["token_kind"].values)
+    return report_of(json.loads(one.attrs["trace_attrs"]), str(one["provenance"].values), one["token_kind"].values,
+                     layers)
 
 
-def report_of(trace_attrs: dict, provenance: str, token_kind: Any) -> xr.Dataset:
-    """The attributes and token kinds of an image's trace, as a Dataset the report functions read.
+def report_of(trace_attrs: dict, provenance: str, token_kind: Any, layers: Sequence[int] | None = None) -> xr.Dataset:
+    """The attributes and token kinds of an image's trace, as a Dataset the report functions read; with ``layers``,
+    also the blocks a recipe's map is of as its ``layer`` coordinate (a map of ``layer="all"`` is of every block its
+    pass traced, and the report names them as it does on a trace).
 
     Example:
         >>> report_of({"model_family": "vit"}, '{"trace_id": "abc"}', ["cls", "patch"]).attrs
         {'model_family': 'vit', 'trace_id': 'abc'}
     """
     kinds = np.array([str(k) for k in np.asarray(token_kind)])
-    return xr.Dataset(coords={"token_kind": ("token", kinds)}, attrs={**trace_attrs, **json.loads(provenance)})
+    coords = {"token_kind": ("token", kinds)}
+    if layers is not None:
+        coords["layer"] = ("layer", [int(v) for v in layers])
+    return xr.Dataset(coords=coords, attrs={**trace_attrs, **json.loads(provenance)})
 
 
 def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:
@@ -174,7 +180,7 @@ def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray
     values, notes, partial = _values(one, pos, recipe, info)
     reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
     blocks = {"blocks": ",".join(str(v) for v in info["layers"]), "blocks_of": str(one.attrs["num_layers"])}
-    report = report_trace(one)
+    report = report_trace(one, info["layers"])
     if "grid_t" not in one.attrs:
         checklist, methods = cached_report(recipe, report)
         return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
@@ -278,12 +284,12 @@ class MapsKind(TraceKind):
 
     def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
         first = _first(trace)
-        report = report_trace(first)
+        report = report_trace(first, _position(first, recipe)[1]["layers"])
         return VIDEO.checklist(recipe, report) if "grid_t" in first.attrs else build_checklist(recipe, report)
 
     def describe(self, recipe: Recipe, trace: xr.Dataset) -> str:
         first = _first(trace)
-        report = report_trace(first)
+        report = report_trace(first, _position(first, recipe)[1]["layers"])
         return VIDEO.describe(recipe, report) if "grid_t" in first.attrs else describe(recipe, report)
 
 
