@@ -100,15 +100,6 @@ ex.observe(log_frame, names="frame")
 ex
 '''
 STORE_CELLS = [STORE_SETUP, "ex.index = 0"]
-# A checklist whose value holds what MathJax would typeset ($...$, \(...\)) or unescape (\\, \$), then a formula
-# that must be typeset: once it is, MathJax has been over the checklist rendered before it.
-MARKDOWN_VALUE = r"price $x^2$ \(y\) \\server\share \$5"
-MARKDOWN_CELL = f"""
-from IPython.display import Markdown, display
-from vitcam_nb.core.checklist import Checklist
-display(Checklist({{"model and input": {{"model": {MARKDOWN_VALUE!r}}}}}))
-display(Markdown("control: $z$"))
-"""
 STORE_CELL = {"explorer": 0, "set_index": 1}
 
 
@@ -125,7 +116,6 @@ def lab(tmp_path_factory):
     write_notebook(root / "widgets.ipynb", CELLS)
     write_notebook(root / "notebook7.ipynb", [SETUP.replace("recipes.jsonl", "recipes-nb7.jsonl")])
     write_notebook(root / "store.ipynb", STORE_CELLS)
-    write_notebook(root / "markdown.ipynb", [MARKDOWN_CELL])
     with LabServer(root) as server:
         yield server
 
@@ -161,9 +151,3 @@ def cells():
 @pytest.fixture(scope="module")
 def store_cells():
     return STORE_CELL
-
-
-@pytest.fixture(scope="module")
-def markdown_value():
-    """The checklist value the markdown notebook displays (MARKDOWN_CELL)."""
-    return MARKDOWN_VALUE
