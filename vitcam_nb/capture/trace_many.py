@@ -48,7 +48,7 @@ from vitcam_nb.capture.store_targets import (
 )
 from vitcam_nb.capture.trace_shard import TraceSharder
 from vitcam_nb.capture.worker_model import active_client
-from vitcam_nb.core.arguments import as_flag, as_path
+from vitcam_nb.core.arguments import as_flag, as_store_path
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
@@ -235,12 +235,9 @@ def trace_many(
         >>> vc.open_traces(p)["act"].dims
         ('image', 'layer', 'site', 'token', 'channel')
     """
-    path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
-    verify, progress = as_flag("verify", verify), as_flag("progress", progress)
-    if path.suffix.lower() != ".zarr":
-        raise TraceFileError(f"path: a trace_many store is a zarr folder and its path ends in .zarr, got {path}")
-    if not path.parent.exists():
-        raise TraceFileError(f"path: folder {path.parent} does not exist")
+    path = as_store_path(path, "a trace_many store")
+    overwrite, verify, progress = (as_flag(n, v) for n, v in (("overwrite", overwrite), ("verify", verify),
+                                                              ("progress", progress)))
     dets = detection_targets(targets, image_count(images))
     plan_args = dict(sites=sites, layers=layers, dtype=dtype, device=device, labels=labels, rule=rule)
     plan = detection_plan(model, dets, **plan_args) if dets else TracePlan.for_store(model, targets, **plan_args)

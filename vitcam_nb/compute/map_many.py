@@ -39,7 +39,7 @@ from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, rep
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
 from vitcam_nb.compute.report_cache import cached_report
-from vitcam_nb.core.arguments import as_flag, as_path
+from vitcam_nb.core.arguments import as_flag, as_store_path
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe
@@ -208,12 +208,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     """
     from vitcam_nb.compute import map_shard
 
-    path, overwrite = as_path("path", path), as_flag("overwrite", overwrite)
-    verify, progress = as_flag("verify", verify), as_flag("progress", progress)
-    if path.suffix.lower() != ".zarr":
-        raise TraceFileError(f"path: a map_many store is a zarr folder and its path ends in .zarr, got {path}")
-    if not path.parent.exists():
-        raise TraceFileError(f"path: folder {path.parent} does not exist")
+    path = as_store_path(path, "a map_many store")
+    overwrite, verify, progress = (as_flag(n, v) for n, v in (("overwrite", overwrite), ("verify", verify),
+                                                              ("progress", progress)))
     if backend not in BACKENDS:
         raise TraceError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
     recipes = as_recipes(recipes_or_space)

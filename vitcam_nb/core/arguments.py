@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceFileError
 
-__all__ = ["as_flag", "as_path"]
+__all__ = ["as_flag", "as_path", "as_store_path"]
 
 
 def as_path(name: str, value: object) -> Path:
@@ -48,3 +48,19 @@ def as_flag(name: str, value: object) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise ArgumentTypeError(f"{name}: expected True or False, got {value!r:.80}")
+
+
+def as_store_path(value: object, what: str) -> Path:
+    """``value`` as the path of a zarr store (``what`` names it in a refusal): a path ending in ``.zarr`` whose
+    folder exists.
+
+    Example:
+        >>> as_store_path("/tmp/maps.zarr", "a map_many store").name
+        'maps.zarr'
+    """
+    path = as_path("path", value)
+    if path.suffix.lower() != ".zarr":
+        raise TraceFileError(f"path: {what} is a zarr folder and its path ends in .zarr, got {path}")
+    if not path.parent.exists():
+        raise TraceFileError(f"path: folder {path.parent} does not exist")
+    return path

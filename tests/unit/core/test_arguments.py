@@ -37,3 +37,15 @@ def test_a_bool_is_a_flag(value):
 def test_a_truthy_or_falsy_non_bool_is_refused(value):
     with pytest.raises(vc.ArgumentTypeError, match="^overwrite: expected True or False, got "):
         as_flag("overwrite", value)
+
+
+def test_a_store_path_ends_in_zarr_and_its_folder_exists(tmp_path):
+    from vitcam_nb.core.arguments import as_store_path
+
+    assert as_store_path(str(tmp_path / "s.ZARR"), "a map_many store") == tmp_path / "s.ZARR"
+    with pytest.raises(vc.TraceFileError, match="^path: a map_many store is a zarr folder .* got .*s.nc$"):
+        as_store_path(tmp_path / "s.nc", "a map_many store")
+    with pytest.raises(vc.TraceFileError, match="^path: folder .*missing does not exist$"):
+        as_store_path(tmp_path / "missing" / "s.zarr", "a map_many store")
+    with pytest.raises(vc.ArgumentTypeError, match="^path: "):
+        as_store_path(7, "a map_many store")
