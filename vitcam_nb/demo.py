@@ -26,6 +26,8 @@ from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes_detection import shapes_detection
 from vitcam_nb.demo_video import VIDEO_DEMO_MODELS, run_video_demo
+from vitcam_nb.evaluate.audit.labels import rule_text
+from vitcam_nb.evaluate.report.card import card_scores
 from vitcam_nb.models import bundled_names, load_model, sample_image
 from vitcam_nb.targets.dense import region
 from vitcam_nb.targets.detection import detection
@@ -197,7 +199,11 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         notes.append("Scores compare each map with the known evidence mask of the bundled image (outlined in cyan). "
                      "For a non-negative map with minimum 0, as min-max normalised maps are, the energy pointing "
                      "game and the relevance mass are the same formula (the share of the map's sum inside the "
-                     "mask): a card shows one 'relevance mass' where the two are equal, both where they differ.")
+                     "mask): a card shows one 'relevance mass' where the two are equal, both where they differ. "
+                     "The pointing game alone can hit with a map whose mass lies off the object: each card shows "
+                     "beside it the "
+                     "AUROC (the map as a detector of the mask's pixels; 0.5 is chance) and the audit label "
+                     f"(evaluate.audit.labels). {rule_text()}")
     figures = {"Gallery: every block x site (gradcam, logit, top-1)": plt.imread(paths["gallery"]),
                "Agreement atlas (Spearman on the token grid)": plt.imread(paths["atlas"])}
     steps.set_postfix_str("explorer")
@@ -213,15 +219,10 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     return paths
 
 
-def _scores(m: object, mask: np.ndarray) -> dict[str, float]:
-    """Pointing game and relevance mass; the energy pointing game too only where it differs from the relevance
-    mass (it equals it for a non-negative map with minimum 0)."""
-    scores = {"pointing game": evaluate.pointing_game(m, mask)}
-    energy, mass = evaluate.energy_pointing_game(m, mask), evaluate.relevance_mass_accuracy(m, mask)
-    if not np.isclose(energy, mass, rtol=1e-9, atol=1e-12, equal_nan=True):
-        scores["energy pointing game"] = energy
-    scores["relevance mass"] = mass
-    return scores
+def _scores(m: object, mask: np.ndarray) -> dict[str, float | str]:
+    """Pointing game, AUROC and audit label, then the relevance mass (and the energy pointing game where it differs
+    from it): :func:`vitcam_nb.evaluate.report.card.card_scores`."""
+    return card_scores(m, mask)
 
 
 def _save(fig: object, path: Path, title: str, origin: str) -> None:

@@ -40,7 +40,8 @@ _SHARED = "model and input"  # the checklist category every card of one trace sh
 
 @dataclass
 class ReportEntry:
-    """One heatmap in the report: a label, the map (DataArray from ``vc.cam``) and optional scores.
+    """One heatmap in the report: a label, the map (DataArray from ``vc.cam``) and optional scores (numbers, or
+    words such as the audit label).
 
     Example:
         >>> ReportEntry("F1 last block", m, {"pointing game": 1.0})  # doctest: +SKIP
@@ -48,7 +49,7 @@ class ReportEntry:
 
     label: str
     cam_map: xr.DataArray
-    scores: Mapping[str, float] = field(default_factory=dict)
+    scores: Mapping[str, float | str] = field(default_factory=dict)
 
 
 def _png(fig) -> str:
@@ -100,6 +101,11 @@ def _reproduce(trace: xr.Dataset, m: xr.DataArray) -> str:
             f"{escape(str(trace.attrs.get('trace_id', '?')))}</span></p>")
 
 
+def _score(value: float | str) -> str:
+    """A number to three decimals; a word (the audit label) as escaped text."""
+    return escape(value) if isinstance(value, str) else f"{value:.3f}"
+
+
 def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: object) -> str:
     from vitcam_nb.plot import class_name, overlay
 
@@ -107,7 +113,7 @@ def _card(trace: xr.Dataset, entry: ReportEntry, shared: dict | None, mask: obje
     reason = str(m.attrs.get("degenerate", ""))
     name = class_name(trace, m.attrs["recipe"]) if "recipe" in m.attrs else None
     img = _png(overlay(trace, m, title="", mask=mask))  # the card's heading names the map, in page-sized text
-    scores = "".join(f"<li>{escape(k)}: {v:.3f}</li>" for k, v in entry.scores.items())
+    scores = "".join(f"<li>{escape(k)}: {_score(v)}</li>" for k, v in entry.scores.items())
     badge = f"<p><span class='badge'>degenerate</span> {escape(reason)}</p>" if reason else ""
     checklist = json.loads(m.attrs["checklist"])
     if shared is not None and checklist.get(_SHARED) == shared:

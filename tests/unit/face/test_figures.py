@@ -205,13 +205,13 @@ def test_demo_scores_show_energy_pointing_game_only_where_it_differs(shapes):
     v = m.values.astype(np.float64)
     mass = v[mask].sum() / v.sum()  # min-max map: minimum 0, so both scores are this share of the map's sum
     scores = _scores(m, mask)
-    assert list(scores) == ["pointing game", "relevance mass"]
+    assert list(scores) == ["pointing game", "AUROC", "audit label", "relevance mass"]
     assert scores["relevance mass"] == pytest.approx(mass, rel=1e-6)
     signed = vc.cam(tr, vc.Recipe(site="F4", layer=0, relu="none", normalize="none"))
     s = signed.values.astype(np.float64)
     assert s.min() < 0
     scores = _scores(signed, mask)
-    assert list(scores) == ["pointing game", "energy pointing game", "relevance mass"]
+    assert list(scores) == ["pointing game", "AUROC", "audit label", "energy pointing game", "relevance mass"]
     e = (s - s.min()) / np.ptp(s)
     assert scores["energy pointing game"] == pytest.approx(e[mask].sum() / e.sum(), rel=1e-6)
     assert scores["relevance mass"] == pytest.approx(np.maximum(s, 0)[mask].sum() / np.maximum(s, 0).sum(), rel=1e-6)
