@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -132,9 +133,15 @@ def parse_fields(text: str, choices: Mapping[str, Sequence[str]]) -> dict[str, A
         key, eq, value = token.partition("=")
         if eq:
             if key not in KEYS:
-                raise RecipeError(f"recipe text: unknown key {key!r}; keys are {list(KEYS)}")
+                raise RecipeError(f"recipe text: unknown key {key!r}{_did_you_mean(key, KEYS)}; keys are "
+                                  f"{list(KEYS)}")
             field = KEYS[key]
             parsed = _read(value, field)
+            if isinstance(parsed, str) and field in choices and parsed not in choices[field]:
+                near = _did_you_mean(parsed, choices[field])
+                if near:  # a typo: say which word was meant; anything else is refused by the recipe's own check
+                    raise RecipeError(f"recipe text: {key}={parsed!r} is not allowed{near}; allowed values are "
+                                      f"{list(choices[field])}")
         elif re.fullmatch(r"top[1-9]\d*", token):
             field, parsed = "class_", token
         elif len(bare.get(token, [])) == 1:
@@ -142,9 +149,26 @@ def parse_fields(text: str, choices: Mapping[str, Sequence[str]]) -> dict[str, A
         elif token in bare:
             raise RecipeError(f"recipe text: {token!r} could be {bare[token]}; write it as key=value")
         else:
-            raise RecipeError(f"recipe text: cannot read {token!r}; write fields as key=value with keys "
-                              f"{list(KEYS)}")
+            raise RecipeError(f"recipe text: cannot read {token!r}{_did_you_mean(token, bare, fields=bare)}; write "
+                              f"fields as key=value with keys {list(KEYS)}")
         if field in fields:
             raise RecipeError(f"recipe text: {field} is given twice ({token!r})")
         fields[field] = parsed
     return fields
+
+
+def _did_you_mean(word: str, known: Sequence[str] | Mapping[str, Any],
+                  fields: Mapping[str, Sequence[str]] | None = None) -> str:
+    """' (did you mean ...?)' naming the known words closest to a misspelt one (difflib, at most three; equally close
+    words in the order they are listed, so 'gradkam' names 'gradcam' first), or ''."""
+    listed = list(known)
+    near = difflib.get_close_matches(word, listed, n=3, cutoff=0.75)
+    near.sort(key=lambda w: (-difflib.SequenceMatcher(None, word, w).ratio(), listed.index(w)))
+    if not near:
+        return ""
+    if fields is not None:  # a bare word: write it as key=value, so the reader learns the field it belongs to
+        keys = {field: key for key, field in KEYS.items()}
+        named = [f"{keys.get(f, f)}={w}" for w in near for f in fields[w]]
+    else:
+        named = [repr(w) for w in near]
+    return f" (did you mean {' or '.join(named)}?)"
