@@ -18,8 +18,10 @@ import torch
 from vitcam_nb.adapters.hf_processor import processor_facts, processor_normalisation, run_processor
 from vitcam_nb.adapters.registry import find_adapter
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError, user_stacklevel
+from vitcam_nb.core.input_geometry import Geometry
 
-__all__ = ["PreparedInput", "check_image", "data_config", "prepare_input", "preprocessing_json", "to_pixels"]
+__all__ = ["InputCropWarning", "PreparedInput", "check_image", "data_config", "prepare_input", "preprocessing_json",
+           "to_pixels"]
 
 _PROCESSOR_WITH_TENSOR = ("processor: given with a float tensor image, which is used as given (already normalised); "
                           "drop the processor, or pass the PIL image or pixel array")
@@ -110,9 +112,58 @@ def prepare_input(model: torch.nn.Module, image: object, processor: object = Non
     if isinstance(pixels, torch.Tensor):
         return PreparedInput(pixels, _display(pixels, mean, std), facts)
     transform = create_transform(**{k: v for k, v in cfg.items() if k != "source"})
-    t = transform(Image.fromarray(pixels)).unsqueeze(0).to(torch.float32)
+    t, geometry = _transformed(transform, Image.fromarray(pixels))
+    t = t.unsqueeze(0).to(torch.float32)
     _check_finite(t)
+    facts.update(geometry.facts())
+    _warn_geometry(geometry, facts)
     return PreparedInput(t, _display(t, mean, std), facts)
+
+
+class InputCropWarning(UserWarning):
+    """The model's eval transform cut part of the user's image off (or stretched it): the map covers only what the
+    model saw, the box recorded in the trace's preprocessing attrs and stated in its checklist.
+
+    Example:
+        >>> import warnings
+        >>> warnings.simplefilter("ignore", InputCropWarning)
+    """
+
+
+def _transformed(transform: object, image: object) -> tuple[torch.Tensor, Geometry]:
+    """Run the transform's steps one by one (as its ``Compose`` does) and follow each resize and crop back to the
+    original's pixels, so the box the model sees is read from the steps that ran, not recomputed from the config."""
+    from PIL import Image
+
+    geometry = Geometry((image.height, image.width))
+    x = image
+    for step in getattr(transform, "transforms", [transform]):
+        before = x
+        x = step(x)
+        if isinstance(before, Image.Image) and isinstance(x, Image.Image) and x.size != before.size:
+            if "Resize" in type(step).__name__:
+                geometry.resize((x.height, x.width))
+            else:  # CenterCrop, CenterCropOrPad, TrimBorder: centred
+                geometry.crop((x.height, x.width))
+    return x, geometry
+
+
+def _warn_geometry(geometry: Geometry, facts: dict) -> None:
+    if not (geometry.cropped() or geometry.stretched()):
+        return
+    h, w = geometry.original
+    said = []
+    if geometry.cropped():
+        x0, y0, x1, y1 = geometry.box()
+        said.append(f"centre-cropped (timm crop_pct {facts['crop_pct']:g}, crop_mode {facts['crop_mode']}): the "
+                    f"model sees only the box x {x0:g}..{x1:g}, y {y0:g}..{y1:g} ({geometry.kept_share():.0%} of "
+                    "the image) and the map covers only that box")
+    if geometry.stretched():
+        said.append("stretched (its aspect ratio changed)")
+    size = "x".join(str(v) for v in geometry.size)
+    warnings.warn(f"image: {h}x{w} (HxW) was resized to the model's {size} input and {' and '.join(said)}; the "
+                  "trace's checklist states it. Crop the image yourself to choose what the model sees",
+                  InputCropWarning, stacklevel=user_stacklevel())
 
 
 def _rescale_rule(values: np.ndarray, what: str) -> tuple[np.ndarray, str | None]:
@@ -266,7 +317,7 @@ def _with_processor(image: object, processor: object, cfg: dict) -> PreparedInpu
     image = Image.fromarray(pixels)
     mean, std = processor_normalisation(processor)
     facts = {**how, "source": "the image processor handed to the trace", **processor_facts(processor),
-             "config_input_size": list(cfg["input_size"])}
+             "config_input_size": list(cfg["input_size"]), "original_size": [image.height, image.width]}
     own_mean, own_std = tuple(float(v) for v in cfg["mean"]), tuple(float(v) for v in cfg["std"])
     if not (np.allclose(mean, own_mean, atol=1e-6) and np.allclose(std, own_std, atol=1e-6)):
         facts["model_config_mean"], facts["model_config_std"] = list(own_mean), list(own_std)

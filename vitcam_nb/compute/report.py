@@ -22,6 +22,7 @@ from typing import Any
 
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.input_geometry import geometry_text
 from vitcam_nb.core.presets import preset_text
 from vitcam_nb.core.recipe import HEAD_SITES, ROLLOUTS, STAGE_BLOCK, Recipe, is_int
 from vitcam_nb.core.rules import rule_items, rule_sentence
@@ -331,7 +332,8 @@ def build_checklist(recipe: Recipe, trace: Any = None) -> Checklist:
             "model": _model_text(attrs),
             "weights sha256": str(attrs.get("weights_sha256", "?")),
             "input size": str(size),
-            "preprocessing": str(attrs.get("preprocessing", "?")),
+            "preprocessing": str(attrs.get("preprocessing", "?")),  # then the resize and crop in words, where recorded
+            **({"resize and crop": crop} if (crop := geometry_text(attrs.get("preprocessing"))) else {}),
             "attention backend": str(attrs.get("attention_backend",
                                                "explicit softmax attention (fused_attn=False) so F2 exists")),
             "trace id": str(attrs.get("trace_id", "?")),
