@@ -229,7 +229,8 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
         overwrite: replace a file at ``path`` that this function did not write (True or False; anything else is
             refused with :class:`~vitcam_nb.ArgumentTypeError`).
 
-    Returns the path written; the size is printed before writing.
+    Returns the path written; one line with the size is printed before writing (what the page leaves out is
+    named in the page).
 
     Example:
         >>> vc.export_html(tr, "explorer.html", axes={"site": ["F1", "F6"]})  # doctest: +SKIP
@@ -248,6 +249,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
     if max_mb is not None and len(data) > float(max_mb) * 1e6:
         raise ExportError(f"max_mb: the file would be {len(data) / 1e6:.2f} MB, over {max_mb} MB; narrow axes= "
                           "or use quantize='uint8'")
+    # One short line: what is not offered is said once, in the page itself (its note), not on every call.
     print(f"{path.name}: {len(data) / 1e6:.2f} MB ({meta['count']} recipes, {meta['maps']} maps as "
-          f"{meta['quantize']})" + (f"\n{meta['left_out']}" if meta["left_out"] else ""))
+          f"{meta['quantize']})" + ("; the page names what it leaves out" if meta["left_out"] else ""))
     return write_atomic(path, data)
