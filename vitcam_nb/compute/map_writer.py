@@ -125,6 +125,18 @@ def write_region(path: str, start: int, arrays: dict[str, np.ndarray]) -> None:
             group[name][start:start + len(arrays[name])] = arrays[name]
 
 
+def _coordinates(group: Any, attrs: dict, n: int) -> None:
+    """The ``recipe`` coordinate (each stored recipe's id, in the order of ``attrs["recipes"]``) and the ``image``
+    coordinate (each image's position in the call's input), which ``xr.open_zarr`` reads as index coordinates:
+    ``ds.sel(recipe=r.id)``. Added arrays only: stores written before open as they did, without them."""
+    ids = [str(row["id"]) for row in json.loads(attrs["recipes"])]
+    recipe = group.create_array("recipe", shape=(len(ids),), dtype=str, fill_value="", dimension_names=("recipe",))
+    recipe[:] = np.asarray(ids, dtype=object)
+    image = group.create_array("image", shape=(n,), chunks=(META_CHUNK,), dtype=np.int64, fill_value=0,
+                               dimension_names=("image",))
+    image[:] = np.arange(n, dtype=np.int64)
+
+
 class MapWriter:
     """A map store opened (or created) for writing by the lock holder.
 
@@ -141,6 +153,7 @@ class MapWriter:
         self.group = zarr.open_group(str(path), mode="r+")
         self.arrays = {k: self.group[k] for k in _DIMS if k in self.group}
         self.done = np.asarray(self.arrays["done"][:], bool)
+        self.index = self.group["image"] if "image" in self.group else None  # stores written before have none
         self.hashes = np.asarray(self.arrays["input_sha256"][:], dtype=object)
 
     @property
@@ -175,6 +188,7 @@ class MapWriter:
             kinds = group.create_array("token_kind", shape=(len(token_kind),), dtype=str, fill_value="",
                                        dimension_names=("token",))
             kinds[:] = np.asarray(token_kind, dtype=object)
+            _coordinates(group, attrs, n)
             if path.exists():
                 raise FileExistsError(path)
             os.rename(tmp, path)
@@ -197,6 +211,10 @@ class MapWriter:
             arr = self.arrays[key]
             if arr.shape[0] < n:
                 arr.resize((n, *arr.shape[1:]))
+        if self.index is not None and self.index.shape[0] < n:
+            old = self.index.shape[0]
+            self.index.resize((n,))
+            self.index[old:n] = np.arange(old, n, dtype=np.int64)
         if n > len(self.done):
             self.done = np.concatenate([self.done, np.zeros(n - len(self.done), bool)])
             self.hashes = np.concatenate([self.hashes, np.full(n - len(self.hashes), "", object)])
