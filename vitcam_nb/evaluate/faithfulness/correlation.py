@@ -140,9 +140,10 @@ def monotonicity_correlation(
     "nli" each of the ``n_samples`` draws its own noise. The change is divided by the squared intact score when
     that is at least ``eps`` (Quantus's convention; it does not change the correlation).
 
+    Arguments not listed below are as in :func:`vitcam_nb.evaluate.deletion`.
+
     Args:
         step: cells per group (1..number of cells); n_samples: draws per group (1..1000); eps: >= 0.
-        Others as in :func:`vitcam_nb.evaluate.deletion`.
 
     Returns:
         DataArray over ``group`` (least relevant first): the scaled mean squared change, with coordinate

@@ -69,10 +69,11 @@ def irof(
     relevant segment first, cumulatively; the curve starts at 1 (nothing removed), so the area is in [0, 1] for a
     score that only falls.
 
+    Arguments not listed below are as in :func:`vitcam_nb.evaluate.deletion`.
+
     Args:
         segments: "patch" (default; the map may be on the token grid or at the input size), "slic", or an int
             label image of the input size (these two need the map at the input size).
-        Others as in :func:`vitcam_nb.evaluate.deletion`.
 
     Returns:
         DataArray over ``fraction`` of segments removed: the relative score, with coordinate ``segments``;
