@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vitcam_nb.core.card_schema import CARD_FIELDS, CARD_VERSION, NOT_REPORTED, PaperCardError, validate_card
@@ -21,11 +21,14 @@ from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.version import __version__
 
-__all__ = ["CATEGORIES", "Checklist"]
+__all__ = ["CATEGORIES", "CONTRADICTIONS", "Checklist"]
 
 #: The five reporting categories every ViT Grad-CAM figure should state, in order.
 CATEGORIES = ("feature representation", "gradient target", "token handling", "aggregation",
               "spatial reconstruction")
+#: Functions naming what in a checklist contradicts its recipe; ``vitcam_nb.core.checklist_check`` adds its own
+#: when the package is imported (it needs the recipe, whose module imports this one: a hook, not an import).
+CONTRADICTIONS: list[Callable[[Mapping[str, Any]], list[str]]] = []
 #: Recipe fields a card states only where the recipe states them.
 _LATER = ("text_tokens", "k")
 
@@ -151,12 +154,10 @@ class Checklist(dict):
 
     def _check_recipe(self) -> None:
         """Refuse a checklist whose recipe id is not its recipe JSON's, or whose text names another choice than its
-        recipe (:func:`vitcam_nb.core.checklist_check.contradictions`)."""
-        from vitcam_nb.core.checklist_check import contradictions
-
+        recipe (the checks in :data:`CONTRADICTIONS`: :func:`vitcam_nb.core.checklist_check.contradictions`)."""
         if not self._recipe_fields():
             return
-        found = contradictions(self)
+        found = [problem for check in CONTRADICTIONS for problem in check(self)]
         if found:
             raise ArgumentError(f"text: the checklist contradicts its own recipe: {found[0]}; it was edited after "
                                 "it was made (regenerate it with Recipe.checklist or vc.cam)")

@@ -21,7 +21,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from vitcam_nb.core.checklist import CONTRADICTIONS
 from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.recipe import HEAD_RULES, LAYER_FUSIONS, SITES, Recipe, weighting_names
 
 __all__ = ["CHOICE_ITEMS", "contradictions"]
 
@@ -31,8 +33,6 @@ CHOICE_ITEMS = {("feature representation", "site"): "site", ("aggregation", "wei
 
 
 def _values(field: str) -> tuple[str, ...]:
-    from vitcam_nb.core.recipe import HEAD_RULES, LAYER_FUSIONS, SITES, weighting_names
-
     return {"site": SITES, "weighting": tuple(weighting_names()), "heads": HEAD_RULES,
             "layer_fusion": LAYER_FUSIONS}[field]
 
@@ -47,8 +47,6 @@ def contradictions(checklist: Mapping[str, Any]) -> list[str]:
         >>> contradictions({"recipe": {"id": "000000000000", "json": '{"site": "F1"}'}})[0][:36]
         'recipe/id: 000000000000 is not the i'
     """
-    from vitcam_nb.core.recipe import Recipe
-
     entry = checklist.get("recipe")
     if not isinstance(entry, Mapping) or not isinstance(entry.get("json"), str):
         return []
@@ -74,3 +72,7 @@ def contradictions(checklist: Mapping[str, Any]) -> list[str]:
             if isinstance(want, str) and text != want:
                 found.append(f"{category}/{item}: {text[:60]!r} is not what the recipe states ({want[:60]!r})")
     return found
+
+
+if contradictions not in CONTRADICTIONS:  # Checklist.from_json runs it (see vitcam_nb.core.checklist.CONTRADICTIONS)
+    CONTRADICTIONS.append(contradictions)
