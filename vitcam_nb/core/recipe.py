@@ -15,7 +15,6 @@ import hashlib
 import json
 import numbers
 import re
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -380,9 +379,7 @@ class Recipe:
             True
         """
         if isinstance(trace, (xr.Dataset, xr.DataTree)) and "image" not in trace.sizes:  # a store: layers checked
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                kind_for(trace, self).compute(trace, self)
+            kind_for(trace, self).compute(trace, self)  # compute warns of nothing (TraceKind.compute)
         return self.resolve(trace).id
 
     def replace(self, **changes: Any) -> Recipe:
