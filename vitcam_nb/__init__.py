@@ -42,6 +42,7 @@ from vitcam_nb.capture.trace_many import trace_many
 from vitcam_nb.compute.many import cam_many
 from vitcam_nb.compute.map_many import map_many
 from vitcam_nb.compute.map_store import image_maps, open_maps
+from vitcam_nb.core import checklist_check as _checklist_check  # noqa: F401  (registers Checklist.from_json's check)
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import (
     ArgumentError,

@@ -30,6 +30,7 @@ from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.outfiles import MANIFEST, OutputFolder
 from vitcam_nb.core.recipe import HEAD_RULES, TARGETS, WEIGHT_TOKENS, Recipe
+from vitcam_nb.core.recipe_space import check_space
 from vitcam_nb.core.schema import CORE_SITES
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
@@ -174,6 +175,7 @@ def _axes(axes: dict[str, list] | None) -> dict[str, list]:
         if isinstance(values, str) or not isinstance(values, (list, tuple)) or not values:
             raise ArgumentError(f"axes: {field} needs a non-empty list of values, got {values!r}")
         out[field] = list(values)
+    check_space(out, "axes")  # a typo ("f4") is refused, not listed among the skipped combinations
     return out
 
 
@@ -236,7 +238,10 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     import matplotlib.pyplot as plt
     from tqdm.auto import tqdm
 
-    overwrite = as_flag("overwrite", overwrite)
+    overwrite, photo, progress = (as_flag(k, v) for k, v in
+                                  (("overwrite", overwrite), ("photo", photo), ("progress", progress)))
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise ArgumentError(f"examples: expected a count >= 1 of example maps per row, got {examples!r:.80}")
     if isinstance(images, bool) or not isinstance(images, int) or images < 0:
         raise ArgumentError(f"images: expected a count >= 0 of bundled shape images, got {images!r}")
     if not isinstance(model, str) or not model:

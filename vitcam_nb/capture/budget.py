@@ -78,7 +78,7 @@ def _input_hw(plan: TracePlan, image: object) -> tuple[int, int]:
 
 def estimate(model: torch.nn.Module, image: object = None, targets: object = "top5", *,
              sites: Sequence[str] | str | None = None, layers: int | Sequence[int] | None = None,
-             dtype: str = "float32") -> dict:
+             dtype: str = "float32", rule: str = DEFAULT_RULE) -> dict:
     """Memory a :func:`vitcam_nb.trace` with these arguments would take, before running it: the Dataset's
     size (``dataset_bytes``, with ``parts`` per variable) and the peak of the pass (``peak_bytes``, the
     Dataset included), and how the pass holds its memory: whether it recomputes each block inside the backward
@@ -86,7 +86,8 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
     backward pass goes (``target_groups``), as
     :func:`fit_budget` chooses them (a trace over its budget may also switch to a leaner mode), and that mode in
     words (``memory_mode``, as the trace's ``memory_mode`` attribute records the mode it took). ``image`` sets the
-    input size (default: the model's configured size).
+    input size (default: the model's configured size). ``rule``: the backward rule, checked as ``vc.trace`` checks
+    it (a rule this model's family does not support is refused by name) and returned under ``rule``.
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -95,12 +96,12 @@ def estimate(model: torch.nn.Module, image: object = None, targets: object = "to
         >>> e["dataset_bytes"] < e["peak_bytes"], e["recompute"], e["target_groups"]
         (True, False, 1)
     """
-    plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype)
+    plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, rule=rule)
     hw = _input_hw(plan, image)
     peaks = _mode_peaks(plan, hw, 1, lambda p, n: estimate_plan(p, hw, n)["peak_bytes"], True)
     recompute, groups = _chosen_mode(plan, hw, 1, peaks)
     return {**estimate_plan(replace(plan, recompute=recompute, target_groups=groups), hw), "recompute": recompute,
-            "target_groups": groups, "memory_mode": memory_mode(recompute, groups)}
+            "target_groups": groups, "memory_mode": memory_mode(recompute, groups), "rule": plan.rule}
 
 
 #: A mode of the pass: whether it recomputes each block in the backward pass, and its target groups.

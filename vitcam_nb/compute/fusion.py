@@ -69,6 +69,9 @@ def fuse_layers(maps: np.ndarray, reasons: np.ndarray, layer_ids: list[int], rec
         ...             layer_fusion="mean"))[1]
         ['layer 3: no gradient', 'layer 4: no gradient']
     """
+    order = sorted(range(len(layer_ids)), key=lambda i: layer_ids[i])
+    if order != list(range(len(layer_ids))):  # in block order whatever the recipe's order: one map, one canonical id
+        maps, reasons, layer_ids = maps[order], np.asarray(reasons, object)[order], [layer_ids[i] for i in order]
     # One layer fuses to itself under every rule (x / 1 is x): a copy costs less than the reduction.
     fused = maps[0].copy() if len(maps) == 1 else fuse(maps, recipe.layer_fusion)
     notes = [f"{label} {layer}: {r}" if len(layer_ids) > 1 else r for layer, r in zip(layer_ids, reasons) if r]

@@ -43,6 +43,7 @@ from vitcam_nb.core.arguments import as_flag, as_store_path
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe_canonical import canonical_form
 from vitcam_nb.targets.classes import head_size
 from vitcam_nb.targets.detection import Detection
 
@@ -371,7 +372,6 @@ def _info(e: Entry, report: xr.Dataset) -> dict:
 
 
 def _canonical(r: Recipe, layers: tuple[int, ...]) -> str:
-    """The id of the recipe with its layers made absolute (``Recipe.canonical_id`` on a trace of this model)."""
-    if r.layer == "all":
-        return r.id
-    return r.replace(layer=tuple(layers) if isinstance(r.layer, tuple) else layers[0]).id
+    """The id of the recipe in its canonical form on a trace of this model (``Recipe.canonical_id``)."""
+    return canonical_form(r.replace(layer=tuple(layers) if isinstance(r.layer, tuple) or r.layer == "all"
+                                    else layers[0])).id

@@ -37,6 +37,7 @@ from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.presets import PRESETS
 from vitcam_nb.core.presets import get as preset
 from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS, ROLLOUTS, Recipe
+from vitcam_nb.core.recipe_space import check_space
 from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES, PER_IMAGE_ATTRS
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.preprocess import PreparedInput
@@ -65,6 +66,7 @@ def as_recipes(recipes_or_space: Any) -> list[Recipe]:
         [0, 1]
     """
     if isinstance(recipes_or_space, Mapping):
+        check_space(recipes_or_space, "recipes_or_space")  # a typo is refused, not skipped as a combination
         fields = {f: (list(v) if isinstance(v, (list, tuple)) else [v]) for f, v in recipes_or_space.items()}
         recipes = []
         for combo in itertools.product(*fields.values()):

@@ -122,7 +122,10 @@ def _probe_text(recipe: Recipe, trace: Any, attrs: Any) -> str:
     if recipe.site not in sites:
         return ""
     own = str(probe.attrs.get("trace_id", ""))
-    if own and own != str(attrs.get("trace_id", "")):
+    if not own:  # attrs lost (e.g. by arithmetic or a merge): nothing says the probe is of this trace
+        return (f"not quoted: the trace's {POSITION_R2} states no trace_id (its attrs were lost), so it may be "
+                "another trace's")
+    if own != str(attrs.get("trace_id", "")):
         return f"not quoted: the trace's {POSITION_R2} was computed on another trace ({own})"
     probed = [int(v) for v in trace[POSITION_R2]["layer"].values]
     r2 = trace[POSITION_R2].sel(site=recipe.site)

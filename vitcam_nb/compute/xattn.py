@@ -211,6 +211,10 @@ class CrossAttentionKind(TraceKind):
         """Site ``xattn`` indexes the cross-attention layers, not the vision blocks."""
         return int(trace.sizes["xattn_layer"])
 
+    def traced_layers(self, trace: Any) -> list[int]:
+        """``"all"`` names every cross-attention layer (the trace's ``layer`` coordinate is the vision blocks')."""
+        return list(range(self.layer_count(trace)))
+
     def accepts(self, trace: Any, recipe: Recipe | None) -> bool:
         return isinstance(trace, xr.Dataset) and "image" not in trace.dims and recipe is not None \
             and recipe.site == "xattn"

@@ -103,12 +103,15 @@ def validate_card(card: Any) -> dict[str, Any]:
     if isinstance(card, (str, bytes)):
         try:
             card = json.loads(card)
-        except json.JSONDecodeError as exc:
-            raise PaperCardError(f"card: not valid JSON ({exc})") from exc
+        except (ValueError, RecursionError) as exc:  # bad JSON, bytes that are no UTF-8, nesting too deep
+            raise PaperCardError(f"card: not valid JSON ({type(exc).__name__}: {exc})"[:300]) from exc
     if not isinstance(card, Mapping):
         raise PaperCardError(f"card: expected a JSON object (dict) or its text, got {type(card).__name__}")
     schema = load_schema()
-    problem = _check(card, schema, schema, "card")
+    try:
+        problem = _check(card, schema, schema, "card")
+    except RecursionError as exc:  # a structure nested deeper than the checker's recursion: no card is that deep
+        raise PaperCardError("card: nested too deeply to be a paper card") from exc
     if problem:
         raise PaperCardError(problem)
     return copy.deepcopy(dict(card))

@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vitcam_nb.core.card_schema import CARD_FIELDS, CARD_VERSION, NOT_REPORTED, PaperCardError, validate_card
@@ -21,11 +21,14 @@ from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.version import __version__
 
-__all__ = ["CATEGORIES", "Checklist"]
+__all__ = ["CATEGORIES", "CONTRADICTIONS", "Checklist"]
 
 #: The five reporting categories every ViT Grad-CAM figure should state, in order.
 CATEGORIES = ("feature representation", "gradient target", "token handling", "aggregation",
               "spatial reconstruction")
+#: Functions naming what in a checklist contradicts its recipe; ``vitcam_nb.core.checklist_check`` adds its own
+#: when the package is imported (it needs the recipe, whose module imports this one: a hook, not an import).
+CONTRADICTIONS: list[Callable[[Mapping[str, Any]], list[str]]] = []
 #: Recipe fields a card states only where the recipe states them.
 _LATER = ("text_tokens", "k")
 
@@ -50,7 +53,9 @@ class Checklist(dict):
         lines = ["| category | item | value |", "| --- | --- | --- |"]
         for category, items in self.items():
             for item, value in items.items():
-                cells = (escape_markdown(text, inline=True) for text in (category, item, value))
+                # a value that is not text (a number, a nested mapping) is shown as JSON, never as a Python repr
+                shown = value if isinstance(value, str) else json.dumps(value, sort_keys=False, default=str)
+                cells = (escape_markdown(text, inline=True) for text in (category, item, shown))
                 lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -80,7 +85,11 @@ class Checklist(dict):
         out: dict[str, Any] = {"card_version": CARD_VERSION, "paper": {
             "title": NOT_REPORTED, "year": NOT_REPORTED, "doi": NOT_REPORTED, "library": f"vitcam_nb {__version__}",
             "justification": NOT_REPORTED, **dict(paper or {})}}
-        choices = self._recipe_fields()
+        choices = self._recipe_fields() or {f: self[c][f] for c, fields in CARD_FIELDS.items()
+                                            if isinstance(self.get(c), Mapping) for f in fields if f in self[c]}
+        if not choices:  # else every field of the card would read "not reported", though nothing said so
+            raise ArgumentError("card: this checklist states no recipe (no recipe.json item) and no card fields; make "
+                                "it with Recipe.checklist() or vc.cam, or start from card_schema.template()")
         for category, fields in CARD_FIELDS.items():
             # text_tokens and k are stated only where the recipe states them (Recipe.to_dict drops their defaults)
             out[category] = {f: choices.get(f, NOT_REPORTED) for f in fields if f in choices or f not in _LATER}
@@ -101,11 +110,11 @@ class Checklist(dict):
             >>> Checklist.from_json(template())["feature representation"]
             {'site': 'not reported', 'layer': 'not reported'}
         """
-        if isinstance(text, (str, bytes)):
+        if isinstance(text, (str, bytes, bytearray)):
             try:
                 data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ArgumentError(f"text: not valid checklist JSON ({exc})") from exc
+            except (ValueError, RecursionError) as exc:  # bad JSON, bytes that are no UTF-8, nesting too deep
+                raise ArgumentError(f"text: not valid checklist JSON ({type(exc).__name__}: {exc})"[:300]) from exc
         else:
             data = text
         if not isinstance(data, Mapping):
@@ -114,11 +123,17 @@ class Checklist(dict):
             bad = [k for k, v in data.items() if not isinstance(v, Mapping)]
             if bad:
                 raise ArgumentError(f"text: category {bad[0]!r} must map items to text")
-            return cls({k: dict(v) for k, v in data.items()})
+            nested = [f"{k}/{i}" for k, v in data.items() for i, t in v.items() if isinstance(t, (Mapping, list))]
+            if nested:
+                raise ArgumentError(f"text: item {nested[0]!r} must be text or a number, not a nested structure")
+            checklist = cls({k: dict(v) for k, v in data.items()})
+            checklist._check_recipe()
+            return checklist
         card = validate_card(data)
         if "checklist" not in card:
             return cls({c: dict(card[c]) for c in CARD_FIELDS})
         checklist = cls(card["checklist"])
+        checklist._check_recipe()
         if json.loads(checklist.to_json(card=True, paper=card["paper"])) != {**card, "checklist": card["checklist"]}:
             raise PaperCardError("card.checklist: its recipe disagrees with the card's fields; edit both or drop "
                                  "'checklist'")
@@ -127,4 +142,22 @@ class Checklist(dict):
     def _recipe_fields(self) -> dict[str, Any]:
         """The recipe's fields as its JSON states them (the ``recipe`` item), or {} when the checklist has none."""
         text = self.get("recipe", {}).get("json") if isinstance(self.get("recipe"), Mapping) else None
-        return json.loads(text) if isinstance(text, str) else {}
+        if not isinstance(text, str):
+            return {}
+        try:
+            fields = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ArgumentError(f"text: the checklist's recipe.json is not valid recipe JSON ({exc})"[:300]) from exc
+        if not isinstance(fields, dict):
+            raise ArgumentError(f"text: the checklist's recipe.json is not a JSON object ({type(fields).__name__})")
+        return fields
+
+    def _check_recipe(self) -> None:
+        """Refuse a checklist whose recipe id is not its recipe JSON's, or whose text names another choice than its
+        recipe (the checks in :data:`CONTRADICTIONS`: :func:`vitcam_nb.core.checklist_check.contradictions`)."""
+        if not self._recipe_fields():
+            return
+        found = [problem for check in CONTRADICTIONS for problem in check(self)]
+        if found:
+            raise ArgumentError(f"text: the checklist contradicts its own recipe: {found[0]}; it was edited after "
+                                "it was made (regenerate it with Recipe.checklist or vc.cam)")

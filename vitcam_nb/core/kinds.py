@@ -72,20 +72,38 @@ class TraceKind:
         """How many layers ``recipe.layer`` indexes on ``trace`` (its blocks; a kind with other layers says so)."""
         return int(trace.attrs["num_layers"])
 
+    def traced_layers(self, trace: Any) -> list[int]:
+        """The blocks ``layer="all"`` names on ``trace``: those it holds (a trace of some blocks holds only those)."""
+        if "layer" in getattr(trace, "coords", {}):
+            return [int(v) for v in trace["layer"].values]
+        return list(range(self.layer_count(trace)))
+
     def resolve(self, trace: Any, recipe: Any) -> Any:
-        """``recipe`` with every relative layer index made absolute on ``trace`` (``"all"`` stays ``"all"``), so
-        that equivalent spellings become one recipe; refuses layers the trace does not have, as ``cam`` does."""
-        n = self.layer_count(trace)
+        """``recipe`` with every layer an absolute block of ``trace`` (``"all"``: the blocks it holds), so that
+        equivalent spellings become one recipe; refuses layers the trace does not hold, in ``cam``'s words."""
+        n, traced = self.layer_count(trace), self.traced_layers(trace)
 
         def absolute(v: Any) -> int:
-            if isinstance(v, str) or not -n <= v < n:
-                raise RecipeError(f"layer: {v!r} is not a layer of this trace (allowed -{n}..{n - 1})")
+            if isinstance(v, str):
+                raise RecipeError(f"layer: {v!r} is a 'stage.block' address, which only hierarchical (Swin) traces "
+                                  "have; this trace's blocks are numbered by int")
+            if not -n <= v < n:
+                raise RecipeError(f"layer: {v} is out of range for a model with {n} blocks (allowed -{n}..{n - 1})")
+            if int(v) % n not in traced:
+                raise RecipeError(f"layer: block {int(v) % n} was not traced (traced: {traced}); trace again "
+                                  "with layers=None or include it")
             return int(v) % n
 
         if recipe.layer == "all":
-            return recipe
+            return recipe.replace(layer=tuple(traced))
         if isinstance(recipe.layer, tuple):
-            return recipe.replace(layer=tuple(absolute(v) for v in recipe.layer))
+            layers: list[int] = []
+            for v in recipe.layer:
+                if absolute(v) in layers:
+                    raise RecipeError(f"layer: {recipe.layer!r} names block {absolute(v)} twice on a model with {n} "
+                                      "blocks; list each block once")
+                layers.append(absolute(v))
+            return recipe.replace(layer=tuple(layers))
         return recipe.replace(layer=absolute(recipe.layer))
 
 

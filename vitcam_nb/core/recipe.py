@@ -23,6 +23,7 @@ import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError
 from vitcam_nb.core.kinds import kind_for
+from vitcam_nb.core.recipe_canonical import canonical_form
 from vitcam_nb.core.recipe_text import parse_fields, to_string
 from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, weighting_names
@@ -51,7 +52,7 @@ ROLLOUTS = ("rollout", "grad_rollout", *INTEGRATED_ROLLOUTS)
 # Fields added after 0.1.0: left out of the canonical JSON while at their default, so older ids stay valid.
 LATER_FIELDS = ("text_tokens", "k")
 # A Swin-style block address "stage.block" (block may be negative, counted from the end of the stage).
-STAGE_BLOCK = re.compile(r"(\d+)\.(-?\d+)")
+STAGE_BLOCK = re.compile(r"([0-9]+)\.(-?[0-9]+)")
 
 _FIELDS_DOC = """
     site: feature location, F1..F6, an extended site (resid_pre, attn_out, resid_mid) or "xattn"
@@ -165,6 +166,9 @@ class Recipe:
         if isinstance(layer, tuple):
             if not layer or not all(one_layer(v) for v in layer) or len(set(layer)) != len(layer):
                 raise RecipeError(f"layer: a tuple must hold distinct ints or 'stage.block' strings, got {layer!r}")
+            if len({is_int(v) for v in layer}) > 1:  # an index counts all blocks, "s.b" within a stage: not one list
+                raise RecipeError(f"layer: a tuple must hold block indices or 'stage.block' addresses, not both, "
+                                  f"got {layer!r}")
         elif not (one_layer(layer) or layer == "all"):
             raise RecipeError(f"layer: expected an int (negative from the end), 'stage.block' (e.g. '2.-1'), "
                               f"a tuple of these or 'all', got {layer!r}")
@@ -340,33 +344,42 @@ class Recipe:
         choices = {"target": TARGETS, "weight_tokens": WEIGHT_TOKENS, "reshape": RESHAPES, "upsample": UPSAMPLES,
                    "weighting": weighting_names(), "heads": HEAD_RULES, "attn_rows": ATTN_ROWS,
                    "layer_fusion": LAYER_FUSIONS, "relu": RELUS, "normalize": NORMALIZES}
+        if isinstance(text, str) and any(c.isdecimal() and not c.isascii() for c in text):
+            raise RecipeError(f"text: {text!r} holds digits other than 0-9; write layers and indices in ASCII digits")
         return cls(**parse_fields(text, choices))
 
     def resolve(self, trace: Any) -> Recipe:
-        """This recipe with every relative layer made absolute on ``trace`` (``layer=-1`` on a 6-block model
-        becomes ``layer=5``; ``"all"`` stays), so equivalent spellings give one recipe and one
-        :meth:`canonical_id`. ``id`` itself hashes the recipe as written (a 0.1 contract).
+        """This recipe in its canonical form on ``trace``: every layer an absolute block (``layer=-1`` on a 6-block
+        model is 5, ``"all"`` the blocks the trace holds), block tuples sorted, one block unfused
+        (:mod:`vitcam_nb.core.recipe_canonical` says why each is the same map); layers the trace does not hold are
+        refused. ``id`` itself hashes the recipe as written (a 0.1 contract).
 
         Example:
             >>> import timm, numpy as np, vitcam_nb as vc
             >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3)
             >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1")
-            >>> Recipe(layer=-1).resolve(tr).layer, Recipe(layer=-1).canonical_id(tr) == Recipe(layer=2).id
-            (2, True)
+            >>> Recipe(layer=-1).resolve(tr).layer, Recipe(layer="all", layer_fusion="mean").resolve(tr).layer
+            (2, (0, 1, 2))
         """
-        return kind_for(_reportable(trace), self).resolve(trace, self)
+        if not isinstance(trace, (xr.Dataset, xr.DataTree)):
+            raise ArgumentTypeError(f"trace: expected a trace (xarray.Dataset from vitcam_nb.trace()), got "
+                                    f"{type(trace).__name__}")
+        return canonical_form(kind_for(trace, self).resolve(trace, self))
 
     def canonical_id(self, trace: Any) -> str:
-        """The id of :meth:`resolve` (trace): one id for every spelling of the same map on that trace.
+        """The id of :meth:`resolve` (trace): one id for every spelling of the same map on that trace. The map is
+        computed once and dropped, so that a recipe ``vc.cam`` refuses on this trace is refused with its error.
 
         Example:
             >>> import timm, numpy as np, vitcam_nb as vc
             >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3)
             >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1")
-            >>> Recipe(layer=(-1, 0), layer_fusion="mean").canonical_id(tr) == Recipe(layer=(2, 0),
+            >>> Recipe(layer=(-1, 0), layer_fusion="mean").canonical_id(tr) == Recipe(layer=(0, 2),
             ...                                                                  layer_fusion="mean").id
             True
         """
+        if isinstance(trace, (xr.Dataset, xr.DataTree)) and "image" not in trace.sizes:  # a store: layers checked
+            kind_for(trace, self).compute(trace, self)  # compute warns of nothing (TraceKind.compute)
         return self.resolve(trace).id
 
     def replace(self, **changes: Any) -> Recipe:

@@ -35,7 +35,10 @@ class SegmentationLoss(Target):
     kind = "segmentation_loss"
 
     def __init__(self, labels: object, ignore_index: int = -100, reduction: str = "mean"):
-        arr = np.asarray(labels)
+        try:
+            arr = np.asarray(labels)
+        except (ValueError, TypeError) as exc:  # ragged rows ([[1, 2], [3]]) are no (H, W) map
+            raise TraceError(f"labels: expected an (H, W) label map of class indices ({exc})"[:300]) from exc
         if arr.ndim != 2 or arr.size == 0:
             raise TraceError(f"labels: expected an (H, W) label map of class indices, got shape {arr.shape}")
         if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):

@@ -107,11 +107,12 @@ def test_equivalent_spellings_get_one_canonical_id_and_the_same_map():
     np.testing.assert_array_equal(vc.cam(TR, a).values, vc.cam(TR, b).values)
     fused = vc.Recipe(layer=(-3, -1), layer_fusion="mean")
     assert fused.resolve(TR).layer == (0, 2)
-    assert vc.Recipe(site="F2", layer="all", layer_fusion="rollout").resolve(TR).layer == "all"
+    # "all" is the trace's blocks (issue 52: a trace of blocks 0, 2, 4 is another map than one of 0..5)
+    assert vc.Recipe(site="F2", layer="all", layer_fusion="rollout").resolve(TR).layer == (0, 1, 2)
 
 
 def test_resolve_refuses_a_layer_the_trace_does_not_have():
-    with pytest.raises(vc.RecipeError, match="layer: 3 is not a layer of this trace"):
+    with pytest.raises(vc.RecipeError, match="layer: 3 is out of range for a model with 3 blocks"):
         vc.Recipe(layer=3).resolve(TR)
     with pytest.raises(vc.RecipeError):
         vc.Recipe(layer="1.0").resolve(TR)

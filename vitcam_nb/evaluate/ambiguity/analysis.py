@@ -30,6 +30,7 @@ from vitcam_nb.compute.view import TraceView
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.recipe import NORMALIZES, RESHAPES, UPSAMPLES, Recipe
+from vitcam_nb.core.recipe_space import check_space
 from vitcam_nb.evaluate._common import as_mask
 from vitcam_nb.evaluate.ambiguity.grid import distance_coords, image_maps, image_sample
 from vitcam_nb.evaluate.ambiguity.many import ambiguity_many
@@ -237,6 +238,7 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
         unknown = [v for v in values if field in _CHOICES and v not in _CHOICES[field]]
         if unknown:  # a value no recipe can take would only be skipped: refuse it instead
             raise ArgumentError(f"space: {field} takes {list(_CHOICES[field])}, got {unknown}")
+    check_space(space, "space")  # a typo ("f4") is refused, not skipped as a combination no recipe expresses
     if is_map_store(trace):  # the store's recipes are the space
         return {**store_space(trace, fixed, open_fields(fixed)), **{f: tuple(v) for f, v in space.items()}}
     view = TraceView.of(trace)

@@ -76,14 +76,19 @@ def load_cards(cards: Any) -> list[dict[str, Any]]:
         path = Path(cards)
         if not path.is_file():
             raise PaperCardError(f"cards: {path} is not a file")
-        if path.suffix.lower() == ".csv":
-            return _from_csv(path.read_text(encoding="utf-8"), str(path))
-        if path.suffix.lower() != ".json":
+        if path.suffix.lower() not in (".csv", ".json"):
             raise PaperCardError(f"cards: expected a .json or .csv file, got {path.name}")
+        try:  # utf-8-sig: a byte-order mark, as spreadsheets write, is read as none
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise PaperCardError(f"cards: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as "
+                                 "UTF-8") from exc
+        if path.suffix.lower() == ".csv":
+            return _from_csv(text, str(path))
         try:
-            cards = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise PaperCardError(f"cards: {path} is not valid JSON ({exc})") from exc
+            cards = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise PaperCardError(f"cards: {path} is not valid JSON ({type(exc).__name__}: {exc})"[:300]) from exc
     if isinstance(cards, Mapping) and "cards" in cards:
         cards = cards["cards"]
     if isinstance(cards, (Mapping, str)):
@@ -102,6 +107,8 @@ def load_cards(cards: Any) -> list[dict[str, Any]]:
 def _from_csv(text: str, name: str) -> list[dict[str, Any]]:
     reader = csv.DictReader(io.StringIO(text))
     columns = list(reader.fieldnames or [])
+    if not columns:
+        raise PaperCardError(f"cards: {name} is empty; a CSV of cards has a header row and one row per card")
     unknown = [c for c in columns if c not in _PAPER and c not in _FIELD_CATEGORY]
     if unknown:
         raise PaperCardError(f"cards: {name} column {unknown[0]!r} is unknown; columns are the paper's {list(_PAPER)} "
@@ -127,6 +134,8 @@ def _from_csv(text: str, name: str) -> list[dict[str, Any]]:
             out.append(validate_card(card))
         except PaperCardError as exc:
             raise PaperCardError(f"cards: {name} row {row_number}: {exc}") from exc
+    if not out:
+        raise PaperCardError(f"cards: {name} has a header but no card (no row after it)")
     return out
 
 

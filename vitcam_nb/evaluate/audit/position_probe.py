@@ -102,7 +102,7 @@ def _probe_r2(x: np.ndarray, y: np.ndarray, folds: list[np.ndarray], alpha: floa
     return float(np.mean(1.0 - ss_res / ss_tot))
 
 
-def _check(trace: object, folds: object, alpha: object) -> xr.Dataset:
+def _check(trace: object, folds: object, alpha: object, seed: object) -> xr.Dataset:
     if isinstance(trace, xr.DataTree):
         raise ArgumentTypeError("trace: a hierarchical (Swin) trace has one grid per stage; probe one stage's Dataset")
     if not isinstance(trace, xr.Dataset):
@@ -113,6 +113,8 @@ def _check(trace: object, folds: object, alpha: object) -> xr.Dataset:
                             "token's kind and grid position (trace with sites=['F1', ...])")
     if "image" in trace["act"].dims:
         raise ArgumentError("trace: a store of many images; probe one image's trace (vitcam_nb.image_trace(store, i))")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise ArgumentError(f"seed: expected an int >= 0 (numpy's default_rng seed), got {seed!r:.80}")
     if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
         raise ArgumentError(f"folds: expected an int >= 2, got {folds!r}")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number))
@@ -125,7 +127,14 @@ def _check(trace: object, folds: object, alpha: object) -> xr.Dataset:
 def _chosen(name: str, asked: Sequence | None, have: list) -> list:
     if asked is None:
         return have
-    asked = [asked] if isinstance(asked, (str, int, np.integer)) else list(asked)
+    kind, what = (str, "a site name") if name == "sites" else ((int, np.integer), "a block index")
+    one = isinstance(asked, kind) and not isinstance(asked, (bool, np.bool_))
+    if not one and (isinstance(asked, (str, bool, np.bool_)) or not isinstance(asked, (Sequence, np.ndarray))):
+        raise ArgumentTypeError(f"{name}: expected {what} or a list of them, got {asked!r:.80}")
+    asked = [asked] if one else list(asked)
+    wrong = [a for a in asked if not isinstance(a, kind) or isinstance(a, (bool, np.bool_))]
+    if wrong:  # 1.0 == 1 and True == 1 would otherwise pass the membership test below
+        raise ArgumentTypeError(f"{name}: {wrong[0]!r:.80} is not {what}")
     unknown = [a for a in asked if a not in have]
     if unknown or not asked:
         raise ArgumentError(f"{name}: {unknown or asked} not in the trace; it has {have}")
@@ -154,7 +163,7 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
         >>> float(position_probe(tr).sel(site="F6", layer=3)) < 0.2  # noise features: no position
         True
     """
-    trace = _check(trace, folds, alpha)
+    trace = _check(trace, folds, alpha, seed)
     act = trace["act"]
     sites = _chosen("sites", sites, [str(s) for s in act["site"].values])
     layers = _chosen("layers", layers, [int(v) for v in act["layer"].values])

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.core.errors import ArgumentError
-from vitcam_nb.evaluate._common import as_map, nan_because
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
+from vitcam_nb.core.recipe import Recipe, is_int
+from vitcam_nb.evaluate._common import as_map, nan_because, warn
 from vitcam_nb.evaluate.agreement.metrics import spearman
 
 __all__ = ["pool_groups", "shapley_agreement"]
@@ -57,13 +58,93 @@ def _input_size(values: xr.DataArray) -> tuple[int, int] | None:
     return None
 
 
-def shapley_agreement(saliency: object, values: object) -> xr.DataArray:
+_SALIENCY_DIMS = (("y", "x"), ("patch_row", "patch_col"), ("gy", "gx"))
+
+
+def _by_name(value: object, name: str, pairs: tuple[tuple[str, str], ...]) -> object:
+    """A 2-D DataArray put in (rows, columns) order by its dimension names (a map transposed to (x, y) is the same
+    map); dimensions it does not name as one of ``pairs`` are refused. Other inputs are taken as (rows, columns)."""
+    if not isinstance(value, xr.DataArray) or value.ndim != 2:
+        return value
+    for pair in pairs:
+        if set(value.dims) == set(pair):
+            return value.transpose(*pair)
+    raise ArgumentError(f"{name}: dimensions {tuple(value.dims)} are none of {[p for p in pairs]}; name them (e.g. "
+                        f".rename) or pass the values as a NumPy array in (rows, columns) order")
+
+
+def _map_class(recipe: Recipe, trace: xr.Dataset | xr.DataTree | None) -> int | None:
+    """The class ``recipe``'s map is of: its index, or its rank resolved on ``trace`` as vc.cam does; None unknown."""
+    if is_int(recipe.class_):
+        return int(recipe.class_)
+    if trace is None or "logits" not in getattr(trace, "variables", {}):
+        return None
+    logits = np.asarray(trace["logits"].values, np.float64).ravel()
+    rank = int(recipe.class_[3:])
+    return int(np.argsort(-logits, kind="stable")[rank - 1]) if rank <= logits.size else None
+
+
+def _together(saliency: object, sal: np.ndarray, values: object, trace: xr.Dataset | xr.DataTree | None) -> list[str]:
+    """Refuse a map and values that are of different images, input sizes or classes (what either states); return
+    what could not be checked."""
+    facts = values.attrs if isinstance(values, xr.DataArray) else {}
+    attrs = saliency.attrs if isinstance(saliency, xr.DataArray) else {}
+    unchecked = []
+    size = _input_size(values) if isinstance(values, xr.DataArray) else None
+    if size is not None and isinstance(saliency, xr.DataArray) and saliency.dims == ("y", "x") and sal.shape != size:
+        raise ArgumentError(f"saliency: a {sal.shape[0]}x{sal.shape[1]} map at the input size, but the values are of "
+                            f"a {size[0]}x{size[1]} input (values.attrs['input_size']); they are not of one input")
+    if trace is not None:
+        got = (int(trace.attrs.get("img_height", 0)), int(trace.attrs.get("img_width", 0)))
+        if size is not None and all(got) and got != size:
+            raise ArgumentError(f"values: of a {size[0]}x{size[1]} input, but the trace's is {got[0]}x{got[1]}")
+        if "trace_id" in attrs and str(attrs["trace_id"]) != str(trace.attrs.get("trace_id")):
+            raise ArgumentError(f"saliency: computed from trace {attrs['trace_id']}, not from this trace "
+                                f"({trace.attrs.get('trace_id')})")
+    if "input_sha256" not in facts:
+        if facts.get("metric") == "shapley_patches":  # values of an older vitcam_nb: no input hash to compare
+            unchecked.append("the values carry no input hash (computed before vitcam_nb recorded it), so their image")
+    elif trace is not None and "input_sha256" in trace.attrs:
+        theirs, ours = str(facts["input_sha256"]), str(trace.attrs["input_sha256"])
+        if theirs != ours:
+            raise ArgumentError(f"values: computed on another image than the trace's (their input_sha256 "
+                                f"{theirs[:12]}... is not {ours[:12]}...)")
+    elif "trace_id" in attrs and str(attrs["trace_id"]) != str(facts.get("trace_id", "")):
+        unchecked.append("the map's image (pass trace= the map's trace to compare its input hash with the values')")
+    recipe = Recipe.from_json(attrs["recipe"]) if isinstance(attrs.get("recipe"), str) else None
+    if recipe is not None and is_int(facts.get("class")) and recipe.layer_fusion != "rollout":
+        cls = _map_class(recipe, trace)
+        same_trace = "trace_id" in facts and str(facts["trace_id"]) == str(attrs.get("trace_id"))
+        if cls is None and same_trace and is_int(facts.get("class_rank")):  # values of the map's own trace
+            cls = int(facts["class"]) if facts["class_rank"] == int(recipe.class_[3:]) else -1
+        if cls is None and recipe.class_ == "top1" and facts.get("target") == "predicted class of the intact image":
+            cls = int(facts["class"])
+        if cls is None:
+            unchecked.append(f"the map's class ({recipe.class_}: pass trace= to resolve it)")
+        elif cls != int(facts["class"]):
+            raise ArgumentError(f"values: Shapley values of class {facts['class']}, but the map is of "
+                                f"{'class ' + str(cls) if cls >= 0 else 'another class'} (recipe class_ "
+                                f"{recipe.class_!r}); compute them with shapley_patches(..., target=that class)")
+    return unchecked
+
+
+def shapley_agreement(saliency: object, values: object, *,
+                      trace: xr.Dataset | xr.DataTree | None = None) -> xr.DataArray:
     """Spearman rank correlation between ``saliency`` pooled per group and exact Shapley ``values``.
 
     Args:
-        saliency: a 2-D map: at the model input's size, on the token grid, or already one value per group.
+        saliency: a 2-D map: at the model input's size, on the token grid, or already one value per group. A
+            DataArray is read by its dimension names (``(y, x)``, ``(patch_row, patch_col)`` or ``(gy, gx)``, in
+            either order); a NumPy array as (rows, columns).
         values: the ``(gy, gx)`` Shapley values (a :func:`~vitcam_nb.evaluate.shapley.values.shapley_patches`
             result, whose ``input_size`` attr lets a token map that does not tile the groups be pooled by pixels).
+        trace: the map's trace (optional): with it the values' input hash and class are compared with the trace's.
+
+    The map and the values must be of one input: a map of ``vc.cam`` (its recipe and trace id in its attrs) and
+    values of ``shapley_patches`` (class, input size and input hash in theirs) of another class, input size or image
+    are refused (:class:`~vitcam_nb.core.errors.ArgumentError` naming the argument); what cannot be checked from
+    what they state (values of an older vitcam_nb, a ``topN`` class without the trace) is named in a
+    :class:`~vitcam_nb.evaluate.MetricWarning` and in ``attrs["unchecked"]``.
 
     Returns:
         DataArray ``(gy, gx)`` of the pooled map; ``attrs["value"]`` the rank correlation (higher = the map ranks the
@@ -76,8 +157,15 @@ def shapley_agreement(saliency: object, values: object) -> xr.DataArray:
         >>> shapley_agreement([[3.0, 2.0], [1.0, 0.0]], phi).attrs["value"]
         -1.0
     """
+    if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
+        raise ArgumentTypeError(f"trace: expected the map's trace (an xarray.Dataset), got {type(trace).__name__}")
+    saliency = _by_name(saliency, "saliency", _SALIENCY_DIMS)
+    values = _by_name(values, "values", (("gy", "gx"),))
     sal = as_map(saliency, "saliency")
     phi = as_map(values, "values")
+    unchecked = _together(saliency, sal, values, trace)
+    if unchecked:
+        warn(f"shapley_agreement: not checked that the map and the values are of one input: {'; '.join(unchecked)}")
     grid = (int(phi.shape[0]), int(phi.shape[1]))
     attrs_in = values.attrs if isinstance(values, xr.DataArray) else {}
     pooled = pool_groups(sal, grid, _input_size(values) if isinstance(values, xr.DataArray) else None)
@@ -89,6 +177,7 @@ def shapley_agreement(saliency: object, values: object) -> xr.DataArray:
         rho = spearman(pooled, phi)
     attrs = {"metric": "shapley_agreement", "value": float(rho), "method": "spearman (ties: mean ranks)",
              "pooling": _POOLING, "grid": f"{grid[0]}x{grid[1]}", "map_shape": f"{sal.shape[0]}x{sal.shape[1]}",
+             "unchecked": "; ".join(unchecked),
              **{f"shapley_{k}": v for k, v in attrs_in.items() if k != "metric"}}
     if isinstance(saliency, xr.DataArray) and "recipe_id" in saliency.attrs:
         attrs["saliency_recipe_id"] = str(saliency.attrs["recipe_id"])

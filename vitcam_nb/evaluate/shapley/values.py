@@ -24,7 +24,7 @@ import xarray as xr
 
 from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes
 from vitcam_nb.core.errors import ArgumentError
-from vitcam_nb.core.provenance import weights_origin, weights_sha256
+from vitcam_nb.core.provenance import array_sha256, weights_origin, weights_sha256
 from vitcam_nb.evaluate.faithfulness.perturbation import (
     SCORES,
     Scorer,
@@ -261,10 +261,20 @@ def shapley_patches(
         "method": "exact: all 2^n coalitions, closed Shapley formula (no sampling)",
         "input_kind": input_kind, "input_size": f"{h}x{w}", "model": model_name(model),
         "weights_origin": weights_origin(model), "weights_sha256": weights_sha256(model),
-        "device": str(scorer.device),
+        "device": str(scorer.device), "input_sha256": array_sha256(x),  # shapley_agreement compares it with the map's
+        **_of_trace(image, cls),
     }
     return xr.DataArray(phi, dims=("gy", "gx"), coords={"gy": np.arange(gy), "gx": np.arange(gx)},
                         name="shapley", attrs=attrs)
+
+
+def _of_trace(image: object, cls: int) -> dict:
+    """The trace's id and the rank of ``cls`` by its logits (as ``vc.cam`` ranks ``topN``), when ``image`` is one."""
+    if not isinstance(image, xr.Dataset) or "logits" not in image.variables:
+        return {}
+    order = np.argsort(-np.asarray(image["logits"].values, np.float64).ravel(), kind="stable")
+    rank = int(np.flatnonzero(order == cls)[0]) + 1 if cls in order else 0
+    return {"trace_id": str(image.attrs.get("trace_id", "")), "class_rank": rank}
 
 
 def _class_name(model: torch.nn.Module, cls: int) -> str:
