@@ -234,13 +234,13 @@ METHODS: dict[str, tuple[Method, str, str]] = {
                        "hidden state entering block l (resid_pre), r the attention rows (AttCAT)", "AttCAT"),
     "agcam": (agcam, "map[p] = sum over layers l and heads h of sigmoid(S_lh[cls,p]) relu(dy/dA_lh[cls,p]), S the "
                      "pre-softmax scores, A the softmax attention (AG-CAM)", "AG-CAM"),
-    "legrad_mean": (legrad, "map[p] = sum over layers l of mean over heads and query rows of relu(d s_l/dA_l[q,p]), "
-                            "s_l = head(norm(mean over all tokens of block l's output)) (LeGrad, its official "
-                            "read-out)", "LeGrad"),
     "legrad": (legrad, "map[p] = sum over layers l of mean over heads and query rows of relu(d s_l/dA_l[q,p]), "
                        "s_l block l's output through the final norm, the model's own pooling (the class token) and "
                        "head (LeGrad with the kit's class-token read-out, not the official mean over tokens)",
                "LeGrad, class-token read-out (the kit's variant)"),
+    "legrad_mean": (legrad, "map[p] = sum over layers l of mean over heads and query rows of relu(d s_l/dA_l[q,p]), "
+                            "s_l = head(norm(mean over all tokens of block l's output)) (LeGrad, its official "
+                            "read-out)", "LeGrad"),
     "grad_eclip": (grad_eclip, "map[p] = relu(sum_c dy/dF3[cls,c] v[p,c] minmax_p cos(out_proj(q_cls), "
                                "out_proj(k_p))), cosine over all channels (single-head, as Grad-ECLIP's "
                                "generate_emap.py)", "Grad-ECLIP"),
