@@ -31,6 +31,10 @@ START, END = "<!-- parity:start -->", "<!-- parity:end -->"
 _CHEFER_NAN = ("Chefer's code min-max normalises an all-negative (after ReLU: all-zero) map to NaN; the kit returns "
                "zeros with a DegenerateMapWarning")
 
+_FAMILIES = ("tests/unit/capture/test_rules.py (timm ViT, DeiT, DINOv2 with registers, BEiT), "
+             "test_rules_families.py (timm EVA, open_clip, HF ViT, DeiT, DINOv2, CLIP, SigLIP): a hand-written "
+             "forward with the rule spelled out")
+
 #: (presets, case name in parity_cases, its arguments, deliberate differences in one sentence)
 MEASURED: list[tuple[str, str, tuple, str]] = [
     ("legrad", "legrad_vs_legrad_torch", (-2,),
@@ -88,13 +92,13 @@ REFERENCED: list[tuple[str, str, str, str, str]] = [
      "tests/unit/compute/test_published.py", "1e-5 relative",
      "grad_eclip_paper is the paper's per-head formula; the code's single-head block is grad_eclip"),
     ("attnlrp (rule)", "lxt 2.1 efficient rules (AttnLRP; lxt patches no ViT for AttnLRP, so the rules are "
-     "written out by hand)", "tests/unit/capture/test_rules.py, test_rules_families.py", "1e-5 relative",
+     "written out by hand)", _FAMILIES, "1e-5 relative",
      "none"),
     ("cp_lrp (rule, every family)", "lxt 2.1 lxt/efficient/models/vit_torch.py (rules written out by hand on each "
-     "family)", "tests/unit/capture/test_rules.py, test_rules_families.py", "1e-5 relative",
+     "family)", _FAMILIES, "1e-5 relative",
      "as the measured cp_lrp row"),
     ("libragrad", "NightMachinery/pytorch-image-models-libragrad-v1 (commit not recorded)",
-     "tests/unit/capture/test_rules.py, tests/integration/test_reliability_rules_readout.py", "1e-5 relative",
+     _FAMILIES + "; FullGrad+: tests/integration/test_reliability_rules_readout.py", "1e-5 relative",
      "libragrad(biases=True) is the column LibraGrad's code labels FullGrad+ (bias terms included), not its plain "
      "FullGrad (Pearson 0.83-0.90 between them)"),
     ("transformer_attribution (rule chefer_lrp)", "hila-chefer/Transformer-Explainability baselines/ViT/ViT_LRP.py "
