@@ -12,7 +12,8 @@ Two read-outs of block ``l``'s output ``x_l`` (all tokens):
 
 The trace stores ``s_0 .. s_{L-1}`` as its ``logits`` (one "class" per block) and differentiates all of them, so
 ``attn_grad[target of block l, layer l]`` is ``d s_l / d A_l``, the gradient LeGrad reads. The class ``c`` is
-fixed first from the last block's read-out (``"top1"``) or given as an index. The trace id carries the read-out
+given as an index or, with ``"top1"``, is the model's own top class (its logits; for an open_clip tower, the
+cosine of its own embedding with each vector), whichever the read-out. The trace id carries the read-out
 (``"readout"`` in the target settings, absent for ``"model"``, so traces made before it keep their id and meaning).
 
 Supported: timm ``VisionTransformer`` classifiers (``model.norm``, ``model.fc_norm``, ``model.head``; with
@@ -104,17 +105,20 @@ class Layerwise(Target):
         finally:
             for h in handles:
                 h.remove()
-        read = self._readouts(model, outputs)
-        c = int(torch.argmax(read[-1].detach())) if self.class_ == "top1" else self.class_
+        read = self._readouts(model, outputs, self.readout)
+        # "top1" is the model's own top class (its logits; open_clip: its own embedding's cosines), whatever the
+        # read-out: the class LeGrad is asked to explain, as torchcam's example takes it from the model's scores
+        own = read[-1] if self.readout == "model" else self._readouts(model, outputs[-1:], "model")[0]
+        c = int(torch.argmax(own.detach())) if self.class_ == "top1" else self.class_
         if c >= read[-1].shape[0]:
             raise TraceError(f"class_: {c} is out of range (the model has {read[-1].shape[0]} classes)")
         self.chosen = c
         return torch.stack([r[c] for r in read])
 
-    def _readouts(self, model: torch.nn.Module, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each block output through the model's own read-out: one score per class (or vector)."""
+    def _readouts(self, model: torch.nn.Module, outputs: list[torch.Tensor], readout: str) -> list[torch.Tensor]:
+        """Each block output through the read-out ``readout``: one score per class (or vector)."""
         if self.vectors is None:
-            if self.readout == "model":
+            if readout == "model":
                 return [model.forward_head(model.norm(out))[0] for out in outputs]
             # LeGrad's read-out (torchcam's for torchvision: heads(ln(tokens.mean(1)))): one norm acts on the
             # mean; timm has it as `norm` (token pooling) or `fc_norm` (average pooling), the other an Identity.
@@ -126,7 +130,7 @@ class Layerwise(Target):
         out = []
         for x in outputs:
             x = x if batch_first else x.transpose(0, 1)
-            if self.readout == "mean":  # legrad/wrapper.py: ln_post(feat.mean over tokens) @ proj
+            if readout == "mean":  # legrad/wrapper.py: ln_post(feat.mean over tokens) @ proj
                 pooled = tower.ln_post(x.mean(dim=1))
                 pooled = pooled @ tower.proj if tower.proj is not None else pooled
                 out.append(self.scale * (vectors @ (pooled[0] / pooled[0].norm())))
@@ -159,8 +163,8 @@ class Layerwise(Target):
 
 def layerwise(class_: int | str = "top1", vectors: object = None, scale: float = 1.0,
               readout: str = "mean") -> Layerwise:
-    """A :class:`Layerwise` target: one score per block for class ``class_`` (``"top1"``: the top class of the
-    last block's read-out); with ``vectors`` (N, D), for an open_clip tower: ``scale`` times the cosine of each
+    """A :class:`Layerwise` target: one score per block for class ``class_`` (``"top1"``: the model's own top
+    class); with ``vectors`` (N, D), for an open_clip tower: ``scale`` times the cosine of each
     block's read-out embedding with vector ``class_``. ``readout``: ``"mean"`` (LeGrad's official read-out, for
     ``vc.presets.legrad``) or ``"model"`` (the model's own pooling, for ``vc.presets.legrad_cls``).
 

@@ -53,6 +53,23 @@ def test_legrad_equals_torchcam_legrad_on_torchvision_vit(blocks, layer):
     np.testing.assert_allclose(tr["logits"].values, scores, rtol=1e-5, atol=1e-6)
 
 
+def test_top1_is_the_models_own_top_class_whatever_the_readout():
+    # on this input the model's top class (3) is not the top class of the last block's mean read-out (1)
+    tv, tm = torchvision_and_timm()
+    x = image_tensor(6)
+    last = []
+    hook = tm.blocks[-1].register_forward_hook(lambda _m, _i, o: last.append(o))
+    with torch.no_grad():
+        own = int(tv(x).argmax())
+        assert int(tm(x).argmax()) == own
+        mean_top = int(tm.head(tm.norm(last[0].mean(1))).argmax())
+    hook.remove()
+    assert own != mean_top
+    for readout in ("mean", "model"):
+        tr = vc.trace(tm, x, targets=vc.targets.layerwise(readout=readout), sites=["F2"])
+        assert int(tr.attrs["layerwise_class"]) == own
+
+
 def test_legrad_presets_refuse_the_other_readout():
     _, tm = torchvision_and_timm()
     x = image_tensor()
