@@ -87,3 +87,10 @@ def test_legrad_presets_refuse_the_other_readout():
     assert vc.presets.preset_name(vc.Recipe.from_json(vc.presets.legrad_cls().to_json())) == "legrad_cls"
     with pytest.raises(vc.VitcamError, match="readout"):
         vc.targets.layerwise(readout="cls")
+    # each map's checklist says which LeGrad it is: the official one, or the kit's class-token variant
+    ours = vc.cam(kits, vc.presets.legrad_cls()).attrs
+    assert "this is LeGrad, class-token read-out (the kit's variant)" in ours["checklist"]
+    assert "the model's own pooling" in ours["checklist"]
+    theirs = vc.cam(official, vc.presets.legrad()).attrs
+    assert "this is LeGrad (" in theirs["checklist"] and "legrad/wrapper.py" in theirs["checklist"]
+    assert "mean over all tokens (class token included)" in theirs["methods"]
