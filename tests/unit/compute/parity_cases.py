@@ -42,6 +42,11 @@ class Case:
         return float(np.abs(np.asarray(self.kit, np.float64) - np.asarray(self.ref, np.float64)).max())
 
     @property
+    def relative(self) -> float:
+        """max |difference| over max |reference|."""
+        return self.max_abs / max(float(np.abs(np.asarray(self.ref, np.float64)).max()), 1e-30)
+
+    @property
     def pearson(self) -> float:
         return float(np.corrcoef(np.ravel(self.kit), np.ravel(self.ref))[0, 1])
 
@@ -293,3 +298,46 @@ def pgc_vs_kit(method: str) -> Case:
     return Case(kit, ref, f"grad-cam {version('grad-cam')}, pytorch_grad_cam.{classes[method]} "
                 "(blocks[-1].norm1, reshape_transform)", "timm ViT, random (32 px, patch 8, 3 blocks, width 32)",
                 NOISE)
+
+
+# -- presets whose code does not install: the tests' own re-implementations, measured ---------------------------
+def published_vs_test_reference(method: str) -> Case:
+    """grad_sam, attcat or agcam against the reference ``test_published.py`` writes from the official code (its own
+    hooks on a copy of the model, torch autograd), on that test's tiny ViT: maps on the patch grid, raw."""
+    import test_published as tp
+
+    model, image = tp._vit(), tp._image()
+    tr = vc.trace(model, image, targets="top1", sites=["F2", "attn_scores", "resid_pre"])
+    _, logits, rec = tp._run(model, tp._input(model, image))
+    logits[0, int(logits[0].argmax())].backward()
+    A, h = rec["A"], rec["h"]
+    if method == "agcam":
+        ref = sum((torch.relu(a.grad[0, :, 0]) * torch.sigmoid(s[0, :, 0])).sum(0) for a, s in zip(A, rec["S"],
+                                                                                               strict=True))
+    elif method == "grad_sam":
+        ref = sum((a[0, :, 0] * torch.relu(a.grad[0, :, 0])).mean(0) for a in A) / len(A)
+    else:
+        ref = sum((x.grad[0] * x[0]).sum(-1) * a[0].mean(0).mean(0) for x, a in zip(h, A, strict=True))
+    kit = vc.cam(tr, getattr(vc.presets, method)().replace(**tp.RAW)).values
+    source = {"agcam": "LeemSaebom/Attention-Guided-CAM-Visual-Explanations-of-Vision-Transformer-Guided-by-Self-"
+                       "Attention AGCAM.py (commit not recorded)",
+              "attcat": "qiangyao1988/AttCAT BERT_explainability/modules/BERT/ExplanationGenerator.py @6a2e38f",
+              "grad_sam": "no official code: the formula the AttCAT/Contrast-CAT comparisons run"}[method]
+    return Case(kit, tp._grid(ref.detach().numpy()), f"{source}, re-implemented in tests/unit/compute/"
+                "test_published.py (own hooks, autograd)", "timm ViT, random (32 px, patch 8, 3 blocks, 2 heads, "
+                "width 16)", "random uint8 image 32x32 (raw maps)")
+
+
+def tokentm_vs_test_reference() -> Case:
+    """tokentm against ``test_tokentm.py``'s NumPy float64 re-implementation of LibraGrad's transform_TokenTM."""
+    import test_tokentm as tt
+
+    torch.manual_seed(0)
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                          num_classes=5, embed_dim=48, num_heads=3).eval()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    tr = vc.trace(m, x, targets=[1, 3], sites=tt.SITES)
+    kit = vc.cam(tr, vc.presets.tokentm().replace(class_=3, upsample="none", normalize="none")).values
+    return Case(kit, tt._reference(tr, 3), "NightMachinery/decompv-libragrad-v1 decompv/x/ds/utils.py "
+                "transform_TokenTM @9db0df4, re-implemented in tests/unit/compute/test_tokentm.py (NumPy float64)",
+                "timm ViT, random (32 px, patch 8, 2 blocks, 3 heads, width 48)", NOISE + " (raw map)")
