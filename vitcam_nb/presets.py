@@ -37,7 +37,15 @@ from vitcam_nb.core.presets import (
     vit_cx,
     xgradcam,
 )
-from vitcam_nb.core.presets_attention import agcam, attcat, grad_eclip, grad_eclip_paper, grad_sam, legrad
+from vitcam_nb.core.presets_attention import (
+    agcam,
+    attcat,
+    grad_eclip,
+    grad_eclip_paper,
+    grad_sam,
+    legrad,
+    legrad_cls,
+)
 from vitcam_nb.core.presets_rules import attnlrp, cp_lrp, libragrad, transformer_attribution
 from vitcam_nb.core.presets_tokentm import tokentm
 
@@ -45,7 +53,8 @@ __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gr
            "attnlrp", "cp_lrp", "libragrad",
            "beyond_intuition_head", "beyond_intuition_token", "chefer_attention_gradcam", "citation", "eigencam",
            "eigengradcam", "get", "grad_eclip", "grad_eclip_paper", "grad_sam", "gradcam", "gradcam_elementwise",
-           "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad", "legrad_style", "markdown_table",
+           "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad", "legrad_cls", "legrad_style",
+           "markdown_table",
            "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "tokentm", "transformer_attribution",
            "transition_attention_maps",
            "vit_cx", "xgradcam"]

@@ -1,4 +1,4 @@
-"""The published attention-gradient methods as a trace kind: Grad-SAM, AttCAT, AG-CAM, exact LeGrad and
+"""The published attention-gradient methods as a trace kind: Grad-SAM, AttCAT, AG-CAM, LeGrad and
 Grad-ECLIP, each computed from a single-image trace exactly as its formula (and official code) reads the stored
 sites, with no model call.
 
@@ -38,7 +38,8 @@ from vitcam_nb.core.presets_attention import ATTENTION_CITATIONS as CITATIONS
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.weighting import Weighting, register_weighting
 
-__all__ = ["CITATION_OF", "METHODS", "PUBLISHED", "PublishedKind", "eclip_heads_text", "single_head_blocks"]
+__all__ = ["CITATION_OF", "LEGRAD_READOUT", "METHODS", "PUBLISHED", "PublishedKind", "eclip_heads_text",
+           "single_head_blocks"]
 
 
 def _needs(trace: xr.Dataset, recipe: Recipe, names: tuple[str, ...], sites: tuple[str, ...] = ()) -> None:
@@ -97,12 +98,26 @@ def agcam(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[in
     return _rows(view, terms, "cls").sum(axis=(0, 1))[view.patch]
 
 
+#: LeGrad weighting -> the layer-wise read-out its trace must have (``vc.targets.layerwise(readout=...)``)
+LEGRAD_READOUT = {"legrad_mean": "mean", "legrad": "model"}
+
+
 def legrad(view: TraceView, trace: xr.Dataset, recipe: Recipe, layer_pos: list[int]) -> np.ndarray:
-    """sum over layers l of mean over heads and query rows of relu(d s_l / d A_l), s_l the layer-wise target."""
+    """sum over layers l of mean over heads and query rows of relu(d s_l / d A_l), s_l the layer-wise target read
+    out as the weighting says (``legrad_mean``: LeGrad's official read-out; ``legrad``: the model's own pooling)."""
     _needs(trace, recipe, ("attn_grad",))
+    want = LEGRAD_READOUT[recipe.weighting]
     if str(view.attrs.get("target_kind", "")) != "layerwise":
-        raise RecipeError("weighting: legrad differentiates each block's own read-out score; trace with "
-                          "targets=vc.targets.layerwise(...) (one target per block, one backward pass)")
+        raise RecipeError(f"weighting: {recipe.weighting} differentiates each block's own read-out score; trace "
+                          f"with targets=vc.targets.layerwise(..., readout={want!r}) (one target per block, one "
+                          "backward pass)")
+    # traces made before the read-out option hold the model's own pooling and no attribute for it
+    have = str(view.attrs.get("layerwise_readout", "model"))
+    if have != want:
+        preset = {"mean": "legrad", "model": "legrad_cls"}
+        raise RecipeError(f"weighting: {recipe.weighting} (preset {preset[want]}) reads the layer-wise scores read "
+                          f"out by {want!r}, but this trace's were read out by {have!r}; trace with "
+                          f"targets=vc.targets.layerwise(..., readout={want!r}), or use vc.presets.{preset[have]}()")
     target_of = {int(c): i for i, c in enumerate(view.arrays["target_class"]) if int(c) >= 0}
     out = 0.0
     for p in layer_pos:
@@ -220,7 +235,12 @@ METHODS: dict[str, tuple[Method, str, str]] = {
     "agcam": (agcam, "map[p] = sum over layers l and heads h of sigmoid(S_lh[cls,p]) relu(dy/dA_lh[cls,p]), S the "
                      "pre-softmax scores, A the softmax attention (AG-CAM)", "AG-CAM"),
     "legrad": (legrad, "map[p] = sum over layers l of mean over heads and query rows of relu(d s_l/dA_l[q,p]), "
-                       "s_l block l's output through the final norm and head (exact LeGrad)", "LeGrad"),
+                       "s_l block l's output through the final norm, the model's own pooling (the class token) and "
+                       "head (LeGrad with the kit's class-token read-out, not the official mean over tokens)",
+               "LeGrad, class-token read-out (the kit's variant)"),
+    "legrad_mean": (legrad, "map[p] = sum over layers l of mean over heads and query rows of relu(d s_l/dA_l[q,p]), "
+                            "s_l = head(norm(mean over all tokens of block l's output)) (LeGrad, its official "
+                            "read-out)", "LeGrad"),
     "grad_eclip": (grad_eclip, "map[p] = relu(sum_c dy/dF3[cls,c] v[p,c] minmax_p cos(out_proj(q_cls), "
                                "out_proj(k_p))), cosine over all channels (single-head, as Grad-ECLIP's "
                                "generate_emap.py)", "Grad-ECLIP"),
@@ -232,8 +252,8 @@ METHODS: dict[str, tuple[Method, str, str]] = {
 
 #: weighting name -> the citation of its preset
 CITATION_OF = {"gradsam": CITATIONS["grad_sam"], "attcat": CITATIONS["attcat"], "agcam": CITATIONS["agcam"],
-               "legrad": CITATIONS["legrad"], "grad_eclip": CITATIONS["grad_eclip"],
-               "grad_eclip_paper": CITATIONS["grad_eclip_paper"]}
+               "legrad": CITATIONS["legrad_cls"], "legrad_mean": CITATIONS["legrad"],
+               "grad_eclip": CITATIONS["grad_eclip"], "grad_eclip_paper": CITATIONS["grad_eclip_paper"]}
 
 
 def _refuse(*_args: Any, **_kwargs: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -114,11 +114,19 @@ TAXONOMY.update({
               "aggregation": "sigmoid(S) * relu(dA), summed over heads and layers",
               "reconstruction": "raster grid, bilinear upsampling, min-max"},
     "legrad": {"paper": CITATIONS["legrad"], "code": "https://github.com/WalBouss/LeGrad",
-               "site": "F2 softmax attention gradient of each block",
-               "target": "per block: its output through the final norm, pooling and head (vc.targets.layerwise)",
+               "site": "F2 softmax attention gradient of the last two blocks (official layer_index=-2)",
+               "target": "per block: the final norm of the mean over all tokens (class token included), then the "
+                         "projection or head (vc.targets.layerwise, readout='mean')",
                "tokens": "mean over all query rows, patch keys",
                "aggregation": "relu(ds_l/dA_l), mean over heads and rows, summed over layers",
                "reconstruction": "raster grid, bilinear upsampling, min-max"},
+    "legrad_cls": {"paper": CITATIONS["legrad_cls"], "code": "https://github.com/WalBouss/LeGrad",
+                   "site": "F2 softmax attention gradient of every block",
+                   "target": "per block: its output through the final norm, the model's own pooling (class token) "
+                             "and head (vc.targets.layerwise, readout='model'); the kit's variant",
+                   "tokens": "mean over all query rows, patch keys",
+                   "aggregation": "relu(ds_l/dA_l), mean over heads and rows, summed over layers",
+                   "reconstruction": "raster grid, bilinear upsampling, min-max"},
     "grad_eclip": {"paper": CITATIONS["grad_eclip"], "code": "https://github.com/Cyang-Zhao/Grad-Eclip",
                    "site": "last block: F3 gradient at CLS, values v, q and k through out_proj (q_out, k_out), "
                            "single-head recompute",

@@ -1,7 +1,8 @@
-"""The published attention-gradient methods as presets: Grad-SAM, AttCAT, AG-CAM, exact LeGrad and Grad-ECLIP
-(its official code's reading and the paper's). Each is a recipe whose weighting is a whole method
-(``method=True``), computed by the "published" trace kind from the sites it reads; importing this module adds
-them to :data:`~vitcam_nb.core.presets.PRESETS` and their sources to ``CITATIONS``.
+"""The published attention-gradient methods as presets: Grad-SAM, AttCAT, AG-CAM, LeGrad (the official read-out
+and the kit's class-token one) and Grad-ECLIP (its official code's reading and the paper's). Each is a recipe
+whose weighting is a whole method (``method=True``), computed by the "published" trace kind from the sites it
+reads; importing this module adds them to :data:`~vitcam_nb.core.presets.PRESETS` and their sources to
+``CITATIONS``.
 
 Example:
     >>> from vitcam_nb.core.presets import get
@@ -14,7 +15,8 @@ from __future__ import annotations
 from vitcam_nb.core.presets import CITATIONS, PRESETS
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["ATTENTION_CITATIONS", "agcam", "attcat", "grad_eclip", "grad_eclip_paper", "grad_sam", "legrad"]
+__all__ = ["ATTENTION_CITATIONS", "agcam", "attcat", "grad_eclip", "grad_eclip_paper", "grad_sam", "legrad",
+           "legrad_cls"]
 
 #: Where each method comes from (also added to ``CITATIONS``).
 ATTENTION_CITATIONS: dict[str, str] = {
@@ -25,7 +27,10 @@ ATTENTION_CITATIONS: dict[str, str] = {
     "agcam": "Leem & Seo 2024, Attention Guided CAM: Visual Explanations of Vision Transformer Guided by "
              "Self-Attention, AAAI (official AGCAM.py)",
     "legrad": "Bousselham et al. 2024, LeGrad: An Explainability Method for Vision Transformers via Feature "
-              "Formation Sensitivity (official wrapper; one read-out score per layer)",
+              "Formation Sensitivity (official legrad/wrapper.py, pip legrad-torch 1.1: per block the final norm of "
+              "the mean over all tokens through the projection or head; the last two blocks, layer_index=-2)",
+    "legrad_cls": "the kit's variant of Bousselham et al. 2024, LeGrad: each block read out by the model's own "
+                  "pooling (the class token) instead of the official mean over all tokens; every block",
     "grad_eclip": "Zhao et al. 2024, Gradient-based Visual Explanation for Transformer-based CLIP, ICML (official "
                   "generate_emap.py: last block recomputed single-head; cosine of q and k after out_proj)",
     "grad_eclip_paper": "Zhao et al. 2024, Gradient-based Visual Explanation for Transformer-based CLIP, ICML (the "
@@ -74,17 +79,35 @@ def agcam(layer: int | tuple | str = "all") -> Recipe:
     return Recipe(site="F2", layer=layer, weighting="agcam", layer_fusion="sum", relu="none", normalize="minmax")
 
 
-def legrad(layer: int | tuple | str = "all") -> Recipe:
-    """Exact LeGrad (Bousselham et al. 2024): for each block l, the gradient of that block's own read-out score
-    ``s_l`` (its output through the final norm, pooling and head) w.r.t. its attention, ReLU, mean over heads and
-    query rows, summed over blocks, min-max. Needs a trace with ``targets=vc.targets.layerwise(...)`` (timm
-    classifiers; open_clip towers with ``vectors=`` text embeddings) and site F2
-    (all blocks' scores come from the same batched backward). The official wrapper starts at a chosen layer:
-    pass the same blocks as ``layer``.
+def legrad(layer: int | tuple | str = (-2, -1)) -> Recipe:
+    """LeGrad (Bousselham et al. 2024) as its official code computes it (``legrad/wrapper.py``, pip
+    ``legrad-torch`` 1.1; torchcam 0.5's ``LeGrad`` agrees): for each block l, the score ``s_l`` is the final
+    norm applied to the MEAN of block l's output over all tokens (class token included), through the projection
+    (open_clip, cosine with the text embedding) or the classifier head (timm); the gradient of ``s_l`` w.r.t. the
+    block's attention, ReLU, mean over heads and query rows, summed over blocks, min-max. The default blocks are
+    the official ``layer_index=-2``: the last two. Needs a trace with ``targets=vc.targets.layerwise(...)`` (its
+    default ``readout="mean"``; timm classifiers, open_clip towers with ``vectors=`` text embeddings) and site
+    F2. :func:`legrad_cls` is the kit's class-token read-out (this preset's meaning before).
 
     Example:
-        >>> legrad().weighting
-        'legrad'
+        >>> legrad().weighting, legrad().layer
+        ('legrad_mean', (-2, -1))
+    """
+    return Recipe(site="F2", layer=layer, weighting="legrad_mean", layer_fusion="sum", relu="none",
+                  normalize="minmax")
+
+
+def legrad_cls(layer: int | tuple | str = "all") -> Recipe:
+    """The kit's variant of LeGrad, NOT the official read-out: each block l's score is its output through the
+    final norm and the model's own pooling and head (the class token on class-token models, so the last block's
+    score is the model's logit), where the official code reads the mean over all tokens (:func:`legrad`); every
+    block by default. Otherwise as :func:`legrad`. Needs a trace with
+    ``targets=vc.targets.layerwise(..., readout="model")``. Its recipe id is the one ``vc.presets.legrad()``
+    had before LeGrad's read-out was fixed, so stored recipes of that id keep computing this.
+
+    Example:
+        >>> legrad_cls().weighting, legrad_cls().layer
+        ('legrad', 'all')
     """
     return Recipe(site="F2", layer=layer, weighting="legrad", layer_fusion="sum", relu="none", normalize="minmax")
 
@@ -121,5 +144,5 @@ def grad_eclip_paper(layer: int | tuple | str = -1) -> Recipe:
                   isinstance(layer, tuple) else "none", relu="none", normalize="minmax")
 
 
-PRESETS.update({"grad_sam": grad_sam, "attcat": attcat, "agcam": agcam, "legrad": legrad, "grad_eclip": grad_eclip,
-                "grad_eclip_paper": grad_eclip_paper})
+PRESETS.update({"grad_sam": grad_sam, "attcat": attcat, "agcam": agcam, "legrad": legrad, "legrad_cls": legrad_cls,
+                "grad_eclip": grad_eclip, "grad_eclip_paper": grad_eclip_paper})

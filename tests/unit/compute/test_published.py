@@ -125,10 +125,12 @@ def test_attcat_equals_reference(vit_case):
 
 
 @pytest.mark.parametrize("kw", [{}, {"global_pool": "avg", "fc_norm": True}])
-def test_legrad_equals_official_wrapper(kw):
+def test_legrad_cls_equals_reference(kw):
+    # the kit's class-token read-out (vc.presets.legrad_cls; the official read-out is tested in
+    # tests/unit/compute/test_parity_legrad.py against the authors' code)
     model = _vit(**kw)
     image = _image(1)
-    tr = vc.trace(model, image, targets=vc.targets.layerwise(), sites=["F2"])
+    tr = vc.trace(model, image, targets=vc.targets.layerwise(readout="model"), sites=["F2"])
     m, logits, rec = _run(model, _input(model, image))
     c = int(logits[0].argmax())
     # For each block: its output through the final norm and head, d(score)/d(its attention), relu, mean over
@@ -138,14 +140,14 @@ def test_legrad_equals_official_wrapper(kw):
         s = m.forward_head(m.norm(out))[0, c]
         (g,) = torch.autograd.grad(s, [A], retain_graph=True)
         acc = acc + torch.relu(g).mean(1).mean(1)[0]
-    _close(vc.cam(tr, vc.presets.legrad().replace(**RAW)).values, _grid(acc.detach().numpy()))
+    _close(vc.cam(tr, vc.presets.legrad_cls().replace(**RAW)).values, _grid(acc.detach().numpy()))
     # the last block's score is the model's own logit
     assert np.isclose(float(tr["logits"][-1]), float(logits[0, c].detach()), rtol=1e-5)
 
 
 def test_methods_refuse_traces_without_their_sites(vit_case):
     tr, _ = vit_case
-    with pytest.raises(RecipeError, match="legrad differentiates each block's own read-out score"):
+    with pytest.raises(RecipeError, match="legrad_mean differentiates each block's own read-out score"):
         vc.cam(tr, vc.presets.legrad())
     plain = vc.trace(_vit(), _image(), targets="top1", sites=["F2"])
     with pytest.raises(RecipeError, match="sites=\\[..., 'attn_scores'\\]"):
@@ -286,11 +288,11 @@ def test_attention_methods_on_open_clip_match_numpy():
            ((h * dh).sum(-1) * A.mean(1).mean(1)).sum(0)[1:].reshape(4, 4))
 
 
-def test_legrad_open_clip_equals_reference():
+def test_legrad_cls_open_clip_equals_reference():
     model = _clip()
     text = torch.randn(3, 8, generator=torch.Generator().manual_seed(6))
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(4))
-    tr = vc.trace(model, x, targets=vc.targets.layerwise(vectors=text), sites=["F2"])
+    tr = vc.trace(model, x, targets=vc.targets.layerwise(vectors=text, readout="model"), sites=["F2"])
     # my own forward of the tower with the attention written out, each block read out through ln_post and proj
     v_ = model.visual
     t = torch.nn.functional.conv2d(x, v_.conv1.weight, stride=8).flatten(2).transpose(1, 2)
@@ -313,7 +315,7 @@ def test_legrad_open_clip_equals_reference():
         (g,) = torch.autograd.grad(s[c], [A], retain_graph=True)
         acc = acc + torch.relu(g).mean(1).mean(1)[0]
     np.testing.assert_allclose(tr["logits"].values, torch.stack([r[c] for r in read]).detach().numpy(), rtol=1e-5)
-    _close(vc.cam(tr, vc.presets.legrad().replace(**RAW)).values, _grid(acc.detach().numpy()))
+    _close(vc.cam(tr, vc.presets.legrad_cls().replace(**RAW)).values, _grid(acc.detach().numpy()))
 
 
 # -- Grad-ECLIP's code on timm CLIP-style ViTs and Hugging Face CLIP; the single-head record -------------------

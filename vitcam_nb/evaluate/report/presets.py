@@ -8,12 +8,13 @@ recipe actually used is in the table. Presets that read model outputs (integrate
 Score-CAM) get them from ``vc.score`` at its defaults. The deletion is ordered by the token-grid map; a whole-image
 map (ViT-CX) by its mean over each patch. Each image is traced at every site the model offers (the published
 attention-gradient methods read q, k, v, attn_scores, resid_pre), and once more with one read-out score per block
-for LeGrad (``vc.targets.layerwise``) and, for Grad-ECLIP's code version, inside
-:func:`~vitcam_nb.adapters.single_head_attention` (its official code runs the block as one head). A preset that
-reads a backward rule's relevance (``cp_lrp``, ``attnlrp``, ``libragrad``: :func:`rule_for`) gets the image traced
-once more with that rule (same sites, ``vc.trace(..., rule=...)``); the ``rule`` column names the rule of the trace
-each row was computed from. Exact Shapley values can be read from and written to a cache file
-(:class:`~vitcam_nb.evaluate.report.shapley_cache.ShapleyCache`): they depend on the image, never on the map.
+for LeGrad (``vc.targets.layerwise``; once per read-out, ``legrad`` and ``legrad_cls``) and, for Grad-ECLIP's code
+version, inside :func:`~vitcam_nb.adapters.single_head_attention` (its official code runs the block as one head). A
+preset that reads a backward rule's relevance (``cp_lrp``, ``attnlrp``, ``libragrad``: :func:`rule_for`) gets the
+image traced once more with that rule (same sites, ``vc.trace(..., rule=...)``); the ``rule`` column names the rule
+of the trace each row was computed from. Exact Shapley values can be read from and written to a cache file
+(:class:`~vitcam_nb.evaluate.report.shapley_cache.ShapleyCache`):
+they depend on the image, never on the map.
 
 Example:
     >>> table = report_presets(n_images=2, names=["attention_rollout", "albef_itm_gradcam"])  # doctest: +SKIP
@@ -35,6 +36,7 @@ import torch
 from vitcam_nb.adapters.qkv import single_head_attention
 from vitcam_nb.capture.scoring import score as score_trace
 from vitcam_nb.capture.trace import trace
+from vitcam_nb.compute.published import LEGRAD_READOUT
 from vitcam_nb.core import presets
 from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, RecipeError, TraceError
@@ -235,7 +237,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                      if s]
         tr = trace(model, image, targets=[label], sites=sites)
         # LeGrad's trace (one read-out score per block) and Grad-ECLIP's (its blocks run as one head), made when needed
-        by_block = one_head = None
+        by_block: dict[str, Any] = {}  # LeGrad's traces, one per read-out ("mean": legrad, "model": legrad_cls)
+        one_head = None
         by_rule: dict[str, Any] = {}  # this image traced with a backward rule, once per rule a preset needs
         if not recipes and not skipped:
             recipes, skipped = _prepare(names, int(tr.attrs["num_layers"]))
@@ -254,8 +257,9 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
             except RecipeError:
                 recipe = base
             try:
-                if recipe.weighting == "legrad" and by_block is None:
-                    by_block = trace(model, image, targets=layerwise(label), sites=["F2"])
+                readout = LEGRAD_READOUT.get(recipe.weighting)
+                if readout is not None and readout not in by_block:
+                    by_block[readout] = trace(model, image, targets=layerwise(label, readout=readout), sites=["F2"])
                 if recipe.weighting == "grad_eclip" and one_head is None:  # its official code's single-head block
                     blocks = list(recipe.layer) if isinstance(recipe.layer, tuple) else [recipe.layer]
                     with single_head_attention(model, layers=blocks):
@@ -266,7 +270,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                     by_rule[rule] = trace(model, image, targets=[label], sites=sites, rule=rule)
                 if needs_scores(recipe):
                     tr = score_trace(tr, model, recipe, image, progress=False)
-                src = {"legrad": by_block, "grad_eclip": one_head}.get(recipe.weighting, by_rule.get(rule, tr))
+                src = by_block[readout] if readout is not None else one_head if recipe.weighting == "grad_eclip" \
+                    else by_rule.get(rule, tr)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DegenerateMapWarning)
                     up = kind_for(src, recipe).cam(src, recipe)
@@ -311,7 +316,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
                    "score": score, "deletion_mode": "token (whole-image maps: mean over each patch)",
                    "class": "true label of each image", "layers": "tuples counted from the end clipped to the model",
                    "scores": "vc.score at its defaults (20 integration steps; ViT-CX threshold 0.1, noise 0.1, seed 0)",
-                   "sites": ",".join(sites or []), "legrad": "a second trace, targets=vc.targets.layerwise(label)",
+                   "sites": ",".join(sites or []),
+                   "legrad": "a second trace, targets=vc.targets.layerwise(label) (legrad_cls: readout='model')",
                    "grad_eclip": "a third trace inside vc.adapters.single_head_attention(model, its blocks)",
                    "rules": "rule presets (cp_lrp, attnlrp, libragrad): the image traced once more per rule, same "
                             "sites, vc.trace(..., rule=<rule>); column rule = the rule of each row's trace"}

@@ -1,0 +1,219 @@
+"""How each preset was checked (issue #53): every preset and backward rule against its authors' code where that
+code installs from the package index, measured here, and otherwise the test that re-implements the paper's or the
+code's equations independently of the kit.
+
+Run:  ``python -m benchmarks --items parity`` or ``python -m benchmarks.items.parity [--out FILE] [--quick]``.
+It writes ``benchmarks/PARITY.json`` and the table of ``docs/presets.md`` between ``<!-- parity:start -->`` and
+``<!-- parity:end -->`` (``--quick``: the JSON under ``benchmarks/results/`` only, docs untouched). The measured
+rows come from the functions the parity tests assert on (``tests/unit/compute/parity_cases.py``): the same
+models (tiny, random, built in code), inputs and reference calls. A reference package that is not installed gives
+the row "not installed" (CI installs them: the [test] extra and ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["MEASURED", "REFERENCED", "markdown", "measure", "run", "with_table"]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "presets.md"
+OUT = ROOT / "benchmarks" / "PARITY.json"
+START, END = "<!-- parity:start -->", "<!-- parity:end -->"
+
+_CHEFER_NAN = ("Chefer's code min-max normalises an all-negative (after ReLU: all-zero) map to NaN; the kit returns "
+               "zeros with a DegenerateMapWarning")
+
+_FAMILIES = ("tests/unit/capture/test_rules.py (timm ViT, DeiT, DINOv2 with registers, BEiT), "
+             "test_rules_families.py (timm EVA, open_clip, HF ViT, DeiT, DINOv2, CLIP, SigLIP): a hand-written "
+             "forward with the rule spelled out")
+
+#: (presets, case name in parity_cases, its arguments, deliberate differences in one sentence)
+MEASURED: list[tuple[str, str, tuple, str]] = [
+    ("legrad", "legrad_vs_legrad_torch", (-2,),
+     "none: same read-out (ln_post of the mean over all tokens, then proj) and the same default blocks "
+     "(layer_index=-2: the last two); the official blocks not hooked by the wrapper are run sequence-first as "
+     "open_clip <= 2.23 ran them"),
+    ("legrad", "legrad_vs_torchcam", ((-2, -1),),
+     "none: torchcam averages the per-block maps where the kit sums them (equal after min-max); torchcam adds "
+     "1e-8 to the maximum when it normalises"),
+    ("legrad_cls", "legrad_vs_legrad_torch", (-2, (-2, -1), "model"),
+     "deliberate: the kit's variant reads each block by the class token (the model's own pooling), not the "
+     "official mean over all tokens; the row shows how far that is from the official map"),
+    ("cp_lrp", "cp_lrp_vs_lxt", (),
+     "read at the first block's input (patch + position embedding); lxt's own ViT example also applies zennit's "
+     "Gamma rules to Linear and Conv2d layers and reads relevance at the pixels, which the kit does not"),
+    ("shapley_patches (vc.evaluate)", "shapley_vs_shapiq", ((2, 4), 2), "none"),
+    ("grad_sam", "published_vs_test_reference", ("grad_sam",), "none"),
+    ("attcat", "published_vs_test_reference", ("attcat",), "none"),
+    ("agcam", "published_vs_test_reference", ("agcam",), "none"),
+    ("tokentm", "tokentm_vs_test_reference", (),
+     "the CLS row of the final matrix is the kit's reading (how the code reads it was not checked)"),
+    *[(("pytorch_grad_cam_vit, gradcam" if m == "gradcam" else m), "pgc_vs_kit", (m,),
+       "EigenCAM's sign: pytorch-grad-cam keeps LAPACK's, the kit fixes it (the closer sign is compared)"
+       if m.startswith("eigen") else "none (cv2 against torch bilinear resize: both half-pixel centres)")
+      for m in ("gradcam", "hirescam", "gradcam_elementwise", "gradcampp", "xgradcam", "layercam", "eigencam",
+                "eigengradcam")],
+]
+
+#: (presets, reference: repository + file + commit read, the test that re-implements it, its tolerance,
+#:  deliberate differences). No package of these installs from the index.
+REFERENCED: list[tuple[str, str, str, str, str]] = [
+    ("scorecam, ablationcam (weightings)", "grad-cam 1.5.7 ScoreCAM, AblationCAM + AblationLayerVit (package)",
+     "tests/unit/compute/test_scored_parity.py", "1e-4 (min-max maps)", "none"),
+    ("chefer_attention_gradcam", "hila-chefer/Transformer-Explainability baselines/ViT/ViT_explanation_generator.py "
+     "@7cf1edb", "tests/unit/compute/test_flat_formulas.py, test_flat_real_model.py", "1e-4 relative", _CHEFER_NAN),
+    ("attention_rollout", "samiraabnar/attention_flow (paper's equation: R = prod_l (0.5 mean_h A_l + 0.5 I))",
+     "tests/unit/compute/test_flat_formulas.py", "1e-4 relative", "none"),
+    ("gradient_rollout", "hila-chefer/Transformer-MM-Explainability lxmert/lxmert/src/ExplanationGenerator.py "
+     "@14e55ee", "tests/unit/compute/test_flat_formulas.py", "1e-4 relative", "none"),
+    ("legrad_style", "none (the kit's LeGrad-style map; exact LeGrad is legrad)",
+     "tests/unit/compute/test_flat_formulas.py", "1e-4 relative",
+     "deliberate: query rows averaged before the ReLU, one target for every block"),
+    ("transition_attention_maps", "XianrenYty/Transition_Attention_Maps baselines/ViT/ViT_explanation_generator.py "
+     "@cb3d263", "tests/unit/compute/test_presets_published.py", "1e-5 relative", "none"),
+    ("beyond_intuition_head, beyond_intuition_token", "jiaminchen-1031/transformerinterp "
+     "ViT/baselines/ViT/ViT_explanation_generator.py @7545da5", "tests/unit/compute/test_presets_published.py",
+     "1e-5 relative", "token-wise: blk.attn.vproj (from a patched model file not published) read as the values "
+     "of all heads times the output projection's weight"),
+    ("vit_cx", "vaynexie/CausalX-ViT ViT_CX/ViT_CX.py @1ea3140", "tests/unit/compute/test_presets_published.py",
+     "1e-5 relative", "the noise is drawn from a seeded generator (the official code draws it unseeded)"),
+    ("albef_itm_gradcam", "salesforce/ALBEF visualization.ipynb @91de3c1",
+     "tests/unit/compute/test_presets_published.py", "1e-5 relative", "none with text_tokens='cls'"),
+    ("grad_eclip, grad_eclip_paper", "Cyang-Zhao/Grad-Eclip generate_emap.py @6ffae66",
+     "tests/unit/compute/test_published.py", "1e-5 relative",
+     "grad_eclip_paper is the paper's per-head formula; the code's single-head block is grad_eclip"),
+    ("attnlrp (rule)", "lxt 2.1 efficient rules (AttnLRP; lxt patches no ViT for AttnLRP, so the rules are "
+     "written out by hand)", _FAMILIES, "1e-5 relative",
+     "none"),
+    ("cp_lrp (rule, every family)", "lxt 2.1 lxt/efficient/models/vit_torch.py (rules written out by hand on each "
+     "family)", _FAMILIES, "1e-5 relative",
+     "as the measured cp_lrp row"),
+    ("libragrad", "NightMachinery/pytorch-image-models-libragrad-v1 (commit not recorded)",
+     _FAMILIES + "; FullGrad+: tests/integration/test_reliability_rules_readout.py", "1e-5 relative",
+     "libragrad(biases=True) is the column LibraGrad's code labels FullGrad+ (bias terms included), not its plain "
+     "FullGrad (Pearson 0.83-0.90 between them)"),
+    ("transformer_attribution (rule chefer_lrp)", "hila-chefer/Transformer-Explainability baselines/ViT/ViT_LRP.py "
+     "@f9cdd27 and layers_ours.py", "tests/unit/capture/test_chefer.py (NumPy relprop, no autograd)",
+     "1e-5 relative", "the final LayerNorm's eps is the model's (Chefer's ViT_LRP.py builds its final norm with "
+     "torch's default 1e-5, its blocks' with 1e-6; timm uses 1e-6 for all); " + _CHEFER_NAN),
+
+]
+
+
+def _cases() -> object:
+    for path in (str(ROOT / "tests"), str(ROOT / "tests" / "unit" / "compute")):  # as pytest's pythonpath
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    import parity_cases
+
+    return parity_cases
+
+
+def measure(name: str, args: tuple) -> dict:
+    """One measured row: the case's figures, or why it did not run."""
+    import pytest
+
+    cases = _cases()
+    fn: Callable = getattr(cases, name)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            case = fn(*args)
+    except pytest.skip.Exception as exc:
+        return {"status": "not installed", "note": str(exc)[:300]}
+    return {"status": "ok", "reference": case.reference, "model": case.model, "input": case.input,
+            "max_abs_diff": case.max_abs, "relative_diff": case.relative, "pearson": case.pearson,
+            "shape": list(case.kit.shape),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def run(quick: bool = False) -> dict:
+    """Every measured row (the pytorch-grad-cam ones only for GradCAM with ``quick``) and the referenced rows."""
+    measured = MEASURED if not quick else [r for r in MEASURED if r[1] != "pgc_vs_kit" or r[2] == ("gradcam",)]
+    rows = []
+    for presets, name, args, differences in measured:
+        rows.append({"presets": presets, "case": name, "args": repr(args), "differences": differences,
+                     **measure(name, args)})
+    referenced = [{"presets": p, "reference": ref, "test": test, "tolerance": tol, "differences": diff}
+                  for p, ref, test, tol, diff in REFERENCED]
+    import torch
+
+    return {"item": "parity", "date": _dt.date.today().isoformat(), "quick": quick,
+            "command": "python -m benchmarks --items parity", "torch": torch.__version__,
+            "measured": rows, "referenced": referenced}
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(result: dict) -> str:
+    """The "How each preset was checked" table of ``docs/presets.md``."""
+    out = [f"Measured by `{result['command']}` on {result['date']} (torch {result['torch']}); each figure is the "
+           "kit's map against the reference's on the same weights and input (maps min-max normalised where the "
+           "method normalises; raw maps where marked, raw relevance for `cp_lrp`, Shapley values for "
+           "`shapley_patches`), the difference relative to the largest reference value in brackets.", "",
+           "| preset | reference | model | input | max \\|difference\\| (relative) | Pearson | "
+           "deliberate differences |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["measured"]:
+        if r["status"] != "ok":
+            out.append(f"| `{_cell(r['presets'])}` | {_cell(r['case'])}: {r['status']} | | | | | "
+                       f"{_cell(r['differences'])} |")
+            continue
+        out.append(f"| `{_cell(r['presets'])}` | {_cell(r['reference'])} | {_cell(r['model'])} | "
+                   f"{_cell(r['input'])} | {r['max_abs_diff']:.1e} ({r['relative_diff']:.0e}) | {r['pearson']:.6f} | "
+                   f"{_cell(r['differences'])} |")
+    out += ["", "Where no code of the authors installs from the package index, a test re-implements the paper's or "
+            "the code's equations independently of the kit (its own hooks, NumPy or plain torch, on tiny random "
+            "models) and asserts the tolerance given; the reference is the repository file (and commit) it follows.",
+            "", "| preset | reference (repository, file, commit) | test | tolerance asserted | "
+            "deliberate differences |", "| --- | --- | --- | --- | --- |"]
+    for r in result["referenced"]:
+        out.append(f"| `{_cell(r['presets'])}` | {_cell(r['reference'])} | {_cell(r['test'])} | "
+                   f"{_cell(r['tolerance'])} | {_cell(r['differences'])} |")
+    return "\n".join(out)
+
+
+def with_table(text: str, table: str) -> str:
+    """``text`` with ``table`` between the parity markers.
+
+    Example:
+        >>> with_table("a\\n<!-- parity:start -->\\nold\\n<!-- parity:end -->\\nb", "new").splitlines()[2]
+        'new'
+    """
+    if START not in text or END not in text:
+        raise KeyError(f"docs/presets.md has no {START} ... {END} markers")
+    start, end = text.index(START), text.index(END)
+    return text[: start + len(START)] + "\n" + table + "\n" + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.items.parity", description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=OUT, help="the JSON file (default benchmarks/PARITY.json)")
+    p.add_argument("--quick", action="store_true", help="smoke run: GradCAM only of the pytorch-grad-cam rows; "
+                                                        "docs/presets.md untouched")
+    args = p.parse_args(argv)
+    result = run(quick=args.quick)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.quick:
+        DOC.write_text(with_table(DOC.read_text(), markdown(result)))
+    bad = [r["presets"] for r in result["measured"] if r["status"] == "ok" and not r["presets"].startswith(
+        "legrad_cls") and r["max_abs_diff"] > 1e-4]
+    print(f"wrote {args.out}" + ("" if args.quick else f" and {DOC}") + (f"; over 1e-4: {bad}" if bad else ""))
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
