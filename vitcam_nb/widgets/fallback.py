@@ -4,7 +4,10 @@ VS Code's viewer, a closed kernel) still shows the figure and names it.
 
 The bundle is made when the widget is displayed: the picture is the view at that moment. Jupyter stores that
 bundle in the notebook; a later change in the page updates the live view, not the stored picture (display the
-widget again, or call ``.static()``, to store a newer one).
+widget again, or call ``.static()``, to store a newer one). nbconvert shows the picture where the notebook holds no
+widget state (JupyterLab's default, ``scripts/notebooks.py``); a notebook saved with widget state (``jupyter
+nbconvert --execute`` stores it unless ``--ExecutePreprocessor.store_widget_state=False``) is drawn by a widget
+manager that nbconvert's page loads from a CDN, and offline shows nothing there.
 
 Example:
     >>> import matplotlib.pyplot as plt
