@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPLORER_PAGE = "explorer.md"
 EXPLORER_FILE = "assets/explorer.html"
+# The Explorer frame's height until its page reports its own: the exported page's in a 1280-pixel-wide window
+# (1527 px in Chromium: the controls wrap under the image, the methods paragraph is open).
+FRAME_HEIGHT = 1530
 _TMP = tempfile.TemporaryDirectory(prefix="vitcam-docs-")
 # nbconvert's page template imports mermaid.js from a CDN for diagrams; the notebooks have none, and the site
 # must not fetch anything.
@@ -133,8 +136,19 @@ tr = vc.trace(model, image, targets="top3")
 vc.export_html(tr, "explorer.html", axes=None, quantize="uint8")
 ```
 
-<iframe src="{EXPLORER_FILE}" title="vitcam_nb Explorer exported to HTML"
-        style="width:100%;height:820px;border:0"></iframe>
+<iframe id="vc-explorer-frame" src="{EXPLORER_FILE}" title="vitcam_nb Explorer exported to HTML"
+        style="width:100%;height:{FRAME_HEIGHT}px;border:0"></iframe>
+<script>
+// The exported page reports its height (vitcam_nb/widgets/static/standalone.js): the frame shows all of it.
+window.addEventListener("message", (event) => {{
+  const frame = document.getElementById("vc-explorer-frame");
+  const data = event.data;
+  if (frame && event.source === frame.contentWindow && data && data.vitcam === "explorer-height"
+      && Number.isFinite(data.height) && data.height > 0) {{
+    frame.style.height = `${{Math.min(Math.ceil(data.height), 20000)}}px`;
+  }}
+}});
+</script>
 """
 
 

@@ -1,4 +1,5 @@
-"""Notebook widgets (anywidget): slice a trace live in JupyterLab or Notebook 7.
+"""Notebook widgets (anywidget): slice a trace live in JupyterLab, Notebook 7 or marimo (``mo.ui.anywidget(ex)``;
+an example app: ``marimo edit notebooks/explorer_marimo.py``).
 
 * :class:`Explorer`: the image with the heatmap of the current recipe and a control for every taxonomy
   dimension, the live methods paragraph and checklist, degenerate-variant notices; on a many-image store,
@@ -10,8 +11,9 @@
 
 The trace stays in the kernel. The browser receives the image once, then small float32 grids as binary
 buffers, which it upsamples and colours on a canvas (plain ES modules in ``static/``, no build step, no
-network). Without a widget manager (nbconvert, GitHub) the display falls back to a PNG; ``.static()``
-returns the matplotlib figure.
+network). Without a widget manager (nbconvert, GitHub) the display falls back to a PNG of the view when it was
+displayed, and its text names the recipe shown (:mod:`vitcam_nb.widgets.fallback`); ``.static()`` returns the
+matplotlib figure.
 
 Example:
     >>> import vitcam_nb as vc

@@ -22,7 +22,7 @@ from vitcam_nb.widgets.assets import css, esm
 from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, diff_fields
 from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
 from vitcam_nb.widgets.facts import TraceFacts
-from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.fallback import static_bundle, summary
 from vitcam_nb.widgets.results import GridResult, compute_grid, error_text
 from vitcam_nb.widgets.traits import Opacity, Pixels
 
@@ -194,10 +194,9 @@ class Compare(anywidget.AnyWidget):
         return fig
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):
-            return png_bundle(bundle[0], self.static), bundle[1]
-        return bundle
+        # The live view, and for viewers without widgets the picture of this moment's view and what it shows.
+        return static_bundle(super()._repr_mimebundle_(**kwargs), self.static,
+                             summary("Compare", {"A": self._a.recipe, "B": self._b.recipe}, self._trace))
 
     # -- computation -------------------------------------------------------------------------------
     def _stats(self, a: GridResult, b: GridResult, k: float) -> tuple[float | None, float | None, int, str]:

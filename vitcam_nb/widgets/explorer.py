@@ -37,10 +37,10 @@ from vitcam_nb.plot import frame_strip, overlay
 from vitcam_nb.widgets.assets import css, esm
 from vitcam_nb.widgets.controls import COLORMAPS, as_recipe, coerce_request
 from vitcam_nb.widgets.encoding import grid_bytes, grid_from_bytes, image_rgba
-from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.fallback import static_bundle, summary
 from vitcam_nb.widgets.mapstore import display_trace, explorer_view, read_image
 from vitcam_nb.widgets.prefetch import prefetch_message
-from vitcam_nb.widgets.results import GridResult, compute_grid, error_text, frame_slice
+from vitcam_nb.widgets.results import GridResult, check_frame, compute_grid, error_text, frame_slice
 from vitcam_nb.widgets.standalone import explorer_html, export_html
 from vitcam_nb.widgets.traces import TracePicker, is_trace_set, named_traces, trace_choices
 from vitcam_nb.widgets.traits import Opacity, Pixels
@@ -155,7 +155,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 raise ArgumentError("store: holds no traced images yet")
             trace = read_image(self._store, index)
         facts, options, start = explorer_view(trace)
-        _check_frame(frame_index, facts.frames)
+        check_frame(frame_index, facts.frames)
         start = start if recipe is None else as_recipe(recipe)
         first = compute_grid(trace, start)  # raises for a recipe this trace cannot give: fail at construction
         shown = facts.image if facts.clip is None else facts.clip[frame_index]
@@ -232,7 +232,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         if not self.frames:
             raise ArgumentTypeError("frame_index: this Explorer shows an image trace; a video trace (vc.trace of a "
                                     "clip) has frames to pick")
-        _check_frame(value, self.frames)
+        check_frame(value, self.frames)
         self._show_frame(int(value))
 
     @property
@@ -283,8 +283,10 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         self._callbacks.append(callback)
 
     def static(self) -> Any:
-        """The current view as a matplotlib Figure (for static renders, papers and widget-less viewers); of a
-        video trace, the strip of every frame (``vc.plot.frame_strip``).
+        """The current view as a matplotlib Figure (for static renders, papers and widget-less viewers): the map
+        over the image with its colour bar, titled with the recipe in words, the class and the recipe id; of a
+        video trace, the strip of every frame (``vc.plot.frame_strip``). Its PNG is stored with the widget's
+        output when it is displayed (see :mod:`vitcam_nb.widgets.fallback`).
 
         Example:
             >>> fig = ex.static()  # doctest: +SKIP
@@ -292,7 +294,10 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         if self.frames:
             return frame_strip(self._trace, self.cam(), alpha=self.opacity, cmap=self.colormap)
         shown = display_trace(self._trace, self._facts) if is_map_store(self._trace) else self._trace
-        return overlay(shown, self.cam(), alpha=self.opacity, cmap=self.colormap)
+        fig = overlay(shown, self.cam(), alpha=self.opacity, cmap=self.colormap)
+        ax = fig.axes[0]  # the recipe's id under its words, as the page shows it: the picture names its map
+        ax.set_title(f"{ax.get_title()}\nrecipe {self._recipe.id}", fontsize=9)
+        return fig
 
     def to_html(self, path: str | None = None, *, axes: Mapping[str, Any] | None = None, quantize: str = "uint8",
                 progress: bool = True) -> str:
@@ -317,10 +322,12 @@ class Explorer(TracePicker, anywidget.AnyWidget):
         return explorer_html(shown, **args)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):
-            return png_bundle(bundle[0], self.static), bundle[1]
-        return bundle
+        # The live view, and for viewers without widgets the picture of this moment's view and what it shows.
+        where = [f"image {self.image_index + 1} of {len(self.images)} of a store"] if self._store is not None else []
+        where += [f"trace {self.trace_shown!r} of {len(self._traces)}"] if self._traces else []
+        where += [f"a clip of {self.frames} frames (the picture: every frame)"] if self.frames else []
+        return static_bundle(super()._repr_mimebundle_(**kwargs), self.static,
+                             summary("Explorer", {"recipe": self._recipe}, self._trace, where))
 
     # -- the round trip ----------------------------------------------------------------------------
     def _show_image(self, index: int) -> None:
@@ -364,7 +371,7 @@ class Explorer(TracePicker, anywidget.AnyWidget):
             if not self.frames:
                 raise ArgumentTypeError("frame: this Explorer shows an image trace, which has no frames")
             index = request.get("index")
-            _check_frame(index, self.frames)
+            check_frame(index, self.frames)
             self._show_frame(index)
         except Exception as exc:  # said in the page, frame kept
             if not isinstance(exc, (ValueError, IndexError, TypeError)):
@@ -441,9 +448,3 @@ class Explorer(TracePicker, anywidget.AnyWidget):
                 except Exception:
                     self.log.warning("vitcam_nb Explorer: on_change callback failed", exc_info=True)
 
-
-def _check_frame(value: object, frames: int) -> None:
-    """Refuse a frame that is not a frame of the clip (an image trace has only "frame" 0)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < max(frames, 1):
-        allowed = f"an int in [0, {frames - 1}] (the clip has {frames} frames)" if frames else "0 (an image trace)"
-        raise ArgumentIndexError(f"frame: expected {allowed}, got {value!r}")

@@ -25,7 +25,7 @@ from vitcam_nb.widgets.controls import COLORMAPS, as_recipe
 from vitcam_nb.widgets.encoding import grid_bytes, image_rgba
 from vitcam_nb.widgets.explorer import Explorer
 from vitcam_nb.widgets.facts import TraceFacts, default_recipe
-from vitcam_nb.widgets.fallback import png_bundle
+from vitcam_nb.widgets.fallback import static_bundle, summary
 from vitcam_nb.widgets.results import error_text
 from vitcam_nb.widgets.traits import Opacity, Pixels
 
@@ -71,6 +71,12 @@ class GalleryGrid(anywidget.AnyWidget):
     #: The cell open in the Explorer, [row, col], or [] before the first click.
     active = t.List(t.Int()).tag(sync=True)
     error = t.Unicode().tag(sync=True)
+    #: The Gallery this grid belongs to (set by it): displayed alone, the grid stores the Gallery's picture.
+    gallery: Gallery | None = None
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        return bundle if self.gallery is None else self.gallery._with_picture(bundle)
 
 
 class Gallery(ipywidgets.VBox):
@@ -139,6 +145,7 @@ class Gallery(ipywidgets.VBox):
             normalize=base.normalize, base_id=base.id, thumb=int(thumb), opacity=float(opacity),
             colormap=colormap)
         self.thumbnails.observe(self._on_click, names="selected")
+        self.thumbnails.gallery = self
         super().__init__(children=[self.thumbnails], **kwargs)
 
     def _cell_recipe(self, i: int, j: int) -> Recipe:
@@ -232,10 +239,14 @@ class Gallery(ipywidgets.VBox):
         return plot_grid(self._trace, self.maps, alpha=self.thumbnails.opacity, cmap=self.thumbnails.colormap)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, dict):
-            return png_bundle(bundle, self.static)
-        return bundle
+        return self._with_picture(super()._repr_mimebundle_(**kwargs))
+
+    def _with_picture(self, bundle: Any) -> Any:
+        """The live view, and for viewers without widgets the picture of the grid and what it shows."""
+        varied = ", ".join(f"{field} ({self.maps.sizes[field]})" for field in self._fields)
+        opened = [f"open in its Explorer: {self._selected.id} (not in the picture)"] if self._selected else []
+        return static_bundle(bundle, self.static, summary("Gallery", {"base recipe": self._base}, self._trace,
+                                                          [f"varied: {varied}", *opened]))
 
     def _on_click(self, change: dict) -> None:
         cell = (change["new"] or {}).get("cell")

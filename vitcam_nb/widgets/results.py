@@ -19,11 +19,11 @@ import xarray as xr
 from vitcam_nb.api import cam
 from vitcam_nb.compute.maps import degenerate_cause
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import DegenerateMapWarning, VitcamError
+from vitcam_nb.core.errors import ArgumentIndexError, DegenerateMapWarning, VitcamError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.widgets.facts import is_video
 
-__all__ = ["GridResult", "clip_range", "compute_grid", "error_text", "frame_slice"]
+__all__ = ["GridResult", "check_frame", "clip_range", "compute_grid", "error_text", "frame_slice"]
 
 
 @dataclass
@@ -111,6 +111,17 @@ def frame_slice(clip: np.ndarray, frame: int, frames: int) -> np.ndarray:
     """
     return np.ascontiguousarray(clip[frame * clip.shape[0] // frames])
 
+
+
+def check_frame(value: object, frames: int) -> None:
+    """Refuse a frame that is not a frame of the clip (an image trace has only "frame" 0).
+
+    Example:
+        >>> check_frame(3, 4)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < max(frames, 1):
+        allowed = f"an int in [0, {frames - 1}] (the clip has {frames} frames)" if frames else "0 (an image trace)"
+        raise ArgumentIndexError(f"frame: expected {allowed}, got {value!r}")
 
 def error_text(exc: BaseException) -> str:
     """The message shown in a widget for a refused change (no traceback): the kit's own refusals by their message,

@@ -106,22 +106,15 @@ function render({ model, el }) {
     image = imageCanvas(model.get("image"), model.get("image_shape"));
     paint();
   };
-  model.on("change:frame", onFrame);
-  model.on("change:error", showStats);
-  model.on("change:opacity", onDisplay);
-  model.on("change:colormap", onDisplay);
-  model.on("change:image", onImage);
-  model.on("change:size", paint);
+  const unlisten = listen(model, {
+    "change:frame": onFrame, "change:error": showStats, "change:opacity": onDisplay, "change:colormap": onDisplay,
+    "change:image": onImage, "change:size": paint,
+  });
   onFrame();
   root.dataset.ready = "true";
   return () => {
     clearTimeout(kTimer);
-    model.off("change:frame", onFrame);
-    model.off("change:error", showStats);
-    model.off("change:opacity", onDisplay);
-    model.off("change:colormap", onDisplay);
-    model.off("change:image", onImage);
-    model.off("change:size", paint);
+    unlisten();
   };
 }
 

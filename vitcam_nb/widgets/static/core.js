@@ -77,6 +77,20 @@ function colormapLut(name) {
   return lut;
 }
 
+/** Subscribe `handlers` ({event: fn}) to the model; returns the function that unsubscribes them all.
+ * A change handler runs once the whole update it came in is applied: JupyterLab sets every key of a kernel
+ * message before it emits any change, but marimo's model sets them one at a time and emits `change:key` after
+ * each, so a handler of "frame" would read the previous "grid" of the same answer. Each handler is deferred to a
+ * microtask (still before the next frame is drawn); events keep their order. Custom messages run at once. */
+function listen(model, handlers) {
+  const wrapped = Object.entries(handlers).map(([event, fn]) =>
+    [event, event.startsWith("change:") ? (...args) => queueMicrotask(() => fn(...args)) : fn]);
+  for (const [event, fn] of wrapped) model.on(event, fn);
+  return () => {
+    for (const [event, fn] of wrapped) model.off(event, fn);
+  };
+}
+
 /** A Uint8Array view of a binary trait value (DataView, ArrayBuffer or typed array). */
 function bytesOf(value) {
   if (!value) return new Uint8Array(0);

@@ -388,17 +388,11 @@ function render({ model, el }) {
     cache.clear(); // the maps cached so far are another frame's
     if (frameSlider) frameSlider.sync();
   };
-  model.on("change:frame", onAnswer);
-  model.on("change:frame_shown", onFrame);
-  model.on("msg:custom", onCustom);
-  model.on("change:image", onImage);
-  model.on("change:opacity", onDisplay);
-  model.on("change:colormap", onDisplay);
-  model.on("change:size", paint);
-  model.on("change:options", onOptions);
-  model.on("change:image_index", onImageIndex);
-  model.on("change:trace_shown", onTrace);
-
+  const unlisten = listen(model, {
+    "change:frame": onAnswer, "change:frame_shown": onFrame, "msg:custom": onCustom, "change:image": onImage,
+    "change:opacity": onDisplay, "change:colormap": onDisplay, "change:size": paint, "change:options": onOptions,
+    "change:image_index": onImageIndex, "change:trace_shown": onTrace,
+  });
   controls.sync(draft);
   showReport();
   paint();
@@ -406,16 +400,7 @@ function render({ model, el }) {
   if (typeof model.send === "function") model.send({ kind: "prefetch" }); // the exported page has no kernel
   return () => {
     clearTimeout(timer);
-    model.off("change:frame", onAnswer);
-    model.off("change:frame_shown", onFrame);
-    model.off("msg:custom", onCustom);
-    model.off("change:image", onImage);
-    model.off("change:opacity", onDisplay);
-    model.off("change:colormap", onDisplay);
-    model.off("change:size", paint);
-    model.off("change:options", onOptions);
-    model.off("change:image_index", onImageIndex);
-    model.off("change:trace_shown", onTrace);
+    unlisten();
   };
 }
 

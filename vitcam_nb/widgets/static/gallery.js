@@ -96,25 +96,14 @@ function render({ model, el }) {
     image = imageCanvas(model.get("image"), model.get("image_shape"));
     paintAll();
   };
-  model.on("change:maps", build);
-  model.on("change:thumb", build);
-  model.on("change:image", onImage);
-  model.on("change:active", markActive);
-  model.on("change:error", showError);
-  model.on("change:opacity", onDisplay);
-  model.on("change:colormap", onDisplay);
+  const unlisten = listen(model, {
+    "change:maps": build, "change:thumb": build, "change:image": onImage, "change:active": markActive,
+    "change:error": showError, "change:opacity": onDisplay, "change:colormap": onDisplay,
+  });
   build();
   showError();
   root.dataset.ready = "true";
-  return () => {
-    model.off("change:maps", build);
-    model.off("change:thumb", build);
-    model.off("change:image", onImage);
-    model.off("change:active", markActive);
-    model.off("change:error", showError);
-    model.off("change:opacity", onDisplay);
-    model.off("change:colormap", onDisplay);
-  };
+  return unlisten;
 }
 
 export default { render };

@@ -188,6 +188,24 @@ function localModel(parts) {
   };
 }
 
+/** Embedded in a frame (the documentation site's Explorer page), tell the page holding it how tall this page is,
+ * now and whenever it changes (a paragraph opened, the controls wrapped under the image), so the frame can show
+ * every control: a page cannot read the size of a file:// frame's document, and a fixed height cuts it off or
+ * leaves a gap. Only a number is sent. */
+function reportHeight() {
+  if (window.parent === window || typeof ResizeObserver === "undefined") return;
+  let last = -1;
+  const post = () => {
+    const box = document.body.getBoundingClientRect();
+    const height = Math.ceil(box.bottom + window.scrollY + parseFloat(getComputedStyle(document.body).marginBottom));
+    if (height === last) return;
+    last = height;
+    window.parent.postMessage({ vitcam: "explorer-height", height }, "*");
+  };
+  new ResizeObserver(post).observe(document.body);
+  post();
+}
+
 async function mountExported() {
   const host = document.getElementById("vc-app");
   try {
@@ -210,6 +228,7 @@ async function mountExported() {
     host.append(h("p", { className: "vc-error", textContent: `The explorer could not start: ${err.message}` }));
     document.body.dataset.loaded = "error";
   }
+  reportHeight();
 }
 
 mountExported();
