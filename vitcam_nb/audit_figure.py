@@ -234,7 +234,8 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tqdm.auto import tqdm
+
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     overwrite = as_flag("overwrite", overwrite)
     if isinstance(images, bool) or not isinstance(images, int) or images < 0:
