@@ -27,7 +27,8 @@ def test_the_bundled_names_are_read_without_torch_and_are_those_of_the_models_mo
 
 
 @pytest.mark.parametrize(("typo", "meant"), [("shapes_vit", "shapes-vit"), ("shapes-vit-reg", "shapes-vit-reg4"),
-                                             ("Shapes-ViT", "shapes-vit"), ("vit_tiny_patch16_22", "vit_tiny_patch16_224")])
+                                             ("Shapes-ViT", "shapes-vit"),
+                                             ("vit_tiny_patch16_22", "vit_tiny_patch16_224")])
 def test_a_misspelt_model_name_is_refused_with_the_closest_name(typo, meant):
     with pytest.raises(ArgumentError, match=f"unknown model '{typo}'.*did you mean '{meant}'"):
         check_model(typo)
