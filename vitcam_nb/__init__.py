@@ -4,8 +4,9 @@ Trace a model once (:func:`trace`), recompute any variant of the Grad-CAM taxono
 instantly (:func:`cam`, :func:`gallery`), each map carrying its recipe and reporting checklist.
 
 The package is layered (``docs/architecture.md``): core, model, capture, compute, analysis, face. This
-module is the face: it names the public API. Each name is imported when first used (PEP 562), so that
-``import vitcam_nb`` and ``vitcam-nb --help`` do not pay for torch, timm or matplotlib; the layer that registers the
+module is the face: it names the public API. The names are imported when one is first used (PEP 562), so that
+``import vitcam_nb`` and ``vitcam-nb --help`` do not pay for torch or timm: the first use imports what
+``import vitcam_nb`` used to (every ``vc.*`` attribute path that worked then works); the layer that registers the
 computations (:mod:`vitcam_nb.compute`) is imported before any registry is first read, by whatever route.
 
 Example:
@@ -37,6 +38,9 @@ from vitcam_nb.core.version import __version__
 
 # The registries of core (weightings, trace kinds) are filled by compute: imported on their first use.
 _registry.fill_from("vitcam_nb.compute")
+# Importing core above bound vc.core; unbound again, so that its first use goes through __getattr__ and finds the
+# modules (vc.core.provenance, ...) that the first use imports.
+globals().pop("core", None)
 
 if _typing.TYPE_CHECKING:  # what the lazy names are, for type checkers and the API reference generator
     from vitcam_nb import (  # noqa: F401  (vc.api, vc.capture, ... as names: the modules they were)
@@ -151,9 +155,24 @@ _OBJECTS = {
 #: The subpackages and modules that ``vc.NAME`` names (every one that ``import vitcam_nb`` used to import).
 _MODULES = ("adapters", "api", "audit", "capture", "compute", "core", "data", "evaluate", "interop", "models",
             "plot", "preprocess", "presets", "stages", "targets", "widgets")
+#: What ``import vitcam_nb`` imported before it was lazy (the widget classes' anywidget excepted, as then): imported
+#: at the first use of any lazy name, so that attribute paths through submodules (``vc.core.provenance``,
+#: ``vc.widgets.standalone``) resolve as they did.
+_EAGER = ("adapters", "audit", "compute", "data", "evaluate", "interop", "plot", "preprocess", "presets", "stages",
+          "targets", "widgets", "api", "capture.budget", "capture.io", "capture.reader", "capture.scoring_many",
+          "capture.trace", "capture.trace_many", "compute.many", "compute.map_many", "compute.map_store",
+          "core.checklist", "core.recipe", "evaluate.agreement.atlas", "evaluate.ambiguity.analysis", "models",
+          "widgets.standalone")
+
+
+def _import_all() -> None:
+    for module in _EAGER:
+        _importlib.import_module(f"{__name__}.{module}")
 
 
 def __getattr__(name: str) -> object:
+    if name in _OBJECTS or name in _MODULES:
+        _import_all()
     if name in _OBJECTS:
         value = getattr(_importlib.import_module(_OBJECTS[name]), name)
     elif name in _MODULES:

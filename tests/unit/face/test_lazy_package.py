@@ -74,6 +74,18 @@ def test_every_old_public_name_resolves_to_the_object_it_named_and_dir_lists_it(
     assert got["version"].count(".") == 2
 
 
+def test_attribute_paths_through_submodules_resolve_as_when_everything_was_imported():
+    # Paths the tests and notebooks use: the eager import loaded each submodule, and now the first use does.
+    out = _run("import vitcam_nb as vc\n"
+               "got = [vc.core.provenance.weights_origin, vc.widgets.standalone.explorer_html, "
+               "vc.compute.spatial.upsample]\n"
+               "from vitcam_nb.core.provenance import weights_origin\n"
+               "from vitcam_nb.widgets.standalone import explorer_html\n"
+               "from vitcam_nb.compute.spatial import upsample\n"
+               "print(*[a is b for a, b in zip(got, [weights_origin, explorer_html, upsample], strict=True)])")
+    assert out.split() == ["True", "True", "True"]
+
+
 def test_a_misspelt_name_is_an_attribute_error_naming_it():
     _run("import vitcam_nb as vc\n"
          "try:\n    vc.trcae\nexcept AttributeError as e:\n    assert 'trcae' in str(e)\n"
