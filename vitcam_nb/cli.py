@@ -44,9 +44,9 @@ def _timm_knows(name: str) -> bool:
 
 def check_model(name: str, image: str | None = None, *, image_needed: bool = True) -> str:
     """Refuse (:class:`~vitcam_nb.ArgumentError`) a ``--model`` that is neither bundled nor a timm name, with the
-    closest bundled (else timm) name as a suggestion, and a timm name without an existing ``--image`` file where
-    ``image_needed``; return ``"bundled"`` or ``"timm"``. Only a name that is not bundled imports timm, and only an
-    unknown one lists timm's models.
+    closest bundled (else timm) name as a suggestion, and a timm name without ``--image`` where ``image_needed`` or
+    with an ``--image`` that is not a file; return ``"bundled"`` or ``"timm"``. Only a name that is not bundled imports
+    timm, and only an unknown one lists timm's models.
 
     Example:
         >>> check_model("shapes-vit")
@@ -58,10 +58,8 @@ def check_model(name: str, image: str | None = None, *, image_needed: bool = Tru
     """
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"model: expected a bundled model name or a timm model name, got {name!r}")
-    if image is not None and not Path(image).is_file():
-        raise ArgumentError(f"image: {image} is not a file")
     bundled = bundled_model_names()
-    if name in bundled:
+    if name in bundled:  # its own command says what it does with an image (the video demo refuses one)
         return "bundled"
     if not _timm_knows(name):
         close = difflib.get_close_matches(name, bundled, n=1, cutoff=0.6)
@@ -75,6 +73,8 @@ def check_model(name: str, image: str | None = None, *, image_needed: bool = Tru
     if image_needed and image is None:
         raise ArgumentError(f"image: a timm model ({name}) needs --image PATH; the bundled sample images are for the "
                             f"bundled models ({', '.join(bundled)})")
+    if image is not None and not Path(image).is_file():
+        raise ArgumentError(f"image: {image} is not a file")
     return "timm"
 
 
