@@ -16,10 +16,10 @@ from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.api import cam, gallery
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
-from vitcam_nb.cli import check_model
 from vitcam_nb.core import presets
 from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
+from vitcam_nb.core.model_names import check_model
 from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.progress import progress_bar
 from vitcam_nb.core.provenance import weights_origin
