@@ -236,7 +236,8 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tqdm.auto import tqdm
+
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     overwrite, photo, progress = (as_flag(k, v) for k, v in
                                   (("overwrite", overwrite), ("photo", photo), ("progress", progress)))

@@ -1,4 +1,9 @@
-"""The ``vitcam-nb`` command."""
+"""The ``vitcam-nb`` command.
+
+The parser is built and the arguments read before anything heavy is imported (torch, timm, matplotlib), so that
+``--help`` and a mistyped argument answer at once; ``--model`` and ``--image`` are checked before any progress bar or
+model build (:func:`vitcam_nb.core.model_names.check_model`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,12 @@ import json
 import sys
 
 from vitcam_nb.core.errors import ArgumentError
+from vitcam_nb.core.model_names import bundled_model_names, check_model
+
+__all__ = ["bundled_model_names", "check_model", "main"]
+
+_MODEL_HELP = ("a bundled model name (vitcam-nb models lists them; their weights ship with the package) or a timm "
+               "model name, which needs --image PATH")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,21 +26,24 @@ def main(argv: list[str] | None = None) -> int:
     Example:
         >>> main(["--help"])  # doctest: +SKIP
     """
-    parser = argparse.ArgumentParser(prog="vitcam-nb", description="Grad-CAM for Vision Transformers, honestly.")
+    parser = argparse.ArgumentParser(prog="vitcam-nb", description="Grad-CAM for Vision Transformers, honestly.",
+                                     epilog="--model takes a bundled model name (vitcam-nb models lists them, each "
+                                            "with its sample images) or a timm model name, which needs --image PATH.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="trace a model on an image and write a gallery, atlas and HTML report")
     demo.add_argument("--out", default="vitcam-demo", help="output folder (default: vitcam-demo)")
     demo.add_argument("--model", default="shapes-vit",
-                      help="bundled model name or a timm model name (default: shapes-vit; shapes-video: the "
-                           "video demo on a generated clip; shapes-yolos: the detection demo on a generated image)")
-    demo.add_argument("--image", default=None, help="image file (default: a bundled sample image)")
+                      help=f"{_MODEL_HELP} (default: shapes-vit; shapes-video: the video demo on a generated clip; "
+                           "shapes-yolos: the detection demo on a generated image)")
+    demo.add_argument("--image", default=None,
+                      help="image file (default: a bundled sample image; needed for a timm model)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.add_argument("--overwrite", action="store_true",
                       help="replace outputs in --out that this command did not write (or that changed since)")
     _weights_arguments(demo)
     sub.add_parser("models", help="list the bundled models (their weights ship with the package)")
     amb = sub.add_parser("ambiguity", help="how much a reported Grad-CAM description leaves open: figure and JSON")
-    amb.add_argument("--model", default="shapes-vit", help="bundled model name or a timm model name")
+    amb.add_argument("--model", default="shapes-vit", help=f"{_MODEL_HELP} (default: shapes-vit)")
     amb.add_argument("--reported", nargs="*", default=[], metavar="FIELD=VALUE",
                      help="what the description states, e.g. site=F1 layer=-1 (a category=open leaves it open)")
     amb.add_argument("--images", type=int, default=1, help="bundled sample images to analyse (default 1)")
@@ -60,8 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     fig.add_argument("--out", default="vitcam-figure", help="output folder (default: vitcam-figure)")
     fig.add_argument("--model", default="auto",
                      help="auto (ViT-B/16 if its weights are on this machine, else shapes-vit), a bundled name or a "
-                          "timm name with cached weights (default: auto)")
-    fig.add_argument("--weights", default=None, help="a local weights file for the timm model (default: the cache)")
+                          "timm name with cached weights (default: auto); the figure uses its own images, no --image")
+    source = fig.add_mutually_exclusive_group()
+    source.add_argument("--pretrained", action="store_true",
+                        help="the timm model with its published weights from the timm / Hugging Face cache (what a "
+                             "timm name gets anyway); with --model auto: ViT-B/16, refused rather than falling back "
+                             "to shapes-vit when its weights are not on this machine")
+    source.add_argument("--weights", default=None, metavar="PATH",
+                        help="a local safetensors weights file for the timm model (default: the cache)")
     fig.add_argument("--images", type=int, default=5, help="bundled shape images (default 5, one per class)")
     fig.add_argument("--no-photo", action="store_true", help="leave out the photograph (grace_hopper.jpg)")
     fig.add_argument("--axes", action="append", default=[], metavar="FIELD=V1,V2",
@@ -88,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"file sha256 {card['weights_file_sha256'][:12]}  {card['description']}")
         return 0
     if args.command == "ambiguity":
+        try:
+            check_model(args.model, args.image)
+        except ArgumentError as exc:
+            print(f"vitcam-nb ambiguity: {exc}", file=sys.stderr)
+            return 2
         from vitcam_nb.audit import parse_reported_args, run_ambiguity
 
         try:
@@ -100,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.loads(paths["summary"].read_text())["report"])
         print(f"vitcam-nb ambiguity wrote: {paths['figure']} {paths['summary']}")
         return 0
+    try:
+        check_model(args.model, args.image)
+    except ArgumentError as exc:
+        print(f"vitcam-nb demo: {exc}", file=sys.stderr)
+        return 2
     from vitcam_nb.demo import run_demo
 
     try:
@@ -125,10 +155,14 @@ def _weights_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _announce(line: str) -> None:
-    """Print the weights' origin before any result; random-init says what that means."""
+    """Print the weights' origin before any result; random-init says what that means. Through ``tqdm.write``: a bar
+    that is already drawn is lifted and redrawn below the line, never written onto it."""
+    from tqdm import tqdm
+
     if line == "weights: random-init":
         line += " (untrained: the maps explain no learned model; use --pretrained or --weights PATH)"
-    print(line, flush=True)
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def _value(text: str) -> object:
@@ -213,11 +247,16 @@ def _cam(args: argparse.Namespace) -> int:
 
 
 def _figure(args: argparse.Namespace) -> int:
+    try:
+        axes = _axes(args.axes)
+        model = _figure_model(args.model, args.pretrained)
+    except ArgumentError as exc:
+        print(f"vitcam-nb figure: {exc}", file=sys.stderr)
+        return 2
     from vitcam_nb.audit_figure import run_figure
 
     try:
-        axes = _axes(args.axes)
-        result = run_figure(args.out, model=args.model, images=args.images, photo=not args.no_photo,
+        result = run_figure(args.out, model=model, images=args.images, photo=not args.no_photo,
                             axes=axes or None, weights=args.weights, overwrite=args.overwrite,
                             progress=not args.quiet)
     except (ValueError, TypeError, OSError) as exc:
@@ -229,6 +268,18 @@ def _figure(args: argparse.Namespace) -> int:
     print(f"  {summary['caveat']}")
     print(f"  wrote: {result['paths']['figure']} {result['paths']['summary']}")
     return 0
+
+
+def _figure_model(model: str, pretrained: bool) -> str:
+    """The model ``vitcam-nb figure`` runs: ``--pretrained`` makes ``auto`` ViT-B/16 with no fallback to the bundled
+    model (a timm name already runs with its published weights) and is refused for a bundled name."""
+    if model != "auto":
+        kind = check_model(model, image_needed=False)
+        if pretrained and kind == "bundled":
+            raise ArgumentError(f"pretrained: the bundled model {model} carries its own weights; leave out "
+                                "--pretrained")
+        return model
+    return "vit_base_patch16_224" if pretrained else model  # audit_figure.AUDIT_MODEL, named without importing it
 
 
 if __name__ == "__main__":

@@ -19,13 +19,15 @@ from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
+from vitcam_nb.core.model_names import check_model
 from vitcam_nb.core.outfiles import OutputFolder
+from vitcam_nb.core.progress import progress_bar
 from vitcam_nb.core.provenance import weights_origin
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes_detection import shapes_detection
-from vitcam_nb.demo_video import VIDEO_DEMO_MODELS, run_video_demo
+from vitcam_nb.demo_video import VIDEO_DEMO_MODELS, png_metadata, recipes_listing, run_video_demo, save_figure
 from vitcam_nb.evaluate.audit.labels import rule_text
 from vitcam_nb.evaluate.report.card import card_scores
 from vitcam_nb.models import bundled_names, load_model, sample_image
@@ -120,7 +122,9 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     model (``shapes-video``) writes the video demo's outputs instead (:func:`vitcam_nb.demo_video.run_video_demo`).
     ``pretrained`` and ``weights`` go to :func:`vitcam_nb.load_model`; ``announce`` is called with the weights'
     origin line once the model is loaded, before any result. The trace, both PNGs (a footer and their Title) and
-    the report state that origin.
+    the report state that origin; random-init weights (or weights of unknown origin) put a red title line on both PNGs
+    and a banner at the top of the report (:func:`vitcam_nb.htmlreport.weights_warning`). Each PNG's metadata and
+    ``recipes.json`` name the model, the weights' origin and the recipe ids (as written and canonical on the trace).
 
     Example:
         >>> paths = run_demo("/tmp/vitcam-demo", progress=False)  # doctest: +SKIP
@@ -137,18 +141,20 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from tqdm.auto import tqdm
 
+    if isinstance(model, str):  # a misspelt bundled name: "did you mean", before any file or progress bar
+        check_model(model, image)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ArgumentError(f"out: {out} is a file; the demo writes a folder of files, give a folder path")
     folder = OutputFolder(out, OUTPUTS, f"vitcam_nb {__version__} run_demo", overwrite=overwrite)
-    steps = tqdm(total=5, desc="vitcam-nb demo", disable=not progress)
     img, mask, image_name = _load_image(image, model)  # a missing image is refused before the model is built
     net = load_model(model, pretrained=pretrained, weights=weights)
     origin = f"weights: {weights_origin(net)}"
     if announce is not None:
         announce(origin)
+    # Only now: the origin line and a random-weights warning are printed above the bar, not onto its line.
+    steps = progress_bar(total=5, desc="vitcam-nb demo", disable=not progress)
     steps.set_postfix_str("trace")
     tr = trace(net, img, targets=_dense_target(net, model, mask))
     if mask is not None and mask.ndim == 3:  # the detector's image: score maps of the top detection (top1)
@@ -165,7 +171,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         warnings.simplefilter("ignore", DegenerateMapWarning)
         g = gallery(tr, Recipe(), vary={"layer": "all", "site": "all"})
     fig = plot.grid(tr, g, mask=mask)
-    paths["gallery"] = folder.write("gallery.png", lambda p: _save(fig, p, f"vitcam_nb gallery of {model}", origin))
+    meta = png_metadata(f"vitcam_nb gallery of {model}", model, origin, [str(i) for i in g["recipe_id"].values.ravel()])
+    paths["gallery"] = folder.write("gallery.png", lambda p: save_figure(fig, p, meta, origin))
     steps.update()
 
     recipes = demo_recipes(int(tr.attrs["num_layers"]))
@@ -174,12 +181,13 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
         warnings.simplefilter("ignore")
         at = evaluate.atlas(tr, recipes)
     fig = evaluate.plot_atlas(at)
-    paths["atlas"] = folder.write("atlas.png",
-                                  lambda p: _save(fig, p, f"vitcam_nb agreement atlas of {model}", origin))
+    canonical = [r.resolve(tr).id for r in recipes.values()]
+    meta = png_metadata(f"vitcam_nb agreement atlas of {model}", model, origin, canonical)
+    paths["atlas"] = folder.write("atlas.png", lambda p: save_figure(fig, p, meta, origin))
     steps.update()
 
     entries = []
-    for label, recipe in tqdm(recipes.items(), desc="variants", disable=not progress, leave=False):
+    for label, recipe in progress_bar(recipes.items(), desc="variants", disable=not progress, leave=False):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateMapWarning)
             m = cam(tr, recipe)
@@ -212,7 +220,7 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
                              figures={k: _image_figure(v) for k, v in figures.items()}, interactive=explorer,
                              mask=mask)
     paths["report"] = folder.write("report.html", lambda p: p.write_text(html, encoding="utf-8"))
-    listed = json.dumps({k: json.loads(r.to_json()) for k, r in recipes.items()}, indent=1)
+    listed = json.dumps(recipes_listing(tr, model, origin, recipes), indent=1)
     paths["recipes"] = folder.write("recipes.json", lambda p: p.write_text(listed, encoding="utf-8"))
     steps.update()
     steps.close()
@@ -223,15 +231,6 @@ def _scores(m: object, mask: np.ndarray) -> dict[str, float | str]:
     """Pointing game, AUROC and audit label, then the relevance mass (and the energy pointing game where it differs
     from it): :func:`vitcam_nb.evaluate.report.card.card_scores`."""
     return card_scores(m, mask)
-
-
-def _save(fig: object, path: Path, title: str, origin: str) -> None:
-    """Save a figure with the weights' origin in a footer and in the PNG's Title, then close it."""
-    import matplotlib.pyplot as plt
-
-    fig.text(0.005, 0.995, origin, fontsize=6, color="0.3", ha="left", va="top")
-    fig.savefig(path, dpi=80, format="png", metadata={"Title": f"{title}; {origin}"})
-    plt.close(fig)
 
 
 def _image_figure(pixels: np.ndarray):

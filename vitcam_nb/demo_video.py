@@ -21,7 +21,7 @@ from vitcam_nb.api import cam
 from vitcam_nb.capture.io import save
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core.arguments import as_flag
-from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
+from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, VitcamError
 from vitcam_nb.core.escape import escape_markdown
 from vitcam_nb.core.outfiles import OutputFolder
 from vitcam_nb.core.provenance import weights_origin
@@ -29,9 +29,11 @@ from vitcam_nb.core.version import __version__
 from vitcam_nb.data.shapes_video import shape_clips
 from vitcam_nb.data.train_video import NAME, normalise_clips
 from vitcam_nb.evaluate.report.known_answer_video import VIDEO_RECIPES, frame_pointing, right_frames
+from vitcam_nb.htmlreport import weights_warning
 from vitcam_nb.models import load_model
 
-__all__ = ["VIDEO_DEMO_MODELS", "VIDEO_OUTPUTS", "run_video_demo", "sample_clip"]
+__all__ = ["VIDEO_DEMO_MODELS", "VIDEO_OUTPUTS", "png_metadata", "recipes_listing", "run_video_demo", "sample_clip",
+           "save_figure"]
 
 #: Bundled models the demo shows with a clip.
 VIDEO_DEMO_MODELS = (NAME,)
@@ -114,7 +116,8 @@ def run_video_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress:
     fig.suptitle(f"{model}: class {names[pred]} (top-1); true {names[label]}; evidence frames {frames} outlined",
                  fontsize=8)
     fig.tight_layout()
-    paths["strips"] = folder.write("frame_strips.png", lambda p: _save(fig, p, origin))
+    meta = png_metadata("vitcam_nb video demo", model, origin, [r.id for r in VIDEO_RECIPES.values()])
+    paths["strips"] = folder.write("frame_strips.png", lambda p: save_figure(fig, p, meta, origin))
 
     scores = {"model": model, "weights_origin": origin, "clip": f"vitcam_nb.demo_video.sample_clip(0) (shape_clips(8, "
               f"seed={_SAMPLE_SEED})[0])", "true_class": names[label], "predicted_class": names[pred],
@@ -122,7 +125,7 @@ def run_video_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress:
     paths["scores"] = folder.write("scores.json", lambda p: p.write_text(json.dumps(scores, indent=1)))
     md = _report(model, origin, names[pred], names[label], frames, rows)
     paths["report"] = folder.write("report.md", lambda p: p.write_text(md, encoding="utf-8"))
-    listed = json.dumps({k: json.loads(r.to_json()) for k, r in VIDEO_RECIPES.items()}, indent=1)
+    listed = json.dumps(recipes_listing(tr, model, origin, VIDEO_RECIPES), indent=1)
     paths["recipes"] = folder.write("recipes.json", lambda p: p.write_text(listed, encoding="utf-8"))
     return paths
 
@@ -146,9 +149,63 @@ def _report(model: str, origin: str, pred: str, true: str, frames: list[int], ro
     return "\n".join(lines)
 
 
-def _save(fig: object, path: Path, origin: str) -> None:
+#: The colour of the random-weights title line (the report's banner uses the same).
+_WARNING_RED = "#b00020"
+
+
+def png_metadata(title: str, model: object, origin: str, recipe_ids: list[str]) -> dict[str, str]:
+    """A demo PNG's metadata: its Title (led by the weights warning where there is one), the model, the weights'
+    origin and the ids of the recipes its maps show.
+
+    Example:
+        >>> png_metadata("gallery", "m", "weights: random-init", ["abc"])["Title"]
+        'RANDOM WEIGHTS — maps show an untrained model; gallery; weights: random-init'
+    """
+    warning = weights_warning(origin)
+    meta = {"Title": f"{warning + '; ' if warning else ''}{title}; {origin}", "Model": str(model),
+            "Weights": origin.removeprefix("weights: "), "Recipes": " ".join(recipe_ids)}
+    if warning:
+        meta["Warning"] = warning
+    return meta
+
+
+def save_figure(fig: object, path: Path, metadata: dict[str, str], origin: str) -> None:
+    """Save a demo figure with the weights' origin in a footer and ``metadata`` in the PNG, then close it; random or
+    unknown weights add a title line above the figure, white on red at 14 pt (the picture grows to hold it).
+
+    Example:
+        >>> meta = png_metadata("g", "m", "weights: random-init", [])
+        >>> save_figure(fig, Path("g.png"), meta, "weights: random-init")  # doctest: +SKIP
+    """
     import matplotlib.pyplot as plt
 
     fig.text(0.005, 0.995, origin, fontsize=6, color="0.3", ha="left", va="top")
-    fig.savefig(path, dpi=80, format="png", metadata={"Title": f"vitcam_nb video demo; {origin}"})
+    warning, extra = weights_warning(origin), {}
+    if warning:
+        fig.text(0.5, 1.0, warning, ha="center", va="bottom", fontsize=14, fontweight="bold", color="white",
+                 bbox={"boxstyle": "square,pad=0.5", "facecolor": _WARNING_RED, "edgecolor": "none"},
+                 gid="vitcam-weights-warning")
+        extra = {"bbox_inches": "tight", "pad_inches": 0.15}  # the line sits above the axes: the saved area grows
+    fig.savefig(path, dpi=80, format="png", metadata=metadata, **extra)
     plt.close(fig)
+
+
+def recipes_listing(tr: object, model: object, origin: str, recipes: dict) -> dict:
+    """What a demo's ``recipes.json`` holds: the model, the weights' origin (and warning), the trace id, and per label
+    the recipe, its id as written and its canonical id on the trace (None where the trace's kind cannot resolve it).
+
+    Example:
+        >>> listing = recipes_listing(tr, "shapes-vit", "weights: random-init", {"default": Recipe()})  # doctest: +SKIP
+        >>> listing["weights_warning"]  # doctest: +SKIP
+        'RANDOM WEIGHTS — maps show an untrained model'
+    """
+    listed = {}
+    for label, recipe in recipes.items():
+        try:
+            canonical = recipe.resolve(tr).id
+        except VitcamError:
+            canonical = None
+        listed[label] = {"recipe": json.loads(recipe.to_json()), "recipe_id": recipe.id, "canonical_id": canonical}
+    return {"model": str(model), "weights_origin": origin.removeprefix("weights: "),
+            "weights_warning": weights_warning(origin), "trace_id": tr.attrs.get("trace_id"),
+            "vitcam_nb_version": __version__, "recipes": listed}

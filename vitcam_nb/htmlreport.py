@@ -1,7 +1,8 @@
 """A self-contained HTML report: each heatmap beside its checklist, and optionally the interactive
 explorer (an exported page, :func:`vitcam_nb.export_html`) in a sandboxed frame above the static figures,
 which stay as the fallback. The report itself runs no script and loads nothing (no CDN); every string from
-users or models (labels, file names, recipe text) is escaped, never inserted as HTML."""
+users or models (labels, file names, recipe text) is escaped, never inserted as HTML. A trace whose weights are
+random-init or of unknown origin gets a banner at the top of the page (:func:`weights_warning`)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,49 @@ details{margin:.3em 0}summary{cursor:pointer;color:#035;font-size:.9em}
 .scores{font-size:.85em;padding-left:1.2em;margin:.3em 0}.muted{color:#666;font-size:.85em;overflow-wrap:anywhere}
 .reproduce code{font-size:.8em;overflow-wrap:anywhere;white-space:normal}
 iframe.explorer{width:100%;height:1150px;border:1px solid #ccc;border-radius:6px}
+.weights-banner{background:#b00020;color:#fff;font-size:1.15em;padding:.8em 1em;border-radius:6px;margin:.6em 0 1em}
+.weights-banner strong{font-size:1.2em;letter-spacing:.02em}
 """
-_SHARED = "model and input"  # the checklist category every card of one trace shares: shown once, at the top
+_SHARED = "model and input"
+
+#: The title line of a figure, and the banner of a report, whose model holds random (untrained) weights.
+RANDOM_WEIGHTS = "RANDOM WEIGHTS — maps show an untrained model"
+#: The same for weights whose origin the kit cannot tell (not loaded by it, norm layers moved off their init).
+UNKNOWN_WEIGHTS = "WEIGHTS OF UNKNOWN ORIGIN — maps may show an untrained model"
+
+
+def weights_warning(origin: str | None) -> str | None:
+    """The warning line for a weights' origin (``weights_origin`` of a trace, with or without a ``"weights: "``
+    prefix): :data:`RANDOM_WEIGHTS` for random-init, :data:`UNKNOWN_WEIGHTS` for unknown or missing, None for weights
+    the kit loaded (bundled, pretrained, a file).
+
+    Example:
+        >>> weights_warning("weights: random-init")
+        'RANDOM WEIGHTS — maps show an untrained model'
+        >>> weights_warning("bundled shapes-vit (file sha256 54d5...)") is None
+        True
+    """
+    text = str(origin or "").strip().removeprefix("weights:").strip()
+    if text.startswith(("random", "untrained")):
+        return RANDOM_WEIGHTS
+    if text.startswith(("bundled ", "pretrained ", "file ")):
+        return None
+    return UNKNOWN_WEIGHTS
+
+
+def _weights_banner(trace: xr.Dataset) -> str:
+    origin = trace.attrs.get("weights_origin")
+    warning = weights_warning(origin)
+    if warning is None:
+        return ""
+    model = str(trace.attrs.get("model_name", "?"))
+    what = ("its weights are random-init: the network was never trained" if warning == RANDOM_WEIGHTS else
+            "where its weights come from is not known (the kit did not load them)")
+    return (f"<div class='weights-banner' role='alert'><strong>{escape(warning)}</strong><br>Model "
+            f"{escape(model)}: {escape(what)}, so every map below explains that network, not a learned model. For "
+            "maps of a trained model load its weights: vc.load_model(name, pretrained=True) or weights=PATH "
+            f"(command line: --pretrained or --weights PATH). Weights' origin: {escape(str(origin or 'not recorded'))}."
+            "</div>")  # the checklist category every card of one trace shares: shown once, at the top
 
 
 @dataclass
@@ -139,7 +181,8 @@ def render(trace: xr.Dataset, entries: Sequence[ReportEntry], *, title: str = "v
     ``mask``: the object's pixels, outlined on every map when known.
 
     The provenance (model, weights, input, versions) is shown once at the top; each card keeps its own
-    checklist, folded in a ``<details>``.
+    checklist, folded in a ``<details>``. Random-init weights, or weights of unknown origin (the trace's
+    ``weights_origin``), put a banner above everything (:func:`weights_warning`).
 
     Example:
         >>> html = render(tr, [ReportEntry("default", vc.cam(tr, vc.Recipe()))])  # doctest: +SKIP
@@ -149,6 +192,7 @@ def render(trace: xr.Dataset, entries: Sequence[ReportEntry], *, title: str = "v
         "<!doctype html><html><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>",
+        _weights_banner(trace),
         f"<h1>{escape(title)}</h1>",
         _provenance(trace, shared),
     ]

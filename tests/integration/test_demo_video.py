@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import vitcam_nb as vc
 from vitcam_nb.cli import main
@@ -40,6 +41,18 @@ def test_the_video_demo_writes_its_outputs_and_their_scores_are_the_maps(tmp_pat
     report = (out / "report.md").read_text()
     assert "| gradcam F1 last block | " + VIDEO_RECIPES["gradcam F1 last block"].id in report
     assert report.count("\n| ") == len(rows) + 2  # header, rule, one row per map and the uniform map
+    # Every output names the model, the weights' origin and the recipe ids (issue #51): recipes.json and the strips.
+    listing = json.loads((out / "recipes.json").read_text())
+    assert listing["model"] == "shapes-video" and listing["weights_origin"] == tr.attrs["weights_origin"]
+    assert listing["weights_warning"] is None and listing["trace_id"] == tr.attrs["trace_id"]
+    assert list(listing["recipes"]) == list(VIDEO_RECIPES)
+    for name, recipe in VIDEO_RECIPES.items():
+        entry = listing["recipes"][name]
+        assert vc.Recipe.from_dict(entry["recipe"]) == recipe and entry["recipe_id"] == recipe.id
+        assert entry["canonical_id"] == recipe.resolve(tr).id
+    with Image.open(out / "frame_strips.png") as im:
+        assert im.text["Model"] == "shapes-video" and im.text["Weights"] == tr.attrs["weights_origin"]
+        assert im.text["Recipes"].split() == [r.id for r in VIDEO_RECIPES.values()] and "Warning" not in im.text
 
 
 def test_the_video_demo_refuses_an_image_before_any_work(tmp_path, capsys):

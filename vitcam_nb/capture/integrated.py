@@ -125,7 +125,7 @@ def traced_classes(trace: xr.Dataset) -> list[int]:
 
 def _integrated_gradient(model: torch.nn.Module, x: torch.Tensor, classes: list[int], last: int, steps: int,
                          batch_size: int, device: Any, show: bool) -> np.ndarray:
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     plan = TracePlan.for_trace(model, classes, sites=["F2"], layers=[last], device=device)
     alphas = np.linspace(0, 1, steps)

@@ -293,7 +293,7 @@ def score(trace: xr.Dataset, model: torch.nn.Module, recipes_or_method: Any = "s
         >>> vc.cam(tr, vc.Recipe(weighting="ablationcam")).shape
         (32, 32)
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     refuse_unscorable(trace)
     if not isinstance(model, torch.nn.Module):

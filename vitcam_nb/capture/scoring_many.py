@@ -67,7 +67,7 @@ def _array(st: Store, name: str, like: xr.Dataset) -> Any:
 def _score_locked(store: Any, path: Path, model: torch.nn.Module, recipes_or_method: Any, images: Any,
                   batch_size: int, device: Any, progress: bool | None, fields: dict) -> None:
     """:func:`score_store`'s work, while the caller holds the store's lock."""
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     ds = open_traces(path)
     if isinstance(store, xr.Dataset) and not np.array_equal(store["image"].values, ds["image"].values):

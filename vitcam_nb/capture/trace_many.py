@@ -296,7 +296,7 @@ def trace_many(
         lock.release()
         raise
 
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     n_done = int(store.done.sum()) if store is not None else 0
     bar = tqdm(total=n, initial=n_done, disable=not progress, unit="img", desc="trace_many")

@@ -157,7 +157,7 @@ def score_vitcx(trace: xr.Dataset, model: torch.nn.Module, recipes: list[Recipe]
         >>> tr["vitcx_score"].dims
         ('target', 'vitcx_mask')
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     if targets is not None:
         raise TraceError("targets: ViT-CX scores the softmax probabilities of the trace's classes; other targets "

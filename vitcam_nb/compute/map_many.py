@@ -254,7 +254,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     except BaseException:
         lock.release()
         raise
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     bar = tqdm(total=n, initial=int(writer.done.sum()) if writer else 0, disable=not progress, unit="img",
                desc="map_many")

@@ -157,6 +157,9 @@ class Checklist(dict):
         recipe (the checks in :data:`CONTRADICTIONS`: :func:`vitcam_nb.core.checklist_check.contradictions`)."""
         if not self._recipe_fields():
             return
+        # Imported here, not at the top: the check needs the recipe, whose module imports this one; importing it on
+        # first use registers it whichever module a caller imported first.
+        from vitcam_nb.core import checklist_check  # noqa: F401
         found = [problem for check in CONTRADICTIONS for problem in check(self)]
         if found:
             raise ArgumentError(f"text: the checklist contradicts its own recipe: {found[0]}; it was edited after "

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
@@ -22,7 +23,33 @@ from vitcam_nb.core.errors import ArgumentError
 
 T = TypeVar("T")
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "fill_from"]
+
+# Modules that register built-in entries, imported before any registry is first read or written. ``import vitcam_nb``
+# imports its layers lazily (the command line answers --help without torch), so the package names here the layer
+# that fills the tables; a lookup through a directly imported submodule then still finds the built-ins, first.
+_PENDING: list[str] = []
+
+
+def fill_from(module: str) -> None:
+    """Import ``module`` (by name, so that no lower layer imports a higher one) before the first use of any registry.
+
+    Example:
+        >>> fill_from("vitcam_nb.core.errors")
+    """
+    if module not in _PENDING:
+        _PENDING.append(module)
+
+
+def _fill() -> None:
+    # Popped before importing: the module's own registrations read the tables while it is being imported.
+    while _PENDING:
+        module = _PENDING.pop(0)
+        try:
+            importlib.import_module(module)
+        except BaseException:
+            _PENDING.insert(0, module)
+            raise
 
 
 class Registry(Generic[T]):
@@ -36,7 +63,16 @@ class Registry(Generic[T]):
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self._entries: dict[str, T] = {}
+        self._table: dict[str, T] = {}
+
+    @property
+    def _entries(self) -> dict[str, T]:
+        _fill()
+        return self._table
+
+    @_entries.setter
+    def _entries(self, table: dict[str, T]) -> None:
+        self._table = table
 
     def register(self, name: str, entry: T, *, first: bool = False, replace: bool = False) -> None:
         """Add ``entry`` under ``name``; ``first`` puts it before the others in lookup order.

@@ -217,7 +217,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
         >>> b.meta["quantize"]  # doctest: +SKIP
         'float16'
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     if not isinstance(quantize, str) or quantize not in QUANTIZE:
         raise ExportError(f"quantize: expected one of {list(QUANTIZE)}, got {quantize!r}")

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
-from tqdm.auto import tqdm
 
 from vitcam_nb.capture.reader import image_trace, is_store
 from vitcam_nb.capture.worker_model import active_client
@@ -27,6 +26,7 @@ from vitcam_nb.compute.many import image_blocks, is_lazy
 from vitcam_nb.compute.map_store import image_maps, is_map_store
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.escape import escape_markdown
+from vitcam_nb.core.progress import progress_bar as tqdm
 
 __all__ = ["AmbiguityMany", "ambiguity_many"]
 

@@ -283,7 +283,7 @@ def perturbation_scores(
         ...                     blur_sigma=1.0, progress=False, desc="").shape
         (1, 3)
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     fixed = fixed_substrate(x, substrate, blur_sigma)
     x_np = x[0].numpy().astype(np.float64)

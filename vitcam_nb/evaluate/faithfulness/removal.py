@@ -81,7 +81,7 @@ def removed_scores(s: PerturbationSetup, removals: Sequence[np.ndarray], *, prog
         >>> removed_scores(s, [np.array([], int), np.arange(4)], progress=False, desc="").tolist()[1]
         0.0
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     x = s.x
     fixed = fixed_substrate(x, s.kw["substrate"], s.kw["blur_sigma"])

@@ -106,7 +106,7 @@ def smooth_mprt(
         >>> r["layer"].values.tolist()
         ['head', 'blocks.0', 'embed']
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     if mode not in ("cascading", "independent"):
         raise ArgumentError(f"mode: expected 'cascading' or 'independent', got {mode!r}")

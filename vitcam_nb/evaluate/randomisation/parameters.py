@@ -175,7 +175,7 @@ def model_randomisation(
         >>> sim["layer"].values.tolist(), sim.dims
         (['head', 'blocks.1', 'blocks.0', 'embed'], ('layer', 'metric'))
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     if mode not in ("cascading", "independent"):
         raise ArgumentError(f"mode: expected 'cascading' or 'independent', got {mode!r}")

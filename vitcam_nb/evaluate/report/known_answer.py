@@ -103,7 +103,8 @@ def report_known_answer(
         >>> table.iloc[0][["site", "layer", "weighting", "target"]]  # doctest: +SKIP
     """
     import pandas as pd
-    from tqdm.auto import tqdm
+
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     overwrite = as_flag("overwrite", overwrite)
     # a file of these names that the kit did not write there is refused before the model is loaded

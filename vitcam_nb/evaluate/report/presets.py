@@ -203,7 +203,8 @@ def report_presets(model: torch.nn.Module | str = "shapes-vit", n_images: int = 
         >>> report_presets(n_images=20, out_dir="reports/known_answer")  # doctest: +SKIP
     """
     import pandas as pd
-    from tqdm.auto import tqdm
+
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     overwrite = as_flag("overwrite", overwrite)
     # a file of these names that the kit did not write there is refused before the model is loaded

@@ -159,7 +159,7 @@ def _metrics(metrics: Sequence[str] | None, has_mask: bool, model: Any, maps_onl
 
 
 def _run(source: Any, n: int, masks: Sequence[Any] | None, kw: dict, progress: bool) -> np.ndarray:
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     def one(i: int, trace: xr.Dataset) -> np.ndarray:
         return image_scores(trace, mask=None if masks is None else np.asarray(masks[i], bool), **kw)
@@ -222,7 +222,8 @@ class _TaskBar:
 
     def __init__(self, keys: set, show: bool) -> None:
         from dask.callbacks import Callback
-        from tqdm.auto import tqdm
+
+        from vitcam_nb.core.progress import progress_bar as tqdm
 
         bar = tqdm(total=len(keys), desc="scorecard", disable=not show)
         self.bar = bar

@@ -233,7 +233,7 @@ def shapley_patches(
         >>> bool(np.isclose(float(phi.sum()), phi.attrs["v_all"] - phi.attrs["v_none"]))
         True
     """
-    from tqdm.auto import tqdm
+    from vitcam_nb.core.progress import progress_bar as tqdm
 
     scorer, x, input_kind, (gy, gx), base, base_said = check_shapley(
         model, image, grid, baseline, batch_size, score=score, max_bytes=max_bytes, blur_sigma=blur_sigma)
