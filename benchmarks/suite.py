@@ -42,7 +42,8 @@ TARGETS = {
 }
 OFFICIAL_MODEL = workloads.VIT_BASE
 ITEM_NUMBER = {"trace_cost": 1, "single_variant": 2, "gallery": 3, "memory": 4}
-ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html", "scale", "rules", "families", "parity", "cli_help")
+ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html", "scale", "rules", "families", "parity",
+         "cli_help")
 #: Items with their own module and JSON file (benchmarks/<NAME>.json), run through that module's command line.
 OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
                   "export_html": ("benchmarks.export_html", "EXPORT_HTML.json"),
