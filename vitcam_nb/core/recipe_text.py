@@ -50,7 +50,8 @@ def _value(value: Any) -> str:
 
 
 def _looks_int(text: str) -> bool:
-    return re.fullmatch(r"-?\d+", text) is not None
+    # ASCII digits only: int() also reads Arabic-Indic and other Unicode digits, which no recipe text means as a layer.
+    return re.fullmatch(r"-?[0-9]+", text) is not None
 
 
 def to_string(recipe: Any) -> str:
