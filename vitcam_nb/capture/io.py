@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import uuid
 import warnings
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.capture.store_files import foreign_files as _foreign_files
 from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentTypeError, OutputExistsError, TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
@@ -112,49 +112,6 @@ def _top_attrs(path: Path) -> dict | None:
             return {k: f.attrs[k] for k in f.attrs}
     except (OSError, ValueError):
         return None
-
-
-#: The metadata files a zarr v2 or v3 writer makes in a group's or an array's folder.
-_ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
-#: A chunk's key inside its array's folder: v2 ``0.0.1`` (or ``0/0/1``), v3 ``c/0/0`` (``c.0.0``; ``c`` for 0-d).
-_CHUNK_KEY = re.compile(r"c|(c[./])?\d+([./]\d+)*")
-
-
-def _node_kind(folder: Path) -> str | None:
-    """"array" or "group" for a zarr node's folder (by its metadata file), None for any other folder."""
-    if (folder / ".zarray").is_file():
-        return "array"
-    meta = folder / "zarr.json"
-    if meta.is_file():
-        try:
-            return "array" if json.loads(meta.read_text()).get("node_type") == "array" else "group"
-        except (OSError, ValueError, AttributeError):  # unreadable or not an object: holds no chunks of ours
-            return "group"
-    return "group" if (folder / ".zgroup").is_file() else None
-
-
-def _foreign_files(path: Path) -> list[str]:
-    """Every file or folder of a zarr store, at any depth, that no zarr writer made (another program's files kept
-    in it): a zarr writer makes only node folders, their metadata files, and chunk files in an array's folder."""
-    out: list[str] = []
-
-    def visit(folder: Path, array: Path | None) -> None:
-        kind = _node_kind(folder)
-        if kind is not None:
-            array = folder if kind == "array" else None
-        elif array is None:  # a folder in a group that is no node: not zarr's
-            out.append(f"{folder.relative_to(path).as_posix()}/")
-            return
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir() and not entry.is_symlink():
-                visit(entry, array)
-            elif not (entry.is_file() and not entry.is_symlink() and (
-                    (kind is not None and entry.name in _ZARR_METADATA)
-                    or (array is not None and _CHUNK_KEY.fullmatch(entry.relative_to(array).as_posix())))):
-                out.append(entry.relative_to(path).as_posix())
-
-    visit(path, None)
-    return out
 
 
 def _check_overwrite(path: Path, kind: str) -> None:
