@@ -244,3 +244,61 @@ def test_map_many_names_the_rule_it_computes_under(tmp_path, passes):
 def test_store_files_probe_leaves_nothing(tmp_path):
     store_files.check_writable(tmp_path, tmp_path / "s.zarr")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- finding 8: a damaged map store -------------------------------------------------------------------------------
+def _maps_store(tmp_path: Path) -> Path:
+    return vc.map_many(MODEL, [A, B], ["gradcam", "F1@0"], tmp_path / "m.zarr", batch_size=1, progress=False)
+
+
+def _edit_attrs(path: Path, edit) -> None:
+    import json
+
+    meta = json.loads((path / "zarr.json").read_text())
+    edit(meta["attributes"])
+    (path / "zarr.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda a: a.pop("recipes"), "lacks the attribute 'recipes'"),
+    (lambda a: a.pop("pad"), "lacks the attribute 'pad'"),
+    (lambda a: a.update(recipes="[1, 2]"), "its attribute 'recipes' is not the recipe table"),
+    (lambda a: a.update(recipes="{"), "its attribute 'recipes' is not the recipe table"),
+])
+def test_open_maps_refuses_a_store_without_its_recipe_table_by_name(tmp_path, edit, named):
+    path = _maps_store(tmp_path)
+    _edit_attrs(path, edit)
+    with pytest.raises(vc.TraceFileError, match=rf"^path: {path} is a damaged map store: .*{named}"):
+        vc.open_maps(path)
+
+
+def test_a_truncated_chunk_is_named_by_store_and_array(tmp_path):
+    path = _maps_store(tmp_path)
+    chunk = path / "maps" / "c" / "1" / "0" / "0" / "0"  # image 1's maps (one image per chunk)
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    ds = vc.open_maps(path)
+    vc.cam(vc.image_maps(ds, 0), vc.presets.gradcam())  # image 0 is whole
+    for read in (lambda: vc.image_maps(ds, 1), lambda: vc.cam(ds, vc.presets.gradcam())):
+        with pytest.raises(vc.TraceFileError, match=rf"^path: {path} is damaged: array 'maps' of image 1 cannot be "
+                                                    "read"):
+            read()
+
+
+def test_a_deleted_map_chunk_is_missing_not_a_zero_map(tmp_path):
+    path = _maps_store(tmp_path)
+    good = vc.cam(vc.image_maps(vc.open_maps(path), 1), vc.presets.gradcam())
+    assert float(good.max()) == 1.0  # a real map, normalised
+    shutil.rmtree(path / "maps" / "c" / "1")  # image 1's maps chunk, gone
+    ds = vc.open_maps(path)
+    with pytest.raises(vc.TraceFileError, match=rf"^path: {path} is damaged: array 'maps' of image 1 is missing "
+                                                r"values \(a chunk of the store was deleted or never written\)"):
+        vc.cam(vc.image_maps(ds, 1), vc.presets.gradcam())
+
+
+def test_image_maps_refuses_a_negative_position_as_the_explorer_does(tmp_path):
+    ds = vc.open_maps(_maps_store(tmp_path))
+    for i in (-1, -2, 2, True, 1.0):
+        with pytest.raises((vc.ArgumentIndexError, vc.ArgumentTypeError), match=r"^i: expected an image position in "
+                                                                                 r"\[0, 1\]"):
+            vc.image_maps(ds, i)
+    assert str(vc.image_maps(ds, 1)["trace_id"].values) == str(ds["trace_id"].values[1])
