@@ -302,3 +302,12 @@ def test_image_maps_refuses_a_negative_position_as_the_explorer_does(tmp_path):
                                                                                  r"\[0, 1\]"):
             vc.image_maps(ds, i)
     assert str(vc.image_maps(ds, 1)["trace_id"].values) == str(ds["trace_id"].values[1])
+
+
+# -- LOW: x.ZARR ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["trace_many", "map_many"])
+def test_a_store_path_ending_in_upper_case_zarr_is_refused(tmp_path, passes, kind):
+    with pytest.raises(vc.TraceFileError, match=r"^path: a (trace|map)_many store is a zarr folder and its path ends "
+                                                r"in .zarr \(lower case\), got .*x.ZARR$"):
+        _call(kind, [A], tmp_path / "x.ZARR")
+    assert passes == [] and list(tmp_path.iterdir()) == []
