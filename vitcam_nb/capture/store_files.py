@@ -49,7 +49,16 @@ def _node_kind(folder: Path) -> str | None:
 
 def foreign_files(path: Path) -> list[str]:
     """Every file or folder of a zarr store, at any depth, that no zarr writer made (another program's files kept
-    in it): a zarr writer makes only node folders, their metadata files, and chunk files in an array's folder."""
+    in it): a zarr writer makes only node folders, their metadata files, and chunk files in an array's folder.
+
+    Example:
+        >>> import tempfile, zarr
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = zarr.open_group(str(folder), mode="w").create_array("a", shape=(2,), dtype="f4")
+        >>> _ = (folder / "a" / "notes.txt").write_text("mine")
+        >>> foreign_files(folder)
+        ['a/notes.txt']
+    """
     out: list[str] = []
 
     def visit(folder: Path, array: Path | None) -> None:

@@ -66,7 +66,13 @@ def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | No
                  batch: int, max_bytes: float | None, parent: Path, replaced: int) -> None:
     """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk: its
     maps, the recipe table and attributes, a disk block per file, against the free space and the ``replaced``
-    bytes of the store this call replaces (removed once the new store exists)."""
+    bytes of the store this call replaces (removed once the new store exists).
+
+    Example:
+        >>> check_sizes(plan, entries, 0, 10**9, (224, 224), 8, None, Path("."), 0)  # doctest: +SKIP
+        Traceback (most recent call last):
+        TraceFileError: recipes_or_space: 1 recipes over 1000000000 images make a store of about ...
+    """
     per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
     budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
     if per_image * batch > budget:
@@ -85,7 +91,12 @@ def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | No
 
 def check_table(path: Path, store_attrs: dict, replaced: bool) -> None:
     """Refuse, before the store is created (and before a store it replaces is moved aside), attributes that do not
-    fit the disk: the recipe table with every checklist, now made."""
+    fit the disk: the recipe table with every checklist, now made.
+
+    Example:
+        >>> import tempfile
+        >>> check_table(Path(tempfile.mkdtemp()) / "m.zarr", {"recipes": "[]"}, False)
+    """
     need = len(json.dumps(store_attrs, default=str)) + _files_bytes(1, 1, path.parent)
     free = shutil.disk_usage(path.parent).free
     if need > free:
