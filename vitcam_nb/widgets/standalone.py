@@ -162,12 +162,12 @@ def _page(trace: Traces, recipe: Recipe | None, axes: Mapping[str, Sequence] | N
         bundle.meta.update(trace_choices=trace_choices(named), trace_shown=next(iter(named)),
                            trace_parts=[b.meta for b in others])
     model = next(iter(named.values())).attrs.get("model_name", "trace")
-    return bundle, page_html(bundle, title or f"vitcam_nb Explorer: {model}", others)
+    return bundle, _sealed(page_html(bundle, title or f"vitcam_nb Explorer: {model}", others))
 
 
-def _sealed(data: bytes) -> bytes:
-    """``data`` with its seal: a last line holding the SHA-256 of ``data``."""
-    return data + f"\n<!-- vitcam_nb export_html sha256 {hashlib.sha256(data).hexdigest()} -->\n".encode()
+def _sealed(html: str) -> str:
+    """``html`` with its seal: a last line holding the SHA-256 of its UTF-8 bytes."""
+    return html + f"\n<!-- vitcam_nb export_html sha256 {hashlib.sha256(html.encode('utf-8')).hexdigest()} -->\n"
 
 
 def _page_state(path: Path) -> str:
@@ -268,7 +268,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
                                 "left alone. Use another path, or overwrite=True (--overwrite) to replace it")
     check_output(path, overwrite=overwrite, ours=_is_page, what="page")
     bundle, html = _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress, max_mb)
-    data = _sealed(html.encode("utf-8"))
+    data = html.encode("utf-8")
     meta = bundle.meta
     if max_mb is not None and len(data) > float(max_mb) * 1e6:
         raise ExportError(f"max_mb: the file would be {len(data) / 1e6:.2f} MB, over {max_mb} MB; narrow axes= "
