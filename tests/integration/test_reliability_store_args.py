@@ -186,7 +186,7 @@ def test_a_replacing_call_that_fails_to_create_its_store_puts_the_old_one_back(t
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Store if kind == "trace_many" else MapWriter, "create", full_disk)
-    with pytest.raises(OSError, match="No space left on device"):
+    with pytest.raises(vc.TraceFileError, match=f"^path: writing {path} failed: No space left on device"):
         _call(kind, IMAGES[::-1], path, overwrite=True)
     assert _files(path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import uuid
 import warnings
@@ -24,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.capture.store_files import foreign_files as _foreign_files
 from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentTypeError, OutputExistsError, TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
-from vitcam_nb.core.schema import SUPPORTED_SCHEMAS, is_int, problems
+from vitcam_nb.core.schema import COORDINATES, ROOT_COORDS, SUPPORTED_SCHEMAS, VARIABLES, is_int, problems
 
 __all__ = ["CHECKSUM_ATTR", "content_sha256", "load", "save", "tree_sha256"]
 
@@ -112,49 +112,6 @@ def _top_attrs(path: Path) -> dict | None:
             return {k: f.attrs[k] for k in f.attrs}
     except (OSError, ValueError):
         return None
-
-
-#: The metadata files a zarr v2 or v3 writer makes in a group's or an array's folder.
-_ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
-#: A chunk's key inside its array's folder: v2 ``0.0.1`` (or ``0/0/1``), v3 ``c/0/0`` (``c.0.0``; ``c`` for 0-d).
-_CHUNK_KEY = re.compile(r"c|(c[./])?\d+([./]\d+)*")
-
-
-def _node_kind(folder: Path) -> str | None:
-    """"array" or "group" for a zarr node's folder (by its metadata file), None for any other folder."""
-    if (folder / ".zarray").is_file():
-        return "array"
-    meta = folder / "zarr.json"
-    if meta.is_file():
-        try:
-            return "array" if json.loads(meta.read_text()).get("node_type") == "array" else "group"
-        except (OSError, ValueError, AttributeError):  # unreadable or not an object: holds no chunks of ours
-            return "group"
-    return "group" if (folder / ".zgroup").is_file() else None
-
-
-def _foreign_files(path: Path) -> list[str]:
-    """Every file or folder of a zarr store, at any depth, that no zarr writer made (another program's files kept
-    in it): a zarr writer makes only node folders, their metadata files, and chunk files in an array's folder."""
-    out: list[str] = []
-
-    def visit(folder: Path, array: Path | None) -> None:
-        kind = _node_kind(folder)
-        if kind is not None:
-            array = folder if kind == "array" else None
-        elif array is None:  # a folder in a group that is no node: not zarr's
-            out.append(f"{folder.relative_to(path).as_posix()}/")
-            return
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir() and not entry.is_symlink():
-                visit(entry, array)
-            elif not (entry.is_file() and not entry.is_symlink() and (
-                    (kind is not None and entry.name in _ZARR_METADATA)
-                    or (array is not None and _CHUNK_KEY.fullmatch(entry.relative_to(array).as_posix())))):
-                out.append(entry.relative_to(path).as_posix())
-
-    visit(path, None)
-    return out
 
 
 def _check_overwrite(path: Path, kind: str) -> None:
@@ -275,9 +232,16 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
             _write_netcdf(out, tmp, path)
             os.replace(tmp, path)
         else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                out.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out.to_zarr(tmp, mode="w", zarr_format=2, consolidated=True)
+            except OSError as exc:
+                if isinstance(exc, PermissionError) or exc.errno is None:
+                    raise
+                # the same words as a netCDF write that fails; the temporary folder is removed below
+                raise OSError(exc.errno, f"path: could not write {path} ({exc.strerror or os.strerror(exc.errno)}); "
+                                         "any file there was left as it was") from exc
             old = None
             if path.is_file():
                 path.unlink()  # overwrite=True over a file: the folder takes its place
@@ -296,15 +260,30 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
     return path
 
 
-def _declared(path: Path, kind: str) -> list[tuple[str, tuple[int, ...], int]]:
-    """(name, shape, bytes) of every array the file declares, read from its metadata alone."""
-    out: list[tuple[str, tuple[int, ...], int]] = []
+#: A variable the trace schema does not define is read only up to this size, or the size of the largest one it does
+#: define in the file (a user's small extra array is kept; a foreign file's huge one is not allocated).
+FOREIGN_BYTES = 64 * 2**20
+_SCHEMA_NAMES = frozenset({*VARIABLES, *COORDINATES, *ROOT_COORDS, *(f"{p}{c}" for p in ("query_", "key_")
+                                                                     for c in COORDINATES), "channel"})
+
+
+def _declared(path: Path, kind: str) -> list[tuple[str, tuple[str, ...], tuple[int, ...], int]]:
+    """(name, dims, shape, bytes) of every array the file declares, read from its metadata alone (a child node's
+    arrays named by their path)."""
+    out: list[tuple[str, tuple[str, ...], tuple[int, ...], int]] = []
     if kind == "netcdf":
         import h5py
 
         def visit(name: str, obj: object) -> None:
-            if isinstance(obj, h5py.Dataset):
-                out.append((name, tuple(obj.shape), int(obj.size) * obj.dtype.itemsize))
+            if not isinstance(obj, h5py.Dataset) or str(obj.attrs.get("NAME", b"")).find("not a netCDF variable") >= 0:
+                return  # a netCDF dimension without a variable: xarray reads no array for it
+            if "DIMENSION_LIST" in obj.attrs:
+                dims = tuple(f[refs[0]].name.rpartition("/")[2] for refs in obj.attrs["DIMENSION_LIST"])
+            elif obj.is_scale:  # a coordinate: its own dimension
+                dims = (name.rpartition("/")[2],)
+            else:  # no dimension scales: dimensions of its own, compared with no other array's
+                dims = tuple(f"{name}:{i}" for i in range(obj.ndim))
+            out.append((name, dims, tuple(obj.shape), int(obj.size) * obj.dtype.itemsize))
 
         with h5py.File(path, "r") as f:
             f.visititems(visit)
@@ -313,13 +292,36 @@ def _declared(path: Path, kind: str) -> list[tuple[str, tuple[int, ...], int]]:
 
         for name, member in zarr.open_group(str(path), mode="r").members(max_depth=None):
             if isinstance(member, zarr.Array):
-                out.append((name, tuple(member.shape), int(member.nbytes)))
+                dims = getattr(member.metadata, "dimension_names", None) or member.attrs.get("_ARRAY_DIMENSIONS", ())
+                out.append((name, tuple(dims), tuple(member.shape), int(member.nbytes)))
     return out
 
 
+def _check_shapes(path: Path, arrays: list, max_bytes: float | None) -> None:
+    """Refuse, before anything is read, arrays of one node that disagree on a dimension's size, and (unless
+    ``max_bytes`` says the size is meant) a variable the trace schema does not define that is larger than any it
+    does and than :data:`FOREIGN_BYTES`."""
+    sizes: dict[tuple[str, str], tuple[int, str]] = {}
+    for name, dims, shape, _ in arrays:
+        for dim, n in zip(dims, shape):
+            seen = sizes.setdefault((name.rpartition("/")[0], dim), (n, name))
+            if seen[0] != n:
+                raise TraceFileError(f"path: {path} declares {name!r} with dimension {dim!r} of size {n}, and "
+                                     f"{seen[1]!r} with {seen[0]}; a trace's arrays agree on their dimensions. It "
+                                     "is damaged or not a trace; nothing was read")
+    known = [b for name, _, _, b in arrays if name.rpartition("/")[2] in _SCHEMA_NAMES]
+    cap = max([FOREIGN_BYTES, *known])
+    for name, _, shape, nbytes in arrays:
+        if max_bytes is None and name.rpartition("/")[2] not in _SCHEMA_NAMES and nbytes > cap:
+            raise TraceFileError(f"path: {path} declares {name!r} of shape {shape} ({nbytes / 1e9:.2f} GB), an array "
+                                 f"the trace schema does not define, larger than any it does ({cap / 1e6:.0f} MB); "
+                                 "nothing was read. If this trace really holds it, pass max_bytes to load it")
+
+
 def _check_declared(path: Path, kind: str, max_bytes: float | None) -> None:
-    """Refuse a file declaring more than the memory budget before anything is allocated: a small damaged or
-    hostile file can declare arrays of any size, and reading it would allocate them."""
+    """Refuse a file declaring more than the memory budget, arrays that disagree on their dimensions, or a large
+    array the schema does not define, before anything is allocated: a small damaged or hostile file can declare
+    arrays of any size, and reading it would allocate them."""
     from vitcam_nb.capture.budget import BUDGET_FRACTION, available_bytes, check_max_bytes
 
     check_max_bytes(max_bytes)
@@ -332,14 +334,15 @@ def _check_declared(path: Path, kind: str, max_bytes: float | None) -> None:
                              f"(truncated, corrupted or not a trace): {exc}") from exc
     available = available_bytes()
     limit = max_bytes if max_bytes is not None else None if available is None else BUDGET_FRACTION * available
-    total = sum(n for _, _, n in arrays)
+    total = sum(a[3] for a in arrays)
     if limit is not None and total > limit:
-        name, shape, _ = max(arrays, key=lambda a: a[2])
+        name, _, shape, _ = max(arrays, key=lambda a: a[3])
         what = "max_bytes" if max_bytes is not None else f"{BUDGET_FRACTION:.0%} of the available memory"
         raise TraceFileError(f"path: {path} declares {total / 1e9:.2f} GB of arrays (the largest, {name!r}, of "
                              f"shape {shape}), over the budget of {limit / 1e9:.2f} GB ({what}); nothing was read. A "
                              "damaged file can declare any size: if this trace is really that large, pass a larger "
                              "max_bytes")
+    _check_shapes(path, arrays, max_bytes)
 
 
 def load(path: str | os.PathLike, *, verify: bool = True, max_bytes: float | None = None) -> xr.Dataset | xr.DataTree:

@@ -20,7 +20,7 @@ import torch
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.registry import find_adapter, supported_families
 from vitcam_nb.adapters.wrappers import unsupported_message, unwrap
-from vitcam_nb.capture.rules import check_rule_for
+from vitcam_nb.capture.rules import check_rule_for, check_rule_target
 from vitcam_nb.capture.runtime import check_autocast, check_device
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE
@@ -244,6 +244,7 @@ class TracePlan:
         adapter, model, wrappers = _check_family(model, dtype)
         rule = check_rule_for(rule, model, adapter)
         target = as_target(targets, labels)
+        check_rule_target(rule, target, adapter)
         target.check(model)
         # Class labels are known (and wrong ones refused) before the forward pass; other targets name their
         # scores when they have computed them.

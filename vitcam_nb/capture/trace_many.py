@@ -36,6 +36,7 @@ from vitcam_nb.capture.plan import TracePlan, model_name
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import Store
+from vitcam_nb.capture.store_files import check_no_foreign, check_writable, disk_full_error, store_target
 from vitcam_nb.capture.store_layout import IMAGE_ATTRS_KEY, stack_images, store_target_names, strings
 from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.capture.store_replace import replace_store
@@ -247,11 +248,7 @@ def trace_many(
     check_max_bytes(max_bytes, plan)  # before a store is read or replaced
     settings = store_settings(plan, processor, dets)
     given = path
-    if path.is_symlink():  # the store is where the link leads: written, resumed and replaced there
-        if not path.exists():
-            raise TraceFileError(f"path: {path} is a symlink to {os.readlink(path)}, which does not exist; create "
-                                 "that folder's parent, or remove the link")
-        path = path.resolve()
+    path = store_target(path)  # the store is where a link leads: written, resumed and replaced there
     video = getattr(plan.adapter, "video", False)
     if masks is not None and video:
         raise TraceError(f"masks: the {plan.adapter.family} family takes clips; a store of clips holds no masks "
@@ -272,6 +269,9 @@ def trace_many(
 
     store: Store | None = None
     replace = False  # overwrite=True over a store: it is replaced once the first batch is ready to be written
+    begun = False  # a resumed store is written to (repaired, marked incomplete) only once a batch is ready for it
+    if overwrite or not path.exists():  # the new store is made in a temporary folder beside it, then renamed
+        check_writable(path.parent, path)
     lock = StoreLock(path)
     try:
         if path.exists():
@@ -282,6 +282,7 @@ def trace_many(
                 except TraceFileError as exc:
                     if "another model or settings" not in str(exc):
                         raise
+                check_no_foreign(path)  # a user's files kept in the store would be deleted with it
                 replace = True
             else:
                 Store.check(path, settings)
@@ -290,8 +291,6 @@ def trace_many(
                 if n is not None and expected >= 0 and expected != n:
                     raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these "
                                          "are other images. Use a new path, or overwrite=True")
-                store.repair()
-                store.group.attrs.update({"complete": 0})
     except BaseException:
         lock.release()
         raise
@@ -306,10 +305,14 @@ def trace_many(
     seen = 0
 
     def flush() -> None:
-        nonlocal store, names
+        nonlocal store, names, begun
         if not pending:
             return
         fit_budget(plan, tuple(pending[0][2].tensor.shape[-2:]), max_bytes, batch=len(pending), stacked=True)
+        if store is not None and not begun:
+            store.repair()
+            store.group.attrs.update({"complete": 0})
+        begun = True
         batch_masks = [prepare_mask(model, it, i) for i, it, _ in pending]
         if shard is not None and store is not None:  # the first batch shapes the store here; the others go out
             shard.submit(store, [i for i, _, _ in pending], [it for _, it, _ in pending], batch_masks,
@@ -351,6 +354,10 @@ def trace_many(
 
     try:
         client = active_client()
+        if client is None and worker_model is not None:
+            warnings.warn("worker_model: no dask.distributed Client is active, so no worker builds a model and "
+                          "worker_model is not used; the batches run in this process on the model given",
+                          UserWarning, stacklevel=2)
         if client is not None and dets is not None:
             raise TraceError("targets: detection targets are traced in this process (each image in its own pass); "
                              "close the dask.distributed Client, or trace class targets")
@@ -384,6 +391,12 @@ def trace_many(
             warnings.warn(f"trace_many: {path} holds {int(store.done[seen:].sum())} image(s) beyond the {seen} "
                           "given now; they were kept", UserWarning, stacklevel=2)
         store.finish(seen)
+    except OSError as exc:
+        full = disk_full_error(path, exc, "the batches finished before are kept (rerun the call to resume)"
+                               if store is not None else "nothing was written and a store this call replaces is kept")
+        if full is None:
+            raise
+        raise full from exc
     finally:
         if shard is not None:
             shard.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,15 +26,17 @@ import numpy as np
 import torch
 import xarray as xr
 
-from vitcam_nb.capture.budget import available_bytes, check_max_bytes, fit_budget
+from vitcam_nb.capture.budget import check_max_bytes, fit_budget
 from vitcam_nb.capture.inputs import check_item, check_items, check_label, iter_items, prepare_item
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
+from vitcam_nb.capture.store_files import check_no_foreign, check_writable, disk_full_error, store_target
 from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.capture.store_replace import replace_store, tree_bytes
 from vitcam_nb.capture.store_targets import detection_plan, detection_targets, image_target
 from vitcam_nb.capture.trace_many import clip_list, image_count, store_settings
 from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
+from vitcam_nb.compute.map_sizes import check_sizes, check_table, recipe_row
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
@@ -43,7 +45,7 @@ from vitcam_nb.core.arguments import as_flag, as_store_path
 from vitcam_nb.core.errors import RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id
 from vitcam_nb.core.recipe import Recipe
-from vitcam_nb.core.recipe_canonical import canonical_form
+from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
 from vitcam_nb.targets.classes import head_size
 from vitcam_nb.targets.detection import Detection
 
@@ -99,34 +101,6 @@ def store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: Any, dtyp
     return make(sites=sites, layers=layers), entries, n_parts
 
 
-def _cells(plan: TracePlan, hw: tuple[int, int]) -> int:
-    """Token-grid cells of one map: (h, w) patches, times the tubelets in time of a video family's clip."""
-    adapter = plan.adapter
-    if getattr(adapter, "video", False):
-        tt, ph, pw = adapter.tubelet(plan.model)
-        return max(1, adapter.frames(plan.model) // tt) * max(1, hw[0] // ph) * max(1, hw[1] // pw)
-    patch = getattr(getattr(plan.model, "patch_embed", None), "patch_size", (16, 16))
-    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
-    return max(1, hw[0] // ph) * max(1, hw[1] // pw)
-
-
-def _check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
-                 batch: int, max_bytes: float | None, parent: Path, replaced: int) -> None:
-    """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk (its
-    free space and the ``replaced`` bytes of the store this call replaces, still there until the first write)."""
-    per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
-    budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
-    if per_image * batch > budget:
-        raise TraceError(f"recipes_or_space: {len(entries)} recipes ({n_parts} fused parts) need about "
-                         f"{per_image * batch / 1e6:.1f} MB of maps per batch of {batch}, above the memory budget of "
-                         f"{budget / 1e6:.1f} MB; use fewer recipes or a smaller batch_size")
-    free = shutil.disk_usage(parent).free + replaced
-    if n is not None and per_image * n > free:
-        raise TraceFileError(f"recipes_or_space: {len(entries)} recipes over {n} images make a store of about "
-                             f"{per_image * n / 1e9:.2f} GB ({per_image / 1e3:.1f} kB per image); {parent} has "
-                             f"{free / 1e9:.2f} GB free" + (" (with the store this call replaces)" if replaced else ""))
-
-
 def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: StoreLock
           ) -> tuple[MapWriter | None, bool]:
     """The existing store to resume (lock taken), or None for a new one, and whether a new one replaces the store
@@ -140,6 +114,7 @@ def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: Stor
         except TraceFileError as exc:
             if "another model or settings" not in str(exc):
                 raise  # never replace a folder that is not a map store
+        check_no_foreign(path)  # a user's files kept in the store would be deleted with it
         return None, True
     check_store(path, settings)
     writer = MapWriter(path)
@@ -147,9 +122,15 @@ def _open(path: Path, settings: dict, overwrite: bool, n: int | None, lock: Stor
     if n is not None and expected >= 0 and expected != n:
         raise TraceFileError(f"path: {path} was started for {expected} images, this call has {n}; these are other "
                              "images. Use a new path, or overwrite=True")
-    # A store begun from an iterator learns its length from the first call that knows it.
-    writer.group.attrs.update({"complete": 0, "n_expected": expected if n is None or expected >= 0 else int(n)})
     return writer, False
+
+
+def _begin(writer: MapWriter, n: int | None) -> None:
+    """Mark a resumed store as being written, just before its first write: a call refused before (another image
+    at an index done, a check of a later batch) leaves the store as it found it. A store begun from an iterator
+    learns its length from the first call that knows it."""
+    expected = int(writer.attrs.get("n_expected", -1))
+    writer.group.attrs.update({"complete": 0, "n_expected": expected if n is None or expected >= 0 else int(n)})
 
 
 def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: str | os.PathLike, *,
@@ -157,7 +138,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
              targets: str | int | Sequence[int] | None = None, labels: Sequence[str] | None = None,
              image_labels: Sequence[Any] | None = None, overwrite: bool = False, verify: bool = True,
              progress: bool = True, max_bytes: float | None = None, worker_model: dict | None = None,
-             backend: str = "numpy") -> Path:
+             backend: str = "numpy", rule: str = DEFAULT_RULE) -> Path:
     """Compute every recipe's map of every image into one zarr store, keeping only the maps on the token grid.
 
     Per batch, one forward and one batched backward pass capture only the sites and blocks the recipes read;
@@ -192,6 +173,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             kernel is refused before any model call, naming it).
         worker_model: for a distributed run, ``{"timm": name, **create_model kwargs}`` that builds the model's
             architecture on each worker (its weights travel as safetensors bytes); default: the model's timm name.
+            Given without an active Client it is not used, and a warning says so.
+        rule: the backward rule; map stores are computed under ``"gradient"`` (autograd's own) only: another rule
+            is refused by name (trace under it with :func:`vitcam_nb.trace_many` and read maps with ``vc.cam``).
 
     Returns:
         the store path. Its attributes (``vc.open_maps(path).attrs``) state how the maps were made: ``backend``,
@@ -209,7 +193,11 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     """
     from vitcam_nb.compute import map_shard
 
-    path = as_store_path(path, "a map_many store")
+    given = as_store_path(path, "a map_many store")
+    path = store_target(given)  # a symlinked store is written, resumed and replaced where the link leads
+    if check_rule(rule) != DEFAULT_RULE:
+        raise TraceError(f"rule: map_many computes maps under the {DEFAULT_RULE!r} rule only, got {rule!r}; trace "
+                         f"the images with vc.trace_many(..., rule={rule!r}) and read each map with vc.cam")
     overwrite, verify, progress = (as_flag(n, v) for n, v in (("overwrite", overwrite), ("verify", verify),
                                                               ("progress", progress)))
     if backend not in BACKENDS:
@@ -237,6 +225,10 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     if backend != "numpy":  # a NumPy store keeps the settings (and id) it had before backends existed
         settings["backend"] = backend
     client = map_shard.active_client()
+    if client is None and worker_model is not None:
+        warnings.warn("worker_model: no dask.distributed Client is active, so no worker builds a model and "
+                      "worker_model is not used; the batches run in this process on the model given",
+                      UserWarning, stacklevel=2)
     if client is not None and dets:
         raise TraceError("targets: detection targets are mapped in this process (each image in its own pass); "
                          "close the dask.distributed Client, or map class targets")
@@ -248,6 +240,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     # Everything that needs no pass is checked now: a refused call has run no pass and touched no store.
     check_items(images, image_labels, None, lambda item, i: check_item(model, plan.adapter, item.image, None, i),
                 None if dets else head_size(model))
+    if overwrite or not path.exists():  # the new store is made in a temporary folder beside it, then renamed
+        check_writable(path.parent, path)
     lock = StoreLock(path, writer="map_many")
     try:
         writer, replace = _open(path, settings, overwrite, n, lock)
@@ -258,7 +252,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
 
     bar = tqdm(total=n, initial=int(writer.done.sum()) if writer else 0, disable=not progress, unit="img",
                desc="map_many")
-    state = {"writer": writer, "seen": 0, "shape": None}
+    state = {"writer": writer, "seen": 0, "shape": None, "begun": False}
     shard = None
 
     def create(arrays: dict, attrs: dict, kinds: np.ndarray) -> MapWriter:
@@ -282,6 +276,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         def make() -> MapWriter:
             return MapWriter.create(path, arrays, n if n is not None else batch_size, batch_size, store_attrs, kinds)
 
+        check_table(path, store_attrs, replace)
+
         new = replace_store(path, make, lock) if replace else make()
         lock.acquire()
         state["writer"] = new
@@ -291,7 +287,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         shape = tuple(batch[0][1].tensor.shape)
         if state["shape"] is None:
             state["shape"] = shape
-            _check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent,
+            check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent,
                          tree_bytes(path) if replace else 0)
         for i, p, _ in batch:
             if tuple(p.tensor.shape) != state["shape"]:
@@ -300,6 +296,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         labels_ = np.array([lab for lab, _ in (x[2] for x in batch)], np.int64)
         sources = np.array([src for _, src in (x[2] for x in batch)], object)
         fit_budget(plan, shape[-2:], max_bytes, batch=len(batch), recompute=False)
+        if state["writer"] is not None and not state["begun"]:
+            _begin(state["writer"], n)
+        state["begun"] = True
         if shard is not None:
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
@@ -353,25 +352,24 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                 raise TraceError("images: no images were given")
         else:
             state["writer"].finish(state["seen"])
+    except OSError as exc:
+        full = disk_full_error(path, exc, "the batches finished before are kept (rerun the call to resume)"
+                               if state["writer"] is not None else
+                               "nothing was written and a store this call replaces is kept")
+        if full is None:
+            raise
+        raise full from exc
     finally:
         if shard is not None:
             shard.close()
         bar.close()
         lock.release()
-    return path
+    return given
 
 
 def _info(e: Entry, report: xr.Dataset) -> dict:
     """A recipe's row of the store's table; its checklist is the one on the store's first image (each image's
     own, with its trace id, is what ``vc.cam`` gives on read)."""
-    r = e.recipe
-    return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
-            "checklist": cached_report(r, report.assign_coords(layer=("layer", list(e.layers))))[0],
-            "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
-            "part": list(e.part) if e.part else None, "slot": list(e.slot)}
-
-
-def _canonical(r: Recipe, layers: tuple[int, ...]) -> str:
-    """The id of the recipe in its canonical form on a trace of this model (``Recipe.canonical_id``)."""
-    return canonical_form(r.replace(layer=tuple(layers) if isinstance(r.layer, tuple) or r.layer == "all"
-                                    else layers[0])).id
+    row = recipe_row(e)
+    checklist = cached_report(e.recipe, report.assign_coords(layer=("layer", list(e.layers))))[0]
+    return {**{k: row[k] for k in ("key", "id", "json", "text")}, "checklist": checklist, **row}

@@ -46,6 +46,11 @@ __all__ = ["MAPS", "MAPS_STORE_KIND", "MAPS_STORE_VERSION", "MapsKind", "image_m
 
 MAPS_STORE_KIND = "vitcam_nb.maps"
 MAPS_STORE_VERSION = 1
+#: What every map store's reader needs: its attributes, and the arrays (each with its ``image`` dimension but
+#: ``token_kind``) a map is read from.
+_NEEDED_ATTRS = ("recipes", "num_layers", "img_height", "img_width", "pad", "trace_attrs")
+_NEEDED_VARS = ("maps", "part_reason", "degenerate", "scale", "trace_id", "provenance", "token_kind", "done")
+_RECIPE_KEYS = ("key", "text", "layers", "rollout", "part", "slot")
 
 
 def is_map_store(ds: object) -> bool:
@@ -219,6 +224,7 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
     if ds.attrs.get("store_version") != MAPS_STORE_VERSION:
         raise TraceFileError(f"path: {path} has map store version {ds.attrs.get('store_version')}; this vitcam_nb "
                              f"reads {MAPS_STORE_VERSION}")
+    _check_layout(path, ds)
     done = np.asarray(ds["done"].values, bool)
     if not incomplete and not (int(ds.attrs.get("complete", 0)) and done.all()):
         raise TraceFileError(f"path: {path} is incomplete ({int(done.sum())} of {done.size} images done); rerun "
@@ -226,8 +232,48 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
     return ds.isel(image=np.flatnonzero(done))
 
 
+def _check_layout(path: Path, ds: xr.Dataset) -> None:
+    """Refuse a damaged map store before any map is read: an attribute or array its reader needs that is missing,
+    or a recipe table that is not one, named with the store."""
+    missing = [f"attribute {a!r}" for a in _NEEDED_ATTRS if a not in ds.attrs]
+    missing += [f"array {v!r}" for v in _NEEDED_VARS if v not in ds.variables]
+    if missing:
+        raise TraceFileError(f"path: {path} is a damaged map store: it lacks the {', '.join(missing)} that "
+                             "vc.map_many writes; compute it again with vc.map_many(..., overwrite=True)")
+    try:
+        table = json.loads(ds.attrs["recipes"])
+        ok = isinstance(table, list) and all(isinstance(r, dict) and all(k in r for k in _RECIPE_KEYS) for r in table)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise TraceFileError(f"path: {path} is a damaged map store: its attribute 'recipes' is not the recipe table "
+                             "vc.map_many writes; compute it again with vc.map_many(..., overwrite=True)")
+
+
+def _load_image(ds: xr.Dataset, i: int) -> xr.Dataset:
+    """Image ``i`` read from disk, each array by name: a chunk that cannot be decoded (truncated, corrupted) or is
+    gone (a map store's float arrays are filled with NaN where nothing was written) is refused naming the store, the
+    array and the image."""
+    where = ds.encoding.get("source", "the map store")
+    one = ds.isel(image=i)
+    for name, var in one.variables.items():
+        try:
+            var.load()  # in place, as Dataset.load loads each variable
+        except Exception as exc:  # numcodecs, zarr and the filesystem raise many types for a damaged chunk
+            raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {i} cannot be read "
+                                 f"({type(exc).__name__}: {exc}); compute it again with vc.map_many") from exc
+        if name in ("maps", "parts", "scale") and np.isnan(var.values).any():
+            raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {i} is missing values (a chunk "
+                                 "of the store was deleted or never written); compute it again with vc.map_many")
+    if not str(one["trace_id"].values):
+        raise TraceFileError(f"path: {where} is damaged: image {i} is marked done but its trace_id is missing; "
+                             "compute it again with vc.map_many")
+    return one
+
+
 def image_maps(ds: xr.Dataset, i: int) -> xr.Dataset:
-    """Image ``i`` of an :func:`open_maps` store, loaded: what ``vc.cam`` reads that image's maps from.
+    """Image ``i`` of an :func:`open_maps` store, loaded: what ``vc.cam`` reads that image's maps from (``i`` from 0,
+    as ``Explorer.index``; a damaged chunk is refused naming the store and the array).
 
     Example:
         >>> one = image_maps(open_maps("maps.zarr"), 0)  # doctest: +SKIP
@@ -237,9 +283,9 @@ def image_maps(ds: xr.Dataset, i: int) -> xr.Dataset:
     if not is_map_store(ds) or "image" not in ds.dims:
         raise ArgumentTypeError("ds: expected a map store from vc.open_maps")
     n = ds.sizes["image"]
-    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= i < n:
-        raise ArgumentIndexError(f"i: expected an image position in -{n}..{n - 1}, got {i!r}")
-    return ds.isel(image=int(i)).load()
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
+        raise ArgumentIndexError(f"i: expected an image position in [0, {n - 1}], got {i!r}")
+    return _load_image(ds, int(i))
 
 
 def _first(ds: xr.Dataset) -> xr.Dataset:

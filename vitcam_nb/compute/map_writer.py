@@ -182,7 +182,8 @@ class MapWriter:
                 rows = chunk if name in BIG else meta_rows(value.shape[1:])
                 kind = value.dtype.kind
                 dtype = str if kind in "OUS" else value.dtype
-                fill = "" if kind in "OUS" else (False if kind == "b" else 0)
+                # NaN where no batch wrote: a chunk deleted later reads as missing, not as a map of zeros
+                fill = "" if kind in "OUS" else (False if kind == "b" else (np.nan if kind == "f" else 0))
                 group.create_array(name, shape=shape, chunks=(rows, *value.shape[1:]), dtype=dtype,
                                    fill_value=fill, dimension_names=array_dims(name, value.ndim))
             kinds = group.create_array("token_kind", shape=(len(token_kind),), dtype=str, fill_value="",

@@ -267,6 +267,10 @@ class TraceView:
         pos = classes.index(cls)
         if recipe.target == "logit" or recipe.layer_fusion == "rollout":
             return {pos: 1.0}, cls
+        if self.attrs.get("backward_rule") == "chefer_lrp":  # relevance is not linear in its start: no p_j sum
+            raise RecipeError(f"target: a chefer_lrp trace holds the relevance of each class's one-hot; "
+                              f"{recipe.target!r} is not derived from it (the relevance of the expected logit is not "
+                              "the sum of p_j times each class's). Use target='logit'")
         if -1 not in classes:
             raise RecipeError(f"target: {recipe.target!r} is derived from the expected-logit gradient, which this "
                               "trace lacks; use target='logit' or trace again with vitcam_nb.trace()")

@@ -59,8 +59,8 @@ def as_store_path(value: object, what: str) -> Path:
         'maps.zarr'
     """
     path = as_path("path", value)
-    if path.suffix.lower() != ".zarr":
-        raise TraceFileError(f"path: {what} is a zarr folder and its path ends in .zarr, got {path}")
+    if path.suffix != ".zarr":  # exactly: x.ZARR is another folder than x.zarr on most file systems
+        raise TraceFileError(f"path: {what} is a zarr folder and its path ends in .zarr (lower case), got {path}")
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
     return path

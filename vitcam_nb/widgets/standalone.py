@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 import xarray as xr
 
 from vitcam_nb.core.arguments import as_flag
-from vitcam_nb.core.errors import ArgumentTypeError, ExportError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, ExportError, OutputExistsError, TraceError
 from vitcam_nb.core.outfiles import check_output, write_atomic
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
@@ -45,6 +46,9 @@ _PAGE_CSS = "body{font-family:system-ui,sans-serif;margin:1em;color:#222}.vc-exp
 # Every page says who wrote it; a file at the export path is replaced only when it carries this mark.
 _GENERATOR = f"<meta name='generator' content='vitcam_nb {__version__} export_html'>"
 _OURS = re.compile(r"<meta name='generator' content='vitcam_nb [0-9A-Za-z.+-]+ export_html'>")
+#: The last line of a page export_html writes: the SHA-256 of every byte before it. A page edited since (a user's
+#: notes added) no longer matches and is not replaced without overwrite=True.
+_SEAL = re.compile(rb"<!-- vitcam_nb export_html sha256 ([0-9a-f]{64}) -->\n\Z")
 # What a video page draws: vc.cam's maps as computed, one colour range for the clip.
 _VIDEO_NOTE = ("a video trace of {} frames: each frame's map is the one vc.cam computed (upsampled in space and time); "
                "this page enlarges its pixels, colours every frame on the whole clip's range and draws the overlay.")
@@ -158,17 +162,33 @@ def _page(trace: Traces, recipe: Recipe | None, axes: Mapping[str, Sequence] | N
         bundle.meta.update(trace_choices=trace_choices(named), trace_shown=next(iter(named)),
                            trace_parts=[b.meta for b in others])
     model = next(iter(named.values())).attrs.get("model_name", "trace")
-    return bundle, page_html(bundle, title or f"vitcam_nb Explorer: {model}", others)
+    return bundle, _sealed(page_html(bundle, title or f"vitcam_nb Explorer: {model}", others))
+
+
+def _sealed(html: str) -> str:
+    """``html`` with its seal: a last line holding the SHA-256 of its UTF-8 bytes."""
+    return html + f"\n<!-- vitcam_nb export_html sha256 {hashlib.sha256(html.encode('utf-8')).hexdigest()} -->\n"
+
+
+def _page_state(path: Path) -> str:
+    """"ours" for a page export_html wrote and nobody changed since (its seal matches), "edited" for one of its
+    pages whose bytes changed (or written before pages were sealed: unknown), "other" for any other file."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return "other"
+    head = data[:4096].decode("utf-8", "replace")
+    if not (head.startswith("<!doctype html>") and _OURS.search(head) is not None):
+        return "other"
+    seal = _SEAL.search(data)
+    body = data[:seal.start()].removesuffix(b"\n") if seal else b""
+    return "ours" if seal and hashlib.sha256(body).hexdigest() == seal.group(1).decode() else "edited"
 
 
 def _is_page(path: Path) -> bool:
-    """Whether the file at ``path`` is a page export_html wrote (its generator mark in the head)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096).decode("utf-8", "replace")
-    except OSError:
-        return False
-    return head.startswith("<!doctype html>") and _OURS.search(head) is not None
+    """Whether the file at ``path`` is a page export_html wrote, as it wrote it (its generator mark in the head
+    and its seal, the SHA-256 of the page, at the end)."""
+    return _page_state(path) == "ours"
 
 
 def _code_bytes() -> int:
@@ -210,8 +230,9 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
             or several traces of one image as :class:`~vitcam_nb.Explorer` takes them (``{"gradient": tr,
             "cp_lrp": rel}``, or a list named by backward rule): the page then has a trace picker, the axes are
             exported for each trace (the file grows with each), and ``max_mb`` is shared between them.
-        path: the file to write. An existing file is replaced only when it is a page this function wrote;
-            anything else is refused (:class:`~vitcam_nb.OutputExistsError`) unless ``overwrite=True``. The
+        path: the file to write. An existing file is replaced only when it is a page this function wrote and
+            nobody changed since (a page ends with the SHA-256 of its bytes); anything else, an edited page too, is
+            refused (:class:`~vitcam_nb.OutputExistsError`) unless ``overwrite=True``. The
             page is written to a temporary file and renamed, so a failed write leaves the old file whole.
         recipe: the recipe shown first; fields not in ``axes`` keep its values (default: the Explorer's).
         axes: recipe field -> values varied in the page. Default: site x layer x weighting x target x
@@ -242,6 +263,10 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
     overwrite = as_flag("overwrite", overwrite)
     _check_display(trace, colormap, opacity, size, title)
     _check_limit(trace, axes, max_mb)
+    if not overwrite and path.is_file() and _page_state(path) == "edited":
+        raise OutputExistsError(f"path: {path} is a page export_html wrote, changed since (its bytes no longer match "
+                                "the SHA-256 it was written with, or it was written before pages carried one); it is "
+                                "left alone. Use another path, or overwrite=True (--overwrite) to replace it")
     check_output(path, overwrite=overwrite, ours=_is_page, what="page")
     bundle, html = _page(trace, recipe, axes, quantize, colormap, opacity, size, title, progress, max_mb)
     data = html.encode("utf-8")

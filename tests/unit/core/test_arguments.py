@@ -42,7 +42,11 @@ def test_a_truthy_or_falsy_non_bool_is_refused(value):
 def test_a_store_path_ends_in_zarr_and_its_folder_exists(tmp_path):
     from vitcam_nb.core.arguments import as_store_path
 
-    assert as_store_path(str(tmp_path / "s.ZARR"), "a map_many store") == tmp_path / "s.ZARR"
+    assert as_store_path(str(tmp_path / "s.zarr"), "a map_many store") == tmp_path / "s.zarr"
+    # issue 52: the suffix exactly (x.ZARR is another folder than x.zarr where names are case-sensitive)
+    with pytest.raises(vc.TraceFileError, match=r"^path: a map_many store is a zarr folder and its path ends in .zarr "
+                                                r"\(lower case\), got .*s.ZARR$"):
+        as_store_path(str(tmp_path / "s.ZARR"), "a map_many store")
     with pytest.raises(vc.TraceFileError, match="^path: a map_many store is a zarr folder .* got .*s.nc$"):
         as_store_path(tmp_path / "s.nc", "a map_many store")
     with pytest.raises(vc.TraceFileError, match="^path: folder .*missing does not exist$"):

@@ -15,6 +15,7 @@ from vitcam_nb.capture.rules import (  # noqa: F401  (each registers its family'
 from vitcam_nb.capture.rules.base import (
     RuleImpl,
     check_rule_for,
+    check_rule_target,
     register_refusal,
     register_rule,
     rule_context,
@@ -23,5 +24,5 @@ from vitcam_nb.capture.rules.base import (
     rule_families,
 )
 
-__all__ = ["RuleImpl", "check_rule_for", "register_refusal", "register_rule", "rule_context", "rule_extra_grads",
-           "rule_extra_names", "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "check_rule_target", "register_refusal", "register_rule", "rule_context",
+           "rule_extra_grads", "rule_extra_names", "rule_families"]

@@ -29,8 +29,8 @@ from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.core.errors import ArgumentError, TraceError
 from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
 
-__all__ = ["RuleImpl", "check_rule_for", "register_refusal", "register_rule", "rule_context", "rule_extra_grads",
-           "rule_extra_names", "rule_families"]
+__all__ = ["RuleImpl", "check_rule_for", "check_rule_target", "register_refusal", "register_rule", "rule_context",
+           "rule_extra_grads", "rule_extra_names", "rule_families"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class RuleImpl:
     extra_grads: Callable[[torch.Tensor, dict], dict[str, dict]] | None = None
     #: the variables ``extra_grads`` stores, each shaped like the F2 gradient (for the memory estimate)
     extra_names: tuple[str, ...] = ()
+    #: ``check_target(target)`` raises :class:`~vitcam_nb.core.errors.TraceError` for a target the rule's backward
+    #: does not define (None: every target the family takes)
+    check_target: Callable[[object], None] | None = None
 
 
 # rule name -> family -> implementation
@@ -154,6 +157,18 @@ def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors
     if impl is None or impl.extra_grads is None:
         return {}
     return impl.extra_grads(outputs, tensors)
+
+
+def check_rule_target(rule: str, target: object, adapter: Adapter) -> None:
+    """Refuse, before any model call, a target the rule's backward pass does not define on ``adapter``'s family
+    (``chefer_lrp`` starts its relevance from a class's one-hot only).
+
+    Example:
+        >>> check_rule_target("gradient", None, None)
+    """
+    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    if impl is not None and impl.check_target is not None:
+        impl.check_target(target)
 
 
 def rule_extra_names(rule: str, adapter: Adapter) -> tuple[str, ...]:

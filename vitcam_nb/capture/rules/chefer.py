@@ -41,7 +41,7 @@ from vitcam_nb.capture.rules.base import RuleImpl, register_rule
 from vitcam_nb.capture.rules.vit import check_vit
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["PLAIN_GRAD", "check_chefer", "chefer_hooks", "plain_attention_grads", "safe_divide"]
+__all__ = ["PLAIN_GRAD", "check_chefer", "check_chefer_target", "chefer_hooks", "plain_attention_grads", "safe_divide"]
 
 #: The trace variable holding the plain gradient of each target at F2 in a ``chefer_lrp`` trace.
 PLAIN_GRAD = "attn_plain_grad"
@@ -236,6 +236,29 @@ def check_chefer(model: torch.nn.Module, adapter: Adapter) -> None:
                          "distillation head; Chefer's ViT reads the class token with one head")
     if not isinstance(getattr(model, "head", None), torch.nn.Linear):
         raise TraceError(f"{where} the model's head is a {type(getattr(model, 'head', None)).__name__}, not a Linear")
+    registers = int(getattr(model, "num_reg_tokens", 0) or 0)
+    if registers:  # Chefer's code reads a sequence of the class token and the patches; registers are neither
+        raise TraceError(f"{where} this model has {registers} register tokens, which Chefer's ViT has not (its "
+                         "relevance rollout covers the class token and the patches only)")
+
+
+def check_chefer_target(target: object) -> None:
+    """Refuse a target other than class logits: Chefer's relevance pass starts from the one-hot of a class (the
+    official ``relprop``), and a contrast or a per-block read-out is a relevance it does not define.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> check_chefer_target(vc.targets.contrast(0, against=[1]))  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        TraceError: targets: rule='chefer_lrp' starts its relevance from the one-hot of a class ...
+    """
+    from vitcam_nb.targets.classes import ClassTargets
+
+    if not isinstance(target, ClassTargets):
+        kind = getattr(target, "kind", type(target).__name__)
+        raise TraceError(f"targets: rule={RULE!r} starts its relevance from the one-hot of a class (as the official "
+                         f"relprop); a {kind} target is a relevance it does not define. Trace class targets "
+                         "(\"topK\", an int or a list of ints), or this target with rule='gradient'")
 
 
 def _linear_hook(mode: _Mode, half: bool, module: torch.nn.Linear, args: tuple, out: torch.Tensor) -> torch.Tensor:
@@ -337,4 +360,5 @@ def plain_attention_grads(outputs: torch.Tensor, tensors: dict) -> dict[str, dic
                                         device=tensors[k].device) if g is None else g for k, g in zip(keys, got)}}
 
 
-register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS, plain_attention_grads, (PLAIN_GRAD,)))
+register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS, plain_attention_grads, (PLAIN_GRAD,),
+                             check_chefer_target))

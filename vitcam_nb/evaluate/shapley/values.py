@@ -40,6 +40,12 @@ from vitcam_nb.targets.classes import class_labels
 __all__ = ["BASELINES", "check_shapley", "coalition_masks", "exact_shapley", "shapley_bytes", "shapley_patches"]
 
 BASELINES = ("blur", "mean")
+#: Groups scored without ``max_passes``: 2^20 = 1,048,576 forward passes (minutes on a small model); more take
+#: hours or days whatever the memory, and are run only when asked for by number.
+MAX_GROUPS = 20
+#: How far the scores of one batch scored twice may differ (relative to the largest score): a deterministic model
+#: gives the same numbers on the same inputs (same batch, same kernels); a model random in eval mode does not.
+REPEAT_RTOL = 1e-5
 # Bytes held per coalition besides the model: its score (float64), the masks and indices of the Shapley sum
 # (int64 and bool temporaries of the closed formula, at most about four of them alive at once).
 _BYTES_PER_COALITION = 8 * 5
@@ -161,8 +167,22 @@ def _check_budget(n: int, batch_size: int, shape: tuple[int, int], channels: int
                         f"batch of {batch_size}), over the budget ({said}); use fewer groups or a smaller batch_size")
 
 
+def _check_passes(n: int, max_passes: object) -> None:
+    """Refuse a grid whose ``2^n`` forward passes exceed ``max_passes`` (default: ``2^MAX_GROUPS``), by time, not
+    memory: the scores of 28 groups fit in a few GB but take 2^28 passes."""
+    if max_passes is not None and (isinstance(max_passes, bool) or not isinstance(max_passes, (int, np.integer))
+                                   or max_passes < 1):
+        raise ArgumentError(f"max_passes: expected a positive int number of forward passes or None, got {max_passes!r}")
+    cap = 1 << MAX_GROUPS if max_passes is None else int(max_passes)
+    if 1 << n > cap:
+        said = (f"the default cap of 2^{MAX_GROUPS} = {cap:,} (pass max_passes= to allow more)" if max_passes is None
+                else f"max_passes={cap:,}")
+        raise ArgumentError(f"grid: {n} groups take 2^{n} = {1 << n:,} forward passes, over {said}; use fewer groups")
+
+
 def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], baseline: object, batch_size: int, *,
-                  score: str = "logit", max_bytes: float | None = None, blur_sigma: float | None = None) -> tuple:
+                  score: str = "logit", max_bytes: float | None = None, blur_sigma: float | None = None,
+                  max_passes: int | None = None) -> tuple:
     """Every check of :func:`shapley_patches`, with no model call: ``(scorer, model input, input kind, grid,
     baseline input, baseline description)``; bad input raises ``ValueError`` naming the argument.
 
@@ -180,6 +200,7 @@ def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], ba
         raise ArgumentError(f"image: expected one image, got a model input of shape {tuple(x.shape)}")
     h, w = (int(v) for v in x.shape[-2:])
     gy, gx = _check_grid(grid, (h, w))
+    _check_passes(gy * gx, max_passes)
     if blur_sigma is None:
         blur_sigma = 5.0 * math.sqrt(h * w) / 224.0
     if isinstance(blur_sigma, bool) or not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
@@ -201,6 +222,7 @@ def shapley_patches(
     max_bytes: float | None = None,
     blur_sigma: float | None = None,
     progress: bool | None = None,
+    max_passes: int | None = None,
 ) -> xr.DataArray:
     """Exact Shapley values of the ``grid``'s patch groups for the model's ``target`` score, from all ``2^n``
     masked forward passes (``n = rows x columns``; a group absent = its pixels taken from the baseline).
@@ -219,6 +241,12 @@ def shapley_patches(
         batch_size: masked inputs per forward call; max_bytes: refuse (naming the size) when the scores and one
             batch would hold more (default half the available memory; the model's activations are not counted).
         blur_sigma: blur width in pixels; progress: progress bar (None: shown from 256 passes on).
+        max_passes: the most forward passes allowed (refused before any, naming ``grid``); default ``2^20``
+            (20 groups), whatever the memory: 2^n passes take time, not only memory.
+
+    The last batch (it holds the intact image) is scored a second time and must give the same scores (within
+    :data:`REPEAT_RTOL` of the largest): a model random in eval mode (dropout left on, noise) is refused, as its
+    "exact" values would change from run to run.
 
     Returns:
         DataArray ``(gy, gx)`` of the Shapley values; attrs: grid, group size, baseline, score, target, class and
@@ -236,7 +264,8 @@ def shapley_patches(
     from vitcam_nb.core.progress import progress_bar as tqdm
 
     scorer, x, input_kind, (gy, gx), base, base_said = check_shapley(
-        model, image, grid, baseline, batch_size, score=score, max_bytes=max_bytes, blur_sigma=blur_sigma)
+        model, image, grid, baseline, batch_size, score=score, max_bytes=max_bytes, blur_sigma=blur_sigma,
+        max_passes=max_passes)
     h, w = (int(v) for v in x.shape[-2:])
     n = gy * gx
     # Validation done: from here on the model is called.
@@ -251,12 +280,15 @@ def shapley_patches(
             present = coalition_masks(coalitions, (gy, gx), (h, w))
             v[coalitions] = scorer(torch.where(present, x, base), cls)
             bar.update(len(coalitions))
+    _check_repeat(scorer, x, base, cls, coalitions, v, (gy, gx))
     phi = exact_shapley(v).reshape(gy, gx)
     attrs = {
         "metric": "shapley_patches", "grid": f"{gy}x{gx}", "n_groups": n, "group_size": f"{h // gy}x{w // gx}",
         "group_order": "row-major; group k is bit k of a coalition", "baseline": base_said, "score": score,
         "target": "predicted class of the intact image" if target is None else int(target), "class": cls,
         "class_name": _class_name(model, cls), "n_forwards": total + (target is None),
+        "repeat_check": f"the last batch ({len(coalitions)} inputs, the intact image among them) scored twice: the "
+                        f"same scores within {REPEAT_RTOL:g} of the largest",
         "v_all": float(v[-1]), "v_none": float(v[0]), "batch_size": int(batch_size),
         "method": "exact: all 2^n coalitions, closed Shapley formula (no sampling)",
         "input_kind": input_kind, "input_size": f"{h}x{w}", "model": model_name(model),
@@ -275,6 +307,20 @@ def _of_trace(image: object, cls: int) -> dict:
     order = np.argsort(-np.asarray(image["logits"].values, np.float64).ravel(), kind="stable")
     rank = int(np.flatnonzero(order == cls)[0]) + 1 if cls in order else 0
     return {"trace_id": str(image.attrs.get("trace_id", "")), "class_rank": rank}
+
+
+def _check_repeat(scorer: Scorer, x: torch.Tensor, base: torch.Tensor, cls: int, coalitions: np.ndarray,
+                  v: np.ndarray, grid: tuple[int, int]) -> None:
+    """Score the last batch (with the intact image) again: the same inputs in the same batch must give the same
+    scores, else the model is random in eval mode and no value computed from its scores is exact."""
+    again = np.asarray(scorer(torch.where(coalition_masks(coalitions, grid, tuple(x.shape[-2:])), x, base), cls))
+    first = v[coalitions]
+    diff = float(np.max(np.abs(again - first)))
+    if not diff <= REPEAT_RTOL * max(1.0, float(np.max(np.abs(first)))):
+        raise ArgumentError(f"model: the model is not deterministic in eval mode: the same {len(coalitions)} masked "
+                            f"inputs (the intact image among them) scored twice differ by up to {diff:.3g} (the intact "
+                            f"image: {first[-1]:.6g}, then {again[-1]:.6g}); exact Shapley values need the same score "
+                            "for the same input (dropout or noise active in eval mode?)")
 
 
 def _class_name(model: torch.nn.Module, cls: int) -> str:

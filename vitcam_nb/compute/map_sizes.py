@@ -1,0 +1,127 @@
+"""How much a map store holds, checked before it is written: its maps per image, and its fixed part (the recipe
+table with every recipe's checklist, the attributes, a disk block per file), against the memory budget and the
+free space of the store's disk.
+
+Example:
+    >>> from vitcam_nb.compute.map_recipes import plan_entries
+    >>> entries = plan_entries([Recipe(layer=0)], 2, ["F1"], "top1")[0]
+    >>> recipe_row(entries[0])["layers"]
+    [0]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from vitcam_nb.capture.budget import available_bytes
+from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.compute.map_recipes import Entry
+from vitcam_nb.core.errors import TraceError, TraceFileError
+from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe_canonical import canonical_form
+
+__all__ = ["CHECKLIST_BYTES", "check_sizes", "check_table", "recipe_row", "table_bytes"]
+
+
+def _cells(plan: TracePlan, hw: tuple[int, int]) -> int:
+    """Token-grid cells of one map: (h, w) patches, times the tubelets in time of a video family's clip."""
+    adapter = plan.adapter
+    if getattr(adapter, "video", False):
+        tt, ph, pw = adapter.tubelet(plan.model)
+        return max(1, adapter.frames(plan.model) // tt) * max(1, hw[0] // ph) * max(1, hw[1] // pw)
+    patch = getattr(getattr(plan.model, "patch_embed", None), "patch_size", (16, 16))
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return max(1, hw[0] // ph) * max(1, hw[1] // pw)
+
+
+#: Bytes of a recipe's checklist in the store's recipe table, counted before the pass has made it (the table is
+#: checked exactly, with its checklists, before the store is created).
+CHECKLIST_BYTES = 4096
+
+
+def table_bytes(entries: list[Entry]) -> int:
+    """Bytes of the store's recipe table and attributes known before any pass: each recipe's row (its checklist
+    counted as :data:`CHECKLIST_BYTES`).
+
+    Example:
+        >>> from vitcam_nb.compute.map_recipes import plan_entries
+        >>> entries = plan_entries([Recipe(layer=0)], 2, ["F1"], "top1")[0]
+        >>> 8192 < table_bytes(entries) < 16384
+        True
+    """
+    return sum(len(json.dumps(recipe_row(e))) + CHECKLIST_BYTES for e in entries) + CHECKLIST_BYTES
+
+
+def _files_bytes(n: int, batch: int, parent: Path) -> int:
+    """Disk blocks the store's files take beyond their bytes: every chunk and metadata file takes at least one block
+    (a file per batch of maps and parts, a file per 64 images of each per-image array at most, a metadata file per
+    array)."""
+    block = os.statvfs(parent).f_frsize or 4096
+    return block * (2 * -(-n // batch) + 14 * -(-n // 64) + 20)
+
+
+def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
+                 batch: int, max_bytes: float | None, parent: Path, replaced: int) -> None:
+    """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk: its
+    maps, the recipe table and attributes, a disk block per file, against the free space and the ``replaced``
+    bytes of the store this call replaces (removed once the new store exists).
+
+    Example:
+        >>> check_sizes(plan, entries, 0, 10**9, (224, 224), 8, None, Path("."), 0)  # doctest: +SKIP
+        Traceback (most recent call last):
+        TraceFileError: recipes_or_space: 1 recipes over 1000000000 images make a store of about ...
+    """
+    per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
+    budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
+    if per_image * batch > budget:
+        raise TraceError(f"recipes_or_space: {len(entries)} recipes ({n_parts} fused parts) need about "
+                         f"{per_image * batch / 1e6:.1f} MB of maps per batch of {batch}, above the memory budget of "
+                         f"{budget / 1e6:.1f} MB; use fewer recipes or a smaller batch_size")
+    free = shutil.disk_usage(parent).free + replaced
+    fixed = table_bytes(entries) + _files_bytes(n or batch, batch, parent)
+    if n is not None and per_image * n + fixed > free:
+        raise TraceFileError(f"recipes_or_space: {len(entries)} recipes over {n} images make a store of about "
+                             f"{(per_image * n + fixed) / 1e6:.2f} MB ({per_image / 1e3:.1f} kB per image, "
+                             f"{fixed / 1e3:.1f} kB of recipe table, attributes and file blocks); {parent} has "
+                             f"{free / 1e6:.2f} MB free"
+                             + (" (with the store this call replaces)" if replaced else ""))
+
+
+def check_table(path: Path, store_attrs: dict, replaced: bool) -> None:
+    """Refuse, before the store is created (and before a store it replaces is moved aside), attributes that do not
+    fit the disk: the recipe table with every checklist, now made.
+
+    Example:
+        >>> import tempfile
+        >>> check_table(Path(tempfile.mkdtemp()) / "m.zarr", {"recipes": "[]"}, False)
+    """
+    need = len(json.dumps(store_attrs, default=str)) + _files_bytes(1, 1, path.parent)
+    free = shutil.disk_usage(path.parent).free
+    if need > free:
+        raise TraceFileError(f"path: the store's attributes (its recipe table with every checklist) need "
+                             f"{need / 1e6:.2f} MB, and {path.parent} has {free / 1e6:.2f} MB free; nothing was "
+                             "written" + (" and the store there is kept" if replaced else "") + ". Free space on "
+                             "that disk, or use another path")
+
+
+def recipe_row(e: Entry) -> dict:
+    """A recipe's row of the store's table but its checklist (known before any pass).
+
+    Example:
+        >>> from vitcam_nb.compute.map_recipes import plan_entries
+        >>> sorted(recipe_row(plan_entries([Recipe(layer=-1)], 3, ["F1"], "top1")[0][0]))[:3]
+        ['canonical_id', 'id', 'json']
+    """
+    r = e.recipe
+    return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
+            "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
+            "part": list(e.part) if e.part else None, "slot": list(e.slot)}
+
+
+def _canonical(r: Recipe, layers: tuple[int, ...]) -> str:
+    """The id of the recipe in its canonical form on a trace of this model (``Recipe.canonical_id``)."""
+    return canonical_form(r.replace(layer=tuple(layers) if isinstance(r.layer, tuple) or r.layer == "all"
+                                    else layers[0])).id
