@@ -117,8 +117,8 @@ def group_bounds(n_targets: int, groups: int) -> np.ndarray:
 def memory_mode(recompute: bool, target_groups: int) -> str:
     """How a pass held its memory (:attr:`TracePlan.recompute`, :attr:`TracePlan.target_groups`), in words: a
     trace's ``memory_mode`` attribute and :func:`vitcam_nb.estimate`'s. Every mode stores the same values to float32
-rounding (every element within 1e-5 of its magnitude plus 1e-5 of the array's largest; its backward multiplies
-matrices of other batch shapes, which round otherwise on some CPUs), so the mode is not part of the trace id.
+    rounding (every element within 1e-5 of its magnitude plus 1e-5 of the array's largest; its backward multiplies
+    matrices of other batch shapes, which round otherwise on some CPUs), so the mode is not part of the trace id.
 
     Example:
         >>> memory_mode(False, 1), memory_mode(True, 1)
