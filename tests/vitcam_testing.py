@@ -226,6 +226,57 @@ def assert_rel_close(actual, expected, what: str, rel: float = REL) -> None:
     assert err <= rel * scale + 1e-12, f"{what}: max |diff| {err:.3g} > {rel} * max |ref| {scale:.3g}"
 
 
+#: "Equal to float32 rounding": what two passes that compute the same values with matrix products of different
+#: batch shapes or orders agree to (a grouped, recomputed, block-major or later-starting pass against the plain
+#: batched pass). PyTorch promises bitwise equality only for the same kernels on the same shapes, and which kernel
+#: a shape takes (and the order it sums in) depends on the CPU. Every element within ROUNDING_REL of its own
+#: magnitude plus ROUNDING_REL of the array's largest (numpy's allclose with rtol=1e-5, atol=1e-5 * max |ref|); a
+#: float16 array may also differ by one float16 step (a float32 difference in the last bit can round either way).
+#: Measured: here, a tiny ViT's backward in groups of one target against one batched backward differs in up to 8% of
+#: the elements, by at most 1.3e-7 * max |ref| (relative 4e-3 on values near 1e-6); issue 51's AVX-512 EPYC: max
+#: abs 1.2e-7, relative 1.5e-3 on values near 4e-5, gradients O(0.1-1). Both ~100x inside the bound.
+ROUNDING_REL = 1e-5
+
+
+def rounding_allowance(expected: np.ndarray, rel: float = ROUNDING_REL) -> np.ndarray:
+    """The largest |actual - expected| "equal to float32 rounding" allows at each element of ``expected``."""
+    e = np.abs(np.asarray(expected, np.float64))
+    finite = e[np.isfinite(e)]
+    allowed = rel * e + rel * (float(finite.max()) if finite.size else 0.0)
+    if np.asarray(expected).dtype == np.float16:
+        allowed = allowed + np.spacing(np.abs(np.asarray(expected, np.float16))).astype(np.float64)
+    return allowed
+
+
+def assert_equal_to_rounding(actual, expected, what: str, rel: float = ROUNDING_REL) -> None:
+    """``actual`` equals ``expected`` to float32 rounding (see :data:`ROUNDING_REL`): same shape and dtype, the same
+    NaNs and infinities, every finite element within :func:`rounding_allowance`; non-float arrays exactly."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != {e.dtype}"
+    if not np.issubdtype(e.dtype, np.floating):
+        np.testing.assert_array_equal(a, e, err_msg=what)
+        return
+    a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    finite = np.isfinite(e64)
+    np.testing.assert_array_equal(a64[~finite], e64[~finite], err_msg=f"{what}: NaN or infinity differs")
+    diff = np.where(finite, np.abs(a64 - np.where(finite, e64, 0.0)), 0.0)
+    bad = ~(diff <= rounding_allowance(e, rel))  # NaN in actual where expected is finite counts as bad
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} elements differ by more than float32 rounding "
+                           f"(max |diff| {np.nanmax(diff):.3g}, max |ref| {np.abs(e64[finite]).max():.3g})")
+
+
+def assert_datasets_equal_to_rounding(got, want) -> None:
+    """Two lists of Datasets (a trace, or a hierarchical trace's stages) hold the same variables, dtypes and
+    values, the floats to float32 rounding (:func:`assert_equal_to_rounding`)."""
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert sorted(g.data_vars) == sorted(w.data_vars)
+        for name in w.data_vars:
+            assert g[name].dims == w[name].dims, name
+            assert_equal_to_rounding(g[name].values, w[name].values, name)
+
+
 def plain_presets() -> list[str]:
     """Presets computed from a trace of the default sites and class targets, on a model of any depth. Left out:
     the published methods of ``vitcam_nb.compute.published`` (they read optional sites or a layer-wise target;

@@ -1,8 +1,8 @@
-"""A grouped backward pass block by block (``vitcam_nb.capture.block_major``): the head in target groups, each block
-one target at a time, recomputed once for all of them, not once per group; what it stores is bitwise what one
-batched backward pass stores; a graph that is not a chain of blocks (a head that reads an earlier block) goes back
-group by group over the whole graph instead, and stores the same; a block that does not rerun the same is refused;
-the model comes back as it was."""
+"""A grouped backward pass block by block (``vitcam_nb.capture.block_major``): the head in target groups, each block one
+target at a time, recomputed once for all of them, not once per group; what it stores equals what one batched backward
+pass stores to float32 rounding (its matrix products have other batch shapes); a graph that is not a chain of blocks (a
+head that reads an earlier block) goes back group by group over the whole graph instead, and stores the same; a block
+that does not rerun the same is refused; the model comes back as it was."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
-from vitcam_testing import assert_unchanged, snapshot
+from vitcam_testing import assert_datasets_equal_to_rounding, assert_unchanged, snapshot
 
 import vitcam_nb.capture.block_major as block_major
 import vitcam_nb.capture.passes as passes
@@ -69,11 +69,9 @@ def _traced(model: torch.nn.Module, recompute: bool, groups: int, sites: list[st
 
 
 def _assert_same(got: list, want: list) -> None:
-    assert len(got) == len(want) > 0
-    for g, w in zip(got, want):
-        assert sorted(g.data_vars) == sorted(w.data_vars)
-        for name in w.data_vars:
-            np.testing.assert_array_equal(g[name].values, w[name].values, err_msg=name)
+    # Not bitwise: one target at a time (and the head in groups) multiplies matrices of other batch shapes than
+    # the batched backward, which round otherwise on some CPUs (issue 51: an AVX-512 EPYC).
+    assert_datasets_equal_to_rounding(got, want)
 
 
 @pytest.fixture

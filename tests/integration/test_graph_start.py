@@ -1,9 +1,10 @@
 """The pass's graph starts at the lowest traced layer (``vitcam_nb.capture.graph_start``): the blocks below it run
-without a graph, so a trace of late layers holds only their blocks' graph. What a trace of some layers stores is
-bitwise what a trace of every layer stores for them, in every family, storage dtype, memory mode, backward rule
-and both passes (arrays and tensors); the blocks below keep nothing for the backward pass and a recomputing pass
-runs them once; a head that reads no traced layer gives zero gradients, as before; a block that receives no
-floating-point tensor is refused by name."""
+without a graph, so a trace of late layers holds only their blocks' graph. What a trace of some layers stores equals
+what a trace of every layer stores for them, in every family, storage dtype, memory mode, backward rule and both passes
+(arrays and tensors): bitwise where both run the same batched backward over the same shapes (the plain pass, a backward
+rule, torch's checkpoint), to float32 rounding where the budget or the test takes another memory mode (other batch
+shapes); the blocks below keep nothing for the backward pass and a recomputing pass runs them once; a head that reads no
+traced layer gives zero gradients, as before; a block that receives no floating-point tensor is refused by name."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from timm.models.beit import Beit
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
-from vitcam_testing import assert_unchanged, snapshot
+from vitcam_testing import assert_equal_to_rounding, assert_unchanged, snapshot
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -94,7 +95,7 @@ def _layer_slices(tr, layers: list[int]) -> dict:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_trace_of_some_layers_stores_bitwise_what_a_trace_of_every_layer_stores(family):
+def test_a_trace_of_some_layers_stores_what_a_trace_of_every_layer_stores(family):
     model = FAMILIES[family]()
     image = _image(model)
     n = len(find_adapter(model).blocks(model))
@@ -106,7 +107,9 @@ def test_a_trace_of_some_layers_stores_bitwise_what_a_trace_of_every_layer_store
             got, want = _layer_slices(part, layers), _layer_slices(full, layers)
             assert got and sorted(got) == sorted(want), (family, layers)
             for key, values in want.items():
-                np.testing.assert_array_equal(got[key], values, err_msg=f"{family} {dtype} {layers} {key}")
+                # to rounding: the budget may take another memory mode for a trace of late layers (a recomputed,
+                # grouped pass: other batch shapes) than for the trace of every layer
+                assert_equal_to_rounding(got[key], values, f"{family} {dtype} {layers} {key}")
             grads = [v for (_, name), v in got.items() if name.endswith("grad")]
             assert grads and all(np.abs(g).max() > 0 for g in grads), (family, layers)  # not trivially 0 == 0
     assert_unchanged(before, model)
@@ -120,7 +123,8 @@ def test_a_backward_rule_stores_the_same_late_layers_as_its_trace_of_every_layer
     part = vc.trace(model, image, "top2", rule=rule, layers=[2, 3])
     names = [v for v in part.data_vars if "layer" in part[v].dims]
     assert {"grad", "attn_grad"} <= set(names)
-    for name in names:
+    for name in names:  # bitwise, structurally: a rule's pass keeps its graph (never recomputed nor grouped), so
+        # both run the same batched backward over the same shapes above layer 2
         np.testing.assert_array_equal(part[name].values, full[name].sel(layer=[2, 3]).values, err_msg=name)
 
 
@@ -134,13 +138,22 @@ def test_every_memory_mode_and_the_tensor_pass_store_the_same_late_layers(mode):
     plan.recompute, plan.target_groups = mode
     tensors = run_pass(plan, x)
     arrays = run_pass(plan, x, arrays=True).image(0)
+    # The plain pass runs the same batched backward over the same shapes as the reference (bitwise, structurally);
+    # torch's checkpoint reruns each block on the same input (the tensor pass of (True, 1): bitwise too). Groups and
+    # the array pass's block-by-block recomputation multiply matrices of other batch shapes: float32 rounding.
     for key, grad in tensors.grads.items():
-        torch.testing.assert_close(grad, ref.grads[key], rtol=0, atol=0)
-        torch.testing.assert_close(tensors.acts[key], ref.acts[key], rtol=0, atol=0)
+        torch.testing.assert_close(tensors.acts[key], ref.acts[key], rtol=0, atol=0)  # the same forward pass
+        if mode[1] == 1:
+            torch.testing.assert_close(grad, ref.grads[key], rtol=0, atol=0)
+        else:
+            assert_equal_to_rounding(grad.numpy(), ref.grads[key].numpy(), str(key))
     filled = arrays.filled[((2, 3), ("F1", "F6"), "grad")]  # (target, layer, site, token, channel)
     for i, layer in enumerate((2, 3)):
         for j, site in enumerate(("F1", "F6")):
-            np.testing.assert_array_equal(filled[:, i, j], ref.grads[(layer, site)][:, 0].numpy())
+            if mode == (False, 1):
+                np.testing.assert_array_equal(filled[:, i, j], ref.grads[(layer, site)][:, 0].numpy())
+            else:
+                assert_equal_to_rounding(filled[:, i, j], ref.grads[(layer, site)][:, 0].numpy(), f"{layer} {site}")
 
 
 def test_the_blocks_below_the_start_keep_nothing_and_a_recomputing_pass_runs_them_once():
@@ -182,6 +195,7 @@ def test_a_head_that_reads_no_traced_layer_gives_zero_gradients():
     tr = vc.trace(model, image, "top2", sites=["F1"], layers=[2])
     assert tr["grad"].shape[0] == 3 and not np.abs(tr["grad"].values).any()
     full = vc.trace(model, image, "top2", sites=["F1"])
+    # bitwise: the same forward pass, and gradients that are zeros however the backward was split
     np.testing.assert_array_equal(tr["act"].values, full["act"].sel(layer=[2]).values)
     np.testing.assert_array_equal(tr["grad"].values, full["grad"].sel(layer=[2]).values)
 

@@ -1,8 +1,10 @@
-"""Recomputing each block inside the backward pass (``vitcam_nb.capture.recompute``): a trace whose Dataset is
-small beside the model's graph keeps one block's graph at a time instead of every block's. What it stores is
-bitwise what the plain pass stores, for every family that allows it, every site, both storage dtypes and a
-batch; the capture reads each site once; the pass recomputes when the estimate says it lowers the peak by a
-quarter or more, or when only then the trace fits ``max_bytes``; and the model is returned exactly as it was."""
+"""Recomputing each block inside the backward pass (``vitcam_nb.capture.recompute``): a trace whose Dataset is small
+beside the model's graph keeps one block's graph at a time instead of every block's. What it stores equals what the
+plain pass stores to float32 rounding (the array pass differentiates one target at a time, other batch shapes), for
+every family that allows it, every site, both storage dtypes and a batch; the tensor pass (torch's checkpoint: the same
+batched backward on the same shapes) returns bitwise the same tensors; the capture reads each site once; the pass
+recomputes when the estimate says it lowers the peak by a quarter or more, or when only then the trace fits
+``max_bytes``; and the model is returned exactly as it was."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from timm.models.beit import Beit
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.eva import Eva
 from timm.models.vision_transformer import VisionTransformer
-from vitcam_testing import assert_unchanged, snapshot
+from vitcam_testing import assert_datasets_equal_to_rounding, assert_equal_to_rounding, assert_unchanged, snapshot
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
@@ -70,18 +72,15 @@ def _datasets(tr) -> list[xr.Dataset]:
 
 
 def _assert_same(got, want) -> None:
-    got, want = _datasets(got), _datasets(want)
-    assert len(got) == len(want) > 0
-    for g, w in zip(got, want):
-        assert sorted(g.data_vars) == sorted(w.data_vars)
-        for name in w.data_vars:
-            assert g[name].dtype == w[name].dtype, name
-            np.testing.assert_array_equal(g[name].values, w[name].values, err_msg=name)
+    # Not bitwise: the array pass recomputes block by block, one target at a time (capture.block_major), so its
+    # matrix products have other batch shapes than the plain batched backward's; they round otherwise on some CPUs
+    # (issue 51: an AVX-512 EPYC). Same dtypes, values to float32 rounding.
+    assert_datasets_equal_to_rounding(_datasets(got), _datasets(want))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("family", ["vit", "vit_reg", "deit_distilled", "beit", "eva", "swin"])
-def test_a_recomputed_trace_stores_bitwise_what_the_plain_pass_stores(family, dtype):
+def test_a_recomputed_trace_stores_what_the_plain_pass_stores_to_float32_rounding(family, dtype):
     model = _family(family)
     size = 56 if family == "swin" else IMG
     # every site the family has: the split qkv and the side-computed q_out, k_out and attn_scores included
@@ -96,7 +95,7 @@ def test_a_recomputed_trace_stores_bitwise_what_the_plain_pass_stores(family, dt
     assert all("forward" not in vars(b) for b in plan.adapter.blocks(model))
 
 
-def test_a_recomputed_batch_stores_bitwise_what_the_plain_batch_stores():
+def test_a_recomputed_batch_stores_what_the_plain_batch_stores_to_float32_rounding():
     model = _family("vit")
     plan = TracePlan.for_trace(model, "top2", sites=["F1", "F2", "F5"], layers=[1, 2])
     x = torch.cat([prepare_input(model, _image(IMG, seed)).tensor for seed in (1, 2)])
@@ -107,11 +106,13 @@ def test_a_recomputed_batch_stores_bitwise_what_the_plain_batch_stores():
     for b in range(2):
         assert plain.image(b).filled.keys() == lean.image(b).filled.keys()
         for key, arr in plain.image(b).filled.items():
-            np.testing.assert_array_equal(lean.image(b).filled[key], arr, err_msg=str(key))
+            assert_equal_to_rounding(lean.image(b).filled[key], arr, str(key))  # one target at a time: rounding
 
 
 def test_the_tensor_pass_recomputes_too_and_returns_bitwise_the_same_tensors():
-    """map_many runs the tensor pass (its maps are computed from the pass's tensors) under the same budget."""
+    """map_many runs the tensor pass (its maps are computed from the pass's tensors) under the same budget. Bitwise
+    is structural here: torch's checkpoint reruns each block's forward on the same input and the backward is the
+    same batched call over the same shapes, so the same kernels run on the same values."""
     model = _family("vit")
     plan = TracePlan.for_trace(model, "top2", sites=["F1", "F2", "F4"], layers=[1, 2])
     x = prepare_input(model, _image(IMG)).tensor
@@ -198,5 +199,5 @@ def test_a_trace_records_the_memory_mode_its_pass_took_without_changing_its_id()
     forced = vc.trace(model, image, max_bytes=(lean + plain) // 2, **kw)  # only recomputing fits
     assert free.attrs["memory_mode"] == "plain" == vc.estimate(model, image, **kw)["memory_mode"]
     assert forced.attrs["memory_mode"] == "blocks recomputed, one target at a time"
-    # the same values bitwise: the id (what was asked) and every other attribute stay those of the plain trace
+    # the same values (to float32 rounding): the id (what was asked) and every other attribute stay the plain trace's
     assert {k for k in free.attrs if free.attrs[k] != forced.attrs[k]} == {"memory_mode"}

@@ -85,7 +85,10 @@ def test_load_checks_declared_sizes_before_allocating_them(tmp_path, suffix):
 
 
 KIT_ERRORS = (vc.TraceFileError, vc.TraceError, vc.RecipeError)
-ATTR_VALUES = st.one_of(st.text(max_size=8), st.integers(-2**40, 2**40), st.floats(allow_nan=True),
+# Written straight into the file through h5py, which refuses a string holding NUL before the kit is called (the
+# kit's own refusal of a NUL through vc.save is drawn by the "attr" edits below; test_reliability_store_args too).
+RAW_TEXT = st.text(st.characters(exclude_characters="\x00"), max_size=8)
+ATTR_VALUES = st.one_of(RAW_TEXT, st.integers(-2**40, 2**40), st.floats(allow_nan=True),
                         st.lists(st.integers(-9, 9), min_size=1, max_size=3).map(np.array),
                         st.binary(min_size=1, max_size=4).map(np.void))
 COORDS = ["layer", "site", "token", "token_kind", "patch_row", "patch_col", "target", "target_class",
@@ -136,6 +139,16 @@ def test_fuzz_load_of_edited_files_raises_only_kit_errors(data):
             vc.load(path, verify=False)
         except KIT_ERRORS:
             pass
+
+
+def test_the_fuzz_setup_draws_nothing_h5py_refuses_and_its_draws_are_the_same_every_run():
+    from hypothesis import find, settings
+    from hypothesis.errors import NoSuchExample
+
+    with pytest.raises(NoSuchExample):  # the draw that failed the test's own setup (issue 51) cannot come
+        find(RAW_TEXT, lambda v: "\x00" in v, settings=settings(max_examples=300))  # st.text: found in 1 draw
+    # tests/conftest.py's profile: the same examples every run, nothing kept between runs
+    assert settings.default.derandomize and settings.default.database is None
 
 
 # -- a store refuses a recipe exactly as a single trace does ------------------------------------------------

@@ -40,6 +40,23 @@ def _weights_files() -> set[str]:
     return {f for d in folders if os.path.isdir(d) for f in os.listdir(d) if f.startswith("vitcam_nb-weights-")}
 
 
+@pytest.fixture
+def written(monkeypatch) -> list[str]:
+    """The weights files this process creates during the test. The folders are shared with every other process
+    (other pytest-xdist workers, other runs on the machine), so a listing before and after may see their files."""
+    paths: list[str] = []
+    real = tempfile.mkstemp
+
+    def recorded(*args, **kwargs):
+        fd, path = real(*args, **kwargs)
+        if os.path.basename(path).startswith("vitcam_nb-weights-"):
+            paths.append(path)
+        return fd, path
+
+    monkeypatch.setattr(tempfile, "mkstemp", recorded)
+    return paths
+
+
 @pytest.fixture(scope="module")
 def client():
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
@@ -48,31 +65,30 @@ def client():
 
 
 @pytest.mark.slow
-def test_workers_on_this_machine_read_the_weights_from_a_file_the_call_removes(client):
+def test_workers_on_this_machine_read_the_weights_from_a_file_the_call_removes(client, written):
     model = _model()
-    before = _weights_files()
     key, name = worker_model.send_model(client, model, SPEC, "cpu", "map_many")
     path = worker_model._FILES[name]
-    assert os.path.basename(path) in _weights_files() - before
+    assert written == [path] and os.path.basename(path) in _weights_files()
     on_file = load_file(path)
     assert on_file.keys() == model.state_dict().keys()
     assert all(torch.equal(on_file[k], v) for k, v in model.state_dict().items())
     assert set(client.run(_loaded, key).values()) == {weights_sha256(model)}
     worker_model.drop_model(client, name)
-    assert not os.path.exists(path) and name not in worker_model._FILES and _weights_files() == before
+    assert not os.path.exists(path) and name not in worker_model._FILES
     assert set(client.run(_loaded, key).values()) == {None}
 
 
 @pytest.mark.slow
-def test_a_worker_that_cannot_read_the_file_gets_the_weights_as_bytes(client, monkeypatch):
+def test_a_worker_that_cannot_read_the_file_gets_the_weights_as_bytes(client, monkeypatch, written):
     model = _model()
-    before = _weights_files()
     real_run = client.run
     # Every worker answers that it cannot read the file (a worker on another machine).
     monkeypatch.setattr(client, "run", lambda fn, *args, **kw: {"tcp://elsewhere:1": -1})
     key, name = worker_model.send_model(client, model, SPEC, "cpu", "map_many")
     monkeypatch.setattr(client, "run", real_run)
-    assert name not in worker_model._FILES and _weights_files() == before  # written, found unreadable, removed
+    assert len(written) == 1 and not os.path.exists(written[0])  # written, found unreadable, removed
+    assert name not in worker_model._FILES
     assert set(client.run(_loaded, key).values()) == {weights_sha256(model)}
     worker_model.drop_model(client, name)
 

@@ -69,6 +69,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _PortTaken(Exception):
+    """The server's port was taken between choosing it and binding it."""
+
+
 class LabServer:
     """``jupyter lab`` on 127.0.0.1 in ``root`` (notebooks go there); a context manager.
 
@@ -91,7 +95,20 @@ class LabServer:
         sep = "&" if "?" in path else "?"
         return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}{sep}token={self.token}"
 
-    def start(self) -> LabServer:
+    def start(self, tries: int = 3) -> LabServer:
+        """Start the server and wait until it answers. The port is free when chosen, but another process (another
+        pytest-xdist worker's server, say) may take it before this one binds it: then a new port, ``tries`` times."""
+        for attempt in range(tries):
+            try:
+                return self._start()
+            except _PortTaken:
+                if attempt == tries - 1:
+                    raise RuntimeError(f"jupyter lab found its port taken {tries} times:\n{self.log()}") from None
+                self.port = free_port()
+                self.log_path = self.root.parent / f"jupyter-lab-{self.port}.log"
+        raise AssertionError("unreachable")
+
+    def _start(self) -> LabServer:
         self.root.mkdir(parents=True, exist_ok=True)
         state = self.root.parent / f"lab-state-{self.port}"
         settings = state / "settings"
@@ -114,7 +131,10 @@ class LabServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log()}")
+                self.proc = None
+                if "already in use" in self.log():
+                    raise _PortTaken
+                raise RuntimeError(f"jupyter lab exited:\n{self.log()}")
             try:
                 with urllib.request.urlopen(self.url("api/status"), timeout=2) as r:
                     if r.status == 200:

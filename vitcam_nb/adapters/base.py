@@ -70,8 +70,8 @@ class Adapter:
     block_template: str = "blocks.{layer}"
     sites: dict[str, SiteSpec] = {}
     #: Whether a trace may run each of :meth:`blocks` again inside the backward pass instead of keeping its graph
-    #: (:mod:`vitcam_nb.capture.recompute`): set on families whose recomputed traces are tested bitwise equal to
-    #: the plain pass's.
+    #: (:mod:`vitcam_nb.capture.recompute`): set on families whose recomputed traces are tested equal to the plain
+    #: pass's (to float32 rounding: the recomputed backward multiplies matrices of other batch shapes).
     recomputable: bool = False
 
     def matches(self, model: torch.nn.Module) -> bool:

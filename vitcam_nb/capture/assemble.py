@@ -257,7 +257,7 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
         "torch_threads": int(torch.get_num_threads()),
         "dtype": plan.dtype,
         "compute_dtype": str(plan.compute_dtype).replace("torch.", ""),
-        # the mode fit_budget chose: not part of the trace id (every mode stores the same values bitwise)
+        # the mode fit_budget chose: not part of the trace id (every mode stores the same values, to float32 rounding)
         "memory_mode": memory_mode(plan.recompute, plan.target_groups),
         "deterministic": run.deterministic,
         "deterministic_settings": run.deterministic_settings,

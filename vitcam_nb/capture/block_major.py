@@ -11,7 +11,9 @@ each; never a group of one, which would multiply matrix by vector in the head, w
 each block, one target at a time, in a plain backward call without the batched backward's vmap: that target's
 gradients at the block's input are taken from those at its output, and they are the next block's output
 gradients; one target's transients are alive at a time, and each block's backward computes every row as the
-batched backward over all targets does (tested bitwise, ViT-S/16 and ViT-B/16 at full size too).
+batched backward over all targets does, to float32 rounding: its matrix products have one target's batch shape,
+which rounds otherwise on some CPUs (tested within 1e-5 of each element's magnitude plus 1e-5 of the array's
+largest, for every family that recomputes; the benchmark checks ViT-S/16 and ViT-B/16 at full size).
 :class:`SharedRecompute` keeps each block's saved tensors out of the forward pass (as torch's checkpoint does) and
 recomputes them once, when the first target's call first needs them; they stay for the other targets' calls over
 that block and go with the last.
@@ -19,8 +21,8 @@ that block and go with the last.
 This is only right when every path from the outputs to a block goes through the next block's input (a chain of
 blocks, as timm's ViTs and Swins are): :func:`chained` checks it on the pass's own autograd graph, and a pass
 whose graph is not such a chain goes back group by group over the whole graph, recomputing each block per group,
-as before. The gradients are bitwise those of one batched backward pass (tested for every family that
-recomputes).
+as before. The gradients equal those of one batched backward pass to float32 rounding (tested for every family
+that recomputes).
 
 Example:
     >>> import contextlib, timm, torch

@@ -8,10 +8,10 @@ recomputing each block inside the backward pass (:mod:`vitcam_nb.capture.block_m
 one target's transients at a time (the blocks go back one target at a time), and is chosen when that lowers the
 estimated peak by a quarter or more (few sites or targets); splitting the head's backward pass into groups of two
 or three targets too is chosen when the estimated peak is still above :data:`GROUPS_ABOVE` times the Dataset
-(float16 storage, few targets, Swin). Every mode stores the same values
-bitwise. A trace over its budget takes the fastest mode that fits, and is refused when none does. A model the
-estimate does not cover (:func:`estimate` raises) passes the default budget unchecked, and an explicit
-``max_bytes`` for it is refused before the pass, naming the family and what is covered.
+(float16 storage, few targets, Swin). Every mode stores the same values to float32 rounding (other batch shapes in
+the backward, which round otherwise on some CPUs). A trace over its budget takes the fastest mode that fits, and is
+refused when none does. A model the estimate does not cover (:func:`estimate` raises) passes the default budget
+unchecked, and an explicit ``max_bytes`` for it is refused before the pass, naming the family and what is covered.
 
 Example:
     >>> import timm
@@ -183,8 +183,8 @@ def recomputable(plan: TracePlan) -> bool:
     """Whether ``plan``'s pass may recompute each block inside the backward pass
     (:mod:`vitcam_nb.capture.recompute`): a pass on the CPU or with narrower storage (where the estimate follows the
     array pass, :func:`~vitcam_nb.capture.prealloc.writes_arrays`), autograd's own gradient (a backward rule's
-    hooks are not run twice), a family whose recomputed traces are tested bitwise equal to the plain pass's
-    (:attr:`~vitcam_nb.adapters.Adapter.recomputable`), no sites outside the blocks.
+    hooks are not run twice), a family whose recomputed traces are tested equal to the plain pass's (to float32
+    rounding; :attr:`~vitcam_nb.adapters.Adapter.recomputable`), no sites outside the blocks.
 
     Example:
         >>> import timm
@@ -215,7 +215,7 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
     :data:`BUDGET_FRACTION` of the available memory), naming the estimate and the cheapest ways down.
 
     The pass recomputes each block inside the backward pass (``plan.recompute``; one more forward pass of the
-    blocks, the same values bitwise) when :func:`recomputable` and that lowers its estimated peak to
+    blocks, the same values to float32 rounding) when :func:`recomputable` and that lowers its estimated peak to
     :data:`RECOMPUTE_BELOW` of the plain pass's or less; it also splits its targets into groups
     (``plan.target_groups``) when its estimated peak is still above :data:`GROUPS_ABOVE` times its Dataset and the
     Dataset is at least half of it, or grouping lowers it to :data:`GROUPS_BELOW` of that or less; over the

@@ -116,7 +116,9 @@ def group_bounds(n_targets: int, groups: int) -> np.ndarray:
 
 def memory_mode(recompute: bool, target_groups: int) -> str:
     """How a pass held its memory (:attr:`TracePlan.recompute`, :attr:`TracePlan.target_groups`), in words: a
-    trace's ``memory_mode`` attribute and :func:`vitcam_nb.estimate`'s. Every mode stores the same values bitwise.
+    trace's ``memory_mode`` attribute and :func:`vitcam_nb.estimate`'s. Every mode stores the same values to float32
+    rounding (every element within 1e-5 of its magnitude plus 1e-5 of the array's largest; its backward multiplies
+    matrices of other batch shapes, which round otherwise on some CPUs), so the mode is not part of the trace id.
 
     Example:
         >>> memory_mode(False, 1), memory_mode(True, 1)
@@ -135,7 +137,9 @@ def paired_groups(n_targets: int) -> int:
     more in each, two per group when ``n_targets`` is even; when it is odd, one group holds three anyway, so the
     fewest groups of at most three (the same largest group, so the same peak, with fewer backward calls). A group
     of one target multiplies matrix by vector in the head's backward, whose sums round otherwise than the batched
-    matrix product's, so only groups of two or more store bitwise what one batched backward stores.
+    matrix product's (here in the last bits of about one element in twelve); groups of two or more take the matrix
+    product as one batched backward does. Either way the values equal the batched backward's to float32 rounding,
+    not bitwise: on some CPUs a matrix product of another batch shape rounds otherwise too.
 
     Example:
         >>> paired_groups(6), paired_groups(3), np.diff(group_bounds(11, paired_groups(11))).tolist()

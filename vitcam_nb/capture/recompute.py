@@ -6,8 +6,9 @@ from the forward pass until the backward pass reaches the block, so a trace that
 stores them in float16) peaks at the start of its backward pass at the whole graph, however small its Dataset.
 :func:`recomputed_blocks` runs each block under :func:`torch.utils.checkpoint.checkpoint` (non-reentrant): the
 forward pass keeps only each block's input, and the backward pass runs the block forward again when it reaches it,
-so the graph alive at any moment is one block's. The gradients are bitwise those of the plain pass on the CPU (the
-same kernels on the same inputs; tested for every family the pass recomputes); the cost is one more forward pass
+so the graph alive at any moment is one block's. The gradients are bitwise those of the plain pass, structurally:
+the same kernels on the same inputs and shapes (each block reruns on its own input, and the backward is still one
+batched call over every target; tested on a ViT); the cost is one more forward pass
 of the blocks. The capture's hooks inside a block fire again during the recomputation; :func:`recomputed_blocks`
 tells the capture to let those pass (``quiet``), so every site is read once, from the first forward pass.
 This serves the tensor pass (a GPU with float32 storage); the array pass (the CPU, float16 storage) recomputes

@@ -194,8 +194,8 @@ ATTRIBUTES: dict[str, Entry] = {
     "dtype": Entry((), "storage dtype"),
     "compute_dtype": Entry((), "dtype the model ran in"),
     "memory_mode": Entry((), "how the pass held its memory: plain, or blocks recomputed, one target at a time (the "
-                             "head in <n> groups); the values are the same bitwise. In a store: every mode its "
-                             "batches ran in. Absent from traces and stores written before 0.2"),
+                             "head in <n> groups); the values are the same to float32 rounding. In a store: every "
+                             "mode its batches ran in. Absent from traces and stores written before 0.2"),
     "device": Entry((), "device the pass ran on"),
     "torch_threads": Entry((), "torch.get_num_threads() during the pass (CPU sums may round differently)"),
     "deterministic": Entry((), "1: the pass ran with deterministic kernels"),
@@ -227,7 +227,7 @@ STORE_PIXELS = "pixels"
 PER_IMAGE_ATTRS = ("trace_id", "input_sha256", "preprocessing", "device", "deterministic")
 #: Facts about the software that wrote a batch: a resumed run may differ; a store keeps its first run's.
 ENV_ATTRS = ("vitcam_nb_version", "torch_version", "timm_version", "numpy_version", "xarray_version")
-#: How a batch's pass held its memory: the budget chooses it batch by batch (the same values bitwise either way), so
+#: How a batch's pass held its memory: the budget chooses it batch by batch (the same values to float32 rounding), so
 #: a store lists every mode its batches ran in ("; "-separated), and a store begun before it was recorded names none.
 MODE_ATTR = "memory_mode"
 

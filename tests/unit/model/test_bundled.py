@@ -245,21 +245,31 @@ def test_bundled_samples_are_classified_as_labelled(kind):
 BEST_RECIPE = dict(site="F1", layer="all", weighting="hirescam", layer_fusion="mean")
 
 
-def _pointing(model, images, labels, masks, recipe, targets=None):
+def _maps(model, images, classes, recipe) -> list:
+    """Each image's map of ``recipe`` for its class (one trace each), or None where the map is degenerate."""
     import warnings
 
     import vitcam_nb as vc
-    from vitcam_nb.evaluate import pointing_game
 
-    scores = []
+    maps = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", vc.DegenerateMapWarning)
-        for i, (img, mask) in enumerate(zip(images, masks)):
-            cls = int(labels[i]) if targets is None else int(targets[i])
-            tr = vc.trace(model, img, targets=[cls], sites=[recipe.site])
-            m = vc.cam(tr, recipe.replace(class_=cls))
-            scores.append(0.0 if m.attrs.get("degenerate") else pointing_game(m.values, mask))
-    return float(np.mean(scores))
+        for img, cls in zip(images, classes):
+            tr = vc.trace(model, img, targets=[int(cls)], sites=[recipe.site])
+            m = vc.cam(tr, recipe.replace(class_=int(cls)))
+            maps.append(None if m.attrs.get("degenerate") else m.values)
+    return maps
+
+
+def _pointing_of(maps: list, masks) -> float:
+    """The pointing game's hit rate over the maps, a degenerate map a miss."""
+    from vitcam_nb.evaluate import pointing_game
+
+    return float(np.mean([0.0 if m is None else pointing_game(m, mask) for m, mask in zip(maps, masks)]))
+
+
+def _pointing(model, images, labels, masks, recipe):
+    return _pointing_of(_maps(model, images, labels, recipe), masks)
 
 
 def test_best_recipe_points_at_the_object():
@@ -290,10 +300,8 @@ def test_shortcut_model_points_at_the_mark():
         model = models.load_model(name)
         with torch.no_grad():
             pred = model(normalise(images)).argmax(1).numpy()
-        result[name] = (
-            _pointing(model, images, pred, mark, recipe, targets=pred),
-            _pointing(model, images, pred, masks, recipe, targets=pred),
-        )
+        maps = _maps(model, images, pred, recipe)  # one map per image, scored against the mark and the object
+        result[name] = (_pointing_of(maps, mark), _pointing_of(maps, masks))
     (honest_mark, honest_object), (short_mark, short_object) = result["shapes-vit"], result["shapes-vit-shortcut"]
     assert honest_mark <= 0.1 and honest_object >= 0.9
     assert short_mark >= 0.4 and short_mark >= honest_mark + 0.3
