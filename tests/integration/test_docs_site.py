@@ -103,3 +103,53 @@ def test_the_explorer_page_exists_only_with_export_html(site):
     assert (site / "explorer.html").is_file() == has_export
     if has_export:
         assert (site / "assets" / "explorer.html").stat().st_size > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# the build's notebook step, in-process: stored outputs by default; an executed notebook that fails is named
+
+
+def _hooks(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vitcam_docs_site_hooks", ROOT / "docs" / "_hooks" / "site.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    monkeypatch.setattr(hooks, "_export_html", lambda: None)  # the Explorer page is not what these tests check
+    return hooks
+
+
+def test_the_default_build_shows_the_stored_notebooks_and_executes_none(monkeypatch, tmp_path):
+    from mkdocs.structure.files import Files
+
+    hooks = _hooks(monkeypatch)
+    monkeypatch.delenv("VITCAM_DOCS_EXECUTE", raising=False)
+    runner = hooks._notebook_runner()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the default docs build executed a notebook")
+
+    monkeypatch.setattr(runner, "execute", refuse)
+    monkeypatch.setattr(hooks, "_notebook_runner", lambda: runner)
+    files = hooks.on_files(Files([]), {"site_dir": str(tmp_path), "use_directory_urls": False})
+    pages = [f for f in files if f.src_uri.startswith("notebooks/")]
+    assert [Path(f.abs_src_path) for f in pages] == [ROOT / "notebooks" / p.name for p in hooks.NOTEBOOKS]
+
+
+def test_an_executed_notebook_that_fails_stops_the_build_naming_it(monkeypatch, tmp_path):
+    from mkdocs.exceptions import PluginError
+    from mkdocs.structure.files import Files
+
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    hooks = _hooks(monkeypatch)
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Video"),
+                                           nbformat.v4.new_code_cell("1 / 0")])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "15_video.ipynb"
+    nbformat.write(book, path)
+    monkeypatch.setattr(hooks, "NOTEBOOKS", [path])
+    monkeypatch.setenv("VITCAM_DOCS_EXECUTE", "true")
+    monkeypatch.delenv("VITCAM_DOCS_EXECUTED", raising=False)
+    with pytest.raises(PluginError, match=r"notebook 15_video\.ipynb failed in cell 1: ZeroDivisionError"):
+        hooks.on_files(Files([]), {"site_dir": str(tmp_path / "site"), "use_directory_urls": False})
