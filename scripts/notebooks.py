@@ -190,8 +190,8 @@ def execute(path: Path, out: Path | None = None, timeout: int = 600):
             client = nbclient.NotebookClient(
                 book, timeout=timeout, kernel_name="python3", store_widget_state=False,
                 resources={"metadata": {"path": cwd}},
-                extra_arguments=["--InlineBackend.figure_formats=png",
-                                 f"--InlineBackend.rc={{'figure.dpi': {FIGURE_DPI}}}"])
+                # key=value: traitlets 5 warns about a dict literal, and the warning would be stored as output.
+                extra_arguments=[f"--InlineBackend.rc=figure.dpi={FIGURE_DPI}"])
             try:
                 client.execute()
             except Exception as err:  # nbclient's CellExecutionError, a dead kernel, a timeout
@@ -247,6 +247,8 @@ def problems(path: Path) -> list[str]:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 found.append(f"{path.name} cell {i}: stored with an error")
+            if out.get("name") == "stderr" and "Warning" in str(out.get("text", "")):
+                found.append(f"{path.name} cell {i}: a warning stored as a red box (explain it in text instead)")
             if WIDGET_VIEW in out.get("data", {}):
                 found.append(f"{path.name} cell {i}: a live widget view without a static picture")
             text = str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
