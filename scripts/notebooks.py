@@ -36,7 +36,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # The kernel draws with the inline backend: an inherited MPLBACKEND=Agg (a headless shell, a test run) would
 # draw every figure into nothing and store none.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
-# 72 dpi (matplotlib's default is 100) keeps a gallery of 30 maps readable at about half the bytes; the stored
+# 72 dpi (matplotlib's default is 100) keeps a gallery of 36 maps readable with about half the pixels; the stored
 # notebooks are part of the repository and of every clone.
 FIGURE_DPI = 72
 # A code cell that draws a figure: the kit's plots, pyplot, the atlas and ambiguity plots.
@@ -134,8 +134,8 @@ def clean(book) -> None:
                     data[mime] = scrub(value)
 
 
-# The packages the tutorials import beyond the base install; all of them come with the [notebook] extra.
-TUTORIAL_PACKAGES = {"open_clip": "open_clip_torch", "transformers": "transformers"}
+# The modules the tutorials import beyond the base install (open_clip_torch, transformers): the [notebook] extra.
+TUTORIAL_PACKAGES = ("open_clip", "transformers")
 
 
 class NotebookError(RuntimeError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,69 @@ def test_the_handout_command_gives_one_html_file_with_the_figures_and_no_script_
     questions = sum(c.source.count("<details>") for c in book.cells if c.cell_type == "markdown")
     assert len(answers) == questions >= 5
     assert all(re.search(r"</summary>\s*<p>\S", a) for a in answers), answers
+
+
+# --------------------------------------------------------------------------------------------------
+# the lesson plan's install: the [notebook] extra brings every package a tutorial imports
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """Every distribution the requirements install, through the installed packages' own metadata."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen, todo = set(), [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            # A dependency's own extras are not followed (marker evaluated with no extra).
+            todo += [Requirement(r) for r in (md.requires(req.name) or [])]
+        except md.PackageNotFoundError:
+            continue
+    return seen
+
+
+def test_the_notebook_extra_installs_every_package_the_tutorials_import():
+    import importlib.metadata as md
+
+    from packaging.utils import canonicalize_name
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = _closure(project["dependencies"] + project["optional-dependencies"]["notebook"])
+    owners = md.packages_distributions()
+    missing = {}
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            optional = "except ImportError" in cell.source  # the cell runs without it (and says so)
+            for module in re.findall(r"^\s*(?:from|import)\s+(\w+)", cell.source, flags=re.M):
+                if module in sys.stdlib_module_names or module == "vitcam_nb" or optional:
+                    continue
+                dists = {canonicalize_name(d) for d in owners.get(module, [module])}
+                if not dists & installed:
+                    missing.setdefault(path.name, set()).add(module)
+    # A bundled model a tutorial loads may need an extra (shapes-video, shapes-yolos: transformers).
+    import vitcam_nb as vc
+
+    extras = {row["name"]: row["extra"] for row in vc.list_models()}
+    for path in NOTEBOOKS:
+        source = " ".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        for name in set(re.findall(r"[\"'](shapes-[\w-]+)[\"']", source)) & {n for n, e in extras.items() if e}:
+            needs = _closure(project["optional-dependencies"][extras[name]])
+            if not needs <= installed:
+                missing.setdefault(path.name, set()).add(f"{name}: {sorted(needs - installed)}")
+    assert not missing, f"needed by the tutorials but not installed by [notebook]: {missing}"
+    readme = (ROOT / "notebooks" / "README.md").read_text()
+    assert 'pip install -e ".[notebook]"' in readme and 'pip install "vitcam_nb' not in readme
+    assert "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu" in readme
