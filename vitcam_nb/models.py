@@ -9,6 +9,7 @@ Every other name goes to ``timm.create_model`` unchanged.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -25,6 +26,7 @@ from vitcam_nb.core.errors import (
     ArgumentError,
     ArgumentIndexError,
     ArgumentTypeError,
+    MissingExtraError,
     RandomWeightsWarning,
     WeightsError,
     user_stacklevel,
@@ -35,7 +37,8 @@ from vitcam_nb.data.shapes import shortcut_marks
 from vitcam_nb.data.train_video import HF_CLASS as HF_VIDEO_CLASS
 from vitcam_nb.data.train_video import build_video_model
 
-__all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "sample_image"]
+__all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "required_extra",
+           "sample_image"]
 
 BUNDLED_PREFIX = "shapes-"
 _SAMPLES_FILE = "shapes_samples.npz"
@@ -75,7 +78,8 @@ def model_card(name: str) -> dict:
 
 def list_models() -> list[dict]:
     """One summary dict per bundled model: name, task, test_accuracy, weights_sha256 (the safetensors file's
-    hash, also under ``weights_file_sha256``; a trace's ``weights_sha256`` hashes tensors), classes, description.
+    hash, also under ``weights_file_sha256``; a trace's ``weights_sha256`` hashes tensors), classes, description,
+    and ``extra``: the extra its class needs (``"hf"``), None when the base install loads it.
 
     Example:
         >>> [m["name"] for m in list_models()]
@@ -88,6 +92,7 @@ def list_models() -> list[dict]:
         row = {k: card[k] for k in keys}
         # The card's weights_sha256 is the safetensors file's hash, not a trace's tensor hash: named as such.
         row["weights_file_sha256"] = card["weights_sha256"]
+        row["extra"] = required_extra(card)  # None: the base install loads it
         if "test_accuracy_random_mark" in card:
             row["test_accuracy_random_mark"] = card["test_accuracy_random_mark"]
         rows.append(row)
@@ -112,6 +117,7 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
 
     weights_path, card_path = Path(weights_path), Path(card_path)
     card = json.loads(card_path.read_text())
+    _check_extra(card)
     expected = card.get("weights_sha256")
     actual = file_sha256(weights_path)
     if actual != expected:
@@ -141,12 +147,39 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
 
 def _bundled_yolos(card: dict) -> torch.nn.Module:
     """The bundled detector ``shapes-yolos``: a transformers YOLOS built from the card's config (``vitcam_nb[hf]``)."""
-    try:
-        import transformers
-    except ImportError as err:
-        raise ImportError(f"{card.get('name')} is a transformers YolosForObjectDetection; install the Hugging Face "
-                          "extra: pip install 'vitcam_nb[hf]'") from err
+    import transformers
+
     return transformers.YolosForObjectDetection(transformers.YolosConfig(**card["hf_config"]))
+
+
+# The optional package a bundled card's class comes from, and the extra of pyproject.toml that installs it.
+_EXTRAS = {"transformers": "hf"}
+
+
+def required_extra(card: dict) -> str | None:
+    """The extra (``"hf"``) that installs the package the class of a bundled model ``card`` comes from, or None
+    when the base install builds it.
+
+    Example:
+        >>> required_extra(model_card("shapes-video")), required_extra(model_card("shapes-vit"))
+        ('hf', None)
+    """
+    cls = card.get("hf_class") or card.get("timm_class") or ""
+    return _EXTRAS.get(cls.split(".", 1)[0])
+
+
+def _check_extra(card: dict) -> None:
+    """Refuse, naming the extra, a bundled model whose package is not installed (before its weights are read)."""
+    extra = required_extra(card)
+    if extra is None:
+        return
+    package = next(p for p, e in _EXTRAS.items() if e == extra)
+    try:
+        importlib.import_module(package)
+    except ImportError as err:
+        raise MissingExtraError(
+            f"model {card.get('name')!r} is a {card.get('hf_class') or card.get('timm_class')} and needs "
+            f"{package}, which is not installed: pip install -e '.[{extra}]' in your vitcam_nb checkout") from err
 
 
 def _unknown_name_message(name: str) -> str:
@@ -170,7 +203,9 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
       ``hf_class`` ``transformers.YolosForObjectDetection``, as ``python -m vitcam_nb.data.train_detection`` writes
       for the detector ``shapes-yolos``, builds that class, ``vitcam_nb[hf]``): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
-      mismatch), with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
+      mismatch; a model whose class needs an extra that is not installed, as ``shapes-video`` and
+      ``shapes-yolos`` need ``[hf]``, raises :class:`~vitcam_nb.core.errors.MissingExtraError` naming it),
+      with ``pretrained_cfg`` set so timm's data config reproduces the training preprocessing;
     * any other string: ``timm.create_model(name, **timm_kwargs)``. ``pretrained=True`` loads the published
       weights from the timm / Hugging Face cache (downloading them only when the hub can be reached; offline and
       not cached, a :class:`~vitcam_nb.core.errors.WeightsError` says at once which file was looked for and

@@ -2,16 +2,21 @@
 outside ``docs/``, become pages; and when ``vitcam_nb.export_html`` exists a page embeds an Explorer exported
 from a trace of the bundled shapes-vit model. Without it the page is left out, with no placeholder.
 
-The notebooks are executed here, not by mkdocs-jupyter (``VITCAM_DOCS_EXECUTE=false`` uses the outputs stored
-with them; ``VITCAM_DOCS_EXECUTED=<folder>`` takes the ones already executed into that folder's ``notebooks/``):
+By default the pages show the outputs and figures stored with the notebooks (``python scripts/notebooks.py``
+stores them; a stored notebook that lacks some is a warning naming it, an error under ``--strict``), so that
+``pip install -e ".[docs]" && mkdocs build`` needs none of the packages the tutorials import.
+``VITCAM_DOCS_EXECUTE=true`` executes them here instead, not by mkdocs-jupyter (this needs the ``[notebook]``
+extra too; ``VITCAM_DOCS_EXECUTED=<folder>`` takes the ones already executed into that folder's ``notebooks/``):
 ``scripts/notebooks.py`` runs each one without storing widget state and keeps each widget's static picture in
-place of its live view, so a page needs no widget manager from the network and shows every figure.
+place of its live view, so a page needs no widget manager from the network and shows every figure. A notebook that
+fails stops the build with an error naming the notebook and the cell (and the extra, for a missing package).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -19,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
@@ -33,6 +39,7 @@ _TMP = tempfile.TemporaryDirectory(prefix="vitcam-docs-")
 # nbconvert's page template imports mermaid.js from a CDN for diagrams; the notebooks have none, and the site
 # must not fetch anything.
 _MODULE = re.compile(r'<script type="module">.*?</script>', flags=re.S)
+log = logging.getLogger("mkdocs.hooks.vitcam_nb")
 
 
 def _title(path: Path) -> str:
@@ -44,7 +51,7 @@ def _title(path: Path) -> str:
 
 
 def _execute() -> bool:
-    return os.environ.get("VITCAM_DOCS_EXECUTE", "true").lower() not in ("0", "false", "no")
+    return os.environ.get("VITCAM_DOCS_EXECUTE", "false").lower() not in ("0", "false", "no", "")
 
 
 def _executed_folder() -> Path | None:
@@ -91,8 +98,16 @@ def on_files(files: Files, config: Any) -> Files:
         for path in NOTEBOOKS:
             if done is not None and (done / "notebooks" / path.name).is_file():
                 shutil.copyfile(done / "notebooks" / path.name, src / "notebooks" / path.name)
-            else:
+                continue
+            try:
                 runner.execute(path, out=src / "notebooks" / path.name)
+            except runner.NotebookError as err:  # names the notebook, the cell and a missing extra
+                raise PluginError(f"{err} (VITCAM_DOCS_EXECUTE=false builds from the stored outputs)") from err
+    else:
+        runner = _notebook_runner()
+        for path in NOTEBOOKS:
+            for problem in runner.problems(path):
+                log.warning("%s: the page shows the stored outputs; run python scripts/notebooks.py", problem)
     for path in NOTEBOOKS:
         files.append(File(f"notebooks/{path.name}", src_dir=str(src), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))

@@ -58,14 +58,27 @@ def test_pages_are_built(site):
     assert notebooks == sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 
 
-def test_tutorial_pages_show_their_executed_figures(site):
+def test_tutorial_pages_show_their_executed_figures(site, executed_notebooks):
+    import nbformat
+    from vitcam_notebooks import notebook_runner
+
+    runner = notebook_runner()
     for page in sorted((site / "notebooks").glob("*.html")):
         html = page.read_text()
-        assert "data:image/png;base64," in html, f"{page.name}: no figure"
+        executed = executed_notebooks.folder / "notebooks" / f"{page.stem}.ipynb"
+        book = nbformat.read(executed if executed.is_file() else ROOT / "notebooks" / executed.name, as_version=4)
+        outputs = [o for c in book.cells for o in c.get("outputs", [])]
+        skipped = any(str(o.get("text", "")).startswith(runner.SKIPPED) for o in outputs)  # no weights on disk
+        # Pictures on the page (the theme's CSS carries small PNG data URLs of its own).
+        shown = len(re.findall(r"""<img\b[^>]*\bsrc=["']data:image/png;base64,""", html))
+        if not skipped and any(c.cell_type == "code" and runner.DRAWS.search(c.source) for c in book.cells):
+            assert shown, f"{page.name}: no figure"
+        # Every PNG the run stored is on the page.
+        assert shown >= sum("image/png" in o.get("data", {}) for o in outputs), page.name
         assert "application/vnd.jupyter.widget-view+json" not in html, f"{page.name}: a live widget view"
         assert not WIDGET_MANAGER.search(html), f"{page.name}: loads a widget manager"
     quick = (site / "notebooks" / "01_quickstart.html").read_text()
-    assert quick.count("data:image/png;base64,") >= 3  # overlay, the Explorer's picture, the gallery
+    assert len(re.findall(r"<img\b[^>]*\bsrc=\"data:image/png;base64,", quick)) >= 3  # overlay, Explorer, gallery
 
 
 def test_nothing_is_fetched_from_the_network(site):
@@ -103,3 +116,53 @@ def test_the_explorer_page_exists_only_with_export_html(site):
     assert (site / "explorer.html").is_file() == has_export
     if has_export:
         assert (site / "assets" / "explorer.html").stat().st_size > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# the build's notebook step, in-process: stored outputs by default; an executed notebook that fails is named
+
+
+def _hooks(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vitcam_docs_site_hooks", ROOT / "docs" / "_hooks" / "site.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    monkeypatch.setattr(hooks, "_export_html", lambda: None)  # the Explorer page is not what these tests check
+    return hooks
+
+
+def test_the_default_build_shows_the_stored_notebooks_and_executes_none(monkeypatch, tmp_path):
+    from mkdocs.structure.files import Files
+
+    hooks = _hooks(monkeypatch)
+    monkeypatch.delenv("VITCAM_DOCS_EXECUTE", raising=False)
+    runner = hooks._notebook_runner()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the default docs build executed a notebook")
+
+    monkeypatch.setattr(runner, "execute", refuse)
+    monkeypatch.setattr(hooks, "_notebook_runner", lambda: runner)
+    files = hooks.on_files(Files([]), {"site_dir": str(tmp_path), "use_directory_urls": False})
+    pages = [f for f in files if f.src_uri.startswith("notebooks/")]
+    assert [Path(f.abs_src_path) for f in pages] == [ROOT / "notebooks" / p.name for p in hooks.NOTEBOOKS]
+
+
+def test_an_executed_notebook_that_fails_stops_the_build_naming_it(monkeypatch, tmp_path):
+    from mkdocs.exceptions import PluginError
+    from mkdocs.structure.files import Files
+
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    hooks = _hooks(monkeypatch)
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Video"),
+                                           nbformat.v4.new_code_cell("1 / 0")])
+    book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "15_video.ipynb"
+    nbformat.write(book, path)
+    monkeypatch.setattr(hooks, "NOTEBOOKS", [path])
+    monkeypatch.setenv("VITCAM_DOCS_EXECUTE", "true")
+    monkeypatch.delenv("VITCAM_DOCS_EXECUTED", raising=False)
+    with pytest.raises(PluginError, match=r"notebook 15_video\.ipynb failed in cell 1: ZeroDivisionError"):
+        hooks.on_files(Files([]), {"site_dir": str(tmp_path / "site"), "use_directory_urls": False})

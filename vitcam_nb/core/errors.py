@@ -54,6 +54,16 @@ class ArgumentIndexError(VitcamError, IndexError):
     """
 
 
+class MissingExtraError(ArgumentError, ImportError):
+    """A model (or other input) that needs an optional package which is not installed; the message names the extra
+    that installs it. Also an ``ImportError``, so code that skips on a missing package catches it.
+
+    Example:
+        >>> isinstance(MissingExtraError("shapes-video needs transformers: pip install -e '.[hf]'"), ImportError)
+        True
+    """
+
+
 class TraceError(VitcamError, ValueError):
     """Bad input to :func:`vitcam_nb.trace` or a trace that cannot be used.
 
