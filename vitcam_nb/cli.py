@@ -104,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print("weights: bundled with vitcam_nb (safetensors files checked against their cards' sha256)")
         for card in list_models():
+            # A model whose class comes from an optional package says which extra installs it.
+            needs = f"  (needs pip install -e '.[{card['extra']}]')" if card.get("extra") else ""
             print(f"{card['name']:24s} acc {card['test_accuracy']:.3f}  "
-                  f"file sha256 {card['weights_file_sha256'][:12]}  {card['description']}")
+                  f"file sha256 {card['weights_file_sha256'][:12]}  {card['description']}{needs}")
         return 0
     if args.command == "ambiguity":
         try:

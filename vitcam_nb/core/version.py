@@ -5,4 +5,4 @@ Example:
     2
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

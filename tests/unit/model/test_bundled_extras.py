@@ -75,3 +75,13 @@ def test_the_models_listing_works_without_transformers_and_lists_the_extra(monke
     rows = {r["name"]: r for r in models.list_models()}
     assert rows["shapes-video"]["extra"] == rows["shapes-yolos"]["extra"] == "hf"
     assert rows["shapes-vit"]["extra"] is None
+
+
+def test_vitcam_nb_models_names_the_extra_of_each_model_that_needs_one(capsys):
+    from vitcam_nb.cli import main
+
+    assert main(["models"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    for name, card in CARDS.items():
+        needs = _package(card) is not None
+        assert ("pip install -e '.[hf]'" in lines[name]) is needs, lines[name]
