@@ -241,14 +241,12 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
 
     overwrite, photo, progress = (as_flag(k, v) for k, v in
                                   (("overwrite", overwrite), ("photo", photo), ("progress", progress)))
-    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
-        raise ArgumentError(f"examples: expected a count >= 1 of example maps per row, got {examples!r:.80}")
     if isinstance(images, bool) or not isinstance(images, int) or images < 0:
         raise ArgumentError(f"images: expected a count >= 0 of bundled shape images, got {images!r}")
     if not isinstance(model, str) or not model:
         raise ArgumentError(f"model: expected 'auto', a bundled name or a timm name, got {model!r}")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
-        raise ArgumentError(f"examples: expected a count >= 1 of example maps per label, got {examples!r}")
+        raise ArgumentError(f"examples: expected a count >= 1 of example maps per label, got {examples!r:.80}")
     if images == 0 and not photo:
         raise ArgumentError("images: 0 bundled images and no photograph leave nothing to run")
     try:

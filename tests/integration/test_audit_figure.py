@@ -111,7 +111,7 @@ def test_overwrite_writes_beside_other_files_and_a_rerun_replaces_its_own(tmp_pa
     (["--weights", "no-such-file.safetensors"], "weights: no-such-file.safetensors is not a file"),
     (["--images", "16"], "images: at most the bundled sample images"),
     (["--weights", __file__], "is not a .safetensors file; the kit reads no pickled checkpoint"),
-    (["--model", "no_such_vit"], "'no_such_vit' is neither 'auto', a bundled model"),
+    (["--model", "no_such_vit"], "unknown model 'no_such_vit': not a bundled model"),
 ])
 def test_bad_requests_get_a_clear_message(tmp_path, capsys, args, message):
     assert main(["figure", "--out", str(tmp_path / "f"), "--quiet", *args]) == 2

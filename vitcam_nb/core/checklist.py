@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -157,9 +158,9 @@ class Checklist(dict):
         recipe (the checks in :data:`CONTRADICTIONS`: :func:`vitcam_nb.core.checklist_check.contradictions`)."""
         if not self._recipe_fields():
             return
-        # Imported here, not at the top: the check needs the recipe, whose module imports this one; importing it on
-        # first use registers it whichever module a caller imported first.
-        from vitcam_nb.core import checklist_check  # noqa: F401
+        # Imported by name on first use (as core.registry fills its tables): the check needs the recipe, whose module
+        # imports this one, and importing it here registers it whichever module a caller imported first.
+        importlib.import_module("vitcam_nb.core.checklist_check")
         found = [problem for check in CONTRADICTIONS for problem in check(self)]
         if found:
             raise ArgumentError(f"text: the checklist contradicts its own recipe: {found[0]}; it was edited after "
