@@ -36,7 +36,7 @@ from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.evaluate.audit.labels import LABELS, label_map, rule_text, thresholds
 from vitcam_nb.models import bundled_names, load_model, model_card, sample_image
-from vitcam_nb.preprocess import prepare_input
+from vitcam_nb.preprocess import InputCropWarning, prepare_input
 
 __all__ = ["AUDIT_AXES", "AUDIT_MODEL", "FALLBACK_MODEL", "FILES", "audit_recipes", "cached_weights",
            "photo_with_mask", "run_figure"]
@@ -207,7 +207,9 @@ def _images(model: str, net: torch.nn.Module, images: int, photo: bool) -> list[
                     "kind": "photograph"})
     for item in out:
         drawn = np.repeat(item["mask"].astype(np.uint8)[..., None] * 255, 3, axis=2)
-        item["input_mask"] = prepare_input(net, drawn).display[..., 0] >= 128
+        with warnings.catch_warnings():  # the mask goes through the image's own crop, stated by its trace
+            warnings.simplefilter("ignore", InputCropWarning)
+            item["input_mask"] = prepare_input(net, drawn).display[..., 0] >= 128
     return out
 
 
@@ -268,7 +270,11 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
     rows, traces = [], []
     bar = tqdm(total=len(items) * len(groups), desc="vitcam-nb figure", disable=not progress)
     for index, item in enumerate(items):
-        tr = trace(net, item["pixels"], targets="top1", layers=[-1])
+        with warnings.catch_warnings():
+            # The figure crops the photograph on purpose and maps its mask through the same crop (input_mask); the
+            # trace records the box and its checklist states it, so the warning would only repeat it.
+            warnings.simplefilter("ignore", InputCropWarning)
+            tr = trace(net, item["pixels"], targets="top1", layers=[-1])
         traces.append(tr)
         item["predicted"] = str(tr["class_label"].values[int(np.argmax(tr["logits"].values))])
         for members in groups.values():
