@@ -500,8 +500,12 @@ def rule_vs_test_reference(rules: str | tuple[str, ...] = RULES, family: str = "
             name = {"F2": "attn_grad", "attn_scores": "attn_scores_grad"}.get(site)
             kit.append((tr[name] if name else tr["grad"].sel(site=site)).isel(target=0, layer=layer).values)
     kit_all, ref_all = (np.concatenate([np.ravel(v) for v in vs]) for vs in (kit, ref))
-    return Case(kit_all, ref_all, f"lxt {version('lxt')} efficient rules ({', '.join(rules)}), written out by hand "
-                "on the model's forward (autograd)", description,
+    source = {"attnlrp": f"lxt {version('lxt')} efficient rules (AttnLRP)",
+              "cp_lrp": f"lxt {version('lxt')} lxt/efficient/models/vit_torch.py (CP-LRP)",
+              "libragrad": "LibraGrad's equations (NightMachinery/pytorch-image-models-libragrad-v1, commit not "
+                           "recorded)"}
+    return Case(kit_all, ref_all, "; ".join(source[r] for r in rules) + ", written out by hand on the model's "
+                "forward in the test (autograd)", description,
                 f"random uint8 image 32x32; every stored gradient ({', '.join(sites)}) of every block")
 
 
