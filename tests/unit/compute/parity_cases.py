@@ -15,7 +15,7 @@ import importlib.metadata
 import io
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -341,3 +341,191 @@ def tokentm_vs_test_reference() -> Case:
     return Case(kit, tt._reference(tr, 3), "NightMachinery/decompv-libragrad-v1 decompv/x/ds/utils.py "
                 "transform_TokenTM @9db0df4, re-implemented in tests/unit/compute/test_tokentm.py (NumPy float64)",
                 "timm ViT, random (32 px, patch 8, 2 blocks, 3 heads, width 48)", NOISE + " (raw map)")
+
+
+# -- attention presets on test_published.py's tiny ViT: own hooks and autograd, the papers' equations ------------
+def _minmax(v: np.ndarray) -> np.ndarray:
+    return (v - v.min()) / (v.max() - v.min())
+
+
+def flat_vs_equations(method: str) -> Case:
+    """chefer_attention_gradcam, attention_rollout, gradient_rollout or legrad_style against the equations
+    ``test_flat_formulas.py`` asserts (there on hand-made traces), here on the attention and its autograd gradient
+    that ``test_published.py``'s own hooks keep on a copy of its tiny ViT; maps on the patch grid."""
+    import test_published as tp
+
+    model, image = tp._vit(), tp._image()
+    tr = vc.trace(model, image, targets="top1", sites=["F2"])
+    _, logits, rec = tp._run(model, tp._input(model, image))
+    logits[0, int(logits[0].argmax())].backward()
+    A = [a.detach()[0].double().numpy() for a in rec["A"]]           # (head, query, key) per block
+    G = [a.grad[0].double().numpy() for a in rec["A"]]
+    n = A[0].shape[-1]
+    raw = {"upsample": "none", "relu": "none", "normalize": "none"}
+    if method == "chefer_attention_gradcam":  # Chefer's baseline: last block, CLS row, head weights mean_k grad
+        ref = (A[-1][:, 0, 1:] * G[-1][:, 0, 1:].mean(-1, keepdims=True)).mean(0)
+    elif method in ("attention_rollout", "gradient_rollout"):
+        R = np.eye(n)
+        for a, g in zip(A, G, strict=True):  # Abnar & Zuidema: 0.5 mean_h A + 0.5 I; gradient: I + mean_h relu(GA)
+            R = (0.5 * a.mean(0) + 0.5 * np.eye(n)) @ R if method == "attention_rollout" else (
+                R + np.maximum(g * a, 0).mean(0) @ R)
+        ref = R[0, 1:]
+    else:  # legrad_style: per block mean over query rows, ReLU, mean over heads, min-max; summed, min-max
+        ref = _minmax(sum(_minmax(np.maximum(g.mean(-2), 0).mean(0)[1:]) for g in G))
+        raw = {"upsample": "none"}
+    kit = vc.cam(tr, getattr(vc.presets, method)().replace(**raw)).values
+    refs = {"chefer_attention_gradcam": "hila-chefer/Transformer-Explainability baselines/ViT/"
+                                        "ViT_explanation_generator.py @7cf1edb (Baselines.generate_cam_attn)",
+            "attention_rollout": "Abnar & Zuidema 2020 (samiraabnar/attention_flow): "
+                                 "R = prod_l (0.5 mean_h A_l + 0.5 I)",
+            "gradient_rollout": "hila-chefer/Transformer-MM-Explainability lxmert/lxmert/src/ExplanationGenerator.py "
+                                "@14e55ee: R += mean_h relu(grad * A) @ R",
+            "legrad_style": "the kit's own LeGrad-style equation (no published code)"}
+    return Case(kit, ref.reshape(4, 4), refs[method] + ", written out on test_published.py's own hooks "
+                "(autograd)", "timm ViT, random (32 px, patch 8, 3 blocks, 2 heads, width 16)",
+                "random uint8 image 32x32 (" + ("min-max maps)" if method == "legrad_style" else "raw maps)"))
+
+
+# -- presets of test_presets_published.py, test_published.py and the backward rules: their tests' references ----
+def _test_module(name: str, folder: str = "compute") -> types.ModuleType:
+    """A test module of ``tests/unit/<folder>`` (on the path as pytest puts it there)."""
+    import importlib
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[1] / folder)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+_PUBLISHED = {
+    "transition_attention_maps": ("tam_maps", (), "XianrenYty/Transition_Attention_Maps baselines/ViT/"
+                                  "ViT_explanation_generator.py @cb3d263 (start_layer=1, 5 integration steps)"),
+    "beyond_intuition_head": ("bt_head_maps", (), "jiaminchen-1031/transformerinterp ViT/baselines/ViT/"
+                              "ViT_explanation_generator.py @7545da5, head-wise (5 steps)"),
+    "beyond_intuition_token": ("bt_token_maps", (), "jiaminchen-1031/transformerinterp ViT/baselines/ViT/"
+                               "ViT_explanation_generator.py @7545da5, token-wise (5 steps)"),
+    "vit_cx": ("vit_cx_maps", (0.1,), "vaynexie/CausalX-ViT ViT_CX/ViT_CX.py @1ea3140 (noise 0.1, seeded)"),
+    "albef_itm_gradcam": ("albef_maps", (), "salesforce/ALBEF visualization.ipynb @91de3c1 (its Grad-CAM equation on "
+                          "the trace's cross-attention and gradient)"),
+}
+
+
+def presets_published_vs_test_reference(preset: str) -> Case:
+    """TAM, BT-H, BT-T, ViT-CX or the ALBEF ITM Grad-CAM against ``test_presets_published.py``'s reference (its
+    own hooks, ``backward()`` per step, AgglomerativeClustering as the official code): raw maps."""
+    fn, args, source = _PUBLISHED[preset]
+    kit, ref = getattr(_test_module("test_presets_published"), fn)(*args)
+    model = ("BLIP ITM (transformers), random (32 px, patch 8, 2+2 layers, width 32)" if preset == "albef_itm_gradcam"
+             else f"vitcam_testing make_model('vit'), random ({2 if preset == 'vit_cx' else 4} blocks)")
+    return Case(kit, ref, source + ", re-implemented in tests/unit/compute/test_presets_published.py", model,
+                "make_input('vit') (raw maps)" if preset != "albef_itm_gradcam" else
+                "N(0,1) tensor 1x3x32x32, 5 text ids (raw map)")
+
+
+def grad_eclip_vs_test_reference(preset: str = "grad_eclip") -> Case:
+    """grad_eclip (single-head trace) or grad_eclip_paper against ``test_published.py``'s ``_eclip_reference``
+    (generate_emap.py's equations, its own forward of the last block and autograd) on a tiny open_clip CLIP."""
+    tp = _test_module("test_published")
+    single = preset == "grad_eclip"
+    model = tp._clip()
+    text = torch.randn(8, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    target = vc.targets.similarity(text[None])
+    sites = ["F3", "q_out", "k_out", "v"] if single else ["F3", "q", "k", "v"]
+    with vc.adapters.single_head_attention(model) if single else contextlib.nullcontext():
+        tr = vc.trace(model, x, targets=target, sites=sites, layers=[-1])
+    kit = vc.cam(tr, vc.presets.get(preset).replace(**tp.RAW)).values
+    return Case(kit, tp._eclip_reference(model, x, text, 1 if single else 2),
+                "Cyang-Zhao/Grad-Eclip generate_emap.py @6ffae66, re-implemented in tests/unit/compute/"
+                "test_published.py", "open_clip CLIP, random (32 px, patch 8, 2 vision blocks, 2 heads, width 16)",
+                NOISE + ", a random text embedding (raw map)")
+
+
+def chefer_lrp_vs_test_reference() -> Case:
+    """transformer_attribution (rule chefer_lrp) against ``test_chefer.py``'s NumPy float64 relprop of ViT_LRP.py and
+    its ``transformer_attribution`` rollout, top-1 class, raw map on the patch grid."""
+    tc = _test_module("test_chefer", "capture")
+    model, img = tc._model(), tc._image()
+    tr = tc._rule_trace(model, img)
+    plain = vc.trace(model, img, targets="top2", sites=["F2"])
+    h0 = tr["act"].sel(site="resid_pre").isel(layer=0).values.astype(np.float64)
+    _, R_attn = tc.chefer_reference(model, h0, int(tr["target_class"].values[0]))
+    grads = [plain["attn_grad"].isel(target=0, layer=i).values.astype(np.float64) for i in range(2)]
+    kit = vc.cam(tr, vc.presets.transformer_attribution().replace(class_="top1", normalize="none"), grid=True).values
+    return Case(kit, tc._official_map(R_attn, grads).reshape(4, 4),
+                "hila-chefer/Transformer-Explainability baselines/ViT/ViT_LRP.py @f9cdd27 + layers_ours.py relprop, "
+                "re-implemented in NumPy float64 in tests/unit/capture/test_chefer.py",
+                "timm ViT, random (32 px, patch 8, 2 blocks, 2 heads, width 32)", "random uint8 image 32x32 (raw map)")
+
+
+RULES = ("attnlrp", "cp_lrp", "libragrad")
+TIMM_FAMILIES = ("vit", "deit_distilled_layerscale", "dinov2_registers", "beit")
+
+
+def _family_setup(family: str) -> tuple[torch.nn.Module, object, list[str], Callable, str]:
+    """(model, targets, sites, reference(model, h0, rule), description) of ``test_rules.py`` (timm ViT, DeiT
+    distilled with layer scale, DINOv2-style registers, BEiT) or ``test_rules_families.py`` (the others)."""
+    if family in TIMM_FAMILIES:
+        tm = _test_module("test_rules", "capture")
+        sites = tm.SITES if family != "beit" else [s for s in tm.SITES if s != "attn_scores"]
+        return (tm._model(family), "top1", sites, tm.reference,
+                f"timm {family}, random (32 px, patch 8, 2 blocks, 2 heads, width 32) in "
+                "tests/unit/capture/test_rules.py")
+    tf = _test_module("test_rules_families", "capture")
+    model, targets, sites, reference = tf._family(family)
+    return (model, targets, sites, reference,
+            f"{family}, random (32 px, patch 8, 2 blocks, width 32) in tests/unit/capture/test_rules_families.py")
+
+
+def rule_vs_test_reference(rules: str | tuple[str, ...] = RULES, family: str = "vit") -> Case:
+    """Backward rules' stored gradients (every site of every block, first target) against the tests' hand-written
+    forward with the rule spelled out (LayerNorm std, softmax and GELU as each rule says), differentiated by
+    autograd; several rules: their gradients side by side."""
+    rules = (rules,) if isinstance(rules, str) else tuple(rules)
+    model, targets, sites, reference, description = _family_setup(family)
+    image = _test_module("test_rules", "capture")._image()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    kit, ref = [], []
+    for rule in rules:
+        tr = vc.trace(model, image, targets=targets, sites=sites, rule=rule)
+        h0 = torch.tensor(tr["act"].sel(site="resid_pre").isel(layer=0).values[None], requires_grad=True)
+        logits, kept = reference(model, h0, rule)
+        keys = [k for k in kept if k[1] in sites]
+        grads = torch.autograd.grad(logits[int(tr["target_class"].values[0])], [kept[k] for k in keys],
+                                    allow_unused=True)
+        for (layer, site), g in zip(keys, grads, strict=True):
+            ref.append(np.zeros(kept[(layer, site)].shape[1:], np.float32) if g is None else g[0].numpy())
+            name = {"F2": "attn_grad", "attn_scores": "attn_scores_grad"}.get(site)
+            kit.append((tr[name] if name else tr["grad"].sel(site=site)).isel(target=0, layer=layer).values)
+    kit_all, ref_all = (np.concatenate([np.ravel(v) for v in vs]) for vs in (kit, ref))
+    source = {"attnlrp": f"lxt {version('lxt')} efficient rules (AttnLRP)",
+              "cp_lrp": f"lxt {version('lxt')} lxt/efficient/models/vit_torch.py (CP-LRP)",
+              "libragrad": "LibraGrad's equations (NightMachinery/pytorch-image-models-libragrad-v1, commit not "
+                           "recorded)"}
+    return Case(kit_all, ref_all, "; ".join(source[r] for r in rules) + ", written out by hand on the model's "
+                "forward in the test (autograd)", description,
+                f"random uint8 image 32x32; every stored gradient ({', '.join(sites)}) of every block")
+
+
+def scored_vs_pgc(weighting: str) -> Case:
+    """scorecam (F1 of the last block) or ablationcam (F1 of block 1, with ``test_scored_parity.py``'s norm made
+    non-negative so pytorch-grad-cam's ViT ablation layer zeroes the channel) against pytorch-grad-cam's ScoreCAM /
+    AblationCAM + AblationLayerVit, as ``test_scored_parity.py`` runs them: min-max maps at 32x32."""
+    pytest.importorskip("pytorch_grad_cam")
+    from vitcam_testing import make_input, make_model
+
+    ts = _test_module("test_scored_parity")
+    model, x = make_model("vit"), make_input("vit")
+    layer = -1 if weighting == "scorecam" else 1
+    module = model.blocks[layer].norm1 if weighting == "scorecam" else ts._positive_norm1(model, layer)
+    tr = vc.trace(model, x, targets="top1", sites=["F1"])
+    recipe = vc.Recipe(site="F1", layer=layer, weighting=weighting)
+    tr = vc.score(tr, model, recipe, x, batch_size=6, progress=False)
+    cls, kw = ((ts.ScoreCAM, {}) if weighting == "scorecam" else
+               (ts.AblationCAM, {"ablation_layer": ts.AblationLayerVit(), "batch_size": 6}))
+    ref = ts._pgc(cls, model, module, x, tr, int(tr["target_class"].values[0]), **kw)
+    return Case(ts._vc_map(tr, recipe), ref, f"grad-cam {version('grad-cam')}, pytorch_grad_cam.{cls.__name__}"
+                + (" + AblationLayerVit" if kw else "") + f" (blocks[{layer}].norm1)",
+                "vitcam_testing make_model('vit'), random", "make_input('vit') (min-max maps, 32x32)")

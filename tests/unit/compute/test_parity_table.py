@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 import vitcam_nb as vc
 from benchmarks.items import parity
@@ -50,3 +54,34 @@ def test_the_table_rows_of_the_tests_references_are_what_those_tests_assert():
     for method in ("grad_sam", "attcat", "agcam"):
         assert published_vs_test_reference(method).relative <= 1e-5, method
     assert tokentm_vs_test_reference().relative <= 1e-6
+
+
+def test_every_preset_is_named_in_the_first_cell_of_a_row_of_the_page():
+    # the page itself, not only the JSON: each preset of vc.presets.names() heads a row of the measured table
+    text = (ROOT / "docs" / "presets.md").read_text()
+    table = text.split(parity.START)[1].split(parity.END)[0]
+    named = set()
+    for line in table.splitlines():
+        cell = re.match(r"\| `([^`]+)` \|", line)
+        if cell:
+            named |= {re.sub(r" \(.*\)$", "", part.strip()) for part in cell.group(1).split(",")}
+    assert set(vc.presets.names()) <= named, set(vc.presets.names()) - named
+
+
+@pytest.mark.parametrize("case, args", [
+    ("flat_vs_equations", ("chefer_attention_gradcam",)), ("flat_vs_equations", ("attention_rollout",)),
+    ("flat_vs_equations", ("gradient_rollout",)), ("flat_vs_equations", ("legrad_style",)),
+    ("chefer_lrp_vs_test_reference", ()), ("rule_vs_test_reference", ("attnlrp",)),
+    ("rule_vs_test_reference", ("cp_lrp",)), ("rule_vs_test_reference", ("libragrad",)),
+    ("grad_eclip_vs_test_reference", ("grad_eclip",)),
+])
+def test_the_measured_rows_of_test_references_hold_here(case, args):
+    # the cheap cases the table measures beside their tests, held to those tests' tolerance (1e-5 relative) and
+    # to a reference that is a real map (not constant), so a case that stops comparing anything fails here
+    import parity_cases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = getattr(parity_cases, case)(*args)
+    assert c.kit.shape == c.ref.shape and np.ptp(c.ref) > 0
+    assert c.relative <= 1e-5, (case, args, c.relative)

@@ -79,7 +79,8 @@ def _vc_map(model, x, recipe, **score):
     return vc.cam(tr, raw(recipe, upsample="none")).values
 
 
-def test_transition_attention_maps_equal_the_official_code():
+def tam_maps() -> tuple[np.ndarray, np.ndarray]:
+    """The preset's raw map and the official code's (TAM), on the same model and input."""
     model, x, index = _setup()
     ours = _vc_map(model, x, vc.presets.transition_attention_maps(start_layer=-3), steps=STEPS)
     ref = Hooked(model)
@@ -93,10 +94,15 @@ def test_transition_attention_maps_equal_the_official_code():
         want = (states * W)[0, 0, 1:].reshape(4, 4).numpy()
     finally:
         ref.close()
-    close(ours, want, "TAM")
+    return ours, want
 
 
-def test_beyond_intuition_head_equals_the_official_code():
+def test_transition_attention_maps_equal_the_official_code():
+    close(*tam_maps(), "TAM")
+
+
+def bt_head_maps() -> tuple[np.ndarray, np.ndarray]:
+    """The preset's raw map and the official code's (BT-H)."""
     model, x, index = _setup()
     ours = _vc_map(model, x, vc.presets.beyond_intuition_head(start_layer=-3), steps=STEPS)
     ref = Hooked(model)
@@ -117,10 +123,15 @@ def test_beyond_intuition_head_equals_the_official_code():
         want = (W * R)[0, 0, 1:].reshape(4, 4).numpy()
     finally:
         ref.close()
-    close(ours, want, "BT-H")
+    return ours, want
 
 
-def test_beyond_intuition_token_equals_the_official_code_with_our_reading_of_vproj():
+def test_beyond_intuition_head_equals_the_official_code():
+    close(*bt_head_maps(), "BT-H")
+
+
+def bt_token_maps() -> tuple[np.ndarray, np.ndarray]:
+    """The preset's raw map and the official code's (BT-T, with the kit's reading of vproj)."""
     model, x, index = _setup()
     ours = _vc_map(model, x, vc.presets.beyond_intuition_token(start_layer=-2), steps=STEPS)
     ref = Hooked(model)
@@ -142,7 +153,11 @@ def test_beyond_intuition_token_equals_the_official_code_with_our_reading_of_vpr
         want = (W * R.abs())[0, 0, 1:].reshape(4, 4).numpy()
     finally:
         ref.close()
-    close(ours, want, "BT-T")
+    return ours, want
+
+
+def test_beyond_intuition_token_equals_the_official_code_with_our_reading_of_vproj():
+    close(*bt_token_maps(), "BT-T")
 
 
 def _vitcx_reference(model, x, index, noise, seed):
@@ -188,17 +203,23 @@ def _vitcx_reference(model, x, index, noise, seed):
     return sal[index].numpy(), n
 
 
-@pytest.mark.parametrize("noise", [0.0, 0.1])
-def test_vit_cx_equals_the_official_code(noise):
+def vit_cx_maps(noise: float) -> tuple[np.ndarray, np.ndarray]:
+    """The preset's raw map and the official code's (ViT-CX), after checking both made the same masks."""
     model, x, index = _setup(depth=2)
     want, n = _vitcx_reference(model, x, index, noise, seed=3)
     tr = vc.score(vc.trace(model, x, targets="top1"), model, vc.presets.vit_cx(), x, noise=noise, seed=3,
                   batch_size=1000)
     assert tr.sizes["vitcx_mask"] == n
-    close(vc.cam(tr, raw(vc.presets.vit_cx())).values, want, f"ViT-CX noise {noise}")
+    return vc.cam(tr, raw(vc.presets.vit_cx())).values, want
 
 
-def test_albef_itm_gradcam_is_the_mean_over_heads_of_attention_times_relu_gradient_at_the_cls_row():
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+def test_vit_cx_equals_the_official_code(noise):
+    close(*vit_cx_maps(noise), f"ViT-CX noise {noise}")
+
+
+def albef_maps() -> tuple[np.ndarray, np.ndarray]:
+    """The preset's raw map and ALBEF's visualization.ipynb Grad-CAM on a tiny random BLIP ITM model."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BlipConfig(
         text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -221,8 +242,11 @@ def test_albef_itm_gradcam_is_the_mean_over_heads_of_attention_times_relu_gradie
     cams = tr["xattn"].isel(xattn_layer=0).values
     grads = tr["xattn_grad"].sel(target="logit_1").isel(xattn_layer=0).values
     gradcam = (cams[:, :, 1:] * np.clip(grads[:, :, 1:], 0, None)).mean(0)
-    want = gradcam[0].reshape(4, 4)
-    close(ours, want, "ALBEF ITM Grad-CAM")
+    return ours, gradcam[0].reshape(4, 4)
+
+
+def test_albef_itm_gradcam_is_the_mean_over_heads_of_attention_times_relu_gradient_at_the_cls_row():
+    close(*albef_maps(), "ALBEF ITM Grad-CAM")
 
 
 def test_every_new_preset_is_named_in_its_checklist():
