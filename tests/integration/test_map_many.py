@@ -246,7 +246,7 @@ def test_other_models_settings_paths_and_sizes_are_refused(tmp_path, store, mode
         vc.open_maps(traces)
     with pytest.raises(vc.TraceFileError, match=r"\.zarr"):
         vc.map_many(model, images, RECIPES, tmp_path / "maps", progress=False)
-    with pytest.raises(vc.TraceError, match=r"recipes_or_space: 8 recipes .* MB of maps per batch"):
+    with pytest.raises(vc.TraceError, match=r"max_bytes: 8 recipes .* kB of maps per batch"):
         vc.map_many(model, images, RECIPES, tmp_path / "big.zarr", max_bytes=1000, progress=False)
     dyn = timm.create_model(SPEC["timm"], pretrained=False, img_size=32, patch_size=8, depth=1, num_classes=10,
                             dynamic_img_size=True)

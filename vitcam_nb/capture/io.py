@@ -27,7 +27,15 @@ from vitcam_nb.capture.store_files import foreign_files as _foreign_files
 from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.errors import ArgumentTypeError, OutputExistsError, TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
-from vitcam_nb.core.schema import COORDINATES, ROOT_COORDS, SUPPORTED_SCHEMAS, VARIABLES, is_int, problems
+from vitcam_nb.core.schema import (
+    COORDINATES,
+    MAPS_STORE_KIND,
+    ROOT_COORDS,
+    SUPPORTED_SCHEMAS,
+    VARIABLES,
+    is_int,
+    problems,
+)
 
 __all__ = ["CHECKSUM_ATTR", "content_sha256", "load", "save", "tree_sha256"]
 
@@ -207,6 +215,11 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
     if not isinstance(trace, (xr.Dataset, xr.DataTree)):
         raise ArgumentTypeError(f"trace: expected an xarray.Dataset (or DataTree) from vitcam_nb.trace(), "
                                 f"got {type(trace).__name__}")
+    if trace.attrs.get("store_kind") == MAPS_STORE_KIND:  # zarr would fail half-way on its string arrays
+        where = trace.encoding.get("source", "") if isinstance(trace, xr.Dataset) else ""
+        raise ArgumentTypeError("trace: this is a map store from vc.open_maps (or one of its images), not a trace; "
+                                "vc.map_many already wrote it" + (f" to {where}" if where else "")
+                                + ": copy that folder to keep it elsewhere")
     kind = _format(path)
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")

@@ -110,9 +110,28 @@ def image_trace(ds: xr.Dataset, index: int) -> xr.Dataset:
     n = ds.sizes["image"]
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not -n <= index < n:
         raise ArgumentIndexError(f"index: expected an int in [-{n}, {n - 1}], got {index!r}")
-    one = ds.isel(image=int(index)).load()
+    one = ds.isel(image=int(index))
+    load_image(one, ds.encoding.get("source", "the trace store"), int(index),
+               "trace the image again with vc.trace_many(..., overwrite=True)")
     one.attrs = {**ds.attrs, "image_index": int(ds["image"].values[index])}
     return single_trace(one)
+
+
+def load_image(one: xr.Dataset, where: str, index: int, again: str) -> None:
+    """Load one image of a store in place, array by array: a chunk that cannot be read or decoded (truncated,
+    corrupted: numcodecs, zarr and the filesystem raise many types) is refused naming the store ``where``, the
+    array and the image, with ``again`` saying how to make it anew.
+
+    Example:
+        >>> import xarray as xr
+        >>> load_image(xr.Dataset({"a": ("x", [1.0])}), "s.zarr", 0, "write it again")
+    """
+    for name, var in one.variables.items():
+        try:
+            var.load()  # in place, as Dataset.load loads each variable
+        except Exception as exc:
+            raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {index} cannot be read "
+                                 f"({type(exc).__name__}: {exc}); {again}") from exc
 
 
 def image_choices(ds: xr.Dataset) -> list[tuple[str, int]]:

@@ -64,6 +64,19 @@ def _files_bytes(n: int, batch: int, parent: Path) -> int:
     return block * (2 * -(-n // batch) + 14 * -(-n // 64) + 20)
 
 
+def bytes_text(n: float) -> str:
+    """``n`` bytes in the unit that shows them readably (a budget of 10 bytes is not "0.0 MB").
+
+    Example:
+        >>> bytes_text(10), bytes_text(2500), bytes_text(3.2e9)
+        ('10 B', '2.5 kB', '3.2 GB')
+    """
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
                  batch: int, max_bytes: float | None, parent: Path, replaced: int) -> None:
     """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk: its
@@ -78,9 +91,12 @@ def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | No
     per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
     budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
     if per_image * batch > budget:
-        raise TraceError(f"recipes_or_space: {len(entries)} recipes ({n_parts} fused parts) need about "
-                         f"{per_image * batch / 1e6:.1f} MB of maps per batch of {batch}, above the memory budget of "
-                         f"{budget / 1e6:.1f} MB; use fewer recipes or a smaller batch_size")
+        # The caller's max_bytes is what refuses, so it is named; without one, half the free memory refuses.
+        name, what = (("max_bytes", f"max_bytes={max_bytes!r} ({bytes_text(budget)})") if max_bytes is not None
+                      else ("recipes_or_space", f"the memory budget of {bytes_text(budget)} (half the free memory)"))
+        raise TraceError(f"{name}: {len(entries)} recipes ({n_parts} fused parts) need about "
+                         f"{bytes_text(per_image * batch)} of maps per batch of {batch}, above {what}; use fewer "
+                         "recipes or a smaller batch_size" + (", or raise max_bytes" if max_bytes is not None else ""))
     free = shutil.disk_usage(parent).free + replaced
     fixed = table_bytes(entries) + _files_bytes(n or batch, batch, parent)
     if n is not None and per_image * n + fixed > free:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
@@ -40,11 +41,11 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, RecipeError, TraceError, TraceFileError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.schema import MAPS_STORE_KIND
 
 __all__ = ["MAPS", "MAPS_STORE_KIND", "MAPS_STORE_VERSION", "MapsKind", "image_maps", "is_map_store", "open_maps",
            "replay", "report_of", "report_trace"]
 
-MAPS_STORE_KIND = "vitcam_nb.maps"
 MAPS_STORE_VERSION = 1
 #: What every map store's reader needs: its attributes, and the arrays (each with its ``image`` dimension but
 #: ``token_kind``) a map is read from.
@@ -240,6 +241,12 @@ def _check_layout(path: Path, ds: xr.Dataset) -> None:
     if missing:
         raise TraceFileError(f"path: {path} is a damaged map store: it lacks the {', '.join(missing)} that "
                              "vc.map_many writes; compute it again with vc.map_many(..., overwrite=True)")
+    for name in ("img_height", "img_width"):  # the size every map is resized to: 0 would reach torch's resize
+        value = ds.attrs[name]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise TraceFileError(f"path: {path} is a damaged map store: its attribute {name!r} is {value!r}, not the "
+                                 "positive image size vc.map_many writes; compute it again with "
+                                 "vc.map_many(..., overwrite=True)")
     try:
         table = json.loads(ds.attrs["recipes"])
         ok = isinstance(table, list) and all(isinstance(r, dict) and all(k in r for k in _RECIPE_KEYS) for r in table)
@@ -250,21 +257,34 @@ def _check_layout(path: Path, ds: xr.Dataset) -> None:
                              "vc.map_many writes; compute it again with vc.map_many(..., overwrite=True)")
 
 
+def _as_array(var: xr.Variable) -> xr.Variable | None:
+    """A text array's single value held as a 0-d numpy array, or None where ``var`` needs no change: zarr's string
+    arrays, indexed at one image, load as a Python ``str``, which xarray's repr (and anything asking the variable's
+    dtype) cannot display."""
+    try:
+        var.dtype  # noqa: B018 - what repr asks first
+    except AttributeError:
+        return xr.Variable(var.dims, np.asarray(str(var.values)), var.attrs, var.encoding)
+    return None
+
+
 def _load_image(ds: xr.Dataset, i: int) -> xr.Dataset:
     """Image ``i`` read from disk, each array by name: a chunk that cannot be decoded (truncated, corrupted) or is
     gone (a map store's float arrays are filled with NaN where nothing was written) is refused naming the store, the
     array and the image."""
     where = ds.encoding.get("source", "the map store")
     one = ds.isel(image=i)
+    texts: dict[str, xr.Variable] = {}
+    load_image(one, where, i, "compute it again with vc.map_many")
     for name, var in one.variables.items():
-        try:
-            var.load()  # in place, as Dataset.load loads each variable
-        except Exception as exc:  # numcodecs, zarr and the filesystem raise many types for a damaged chunk
-            raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {i} cannot be read "
-                                 f"({type(exc).__name__}: {exc}); compute it again with vc.map_many") from exc
+        fixed = _as_array(var)
         if name in ("maps", "parts", "scale") and np.isnan(var.values).any():
             raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {i} is missing values (a chunk "
                                  "of the store was deleted or never written); compute it again with vc.map_many")
+        if fixed is not None:
+            texts[name] = fixed
+    one = one.assign_coords({k: v for k, v in texts.items() if k in one.coords})
+    one = one.assign({k: v for k, v in texts.items() if k not in one.coords})
     if not str(one["trace_id"].values):
         raise TraceFileError(f"path: {where} is damaged: image {i} is marked done but its trace_id is missing; "
                              "compute it again with vc.map_many")

@@ -216,6 +216,8 @@ ROOT_COORDS = ("class", "class_label", "target", "target_class", "target_label",
 
 # -- many-image stores (trace_many) ---------------------------------------------------------------------
 STORE_KIND = "vitcam_nb.traces"
+#: What vc.map_many stores are marked with (here, below capture, so vc.save can refuse one by name).
+MAPS_STORE_KIND = "vitcam_nb.maps"
 STORE_VERSION = 1
 SUPPORTED_STORE_VERSIONS = (1,)
 #: Attributes only a store has (its own bookkeeping); a single image read from it drops them.
