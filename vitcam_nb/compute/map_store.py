@@ -345,6 +345,12 @@ class MapsKind(TraceKind):
         out.attrs = {k: per[0].attrs[k] for k in ("recipe", "recipe_id", "checklist", "methods")}
         return out.rename("cam")
 
+    def resolve(self, trace: xr.Dataset, recipe: Recipe) -> Recipe:
+        # A store holds the maps it was asked for: a recipe vc.cam refuses here (not in the recipes' table) has no
+        # id on it either (Recipe.canonical_id), whether the store is whole or one image of it.
+        _position(trace, recipe)
+        return super().resolve(trace, recipe)
+
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         raise TraceError("trace: a map store holds the maps it was asked for; read each with vc.cam")
 

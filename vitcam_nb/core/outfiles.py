@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,8 +35,8 @@ MANIFEST = ".vitcam_nb-outputs.json"
 
 
 def check_output(path: Path, *, overwrite: bool, ours: Callable[[Path], bool], what: str) -> None:
-    """Refuse a path whose folder is missing, that is a folder, or that holds a file ``ours`` does not
-    recognise as one vitcam_nb wrote (unless ``overwrite``, which must be True or False).
+    """Refuse a path whose folder is missing or cannot be written, that is a folder, or that holds a file
+    ``ours`` does not recognise as one vitcam_nb wrote (unless ``overwrite``, which must be True or False).
 
     Example:
         >>> check_output(Path("/nonexistent/x.html"), overwrite=False, ours=bool, what="page")
@@ -51,6 +52,16 @@ def check_output(path: Path, *, overwrite: bool, ours: Callable[[Path], bool], w
     if path.exists() and not overwrite and not ours(path):
         raise OutputExistsError(f"path: {path} exists and is not a {what} vitcam_nb wrote; it is left alone. Use "
                                 "another path, or overwrite=True (--overwrite) to replace it")
+    # The file is written beside itself and renamed, so its folder must take a new file. Permission bits do not say
+    # it (root ignores them; a read-only mount such as /sys refuses root too), so a probe file is made and removed,
+    # before anything is computed.
+    try:
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.probe-")
+    except OSError as exc:
+        raise TraceFileError(f"path: cannot write {path}: folder {path.parent} cannot be written ({exc.strerror}); "
+                             f"nothing was computed. Write the {what} in a folder this process can write to") from exc
+    os.close(fd)
+    os.unlink(probe)
 
 
 @contextmanager

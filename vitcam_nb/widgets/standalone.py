@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentTypeError, ExportError, OutputExistsError, TraceError
 from vitcam_nb.core.outfiles import check_output, write_atomic
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe_space import check_space
 from vitcam_nb.core.version import __version__
 from vitcam_nb.widgets.assets import STATIC_DIR, css, esm
 from vitcam_nb.widgets.bundle import Bundle, build_bundle, export_axes
@@ -39,6 +41,8 @@ from vitcam_nb.widgets.facts import TraceFacts
 from vitcam_nb.widgets.traces import is_trace_set, named_traces, trace_choices
 
 __all__ = ["export_html", "explorer_html", "page_html"]
+
+_RECIPE_FIELDS = frozenset(f.name for f in dataclasses.fields(Recipe))
 
 # No request of any kind may leave the page: scripts and styles are inline, the image and maps are data.
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:"
@@ -213,6 +217,16 @@ def _check_limit(trace: Traces, axes: Mapping[str, Sequence] | None, max_mb: obj
                           f"over {max_mb} MB; nothing was computed or written. Narrow axes=")
 
 
+def _check_axes(axes: Mapping[str, Sequence] | None) -> None:
+    """Refuse a value no recipe can take (a typo such as ``"f4"``) before any map is computed: otherwise every
+    combination holding it is refused and the value silently left out of the page. The shape of ``axes`` (a dict
+    of recipe fields to non-empty lists, ``"all"``) is checked by :func:`export_axes`."""
+    if not isinstance(axes, Mapping):
+        return
+    check_space({name: values for name, values in axes.items()
+                 if name in _RECIPE_FIELDS and isinstance(values, (list, tuple))}, "axes")
+
+
 def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = None, *,
                 axes: Mapping[str, Sequence] | None = None, quantize: str = "uint8", colormap: str = "inferno",
                 opacity: float = 0.5, size: int = 360, title: str | None = None, max_mb: float | None = None,
@@ -262,6 +276,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
     path = Path(path)
     overwrite = as_flag("overwrite", overwrite)
     _check_display(trace, colormap, opacity, size, title)
+    _check_axes(axes)
     _check_limit(trace, axes, max_mb)
     if not overwrite and path.is_file() and _page_state(path) == "edited":
         raise OutputExistsError(f"path: {path} is a page export_html wrote, changed since (its bytes no longer match "

@@ -111,6 +111,9 @@ def _together(saliency: object, sal: np.ndarray, values: object, trace: xr.Datas
                                 f"{theirs[:12]}... is not {ours[:12]}...)")
     elif "trace_id" in attrs and str(attrs["trace_id"]) != str(facts.get("trace_id", "")):
         unchecked.append("the map's image (pass trace= the map's trace to compare its input hash with the values')")
+    elif "trace_id" not in attrs:  # a plain array (or a map without attrs) says nothing of its image
+        unchecked.append("the map's image (it carries no trace id or input hash: pass trace= the map's trace to "
+                         "compare its input hash with the values')")
     recipe = Recipe.from_json(attrs["recipe"]) if isinstance(attrs.get("recipe"), str) else None
     if recipe is not None and is_int(facts.get("class")) and recipe.layer_fusion != "rollout":
         cls = _map_class(recipe, trace)
