@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 
 from vitcam_nb.core.errors import RecipeError
@@ -295,7 +296,12 @@ def names() -> list[str]:
         >>> "attention_rollout" in names()
         True
     """
-    return list(PRESETS)
+    # The published presets register from several modules, in the order the (lazy) package happened to import
+    # them; the taxonomy's order is fixed, so menus, tables and reports list them alike in every process. Imported
+    # by name: the taxonomy imports this module (and every preset module, so all are registered after it).
+    taxonomy = importlib.import_module("vitcam_nb.core.preset_taxonomy").TAXONOMY
+    order = {name: i for i, name in enumerate(taxonomy)}
+    return sorted(PRESETS, key=lambda name: order.get(name, len(order)))
 
 
 def get(name: str, **kwargs: object) -> Recipe:
