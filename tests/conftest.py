@@ -7,6 +7,7 @@ on what an earlier run found. ``VITCAM_HYPOTHESIS_PROFILE=explore`` draws afresh
 
 import os
 
+import pytest
 from hypothesis import settings
 from vitcam_notebooks import executed_notebooks  # noqa: F401  (registers the fixture)
 from vitcam_testing import *  # noqa: F403  (re-exports the fixtures so pytest registers them)
@@ -20,6 +21,9 @@ settings.load_profile(os.environ.get("VITCAM_HYPOTHESIS_PROFILE", "ci"))
 _NOTEBOOK_FILES = ("test_notebooks.py", "test_docs_site.py")
 
 
+# tryfirst: xdist's worker reads the xdist_group marks in its own collection hook, registered after this conftest
+# (and so called before it): without it no group reached the scheduler and a file's tests were split.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (the README's line: ``-n auto --dist loadgroup``) each test file goes to one worker whole,
     so its module fixtures (a store, a JupyterLab server, a Chromium page) are made once, not once per worker that
@@ -29,8 +33,6 @@ def pytest_collection_modifyitems(config, items):
     names its own ``xdist_group`` keeps it."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    import pytest
-
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
