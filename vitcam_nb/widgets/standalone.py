@@ -223,8 +223,10 @@ def _check_axes(axes: Mapping[str, Sequence] | None) -> None:
     of recipe fields to non-empty lists, ``"all"``) is checked by :func:`export_axes`."""
     if not isinstance(axes, Mapping):
         return
+    # Values of a type no field takes (an object) are left to export_axes, whose type check names them.
     check_space({name: values for name, values in axes.items()
-                 if name in _RECIPE_FIELDS and isinstance(values, (list, tuple))}, "axes")
+                 if name in _RECIPE_FIELDS and isinstance(values, (list, tuple))
+                 and all(isinstance(v, (str, int, float, list, tuple)) for v in values)}, "axes")
 
 
 def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = None, *,
