@@ -8,9 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from store_trace import IMAGE, MODEL
+from vitcam_testing import assert_equal_to_rounding
 
 import vitcam_nb as vc
 from vitcam_nb.capture import store_files
@@ -237,8 +237,10 @@ def test_map_many_names_the_rule_it_computes_under(tmp_path, passes):
         vc.map_many(MODEL, [A], ["gradcam"], tmp_path / "s.zarr", rule="nope", progress=False)
     assert passes == [] and not (tmp_path / "s.zarr").exists()
     path = vc.map_many(MODEL, [A], ["gradcam"], tmp_path / "s.zarr", rule="gradient", progress=False)
-    np.testing.assert_array_equal(vc.cam(vc.open_maps(path), vc.presets.gradcam()).values[0],
-                                  vc.cam(vc.trace(MODEL, A, targets="top1"), vc.presets.gradcam()).values)
+    # To rounding, not bitwise: map_many's pass captures only the last block (its graph starts there), the trace's
+    # every block, so their backward runs matrix products of other shapes.
+    assert_equal_to_rounding(vc.cam(vc.open_maps(path), vc.presets.gradcam()).values[0],
+                             vc.cam(vc.trace(MODEL, A, targets="top1"), vc.presets.gradcam()).values, "gradcam map")
 
 
 def test_store_files_probe_leaves_nothing(tmp_path):
