@@ -21,7 +21,7 @@ import numpy as np
 
 from vitcam_nb.core.errors import ArgumentError
 
-__all__ = ["ImageTokenLayout", "Tile"]
+__all__ = ["ImageTokenLayout", "Tile", "VlmAnatomy", "image_positions"]
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,22 @@ class Tile:
     """One grid of image tokens: its name, its (rows, cols) and the part of the image it covers.
 
     ``box`` is (top, left, bottom, right) as fractions of the original image (0..1), after any padding the
-    processor added is undone; the base view of an any-resolution model covers (0, 0, 1, 1).
+    processor added is undone; the base view of an any-resolution model covers (0, 0, 1, 1). A crop whose grid
+    reaches into the processor's padding has a box beyond 0..1 there (those cells hold no token). ``group`` names
+    the tiles that together cover the image without overlap (an any-resolution model's crops); tiles of
+    different groups overlap (the base view and the crops) and are never averaged together: see
+    :meth:`ImageTokenLayout.on_image`.
     """
 
     name: str
     grid: tuple[int, int]
     box: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0)
+    group: str = ""
+
+    @property
+    def group_name(self) -> str:
+        """The group this tile belongs to (its own name when ``group`` is empty)."""
+        return self.group or self.name
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,7 @@ class ImageTokenLayout:
     tiles: tuple[Tile, ...]
     description: str
     dropped: Mapping[str, int] = field(default_factory=dict)
+    dropped_positions: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def raster(cls, positions: Iterable[int], grid: tuple[int, int], *, description: str = "",
@@ -76,3 +87,58 @@ class ImageTokenLayout:
             grid[..., self.rows[sel], self.cols[sel]] = v[..., sel]
             out[tile.name] = grid
         return out
+
+    def on_image(self, values: Iterable[float] | np.ndarray, size: tuple[int, int]) -> dict[str, np.ndarray]:
+        """Per-token values (..., n) placed on the original image, one (..., H, W) map per tile group.
+
+        Each tile's grid is placed in its ``box`` (padding undone) by nearest cell: pixel (y, x) takes the value
+        of the cell whose box-relative extent holds the pixel's centre. Tiles of one group do not overlap, so a
+        group's map is their exact stitching; groups overlap (an any-resolution model's base view and its crops
+        both cover the whole image) and are returned separately rather than averaged, since any combination
+        (mean, max, base-only) would be a choice the model never made. Pixels no tile of a group covers are NaN.
+        """
+        h, w = int(size[0]), int(size[1])
+        if h < 1 or w < 1:
+            raise ArgumentError(f"size: {size!r} must be two positive ints (height, width)")
+        grids = self.grid_values(values)
+        first = next(iter(grids.values()))
+        fy, fx = (np.arange(h) + 0.5) / h, (np.arange(w) + 0.5) / w
+        out: dict[str, np.ndarray] = {}
+        for tile in self.tiles:
+            g = tile.group_name
+            canvas = out.setdefault(g, np.full(first.shape[:-2] + (h, w), np.nan, dtype=first.dtype))
+            top, left, bottom, right = tile.box
+            ry = np.floor((fy - top) / (bottom - top) * tile.grid[0]).astype(np.int64)
+            rx = np.floor((fx - left) / (right - left) * tile.grid[1]).astype(np.int64)
+            iy, ix = np.nonzero((ry >= 0) & (ry < tile.grid[0]))[0], np.nonzero((rx >= 0) & (rx < tile.grid[1]))[0]
+            if iy.size and ix.size:
+                vals = grids[tile.name][..., ry[iy][:, None], rx[ix][None, :]]
+                sub = canvas[..., iy[:, None], ix[None, :]]
+                keep = ~np.isnan(vals)
+                sub[keep] = vals[keep]
+                canvas[..., iy[:, None], ix[None, :]] = sub
+        return out
+
+
+@dataclass(frozen=True)
+class VlmAnatomy:
+    """Where a transformers VLM class keeps its parts, as dotted module paths from the ``...ForConditionalGeneration``
+    object: the vision tower's blocks, the projector (its output is one vector per image token, or per merged
+    token), the LM's decoder layers, and the config key holding the image placeholder token id. ``notes`` says
+    what sits between them (a merge, a pooling) so the adapter glue does not assume a raster."""
+
+    family: str
+    model_class: str
+    vision_blocks: str
+    projector: str
+    lm_layers: str
+    image_token_key: str
+    notes: str = ""
+
+
+def image_positions(input_ids: Iterable[int] | np.ndarray, image_token_id: int) -> np.ndarray:
+    """The sequence positions of the image placeholder tokens in one prompt's ids (1-D), in order."""
+    ids = np.asarray(input_ids)
+    if ids.ndim != 1:
+        raise ArgumentError(f"input_ids: one prompt's ids (1-D) expected, got shape {ids.shape}")
+    return np.nonzero(ids == int(image_token_id))[0].astype(np.int64)
