@@ -1,0 +1,20 @@
+"""Per-family image-token layouts of generative VLMs: from a transformers 5 config and what the processor gave
+(``input_ids``, ``image_sizes``, ``image_grid_thw``, rows/cols) to an :class:`~vitcam_nb.adapters.vlm_layout.
+ImageTokenLayout`, plus each family's :class:`~vitcam_nb.adapters.vlm_layout.VlmAnatomy`. Each layout is tested
+against the family's own feature-packing code by marking tokens (``tests/unit/model/test_vlm_layouts_*.py``)."""
+
+from __future__ import annotations
+
+from vitcam_nb.adapters.vlm_layouts.anyres import (
+    LLAVA_NEXT_ANATOMY,
+    LLAVA_ONEVISION_ANATOMY,
+    llava_next_layout,
+    llava_onevision_layout,
+)
+
+__all__ = [
+    "LLAVA_NEXT_ANATOMY",
+    "LLAVA_ONEVISION_ANATOMY",
+    "llava_next_layout",
+    "llava_onevision_layout",
+]
