@@ -11,10 +11,22 @@ from vitcam_nb.adapters.vlm_layouts.anyres import (
     llava_next_layout,
     llava_onevision_layout,
 )
+from vitcam_nb.adapters.vlm_layouts.qwen import (
+    QWEN2_5_VL_ANATOMY,
+    QWEN2_VL_ANATOMY,
+    qwen2_5_vl_layout,
+    qwen2_vl_layout,
+    qwen_tower_cells,
+)
 
 __all__ = [
     "LLAVA_NEXT_ANATOMY",
     "LLAVA_ONEVISION_ANATOMY",
+    "QWEN2_5_VL_ANATOMY",
+    "QWEN2_VL_ANATOMY",
     "llava_next_layout",
     "llava_onevision_layout",
+    "qwen2_5_vl_layout",
+    "qwen2_vl_layout",
+    "qwen_tower_cells",
 ]
