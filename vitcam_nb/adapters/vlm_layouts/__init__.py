@@ -11,6 +11,13 @@ from vitcam_nb.adapters.vlm_layouts.anyres import (
     llava_next_layout,
     llava_onevision_layout,
 )
+from vitcam_nb.adapters.vlm_layouts.gemma import (
+    GEMMA3_ANATOMY,
+    PALIGEMMA_ANATOMY,
+    gemma3_layout,
+    gemma3_patch_token,
+    paligemma_layout,
+)
 from vitcam_nb.adapters.vlm_layouts.qwen import (
     QWEN2_5_VL_ANATOMY,
     QWEN2_VL_ANATOMY,
@@ -20,12 +27,17 @@ from vitcam_nb.adapters.vlm_layouts.qwen import (
 )
 
 __all__ = [
+    "GEMMA3_ANATOMY",
     "LLAVA_NEXT_ANATOMY",
     "LLAVA_ONEVISION_ANATOMY",
+    "PALIGEMMA_ANATOMY",
     "QWEN2_5_VL_ANATOMY",
     "QWEN2_VL_ANATOMY",
+    "gemma3_layout",
+    "gemma3_patch_token",
     "llava_next_layout",
     "llava_onevision_layout",
+    "paligemma_layout",
     "qwen2_5_vl_layout",
     "qwen2_vl_layout",
     "qwen_tower_cells",
