@@ -18,6 +18,13 @@ from vitcam_nb.adapters.vlm_layouts.gemma import (
     gemma3_patch_token,
     paligemma_layout,
 )
+from vitcam_nb.adapters.vlm_layouts.idefics import (
+    IDEFICS3_ANATOMY,
+    SMOLVLM_ANATOMY,
+    idefics3_layout,
+    shuffle_patches,
+    smolvlm_layout,
+)
 from vitcam_nb.adapters.vlm_layouts.qwen import (
     QWEN2_5_VL_ANATOMY,
     QWEN2_VL_ANATOMY,
@@ -28,17 +35,22 @@ from vitcam_nb.adapters.vlm_layouts.qwen import (
 
 __all__ = [
     "GEMMA3_ANATOMY",
+    "IDEFICS3_ANATOMY",
     "LLAVA_NEXT_ANATOMY",
     "LLAVA_ONEVISION_ANATOMY",
     "PALIGEMMA_ANATOMY",
     "QWEN2_5_VL_ANATOMY",
     "QWEN2_VL_ANATOMY",
+    "SMOLVLM_ANATOMY",
     "gemma3_layout",
     "gemma3_patch_token",
+    "idefics3_layout",
     "llava_next_layout",
     "llava_onevision_layout",
     "paligemma_layout",
     "qwen2_5_vl_layout",
     "qwen2_vl_layout",
     "qwen_tower_cells",
+    "shuffle_patches",
+    "smolvlm_layout",
 ]
