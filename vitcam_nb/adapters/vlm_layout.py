@@ -34,6 +34,10 @@ class Tile:
     the tiles that together cover the image without overlap (an any-resolution model's crops); tiles of
     different groups overlap (the base view and the crops) and are never averaged together: see
     :meth:`ImageTokenLayout.on_image`.
+
+    Example:
+        >>> Tile("tile_r0_c1", (24, 24), (0.0, 0.5, 1.0, 1.0), group="tiles").group_name
+        'tiles'
     """
 
     name: str
@@ -51,7 +55,16 @@ class Tile:
 class ImageTokenLayout:
     """The image tokens of one prompt: ``positions[i]`` is the sequence position of kept image token ``i``,
     which covers cell (``rows[i]``, ``cols[i]``) of tile ``tiles[tile_of[i]]``. ``dropped`` counts image-side
-    tokens that map to no cell (e.g. ``{"newline": 24}``), ``description`` is the checklist's sentence."""
+    tokens that map to no cell (e.g. ``{"newline": 24}``) and ``dropped_positions`` where they sit,
+    ``description`` is the checklist's sentence.
+
+    Example:
+        >>> lay = ImageTokenLayout.raster([0, 1, 2, 3, 4, 5], (2, 3))
+        >>> lay.rows.tolist(), lay.cols.tolist()
+        ([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2])
+        >>> lay.on_image([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], (2, 6))["image"].tolist()[0]
+        [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    """
 
     positions: np.ndarray
     tile_of: np.ndarray
@@ -125,7 +138,13 @@ class VlmAnatomy:
     """Where a transformers VLM class keeps its parts, as dotted module paths from the ``...ForConditionalGeneration``
     object: the vision tower's blocks, the projector (its output is one vector per image token, or per merged
     token), the LM's decoder layers, and the config key holding the image placeholder token id. ``notes`` says
-    what sits between them (a merge, a pooling) so the adapter glue does not assume a raster."""
+    what sits between them (a merge, a pooling) so the adapter glue does not assume a raster.
+
+    Example:
+        >>> VlmAnatomy("x", "XForConditionalGeneration", "model.vision_tower.encoder.layers",
+        ...            "model.multi_modal_projector", "model.language_model.layers", "image_token_id").projector
+        'model.multi_modal_projector'
+    """
 
     family: str
     model_class: str
@@ -137,7 +156,12 @@ class VlmAnatomy:
 
 
 def image_positions(input_ids: Iterable[int] | np.ndarray, image_token_id: int) -> np.ndarray:
-    """The sequence positions of the image placeholder tokens in one prompt's ids (1-D), in order."""
+    """The sequence positions of the image placeholder tokens in one prompt's ids (1-D), in order.
+
+    Example:
+        >>> image_positions([1, 9, 9, 2, 9], 9).tolist()
+        [1, 2, 4]
+    """
     ids = np.asarray(input_ids)
     if ids.ndim != 1:
         raise ArgumentError(f"input_ids: one prompt's ids (1-D) expected, got shape {ids.shape}")

@@ -7,6 +7,10 @@ newline token after each row. OneVision (``vision_aspect_ratio="anyres_max_N"``)
 unpadded grid when it holds more than about ``N`` tiles' worth of tokens (ratio > 1.1); each token is then a
 blend of up to four cells, so the crops become one resampled grid over the image.
 
+Crop boxes (:class:`~vitcam_nb.adapters.vlm_layout.Tile`) take the kept cells as covering the image exactly,
+as the model does; where the letterbox is an odd number of cells the model keeps one padding cell more, so a
+box edge is then off by at most half a cell.
+
 The best-fit grid is chosen as the processor does: the pinpoint resolution that keeps the most of the image's
 pixels after an aspect-preserving resize, the least wasted canvas on ties.
 """
@@ -45,7 +49,12 @@ LLAVA_ONEVISION_ANATOMY = VlmAnatomy(
 
 
 def best_fit_resolution(image_size: Sequence[int], pinpoints: Iterable[Sequence[int]]) -> tuple[int, int]:
-    """The (height, width) among ``pinpoints`` an image of ``image_size`` (height, width) is packed into."""
+    """The (height, width) among ``pinpoints`` an image of ``image_size`` (height, width) is packed into.
+
+    Example:
+        >>> best_fit_resolution((500, 800), [(336, 672), (672, 336), (672, 672)])
+        (672, 672)
+    """
     h0, w0 = int(image_size[0]), int(image_size[1])
     if h0 < 1 or w0 < 1:
         raise ArgumentError(f"image_size: {tuple(image_size)!r} must be a positive (height, width)")
@@ -81,6 +90,12 @@ def anyres_layout(input_ids: Any, image_size: Sequence[int], *, image_token_id: 
 
     ``tile_px``/``patch_px`` are the tower's input and patch sizes; ``max_tiles`` is OneVision's ``anyres_max_N``.
     Raises :class:`ArgumentError` when the prompt's image tokens do not number what this layout packs.
+
+    Example:
+        >>> lay = anyres_layout([9] * 60, (40, 90), image_token_id=9, grid_pinpoints=[(32, 96)], tile_px=32,
+        ...                     patch_px=8)  # a 4x12 cell canvas; the image fills 9 columns, 1 is cut each side
+        >>> [t.name for t in lay.tiles], lay.dropped, lay.tiles[1].box
+        (['base', 'tile_r0_c0', 'tile_r0_c1', 'tile_r0_c2'], {'newline': 4}, (0.0, -0.1, 1.0, 0.3))
     """
     side = int(tile_px) // int(patch_px)
     ph, pw = best_fit_resolution(image_size, [tuple(p) for p in grid_pinpoints])
@@ -136,7 +151,19 @@ def _vision(config: Any) -> tuple[int, int]:
 
 def llava_next_layout(config: Any, input_ids: Any, image_size: Sequence[int]) -> ImageTokenLayout:
     """LLaVA-NeXT: ``config`` a ``LlavaNextConfig``, ``input_ids`` one prompt's ids, ``image_size`` the
-    processor's ``image_sizes`` row for the image (original height, width)."""
+    processor's ``image_sizes`` row for the image (original height, width).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=336, patch_size=14), image_token_id=9,
+        ...          image_grid_pinpoints=[[336, 672], [672, 336], [672, 672]])
+        >>> lay = llava_next_layout(cfg, [1] + [9] * 2046 + [2], (500, 800))
+        >>> print(lay.description)  # doctest: +NORMALIZE_WHITESPACE
+        LLaVA-NeXT any-res: base 24x24 + 2x2 tiles of 24x24, unpadded to 30x48 (864 padding cells cut),
+        30 newline tokens dropped; base and tiles overlap and are mapped separately
+        >>> lay.positions.size, lay.dropped
+        (2016, {'newline': 30})
+    """
     tile, patch = _vision(config)
     return anyres_layout(input_ids, image_size, image_token_id=config.image_token_id,
                          grid_pinpoints=config.image_grid_pinpoints, tile_px=tile, patch_px=patch)
@@ -145,7 +172,16 @@ def llava_next_layout(config: Any, input_ids: Any, image_size: Sequence[int]) ->
 def llava_onevision_layout(config: Any, input_ids: Any, image_size: Sequence[int], *,
                            vision_aspect_ratio: str | None = None) -> ImageTokenLayout:
     """LLaVA-OneVision, one image in the prompt (the any-resolution path; several images per prompt are packed
-    without crops by the model and are not covered here). ``vision_aspect_ratio`` defaults to the config's."""
+    without crops by the model and are not covered here). ``vision_aspect_ratio`` defaults to the config's.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=336, patch_size=14), image_token_id=9,
+        ...          image_grid_pinpoints=[[336, 672], [672, 336], [672, 672]], vision_aspect_ratio="anyres_max_1")
+        >>> lay = llava_onevision_layout(cfg, [9] * 1134, (500, 800))
+        >>> [t.grid for t in lay.tiles], lay.dropped
+        ([(24, 24), (18, 30)], {'newline': 18})
+    """
     tile, patch = _vision(config)
     var = vision_aspect_ratio or getattr(config, "vision_aspect_ratio", "anyres_max_9")
     if not str(var).startswith("anyres_max_"):

@@ -48,7 +48,15 @@ def _run(config: Any, input_ids: Any, per_image: int, image_index: int) -> tuple
 
 
 def paligemma_layout(config: Any, input_ids: Any, *, image_index: int = 0) -> ImageTokenLayout:
-    """PaliGemma: ``config`` a ``PaliGemmaConfig``, ``input_ids`` one prompt's ids (image tokens first)."""
+    """PaliGemma: ``config`` a ``PaliGemmaConfig``, ``input_ids`` one prompt's ids (image tokens first).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=224, patch_size=14), image_token_id=9)
+        >>> print(paligemma_layout(cfg, [9] * 256 + [2, 5, 6]).description)  # doctest: +NORMALIZE_WHITESPACE
+        PaliGemma: 16x16 SigLIP patches of 14 px, one token each, raster order, before the prompt
+        (positions 0..255); image 1 of 1
+    """
     side = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
     pos, n = _run(config, input_ids, side * side, image_index)
     where = "before the prompt" if pos[0] == image_index * side * side else f"from position {pos[0]}"
@@ -60,7 +68,17 @@ def paligemma_layout(config: Any, input_ids: Any, *, image_index: int = 0) -> Im
 
 def gemma3_layout(config: Any, input_ids: Any, *, image_index: int = 0) -> ImageTokenLayout:
     """Gemma 3: ``config`` a ``Gemma3Config``, ``input_ids`` one prompt's ids; each token is the mean of a
-    ``k x k`` block of tower patches, stated in the description."""
+    ``k x k`` block of tower patches, stated in the description.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=224, patch_size=14), image_token_id=9, mm_tokens_per_image=64,
+        ...          boi_token_id=3, eoi_token_id=4)
+        >>> print(gemma3_layout(cfg, [2, 3] + [9] * 64 + [4]).description)  # doctest: +NORMALIZE_WHITESPACE
+        Gemma 3: 16x16 SigLIP patches average-pooled 2x2 into 8x8 tokens, raster order, between begin/end-of-image
+        tokens (positions 2..65); image 1 of 1; pan-and-scan crops, if any, are mapped onto their crop, not
+        placed on the original
+    """
     patches = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
     side = math.isqrt(int(config.mm_tokens_per_image))
     if side * side != int(config.mm_tokens_per_image) or patches % side:
@@ -80,7 +98,14 @@ def gemma3_layout(config: Any, input_ids: Any, *, image_index: int = 0) -> Image
 
 
 def gemma3_patch_token(config: Any) -> np.ndarray:
-    """For each tower patch (raster over the ``p x p`` grid), the index of the pooled image token it feeds."""
+    """For each tower patch (raster over the ``p x p`` grid), the index of the pooled image token it feeds.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=224, patch_size=14), mm_tokens_per_image=64)
+        >>> gemma3_patch_token(cfg)[[0, 1, 2, 16, 17, 32]].tolist()
+        [0, 0, 1, 0, 0, 8]
+    """
     patches = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
     side = math.isqrt(int(config.mm_tokens_per_image))
     k = patches // side

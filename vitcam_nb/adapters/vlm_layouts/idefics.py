@@ -76,19 +76,41 @@ def _layout(config: Any, input_ids: Any, rows: int | Sequence[int], cols: int | 
 def idefics3_layout(config: Any, input_ids: Any, rows: int | Sequence[int], cols: int | Sequence[int], *,
                     image_index: int = 0) -> ImageTokenLayout:
     """Idefics3: ``config`` an ``Idefics3Config``, ``input_ids`` one prompt's ids, ``rows``/``cols`` the image
-    processor's tile grid (``return_row_col_info=True``), one int per image of the prompt."""
+    processor's tile grid (``return_row_col_info=True``), one int per image of the prompt.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=512, patch_size=16), scale_factor=4, image_token_id=9)
+        >>> lay = idefics3_layout(cfg, [9] * 64 * 7, 2, 3)
+        >>> [t.name for t in lay.tiles][::3], lay.tiles[1].box[1:3]
+        (['tile_r0_c0', 'tile_r1_c0', 'global'], (0.3333333333333333, 0.5))
+    """
     return _layout(config, input_ids, rows, cols, image_index, "Idefics3")
 
 
 def smolvlm_layout(config: Any, input_ids: Any, rows: int | Sequence[int], cols: int | Sequence[int], *,
                    image_index: int = 0) -> ImageTokenLayout:
-    """SmolVLM: as :func:`idefics3_layout` (same split, shuffle and prompt template)."""
+    """SmolVLM: as :func:`idefics3_layout` (same split, shuffle and prompt template).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=512, patch_size=16), scale_factor=4, image_token_id=9)
+        >>> smolvlm_layout(cfg, [9] * 64, 0, 0).description.split(",")[0]
+        'SmolVLM: image not split (global view only)'
+    """
     return _layout(config, input_ids, rows, cols, image_index, "SmolVLM")
 
 
 def shuffle_patches(config: Any) -> np.ndarray:
     """(g*g, s*s, 2): for each token of a tile (raster), the (row, col) of the ``s x s`` tower patches it
-    concatenates, in the order their channels are concatenated."""
+    concatenates, in the order their channels are concatenated.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(image_size=512, patch_size=16), scale_factor=4)
+        >>> shuffle_patches(cfg)[1, :5].tolist()  # token (0, 1): patches (0, 4), (0, 5), ... row by row
+        [[0, 4], [0, 5], [0, 6], [0, 7], [1, 4]]
+    """
     vc = config.vision_config
     p, s = int(vc.image_size) // int(vc.patch_size), int(config.scale_factor)
     g = p // s

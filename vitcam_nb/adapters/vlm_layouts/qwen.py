@@ -50,7 +50,16 @@ def qwen_tower_cells(grid_thw: Sequence[int], merge: int, *, window_size: int | 
                      patch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(frame, row, col) in patches of each position of the tower's token sequence for one image/video whose
     ``image_grid_thw`` row is ``grid_thw``; with ``window_size``/``patch_size`` (Qwen2.5-VL) in window order,
-    the order the tower's blocks see."""
+    the order the tower's blocks see.
+
+    Example:
+        >>> _, rows, cols = qwen_tower_cells((1, 4, 8), 2)  # raster merge blocks: the third is (0, 2)
+        >>> rows[:12].tolist(), cols[8:12].tolist()
+        ([0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1], [4, 5, 4, 5])
+        >>> _, rows, cols = qwen_tower_cells((1, 4, 8), 2, window_size=56, patch_size=14)  # 2x2-block windows
+        >>> rows[:12].tolist(), cols[8:12].tolist()
+        ([0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3], [0, 1, 0, 1])
+    """
     t, h, w = (int(v) for v in grid_thw)
     if h % merge or w % merge:
         raise ArgumentError(f"grid_thw: {h}x{w} patches are not a multiple of the {merge}x{merge} merge")
@@ -99,13 +108,31 @@ def _layout(config: Any, input_ids: Any, image_grid_thw: Any, image_index: int, 
 
 def qwen2_vl_layout(config: Any, input_ids: Any, image_grid_thw: Any, *, image_index: int = 0) -> ImageTokenLayout:
     """Qwen2-VL: ``config`` a ``Qwen2VLConfig``, ``input_ids`` one prompt's ids, ``image_grid_thw`` the
-    processor's (n_images, 3) grid; the layout of image ``image_index`` of the prompt."""
+    processor's (n_images, 3) grid; the layout of image ``image_index`` of the prompt.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(spatial_merge_size=2, patch_size=14), image_token_id=9)
+        >>> lay = qwen2_vl_layout(cfg, [7, 9, 9, 9, 9, 9, 9, 8], [[1, 4, 6]])
+        >>> lay.positions.tolist(), lay.rows.tolist(), lay.cols.tolist()
+        ([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2])
+    """
     return _layout(config, input_ids, image_grid_thw, image_index, "Qwen2-VL", "")
 
 
 def qwen2_5_vl_layout(config: Any, input_ids: Any, image_grid_thw: Any, *,
                       image_index: int = 0) -> ImageTokenLayout:
-    """Qwen2.5-VL: as :func:`qwen2_vl_layout`; the description also states the tower's window order."""
+    """Qwen2.5-VL: as :func:`qwen2_vl_layout`; the description also states the tower's window order.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(vision_config=NS(spatial_merge_size=2, patch_size=14, window_size=112,
+        ...                           fullatt_block_indexes=[7, 15, 23, 31]), image_token_id=9)
+        >>> print(qwen2_5_vl_layout(cfg, [9] * 6, [[1, 4, 6]]).description)  # doctest: +NORMALIZE_WHITESPACE
+        Qwen2.5-VL: 4x6 patches of 14 px (image resized to 56x84 px) merged 2x2 into 2x3 tokens in raster order
+        (tower blocks run in windows of 4x4 tokens, full attention at blocks [7, 15, 23, 31]; merged tokens are
+        put back in raster order before the LM); image 1 of 1; vision start/end tokens not mapped
+    """
     vc = config.vision_config
     win = int(vc.window_size) // int(vc.spatial_merge_size) // int(vc.patch_size)
     extra = (f" (tower blocks run in windows of {win}x{win} tokens, full attention at blocks "
