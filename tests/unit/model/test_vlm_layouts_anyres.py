@@ -4,6 +4,8 @@ flag, and the LM's ``inputs_embeds`` are read back position by position."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -60,11 +62,9 @@ def n_tokens(model, layout_fn, image_size, **kw) -> int:
     return int(str(err.value).split("packs ")[1])
 
 
-def _crops(image_size):
-    from vitcam_nb.adapters.vlm_layouts.anyres import best_fit_resolution
-
-    ph, pw = best_fit_resolution(image_size, PINPOINTS)
-    return 1 + (ph // TILE) * (pw // TILE)
+# more crops than any pinpoint needs (96x96: 9 + the base): the model keeps the first as many as its own
+# image_size_to_num_patches says, so the crop count is the model's, not the layout's
+CROPS = 10
 
 
 def run(model, layout_fn, image_size, **kw):
@@ -72,7 +72,7 @@ def run(model, layout_fn, image_size, **kw):
     itself raises if the prompt's image-token count is not what its packing produced)."""
     ids = np.concatenate([[1, 2, 3], np.full(n_tokens(model, layout_fn, image_size, **kw), IMG_ID), [4, 6]])
     layout = layout_fn(model.config, ids, image_size, **kw)
-    pv = torch.randn(1, _crops(image_size), 3, TILE, TILE)
+    pv = torch.randn(1, CROPS, 3, TILE, TILE)
     emb = lm_inputs(model, model.model.language_model, input_ids=torch.from_numpy(ids)[None], pixel_values=pv,
                     image_sizes=torch.tensor([list(image_size)]))
     return ids, layout, emb.numpy()
@@ -132,8 +132,8 @@ def test_llava_onevision_marks_land_where_the_layout_says(image_size, var):
 
 
 def _check_resampled(model, ids, lay, image_size):
-    """Mark each crop cell with its row and column in the stitched crop grid; bilinear resizing of such a
-    linear ramp keeps the ramp away from the clamped border, so each token's mark is its cell centre."""
+    """Mark each crop cell with its row and column in the stitched crop grid; bilinear resizing keeps such a
+    linear ramp linear (clamped at the border), so each token's mark is where its cell's centre samples."""
     from vitcam_nb.adapters.vlm_layouts.anyres import best_fit_resolution
 
     _, pw = best_fit_resolution(image_size, PINPOINTS)
@@ -149,15 +149,20 @@ def _check_resampled(model, ids, lay, image_size):
         return out
 
     model.model.multi_modal_projector = Marker(32, ramp)
-    n = _crops(image_size)
     emb = lm_inputs(model, model.model.language_model, input_ids=torch.from_numpy(ids)[None],
-                    pixel_values=torch.randn(1, n, 3, TILE, TILE), image_sizes=torch.tensor([list(image_size)]))
+                    pixel_values=torch.randn(1, CROPS, 3, TILE, TILE), image_sizes=torch.tensor([list(image_size)]))
     sel = lay.tile_of == 1
     g_r, g_c = lay.tiles[1].grid
     got_r = emb[lay.positions[sel], 1].numpy().reshape(g_r, g_c)
     got_c = emb[lay.positions[sel], 2].numpy().reshape(g_r, g_c)
-    assert np.allclose(got_r, got_r[:, :1]) and np.all(np.diff(got_r[:, 0]) > 0)  # rows go down, constant across
-    assert np.allclose(got_c, got_c[:1, :]) and np.all(np.diff(got_c[0]) > 0)
+    assert np.allclose(got_r, got_r[:, :1]) and np.allclose(got_c, got_c[:1, :])  # rows and columns separate
+    # token i of an out-long resize of an in-long unpadded run samples it at (i + 0.5) * in / out - 0.5 (a
+    # downscale never reaches the clamp), counted from the first kept cell: a whole number of padding cells
+    rr, cc = (int(v) for v in re.search(r"unpadded to (\d+)x(\d+)", lay.description).groups())
+    for got, n_in, n_out in ((got_r[:, 0], rr, g_r), (got_c[0], cc, g_c)):
+        want = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+        offset = got - want
+        assert np.allclose(offset, offset[0]) and np.isclose(offset[0], round(offset[0])) and offset[0] >= 0
 
 
 def test_anatomy_paths_resolve():
@@ -168,3 +173,11 @@ def test_anatomy_paths_resolve():
         assert len(model.get_submodule(anat.lm_layers)) == 2
         model.get_submodule(anat.projector)
         assert getattr(model.config, anat.image_token_key) == IMG_ID
+
+
+def test_bad_inputs_raise():
+    model = make("ov")
+    with pytest.raises(ArgumentError, match="vision_aspect_ratio"):
+        llava_onevision_layout(model.config, np.full(10, IMG_ID), (40, 90), vision_aspect_ratio="pad")
+    with pytest.raises(ArgumentError, match="image_size"):
+        llava_next_layout(model.config, np.full(10, IMG_ID), (0, 90))
