@@ -5,6 +5,7 @@ flag, and the LM's ``inputs_embeds`` are read back position by position."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -67,6 +68,24 @@ def n_tokens(model, layout_fn, image_size, **kw) -> int:
 CROPS = 10
 
 
+def processor_count(kind: str, image_size, var: str = "anyres_max_9") -> int:
+    """The image tokens the family's processor writes into the prompt for one image (its own best-fit choice
+    and unpadded-feature count), which the layout must match."""
+    from transformers.image_processing_utils import select_best_resolution
+    from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    ph, pw = select_best_resolution(list(image_size), PINPOINTS)
+    if kind == "next":
+        unpadded, newlines = LlavaNextProcessor._get_unpadded_features(None, *image_size, SIDE, SIDE, ph // TILE,
+                                                                      pw // TILE)
+    else:
+        me = SimpleNamespace(vision_aspect_ratio=var)
+        unpadded, newlines = LlavaOnevisionProcessor._get_unpadded_features(me, *image_size, SIDE, SIDE,
+                                                                           ph // TILE, pw // TILE)
+    return SIDE * SIDE + unpadded + newlines
+
+
 def run(model, layout_fn, image_size, **kw):
     """The layout of a prompt with text around the image, and the LM inputs the model built for it (the model
     itself raises if the prompt's image-token count is not what its packing produced)."""
@@ -86,6 +105,7 @@ def test_llava_next_marks_land_where_the_layout_says(image_size):
     assert np.array_equal(np.nonzero(flag == 1)[0], lay.positions)
     assert np.array_equal(np.nonzero(flag == -1)[0], lay.dropped_positions["newline"])
     assert lay.dropped["newline"] == lay.dropped_positions["newline"].size > 0
+    assert lay.positions.size + lay.dropped["newline"] == processor_count("next", image_size)
     crop, patch = emb[lay.positions, 1].astype(int), emb[lay.positions, 2].astype(int)
     # crop k of the processor's row-major crops is tile k of the layout (tile 0 the base view)
     assert np.array_equal(crop, lay.tile_of)
@@ -120,6 +140,7 @@ def test_llava_onevision_marks_land_where_the_layout_says(image_size, var):
     assert np.allclose(flag[lay.positions], 1.0)
     assert np.array_equal(np.nonzero(np.isclose(flag, -1))[0], lay.dropped_positions["newline"])
     assert np.count_nonzero(np.abs(flag) > 0.5) == lay.positions.size + lay.dropped["newline"]
+    assert lay.positions.size + lay.dropped["newline"] == processor_count("ov", image_size, var)
     base = lay.tile_of == 0
     assert np.array_equal(emb[lay.positions[base], 1], np.zeros(base.sum()))
     assert np.array_equal(emb[lay.positions[base], 2].astype(int), lay.rows[base] * SIDE + lay.cols[base])
@@ -181,3 +202,49 @@ def test_bad_inputs_raise():
         llava_onevision_layout(model.config, np.full(10, IMG_ID), (40, 90), vision_aspect_ratio="pad")
     with pytest.raises(ArgumentError, match="image_size"):
         llava_next_layout(model.config, np.full(10, IMG_ID), (0, 90))
+
+
+def test_llava_next_two_images_each_with_crops():
+    model = make("next")
+    sizes = [(40, 90), (90, 40)]
+    n = [n_tokens(model, llava_next_layout, s) for s in sizes]
+    ids = np.concatenate([[1], np.full(n[0], IMG_ID), [2, 3], np.full(n[1], IMG_ID), [4]])
+    emb = lm_inputs(model, model.model.language_model, input_ids=torch.from_numpy(ids)[None],
+                    pixel_values=torch.randn(2, CROPS, 3, TILE, TILE), image_sizes=torch.tensor(sizes)).numpy()
+    got = [llava_next_layout(model.config, ids, sizes, image_index=k) for k in range(2)]
+    assert np.array_equal(np.concatenate([g.positions for g in got]), np.nonzero(emb[:, 0] == 1)[0])
+    assert np.array_equal(np.concatenate([g.dropped_positions["newline"] for g in got]),
+                          np.nonzero(emb[:, 0] == -1)[0])
+    first = int(emb[got[1].positions, 1].min())  # the second image's crops follow the first's 1 + 9 crops
+    assert first == 10
+    for k, lay in enumerate(got):
+        assert np.array_equal(emb[lay.positions, 1].astype(int) - k * first, lay.tile_of)
+        assert np.array_equal(emb[lay.positions, 2].astype(int), lay.rows * SIDE + lay.cols)
+    assert got[1].description.endswith("image 2 of 2")
+
+
+def test_llava_onevision_several_images_are_base_views_padded_to_squares():
+    from transformers import LlavaOnevisionImageProcessor
+
+    model = make("ov")
+    sizes = [(40, 90), (90, 40)]
+    ids = np.concatenate([[1], np.full(SIDE * SIDE + 1, IMG_ID), [2], np.full(SIDE * SIDE + 1, IMG_ID), [4]])
+    emb = lm_inputs(model, model.model.language_model, input_ids=torch.from_numpy(ids)[None],
+                    pixel_values=torch.randn(2, CROPS, 3, TILE, TILE), image_sizes=torch.tensor(sizes),
+                    batch_num_images=torch.tensor([2])).numpy()
+    got = [llava_onevision_layout(model.config, ids, sizes, image_index=k) for k in range(2)]
+    assert np.array_equal(np.concatenate([g.positions for g in got]), np.nonzero(emb[:, 0] == 1)[0])
+    assert [g.dropped for g in got] == [{"newline": 1}] * 2
+    for k, lay in enumerate(got):
+        assert np.all(emb[lay.positions, 1] == k) and [t.name for t in lay.tiles] == ["base"]
+        assert np.array_equal(emb[lay.positions, 2].astype(int), lay.rows * SIDE + lay.cols)
+    # the box against the processor's own padding: a 40x90 image of 1000s padded to 90x90, shrunk to 32x32
+    assert got[0].tiles[0].box == pytest.approx((-25 / 40, 0.0, 65 / 40, 1.0))
+    proc = LlavaOnevisionImageProcessor(size={"height": TILE, "width": TILE}, image_grid_pinpoints=PINPOINTS,
+                                        do_rescale=False, do_normalize=False)
+    pv = proc(images=[[torch.full((3, 40, 90), 1000.0), torch.full((3, 90, 40), 1000.0)]],
+              return_tensors="pt")["pixel_values"]
+    image_rows = np.nonzero(pv[0, 0, 0, :, TILE // 2].numpy() > 900)[0]
+    top, bottom = got[0].tiles[0].box[0], got[0].tiles[0].box[2]
+    want = (np.arange(TILE) + 0.5) / TILE * (bottom - top) + top  # each row's centre as a fraction of the image
+    assert np.array_equal(image_rows, np.nonzero((want > 0) & (want < 1))[0])  # rows 9..22: inside the box

@@ -83,26 +83,28 @@ def _unpadded_span(image_size: Sequence[int], grid: tuple[int, int]) -> tuple[in
     return 0, gh, pad, gw - pad
 
 
-def anyres_layout(input_ids: Any, image_size: Sequence[int], *, image_token_id: int, grid_pinpoints: Any,
-                  tile_px: int, patch_px: int, family: str = "LLaVA-NeXT", max_tiles: int | None = None,
-                  newline: bool = True) -> ImageTokenLayout:
-    """The layout of one image of ``image_size`` (height, width, before processing) in one prompt's ids.
+def _square_box(image_size: Sequence[int]) -> tuple[float, float, float, float]:
+    """The box of an image padded to a centred square (OneVision's multi-image base view)."""
+    h0, w0 = int(image_size[0]), int(image_size[1])
+    side = max(h0, w0)
+    dy, dx = (side - h0) // 2 / h0, (side - w0) // 2 / w0
+    return (-dy, -dx, side / h0 - dy, side / w0 - dx)
 
-    ``tile_px``/``patch_px`` are the tower's input and patch sizes; ``max_tiles`` is OneVision's ``anyres_max_N``.
-    Raises :class:`ArgumentError` when the prompt's image tokens do not number what this layout packs.
 
-    Example:
-        >>> lay = anyres_layout([9] * 60, (40, 90), image_token_id=9, grid_pinpoints=[(32, 96)], tile_px=32,
-        ...                     patch_px=8)  # a 4x12 cell canvas; the image fills 9 columns, 1 is cut each side
-        >>> [t.name for t in lay.tiles], lay.dropped, lay.tiles[1].box
-        (['base', 'tile_r0_c0', 'tile_r0_c1', 'tile_r0_c2'], {'newline': 4}, (0.0, -0.1, 1.0, 0.3))
-    """
-    side = int(tile_px) // int(patch_px)
-    ph, pw = best_fit_resolution(image_size, [tuple(p) for p in grid_pinpoints])
+def _pack_one(image_size: Sequence[int], side: int, pinpoints: list, tile_px: int, max_tiles: int | None,
+              newline: bool, crops: bool, family: str) -> tuple[list, list, list, list, np.ndarray, str]:
+    """One image's (tiles, tile_of, rows, cols, keep-mask over its tokens, description)."""
+    base_r, base_c = np.divmod(np.arange(side * side), side)
+    if not crops:  # OneVision, several images in one prompt: the padded-square base view and one newline
+        tiles = [Tile("base", (side, side), _square_box(image_size), group="base")]
+        keep = np.r_[np.ones(side * side, bool), np.zeros(int(newline), bool)]
+        text = (f"{family} multi-image: base {side}x{side} only (image padded to a square, no crops), "
+                f"{int(newline)} newline tokens dropped")
+        return tiles, [np.zeros(side * side, np.int64)], [base_r], [base_c], keep, text
+    ph, pw = best_fit_resolution(image_size, pinpoints)
     nrow, ncol = ph // int(tile_px), pw // int(tile_px)
     top, bottom, left, right = _unpadded_span(image_size, (nrow * side, ncol * side))
     rr, cc = bottom - top, right - left
-    base_r, base_c = np.divmod(np.arange(side * side), side)
     tiles = [Tile("base", (side, side), group="base")]
     tile_of, rows, cols = [np.zeros(side * side, np.int64)], [base_r], [base_c]
     out_r, out_c, resampled = rr, cc, ""
@@ -126,22 +128,50 @@ def anyres_layout(input_ids: Any, image_size: Sequence[int], *, image_token_id: 
         tile_of.append(1 + (g_r // side) * ncol + g_c // side)
         rows.append(g_r % side)
         cols.append(g_c % side)
-    n_img = side * side + out_r * (out_c + int(newline))
-    pos = image_positions(input_ids, image_token_id)
-    if pos.size != n_img:
-        raise ArgumentError(f"input_ids: {pos.size} image tokens (id {image_token_id}) but this {family} layout "
-                            f"of a {image_size[0]}x{image_size[1]} image packs {n_img}")
-    keep = np.ones(n_img, bool)
+    keep = np.ones(side * side + out_r * (out_c + int(newline)), bool)
     if newline:
         keep[side * side + np.arange(1, out_r + 1) * (out_c + 1) - 1] = False
     cut = nrow * side * ncol * side - rr * cc
-    desc = (f"{family} any-res: base {side}x{side} + {nrow}x{ncol} tiles of {side}x{side}, unpadded to {rr}x{cc}"
+    text = (f"{family} any-res: base {side}x{side} + {nrow}x{ncol} tiles of {side}x{side}, unpadded to {rr}x{cc}"
             f" ({cut} padding cells cut){resampled}, {out_r if newline else 0} newline tokens dropped; "
             f"base and tiles overlap and are mapped separately")
-    dropped = {"newline": out_r} if newline else {}
-    dropped_pos = {"newline": pos[~keep]} if newline else {}
+    return tiles, tile_of, rows, cols, keep, text
+
+
+def anyres_layout(input_ids: Any, image_size: Any, *, image_token_id: int, grid_pinpoints: Any,
+                  tile_px: int, patch_px: int, family: str = "LLaVA-NeXT", max_tiles: int | None = None,
+                  newline: bool = True, crops: bool = True, image_index: int = 0) -> ImageTokenLayout:
+    """The layout of image ``image_index`` in one prompt's ids; ``image_size`` is its (height, width) before
+    processing, or one such row per image of the prompt (the processor's ``image_sizes``).
+
+    ``tile_px``/``patch_px`` are the tower's input and patch sizes; ``max_tiles`` is OneVision's ``anyres_max_N``;
+    ``crops=False`` is OneVision's multi-image packing (base view only). Raises :class:`ArgumentError` when the
+    prompt's image tokens do not number what this layout packs.
+
+    Example:
+        >>> lay = anyres_layout([9] * 60, (40, 90), image_token_id=9, grid_pinpoints=[(32, 96)], tile_px=32,
+        ...                     patch_px=8)  # a 4x12 cell canvas; the image fills 9 columns, 1 is cut each side
+        >>> [t.name for t in lay.tiles], lay.dropped, lay.tiles[1].box
+        (['base', 'tile_r0_c0', 'tile_r0_c1', 'tile_r0_c2'], {'newline': 4}, (0.0, -0.1, 1.0, 0.3))
+    """
+    sizes = np.asarray(image_size, dtype=np.int64).reshape(-1, 2)
+    if not 0 <= image_index < len(sizes):
+        raise ArgumentError(f"image_index: {image_index} is not one of the {len(sizes)} images in image_size")
+    side = int(tile_px) // int(patch_px)
+    pins = [tuple(p) for p in grid_pinpoints]
+    packs = [_pack_one(sz, side, pins, tile_px, max_tiles, newline, crops, family) for sz in sizes.tolist()]
+    counts = [p[4].size for p in packs]
+    pos = image_positions(input_ids, image_token_id)
+    if pos.size != sum(counts):
+        raise ArgumentError(f"input_ids: {pos.size} image tokens (id {image_token_id}) but this {family} layout "
+                            f"of image sizes {sizes.tolist()} packs {sum(counts)}")
+    tiles, tile_of, rows, cols, keep, text = packs[image_index]
+    pos = pos[sum(counts[:image_index]):sum(counts[:image_index + 1])]
+    n_new = int((~keep).sum())
+    desc = text + (f"; image {image_index + 1} of {len(sizes)}" if len(sizes) > 1 else "")
     return ImageTokenLayout(pos[keep], np.concatenate(tile_of), np.concatenate(rows), np.concatenate(cols),
-                            tuple(tiles), desc, dropped, dropped_pos)
+                            tuple(tiles), desc, {"newline": n_new} if newline else {},
+                            {"newline": pos[~keep]} if newline else {})
 
 
 def _vision(config: Any) -> tuple[int, int]:
@@ -149,9 +179,10 @@ def _vision(config: Any) -> tuple[int, int]:
     return int(vc.image_size), int(vc.patch_size)
 
 
-def llava_next_layout(config: Any, input_ids: Any, image_size: Sequence[int]) -> ImageTokenLayout:
+def llava_next_layout(config: Any, input_ids: Any, image_size: Any, *, image_index: int = 0) -> ImageTokenLayout:
     """LLaVA-NeXT: ``config`` a ``LlavaNextConfig``, ``input_ids`` one prompt's ids, ``image_size`` the
-    processor's ``image_sizes`` row for the image (original height, width).
+    processor's ``image_sizes`` (original height, width; one row per image of the prompt, each packed with its
+    own crops); the layout of image ``image_index``.
 
     Example:
         >>> from types import SimpleNamespace as NS
@@ -166,13 +197,16 @@ def llava_next_layout(config: Any, input_ids: Any, image_size: Sequence[int]) ->
     """
     tile, patch = _vision(config)
     return anyres_layout(input_ids, image_size, image_token_id=config.image_token_id,
-                         grid_pinpoints=config.image_grid_pinpoints, tile_px=tile, patch_px=patch)
+                         grid_pinpoints=config.image_grid_pinpoints, tile_px=tile, patch_px=patch,
+                         image_index=image_index)
 
 
-def llava_onevision_layout(config: Any, input_ids: Any, image_size: Sequence[int], *,
-                           vision_aspect_ratio: str | None = None) -> ImageTokenLayout:
-    """LLaVA-OneVision, one image in the prompt (the any-resolution path; several images per prompt are packed
-    without crops by the model and are not covered here). ``vision_aspect_ratio`` defaults to the config's.
+def llava_onevision_layout(config: Any, input_ids: Any, image_size: Any, *, image_index: int = 0,
+                           vision_aspect_ratio: str | None = None, crops: bool | None = None) -> ImageTokenLayout:
+    """LLaVA-OneVision: as :func:`llava_next_layout`, with ``anyres_max_N`` (``vision_aspect_ratio``, the
+    config's by default). A prompt with several images is packed without crops (each image padded to a square,
+    its base view and one newline), as the model does when the processor's ``batch_num_images`` is above 1;
+    ``crops`` overrides that (``True`` when the model is called without ``batch_num_images``).
 
     Example:
         >>> from types import SimpleNamespace as NS
@@ -188,4 +222,6 @@ def llava_onevision_layout(config: Any, input_ids: Any, image_size: Sequence[int
         raise ArgumentError(f"vision_aspect_ratio: {var!r} is not 'anyres_max_N'")
     return anyres_layout(input_ids, image_size, image_token_id=config.image_token_id,
                          grid_pinpoints=config.image_grid_pinpoints, tile_px=tile, patch_px=patch,
-                         family="LLaVA-OneVision", max_tiles=int(str(var)[len("anyres_max_"):]))
+                         family="LLaVA-OneVision", max_tiles=int(str(var)[len("anyres_max_"):]),
+                         crops=(np.asarray(image_size).size == 2) if crops is None else crops,
+                         image_index=image_index)
