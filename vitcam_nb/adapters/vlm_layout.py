@@ -90,7 +90,9 @@ class ImageTokenLayout:
 
     def grid_values(self, values: Iterable[float] | np.ndarray) -> dict[str, np.ndarray]:
         """Per-token values (..., n) as one (..., rows, cols) array per tile, keyed by tile name."""
-        v = np.asarray(values, dtype=np.float64) if not isinstance(values, np.ndarray) else values
+        v = np.asarray(values)
+        if not np.issubdtype(v.dtype, np.floating):  # cells without a token are NaN: integers cannot hold it
+            v = v.astype(np.float64)
         if v.shape[-1] != self.positions.size:
             raise ArgumentError(f"values: last axis {v.shape[-1]} != {self.positions.size} image tokens")
         out = {}

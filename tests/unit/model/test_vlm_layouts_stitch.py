@@ -44,6 +44,12 @@ def test_batched_values_and_missing_cells():
         lay.on_image([1.0, 2.0, 3.0], (0, 4))
 
 
+def test_integer_values_become_floats_so_missing_cells_are_nan():
+    sparse = _layout([Tile("t", (1, 2))], [(0, 0, 1)])
+    assert np.isnan(sparse.grid_values(np.array([3]))["t"][0, 0])
+    assert sparse.on_image(np.array([3]), (1, 2))["t"].tolist() == [[pytest.approx(np.nan, nan_ok=True), 3.0]]
+
+
 def test_image_positions():
     assert image_positions(np.array([1, 7, 7, 2, 7]), 7).tolist() == [1, 2, 4]
     with pytest.raises(ArgumentError, match="input_ids"):
