@@ -216,6 +216,7 @@ PARTS: tuple[tuple[str, str, Callable[[], str]], ...] = (
     ("docs/paper_cards.md", "weightings", weightings_list),
     ("docs/extending.md", "weightings", weightings_table),
     ("docs/extending.md", "rules", rules_table),
+    ("docs/api.md", "rules", rules_table),
     ("docs/extending.md", "metrics", metrics_table),
     ("docs/extending.md", "trace-kinds", trace_kinds_list),
     ("docs/evaluation.md", "metrics", metrics_table),
