@@ -9,7 +9,7 @@ the end of the canvas draw (``data-last-paint-latency-ms``, the same hook as the
 
 Run:  ``python -m benchmarks.export_html [--quick] [--out benchmarks/EXPORT_HTML.json]``
 (``--quick``: shapes-vit and the repaint only; an existing ``--out`` keeps its ViT-B/16 sizes, with their
-date). The README's export section is written from the JSON by ``--readme``.
+date). The export section of ``docs/performance.md`` is written from the JSON by ``--readme``.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
     result = json.loads(Path(args.out).read_text())
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "performance.md"  # the README links to this page
     text = readme.read_text()
     if README_START in text:
         head, rest = text.split(README_START, 1)

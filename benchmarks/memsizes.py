@@ -4,8 +4,8 @@ five held-out ones (other target counts, float16 storage, one layer and site, ot
 ones (ViT-S/16 top3, ViT-Ti/16 at 384 px top10: the array pass float16 storage takes), and a hierarchical
 Swin-T at 224 px, random-init timm models (no download), each in three fresh processes one after the other (the
 median peak; :data:`RUNS`), and the model's forward pass alone beside it. Writes
-``benchmarks/MEMORY.json`` and, with ``--readme``, the README table between ``<!-- memory:start -->`` and
-``<!-- memory:end -->``.
+``benchmarks/MEMORY.json`` and, with ``--readme``, the table of ``docs/performance.md`` between
+``<!-- memory:start -->`` and ``<!-- memory:end -->``.
 
 Usage::
 
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_forward(args.case) if args.forward else measure(args.case)))
         return 0
     if args.readme:
-        readme = ROOT / "README.md"
+        readme = ROOT / "docs" / "performance.md"  # the README links to this page
         text = readme.read_text()
         body = table(json.loads(OUT.read_text()))
         modes = ROOT / "benchmarks" / "MEMORY_MODES.json"

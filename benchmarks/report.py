@@ -330,7 +330,7 @@ def readme_table(results: dict) -> str:
              "Ratios are medians of per-round ratios from interleaved runs in one process; the CPU-time column "
              "shows what a busy machine does to the wall time. Reproduce with "
              f"`{results['command']}`; details, peers (pytorch-grad-cam, torchcam) and the memory figures are in "
-             "[benchmarks/RESULTS.md](benchmarks/RESULTS.md)."]
+             "`benchmarks/RESULTS.md`."]
     if results["quick"]:
         lines.append("")
         lines.append("(from a `--quick` run: a tiny model and few repeats; these numbers are not claims)")

@@ -11,8 +11,8 @@ run, and the cost of switching weightings once the scores are in the trace (issu
 2. After scoring, ``vc.cam`` of each of the 8 gradient weightings and of Score-CAM on that trace (median of
    ``--cam-repeats``): switching to Score-CAM costs what one ``vc.cam`` costs.
 
-Writes ``benchmarks/SCORED.json`` and, with ``--readme``, the README section between ``<!-- scored:start -->`` and
-``<!-- scored:end -->`` from that JSON (numbers are never typed by hand).
+Writes ``benchmarks/SCORED.json`` and, with ``--readme``, the section of ``docs/performance.md`` between
+``<!-- scored:start -->`` and ``<!-- scored:end -->`` from that JSON (numbers are never typed by hand).
 
 Example:
     >>> parse(["--img-size", "96"]).img_size

@@ -1,4 +1,5 @@
-"""Write the README's "which metrics agree" table from the known-answer score card, between
+"""Write the "which metrics agree" table of ``docs/known_answer.md`` (linked from the README) from the
+known-answer score card, between
 ``<!-- metric-agreement:start -->`` and ``<!-- metric-agreement:end -->``; nothing outside the markers is touched.
 
 Usage::
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=ROOT / "reports" / "known_answer")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "known_answer.md")
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
     settings = json.loads((args.dir / "scorecard.json").read_text())

@@ -1,9 +1,9 @@
-"""Write the trace-schema table of ``docs/architecture.md`` from ``vitcam_nb/core/schema.py``, between
+"""Write the trace-schema table of ``docs/reference.md`` from ``vitcam_nb/core/schema.py``, between
 ``<!-- schema:start -->`` and ``<!-- schema:end -->``; nothing outside the markers is touched.
 
 Usage::
 
-    python scripts/schema_table.py                 # rewrite docs/architecture.md
+    python scripts/schema_table.py                 # rewrite docs/reference.md
     python scripts/schema_table.py --check         # exit 1 if it is not up to date
 """
 
@@ -31,9 +31,9 @@ def with_table(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite (or ``--check``) the table in ``--docs`` (default docs/architecture.md)."""
+    """Rewrite (or ``--check``) the table in ``--docs`` (default docs/reference.md)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "architecture.md")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "reference.md")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     text = args.docs.read_text()

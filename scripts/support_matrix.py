@@ -1,19 +1,21 @@
-"""Build the README's support matrix (model family x site F1..F6) from the reference tests.
+"""Measure the support matrix (tested configuration x site F1..F6) by running the families' reference tests.
 
 Usage::
 
-    python scripts/support_matrix.py [--readme README.md]
+    python scripts/support_matrix.py [--json docs/support_matrix.json]
 
 Runs ``test_site_reference`` and ``test_site_not_applicable`` of the family test files that exist (``ids``
 are ``"<family>-<site>"``, one family per matrix row), reads pytest's JUnit XML and renders one cell per
 (family, site): ✓ the trace matches the autograd reference, n/a the family has no such site and asking for it
-is refused, ✗ a test failed, blank not tested (no test, or skipped). With ``--readme`` the table is written
-between ``<!-- support-matrix:start -->`` and ``<!-- support-matrix:end -->``.
+is refused, ✗ a test failed, blank not tested (no test, or skipped). The cells are written to
+``docs/support_matrix.json`` (the measured data), then ``scripts/generate.py`` renders the table into
+``docs/models.md`` with the registered families beside it (the docs build runs it too).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -29,7 +31,7 @@ TEST_FILES = ("tests/unit/model/test_adapters.py", "tests/unit/model/test_swin.p
               "tests/unit/model/test_yolos.py", "tests/unit/model/test_owl.py")
 SITES = ("F1", "F2", "F3", "F4", "F5", "F6")
 KINDS = {"test_site_reference": "✓", "test_site_not_applicable": "n/a"}
-START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
+JSON = ROOT / "docs" / "support_matrix.json"
 _CASE = re.compile(r"^(test_site_reference|test_site_not_applicable)\[(.+)-(F[1-6])\]$")
 
 
@@ -86,34 +88,31 @@ def to_markdown(matrix: dict[str, dict[str, str]]) -> str:
     for family, row in matrix.items():
         lines.append(f"| `{family}` | " + " | ".join(row.get(s, "") for s in SITES) + " |")
     lines += ["", "✓ stored activations and gradients match a hand-written autograd reference (relative error "
-              "≤ 1e-5) · n/a the family has no such site and tracing it is refused · ✗ failing · blank: not tested. "
-              "Written by `python scripts/support_matrix.py --readme README.md`."]
+              "≤ 1e-5) · n/a the family has no such site and tracing it is refused · ✗ failing · blank: not tested."]
     return "\n".join(lines)
 
 
-def write_readme(path: Path, table: str) -> None:
-    """Replace the text between the support-matrix markers of ``path`` with ``table``.
+def write_json(path: Path, matrix: dict[str, dict[str, str]]) -> None:
+    """Write the measured cells to ``path`` (the file ``scripts/generate.py`` renders the table from).
 
     Example:
-        >>> write_readme(Path("README.md"), "| family |")  # doctest: +SKIP
+        >>> write_json(Path("/tmp/m.json"), {"beit": {"F1": "✓"}}); json.loads(Path("/tmp/m.json").read_text())["rows"]
+        {'beit': {'F1': '✓'}}
     """
-    text = path.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{path} has no {START} ... {END} markers")
-    head, rest = text.split(START, 1)
-    path.write_text(head + START + "\n" + table.strip() + "\n" + END + rest.split(END, 1)[1])
+    about = json.loads(JSON.read_text(encoding="utf-8"))["about"] if JSON.exists() else ""
+    path.write_text(json.dumps({"about": about, "rows": matrix}, indent=2, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point: run the tests, print the table, optionally write it into the README.
+    """Command-line entry point: run the tests, print the table, write the cells and regenerate the docs.
 
     Example:
-        >>> main(["--readme", "README.md"])  # doctest: +SKIP
+        >>> main(["--json", "docs/support_matrix.json"])  # doctest: +SKIP
         0
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", default=None, help=f"also write the table into this file between {START} "
-                        f"and {END}")
+    parser.add_argument("--json", type=Path, default=JSON, help="where to write the measured cells")
     args = parser.parse_args(argv)
     files = [f for f in TEST_FILES if (ROOT / f).exists()]
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         matrix = parse_junit(junit.read_text())
     table = to_markdown(matrix)
     print(table)
-    if args.readme:
-        write_readme(Path(args.readme), table)
+    write_json(args.json, matrix)
+    if args.json.resolve() == JSON.resolve():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py")], cwd=ROOT, check=True)
     # failing cells are part of the table, not an error of this script
     return 0 if code in (0, 1) else code
 

@@ -1,11 +1,11 @@
-"""Write the README performance table from a benchmark JSON, between ``<!-- perf:start -->`` and
-``<!-- perf:end -->``; nothing outside the markers is touched.
+"""Write the performance table (``docs/performance.md``, which the README links to) from a benchmark JSON, between
+``<!-- perf:start -->`` and ``<!-- perf:end -->``; nothing outside the markers is touched.
 
 Usage::
 
-    python scripts/update_readme_perf.py                      # benchmarks/RESULTS.json -> README.md
-    python scripts/update_readme_perf.py --results benchmarks/results/latest.json --readme README.md
-    python scripts/update_readme_perf.py --check              # exit 1 if README.md is not up to date
+    python scripts/update_readme_perf.py                      # benchmarks/RESULTS.json -> docs/performance.md
+    python scripts/update_readme_perf.py --results benchmarks/results/latest.json --readme docs/performance.md
+    python scripts/update_readme_perf.py --check              # exit 1 if docs/performance.md is not up to date
 
 Below the table, lines compare the gallery with the peers' one-pass galleries and give the trace's page faults
 (from the same results). Next to the results file, ``TRACE_MANY.json``, ``AGAINST.json``, ``LOAD.json``,
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     """Update (or, with ``--check``, verify) the README's performance section; returns the exit status."""
     p = argparse.ArgumentParser(prog="python scripts/update_readme_perf.py", description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.json")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "performance.md")
     p.add_argument("--check", action="store_true", help="do not write; exit 1 if the README is out of date")
     args = p.parse_args(argv)
     if not args.results.is_file():

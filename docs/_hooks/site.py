@@ -1,4 +1,5 @@
-"""MkDocs hooks of the documentation site (``mkdocs.yml``): the tutorial notebooks, which live in ``notebooks/``
+"""MkDocs hooks of the documentation site (``mkdocs.yml``): the generated lists are rewritten from the registries
+(``scripts/generate.py``) before the build reads the pages; the tutorial notebooks, which live in ``notebooks/``
 outside ``docs/``, become pages; and when ``vitcam_nb.export_html`` exists a page embeds an Explorer exported
 from a trace of the bundled shapes-vit model. Without it the page is left out, with no placeholder.
 
@@ -75,6 +76,17 @@ def _export_html() -> Any:
     import vitcam_nb
 
     return getattr(vitcam_nb, "export_html", None)
+
+
+def on_pre_build(config: Any) -> None:
+    """Regenerate every list of registered things (``scripts/generate.py``: the paper-card schema's enums, the
+    docs tables, the README's family list) before the pages are read, so the site shows the registries as they
+    are; a changed file is logged (commit it: a test compares the committed copies with the registries)."""
+    spec = importlib.util.spec_from_file_location("vitcam_docs_generate", ROOT / "scripts" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for rel in module.write():
+        log.info("generated lists: rewrote %s from the registries", rel)
 
 
 def on_config(config: Any) -> Any:

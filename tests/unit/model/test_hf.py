@@ -5,7 +5,7 @@ the model, sets the eager attention with transformers' own ``set_attn_implementa
 below (read from transformers' source: ``ViTLayer.forward`` and friends) with ``retain_grad()`` and runs one fresh
 forward + ``backward()`` per target scalar. Values are compared by coordinate label.
 
-Naming convention (scripts/support_matrix.py builds the README support matrix from it): ``test_site_reference``
+Naming convention (scripts/support_matrix.py measures the support matrix from it): ``test_site_reference``
 ids are ``"<family>-<site>"``.
 """
 

@@ -6,7 +6,7 @@ The reference never calls vitcam_nb: it deep-copies the model, sets the eager at
 ``retain_grad()`` and runs one fresh forward + ``backward()`` of the region sum of the class's logits (or the
 expected region score). The Grad-CAM reference is written out with torch ops.
 
-Naming convention (scripts/support_matrix.py builds the README support matrix from it): ``test_site_reference``
+Naming convention (scripts/support_matrix.py measures the support matrix from it): ``test_site_reference``
 ids are ``"hf_dpt-<site>"``.
 """
 
