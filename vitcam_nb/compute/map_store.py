@@ -165,7 +165,11 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
     ``vc.cam(ds, recipe)`` gives every image's map (read now, image by image: (image, y, x)),
     ``vc.cam(vc.image_maps(ds, i), recipe)`` one image's, both exactly as ``vc.cam`` gives them on the image's
     trace. A store still being written (or interrupted) is refused
-    unless ``incomplete=True`` (then only the images marked done are opened).
+    unless ``incomplete=True`` (then only the images marked done are opened). A recipe is read under any spelling
+    of a stored one (its canonical form on the store's model: ``layer=5`` of a 6-block model reads the stored
+    ``layer=-1``). Every image read is checked against the checksums written with it: a chunk changed on disk is
+    refused naming the store, the image and the array. A store written before checksums (0.3.0 or earlier) opens
+    with a warning, and ``attrs["checksums"]`` says its maps are unverified.
 
     Example:
         >>> ds = open_maps("maps.zarr")  # doctest: +SKIP

@@ -41,7 +41,7 @@ def blocks(recipe: Recipe, n_layers: int) -> tuple[int, ...]:
     order it names them; a layer that is no block of that model is refused, naming it.
 
     Example:
-        >>> blocks(Recipe(layer=(-1, 0), layer_fusion="mean"), 6), blocks(Recipe(layer="all"), 3)
+        >>> blocks(Recipe(layer=(-1, 0), layer_fusion="mean"), 6), blocks(Recipe(layer="all", layer_fusion="mean"), 3)
         ((5, 0), (0, 1, 2))
     """
     if recipe.layer == "all":
@@ -152,7 +152,12 @@ def read_table(ds: xr.Dataset, where: str) -> list[dict]:
 @dataclass(frozen=True)
 class Found:
     """A recipe found in a store: its row's position and the row; ``recipe`` the stored recipe at the upsampling
-    asked for (what the values are replayed with); ``layers`` the blocks the recipe asked for reads."""
+    asked for (what the values are replayed with); ``layers`` the blocks the recipe asked for reads.
+
+    Example:
+        >>> Found(0, {"text": "F1@-1 ..."}, Recipe(), [5]).layers
+        [5]
+    """
 
     pos: int
     row: dict
