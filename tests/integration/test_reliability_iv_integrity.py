@@ -168,10 +168,13 @@ def test_a_recipe_table_whose_json_was_swapped_is_refused_at_open(tmp_path, stor
         vc.open_maps(path)
 
 
-def test_an_empty_recipe_table_is_refused_at_open_with_the_path(tmp_path, store):
+@pytest.mark.parametrize(("table", "problem"), [("[]", "its recipe table is empty"),
+                                                ([], "its attribute 'recipes' is not the recipe table"),
+                                                ({"key": 1}, "its attribute 'recipes' is not the recipe table")])
+def test_an_empty_recipe_table_is_refused_at_open_with_the_path(tmp_path, store, table, problem):
     path = _copy(store, tmp_path)
-    _edit_attrs(path, lambda a: a.__setitem__("recipes", "[]"))
-    with pytest.raises(vc.TraceFileError, match=rf"^path: {path} is a damaged map store: its recipe table is empty"):
+    _edit_attrs(path, lambda a: a.__setitem__("recipes", table))
+    with pytest.raises(vc.TraceFileError, match=rf"^path: {path} is a damaged map store: {problem}"):
         vc.open_maps(path)
 
 

@@ -80,7 +80,7 @@ class _Table:
 
 
 @functools.lru_cache(maxsize=16)
-def _parse(text: Any, n: int) -> _Table | str:
+def _parse(text: str, n: int) -> _Table | str:
     """The table ``text`` of a store of ``n`` blocks, or what is wrong with it (cached: a table is checked once per
     process, however many images are read)."""
     try:
@@ -130,8 +130,11 @@ def _parse(text: Any, n: int) -> _Table | str:
 def _table(ds: xr.Dataset, where: str) -> _Table:
     problem = "its attribute 'num_layers' is not the block count vc.map_many writes"
     n = ds.attrs.get("num_layers")
-    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-        problem = _parse(ds.attrs.get("recipes"), n)
+    text = ds.attrs.get("recipes")
+    if not isinstance(text, str):  # a list or dict edited in (unhashable for the cache): no table vc.map_many writes
+        problem = "its attribute 'recipes' is not the recipe table vc.map_many writes"
+    elif isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        problem = _parse(text, n)
         if isinstance(problem, _Table):
             return problem
     raise TraceFileError(f"path: {where} is a damaged map store: {problem}; {_AGAIN}")
