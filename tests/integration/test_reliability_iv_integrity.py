@@ -75,7 +75,7 @@ def test_a_maps_chunk_changed_on_disk_is_refused_never_read_as_another_map(tmp_p
             vc.cam(vc.image_maps(vc.open_maps(path), 0), STORED[0])
         if decoded is not None:  # the refusal names the array the checksum caught
             with pytest.raises(vc.TraceFileError, match=rf"^path: {path} is damaged: image 0's array 'maps' no "
-                                                        "longer match the checksum written with them"):
+                                                        "longer matches the checksum written with it"):
                 vc.cam(vc.open_maps(path), STORED[1])  # every image's map: image 0 refuses it
     assert len(silent) > 5  # the case checksums exist for is exercised
     for damage in (lambda f: f.unlink(), lambda f: f.write_bytes(original[: len(original) // 2]),

@@ -103,6 +103,8 @@ def verify_image(one: xr.Dataset, where: str, i: int) -> None:
            if k not in one.variables or array_digest(np.asarray(one[k].values)) != digest]
     if bad:
         names = ", ".join(repr(k) for k in bad)
-        raise TraceFileError(f"path: {where} is damaged: image {i}'s array{'s' if len(bad) > 1 else ''} {names} "
-                             "no longer match the checksum written with them (a chunk was changed on disk, deleted "
-                             f"or truncated), so no map of that image is read; {again}")
+        several = len(bad) > 1
+        raise TraceFileError(f"path: {where} is damaged: image {i}'s array{'s' if several else ''} {names} no longer "
+                             f"match{'' if several else 'es'} the checksum written with {'them' if several else 'it'} "
+                             f"(a chunk was changed on disk, deleted or truncated), so no map of that image is read; "
+                             f"{again}")
