@@ -50,14 +50,14 @@ from vitcam_nb.capture.store_targets import (
 from vitcam_nb.capture.trace_shard import TraceSharder
 from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.core.arguments import as_flag, as_store_path
-from vitcam_nb.core.errors import TraceError, TraceFileError
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError, TraceFileError
 from vitcam_nb.core.provenance import array_sha256, settings_id, weights_sha256
 from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, STORE_VERSION
 from vitcam_nb.preprocess import PreparedInput, data_config
 from vitcam_nb.targets.classes import ClassTargets, head_size
 from vitcam_nb.targets.detection import Detection
 
-__all__ = ["clip_list", "image_count", "store_settings", "trace_many"]
+__all__ = ["check_worker_model", "clip_list", "image_count", "store_settings", "trace_many"]
 
 
 def _trace_batch(plan: TracePlan, prepared: list[PreparedInput]) -> list[xr.Dataset]:
@@ -78,6 +78,21 @@ def _trace_each(plan: TracePlan, targets: list[Detection], indices: list[int], p
         run = run_pass(one, p.tensor)
         per.append(assemble(one, p, run.image(0), run))
     return per
+
+
+def check_worker_model(worker_model: Any) -> None:
+    """Refuse, before any work, a ``worker_model`` that is not None or a ``{"timm": name, **kwargs}`` dict (it is
+    used only with a dask.distributed Client, but a wrong one is wrong with or without).
+
+    Example:
+        >>> check_worker_model({"timm": "vit_tiny_patch16_224"}), check_worker_model(None)
+        (None, None)
+    """
+    if worker_model is None:
+        return
+    if not isinstance(worker_model, dict) or not isinstance(worker_model.get("timm"), str):
+        raise ArgumentTypeError(f"worker_model: expected None or a dict {{'timm': a timm model name, **its "
+                                f"create_model kwargs}}, got {worker_model!r:.80}")
 
 
 def image_count(images: Any) -> int | None:
@@ -239,6 +254,7 @@ def trace_many(
     path = as_store_path(path, "a trace_many store")
     overwrite, verify, progress = (as_flag(n, v) for n, v in (("overwrite", overwrite), ("verify", verify),
                                                               ("progress", progress)))
+    check_worker_model(worker_model)
     dets = detection_targets(targets, image_count(images))
     plan_args = dict(sites=sites, layers=layers, dtype=dtype, device=device, labels=labels, rule=rule)
     plan = detection_plan(model, dets, **plan_args) if dets else TracePlan.for_store(model, targets, **plan_args)

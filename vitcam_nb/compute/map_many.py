@@ -34,7 +34,7 @@ from vitcam_nb.capture.store_files import check_no_foreign, check_writable, disk
 from vitcam_nb.capture.store_lock import StoreLock
 from vitcam_nb.capture.store_replace import replace_store, tree_bytes
 from vitcam_nb.capture.store_targets import detection_plan, detection_targets, image_target
-from vitcam_nb.capture.trace_many import clip_list, image_count, store_settings
+from vitcam_nb.capture.trace_many import check_worker_model, clip_list, image_count, store_settings
 from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan_entries
 from vitcam_nb.compute.map_sizes import check_sizes, check_table, recipe_row
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
@@ -202,6 +202,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                                                               ("progress", progress)))
     if backend not in BACKENDS:
         raise TraceError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
+    check_worker_model(worker_model)
     recipes = as_recipes(recipes_or_space)
     if backend == "torch":
         torch_refusals(recipes)

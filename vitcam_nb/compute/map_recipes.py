@@ -28,6 +28,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.store_targets import IMAGE_TARGET_ATTRS
 from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
+from vitcam_nb.compute.map_table import blocks as _blocks
 from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.video import stacked_frames
@@ -106,18 +107,6 @@ class Entry:
     rollout: bool
     part: tuple[int, int] | None
     slot: tuple[int, int]
-
-
-def _blocks(recipe: Recipe, n_layers: int) -> tuple[int, ...]:
-    if recipe.layer == "all":
-        return tuple(range(n_layers))
-    out = []
-    for v in recipe.layer if isinstance(recipe.layer, tuple) else (recipe.layer,):
-        if isinstance(v, str) or not -n_layers <= v < n_layers:
-            raise RecipeError(f"recipe {recipe.to_string()}: layer {v!r} is not a block of this model "
-                              f"(allowed -{n_layers}..{n_layers - 1})")
-        out.append(int(v) % n_layers)
-    return tuple(out)
 
 
 def plan_entries(recipes: list[Recipe], n_layers: int, sites: Sequence[str], targets: Any

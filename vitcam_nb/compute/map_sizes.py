@@ -18,6 +18,7 @@ from pathlib import Path
 
 from vitcam_nb.capture.budget import available_bytes
 from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.compute.map_checksum import CHECKSUM_BYTES
 from vitcam_nb.compute.map_recipes import Entry
 from vitcam_nb.core.errors import TraceError, TraceFileError
 from vitcam_nb.core.recipe import Recipe
@@ -99,6 +100,7 @@ def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | No
                          "recipes or a smaller batch_size" + (", or raise max_bytes" if max_bytes is not None else ""))
     free = shutil.disk_usage(parent).free + replaced
     fixed = table_bytes(entries) + _files_bytes(n or batch, batch, parent)
+    per_image += CHECKSUM_BYTES  # on disk, each image's checksums too
     if n is not None and per_image * n + fixed > free:
         raise TraceFileError(f"recipes_or_space: {len(entries)} recipes over {n} images make a store of about "
                              f"{(per_image * n + fixed) / 1e6:.2f} MB ({per_image / 1e3:.1f} kB per image, "

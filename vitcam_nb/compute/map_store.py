@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,16 @@ import xarray as xr
 
 from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
+from vitcam_nb.compute.map_checksum import CHECKSUM_VAR, CHECKSUMS_ATTR, UNVERIFIED, VERIFIED, verify_image
+from vitcam_nb.compute.map_table import Found, find, read_table
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.video import VIDEO, upsample_clip
+from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, RecipeError, TraceError, TraceFileError
+from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, TraceError, TraceFileError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import MAPS_STORE_KIND
@@ -51,7 +55,6 @@ MAPS_STORE_VERSION = 1
 #: ``token_kind``) a map is read from.
 _NEEDED_ATTRS = ("recipes", "num_layers", "img_height", "img_width", "pad", "trace_attrs")
 _NEEDED_VARS = ("maps", "part_reason", "degenerate", "scale", "trace_id", "provenance", "token_kind", "done")
-_RECIPE_KEYS = ("key", "text", "layers", "rollout", "part", "slot")
 
 
 def is_map_store(ds: object) -> bool:
@@ -82,52 +85,6 @@ def replay(parts: np.ndarray, reasons: Sequence[str], layer_ids: list[int], reci
                        recipe)
 
 
-def _key(recipe: Recipe) -> str:
-    """What identifies a stored map: the recipe but its upsampling, which is applied on read."""
-    return recipe.replace(upsample="none").id
-
-
-def _store_info(ds: xr.Dataset) -> tuple[list[dict], dict[str, int]]:
-    """The recipes' table (stored as JSON) and the position of each recipe by its key."""
-    info = json.loads(ds.attrs["recipes"])
-    index: dict[str, int] = {}
-    for i, r in enumerate(info):
-        index.setdefault(r["key"], i)
-    return info, index
-
-
-def _position(ds: xr.Dataset, recipe: Recipe) -> tuple[int, dict]:
-    """Which stored recipe ``recipe`` reads (any upsampling of it; a relative layer names the stored absolute
-    one); a recipe the store lacks is refused, naming it."""
-    if not isinstance(recipe, Recipe):
-        raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
-    info, index = _store_info(ds)
-    keys = [_key(recipe)]
-    try:
-        keys.append(_key(_resolve(recipe, int(ds.attrs["num_layers"]))))
-    except RecipeError:
-        pass
-    for key in keys:
-        if key in index:
-            return index[key], info[index[key]]
-    shown = ", ".join(r["text"] for r in info[:3]) + (" ..." if len(info) > 3 else "")
-    raise RecipeError(f"recipe: {recipe.to_string()} (id {recipe.id}) is not in this map store ({len(info)} recipes: "
-                      f"{shown}); compute it with vc.map_many, or vc.cam on a trace")
-
-
-def _resolve(recipe: Recipe, n: int) -> Recipe:
-    def absolute(v: Any) -> int:
-        if isinstance(v, str) or not -n <= v < n:
-            raise RecipeError(f"layer: {v!r} is not a block of this model (allowed -{n}..{n - 1})")
-        return int(v) % n
-
-    if recipe.layer == "all":
-        return recipe
-    if isinstance(recipe.layer, tuple):
-        return recipe.replace(layer=tuple(absolute(v) for v in recipe.layer))
-    return recipe.replace(layer=absolute(recipe.layer))
-
-
 def report_trace(one: xr.Dataset, layers: Sequence[int] | None = None) -> xr.Dataset:
     """What a recipe's checklist and methods are written from: the trace's attributes (those of the image's pass)
     and its token kinds, as on the image's trace, and the blocks the recipe's map is of (``layers``).
@@ -156,7 +113,10 @@ def report_of(trace_attrs: dict, provenance: str, token_kind: Any, layers: Seque
     return xr.Dataset(coords=coords, attrs={**trace_attrs, **json.loads(provenance)})
 
 
-def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:
+def _values(one: xr.Dataset, found: Found) -> MapValues:
+    """The map of the stored recipe ``found`` names (at the upsampling asked for), replayed from its stored parts:
+    the values ``vc.cam`` gives on the trace for that recipe and for every spelling of the same map."""
+    pos, info, recipe = found.pos, found.row, found.recipe
     if info["part"] is None:
         parts = np.asarray(one["maps"].values[pos])[None]
     else:
@@ -182,11 +142,11 @@ def _values(one: xr.Dataset, pos: int, recipe: Recipe, info: dict) -> MapValues:
 
 
 def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray:
-    pos, info = _position(one, recipe)
-    values, notes, partial = _values(one, pos, recipe, info)
+    found = find(one, recipe)
+    values, notes, partial = _values(one, found)
     reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
-    blocks = {"blocks": ",".join(str(v) for v in info["layers"]), "blocks_of": str(one.attrs["num_layers"])}
-    report = report_trace(one, info["layers"])
+    blocks = {"blocks": ",".join(str(v) for v in found.layers), "blocks_of": str(one.attrs["num_layers"])}
+    report = report_trace(one, found.layers)
     if "grid_t" not in one.attrs:
         checklist, methods = cached_report(recipe, report)
         return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
@@ -205,7 +165,11 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
     ``vc.cam(ds, recipe)`` gives every image's map (read now, image by image: (image, y, x)),
     ``vc.cam(vc.image_maps(ds, i), recipe)`` one image's, both exactly as ``vc.cam`` gives them on the image's
     trace. A store still being written (or interrupted) is refused
-    unless ``incomplete=True`` (then only the images marked done are opened).
+    unless ``incomplete=True`` (then only the images marked done are opened). A recipe is read under any spelling
+    of a stored one (its canonical form on the store's model: ``layer=5`` of a 6-block model reads the stored
+    ``layer=-1``). Every image read is checked against the checksums written with it: a chunk changed on disk is
+    refused naming the store, the image and the array. A store written before checksums (0.3.0 or earlier) opens
+    with a warning, and ``attrs["checksums"]`` says its maps are unverified.
 
     Example:
         >>> ds = open_maps("maps.zarr")  # doctest: +SKIP
@@ -213,6 +177,7 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
         ('image', 'recipe', 'gy', 'gx')
     """
     path = Path(path)
+    incomplete = as_flag("incomplete", incomplete)
     if not path.is_dir():
         raise TraceFileError(f"path: {path} is not a map store folder (vc.map_many writes one)")
     try:
@@ -226,6 +191,9 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
         raise TraceFileError(f"path: {path} has map store version {ds.attrs.get('store_version')}; this vitcam_nb "
                              f"reads {MAPS_STORE_VERSION}")
     _check_layout(path, ds)
+    if CHECKSUM_VAR not in ds.variables:  # a store written before checksums: read as before, said unverified
+        warnings.warn(f"path: {path} has no checksums ({UNVERIFIED})", UserWarning, stacklevel=2)
+        ds.attrs[CHECKSUMS_ATTR] = UNVERIFIED
     done = np.asarray(ds["done"].values, bool)
     if not incomplete and not (int(ds.attrs.get("complete", 0)) and done.all()):
         raise TraceFileError(f"path: {path} is incomplete ({int(done.sum())} of {done.size} images done); rerun "
@@ -247,14 +215,10 @@ def _check_layout(path: Path, ds: xr.Dataset) -> None:
             raise TraceFileError(f"path: {path} is a damaged map store: its attribute {name!r} is {value!r}, not the "
                                  "positive image size vc.map_many writes; compute it again with "
                                  "vc.map_many(..., overwrite=True)")
-    try:
-        table = json.loads(ds.attrs["recipes"])
-        ok = isinstance(table, list) and all(isinstance(r, dict) and all(k in r for k in _RECIPE_KEYS) for r in table)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise TraceFileError(f"path: {path} is a damaged map store: its attribute 'recipes' is not the recipe table "
-                             "vc.map_many writes; compute it again with vc.map_many(..., overwrite=True)")
+    read_table(ds, str(path))  # a table that is none, empty, or whose rows' ids are not their JSON's
+    if CHECKSUM_VAR not in ds.variables and ds.attrs.get(CHECKSUMS_ATTR) == VERIFIED:
+        raise TraceFileError(f"path: {path} is a damaged map store: it lacks the array {CHECKSUM_VAR!r} its "
+                             "attributes say it has; compute it again with vc.map_many(..., overwrite=True)")
 
 
 def _as_array(var: xr.Variable) -> xr.Variable | None:
@@ -283,6 +247,7 @@ def _load_image(ds: xr.Dataset, i: int) -> xr.Dataset:
                                  "of the store was deleted or never written); compute it again with vc.map_many")
         if fixed is not None:
             texts[name] = fixed
+    verify_image(one, where, i)  # before any text is rewritten: the values exactly as read
     one = one.assign_coords({k: v for k, v in texts.items() if k in one.coords})
     one = one.assign({k: v for k, v in texts.items() if k not in one.coords})
     if not str(one["trace_id"].values):
@@ -329,13 +294,12 @@ class MapsKind(TraceKind):
         if "image" in trace.dims:
             raise TraceError("trace: a map store has one map per image; use vc.cam(ds, recipe) for all of them, or "
                              "vc.image_maps(ds, i) for one")
-        pos, info = _position(trace, recipe)
-        return _values(trace, pos, recipe, info)
+        return _values(trace, find(trace, recipe))
 
     def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
         if "image" not in trace.dims:
             return _one_cam(trace, recipe)
-        _position(trace, recipe)  # a recipe the store lacks is refused before any image is read
+        find(trace, recipe)  # a recipe the store lacks is refused before any image is read
         per = [_one_cam(image_maps(trace, i), recipe, warn=False) for i in range(trace.sizes["image"])]
         if not per:
             raise TraceError("trace: the map store holds no finished images")
@@ -348,7 +312,7 @@ class MapsKind(TraceKind):
     def resolve(self, trace: xr.Dataset, recipe: Recipe) -> Recipe:
         # A store holds the maps it was asked for: a recipe vc.cam refuses here (not in the recipes' table) has no
         # id on it either (Recipe.canonical_id), whether the store is whole or one image of it.
-        _position(trace, recipe)
+        find(trace, recipe)
         return super().resolve(trace, recipe)
 
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
@@ -356,12 +320,12 @@ class MapsKind(TraceKind):
 
     def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
         first = _first(trace)
-        report = report_trace(first, _position(first, recipe)[1]["layers"])
+        report = report_trace(first, find(first, recipe).layers)
         return VIDEO.checklist(recipe, report) if "grid_t" in first.attrs else build_checklist(recipe, report)
 
     def describe(self, recipe: Recipe, trace: xr.Dataset) -> str:
         first = _first(trace)
-        report = report_trace(first, _position(first, recipe)[1]["layers"])
+        report = report_trace(first, find(first, recipe).layers)
         return VIDEO.describe(recipe, report) if "grid_t" in first.attrs else describe(recipe, report)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from vitcam_nb.compute.map_checksum import BIG_DIGESTS, CHECKSUM_VAR, CHECKSUMS_ATTR, VERIFIED, batch_digests
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
@@ -35,7 +36,7 @@ BIG = ("maps", "parts")
 #: cost about 0.2 s per batch to decode and encode again; 64 images cost 0.02 s.
 META_CHUNK = 1024
 META_CHUNK_VALUES = 32768
-_DIMS = {"maps": ("image", "recipe", "gy", "gx"), "parts": ("image", "part", "gy", "gx"),
+_DIMS = {"maps": ("image", "recipe", "gy", "gx"), "parts": ("image", "part", "gy", "gx"), CHECKSUM_VAR: ("image",),
          "part_reason": ("image", "slot"), "degenerate": ("image", "recipe"), "scale": ("image", "recipe"),
          "trace_id": ("image",), "input_sha256": ("image",), "provenance": ("image",), "label": ("image",),
          "source": ("image",), "target_class": ("image", "target"), "target_label": ("image", "target"),
@@ -112,7 +113,9 @@ def check_store(path: Path, settings: dict) -> None:
 
 
 def write_region(path: str, start: int, arrays: dict[str, np.ndarray]) -> None:
-    """Write a batch's ``maps`` and ``parts`` at images ``start``.. (the batch's own chunks).
+    """Write a batch's ``maps`` and ``parts`` at images ``start``.. (the batch's own chunks), and add to ``arrays``
+    each image's digests of what was written (``BIG_DIGESTS``), which the lock holder stores with the image's
+    facts (a worker returns them with the arrays it did not write).
 
     Example:
         >>> write_region("maps.zarr", 8, {"maps": np.zeros((8, 2, 4, 4), np.float32)})  # doctest: +SKIP
@@ -120,9 +123,12 @@ def write_region(path: str, start: int, arrays: dict[str, np.ndarray]) -> None:
     import zarr
 
     group = zarr.open_group(path, mode="r+")
+    written = {}
     for name in BIG:
         if name in arrays and name in group:
             group[name][start:start + len(arrays[name])] = arrays[name]
+            written[name] = group[name].dtype
+    arrays[BIG_DIGESTS] = batch_digests(arrays, written)
 
 
 def _coordinates(group: Any, attrs: dict, n: int) -> None:
@@ -170,10 +176,12 @@ class MapWriter:
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             group = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
-            group.attrs.update(attrs)
+            group.attrs.update({**attrs, CHECKSUMS_ATTR: VERIFIED})
             for name in _DIMS:
                 if name == "done":
                     value = np.zeros((1,), bool)
+                elif name == CHECKSUM_VAR:
+                    value = np.array([""], object)
                 elif name == "parts" and first["parts"].shape[1] == 0:
                     continue
                 else:
@@ -221,11 +229,20 @@ class MapWriter:
             self.hashes = np.concatenate([self.hashes, np.full(n - len(self.hashes), "", object)])
 
     def write_meta(self, start: int, arrays: dict[str, np.ndarray]) -> None:
-        """Write a batch's per-image facts, then mark its images done."""
+        """Write a batch's per-image facts and each image's checksum (a store written before checksums has none),
+        then mark its images done."""
         stop = start + len(arrays["trace_id"])
         for name, value in arrays.items():
-            if name not in BIG and name in self.arrays:
+            if name not in BIG and name != CHECKSUM_VAR and name in self.arrays:
                 self.arrays[name][start:stop] = value
+        if CHECKSUM_VAR in self.arrays:
+            big = arrays.get(BIG_DIGESTS) or batch_digests(arrays, {k: self.arrays[k].dtype for k in BIG
+                                                                   if k in self.arrays})
+            if not big or "maps" not in big[0]:  # never mark maps verified that no digest covers
+                raise TraceFileError(f"path: {self.path}: a batch's maps reached the writer without their digests")
+            meta = batch_digests(arrays, {k: a.dtype for k, a in self.arrays.items() if k not in BIG})
+            sums = [json.dumps({**b, **m}, sort_keys=True, separators=(",", ":")) for b, m in zip(big, meta)]
+            self.arrays[CHECKSUM_VAR][start:stop] = np.asarray(sums, dtype=object)
         self.arrays["done"][start:stop] = True
         self.done[start:stop] = True
         self.hashes[start:stop] = arrays["input_sha256"]
