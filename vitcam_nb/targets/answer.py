@@ -61,12 +61,12 @@ class AnswerTarget(Target):
                             "log-softmax over the vocabulary)")
 
     def check(self, model: torch.nn.Module) -> None:
+        vlm_family_of(model)  # a classifier, or a known VLM family not read yet, is refused by name
         vocab = int(getattr(model.config, "text_config", model.config).vocab_size)
         seq = self.sequence
         if int(seq.max()) >= vocab or int(seq.min()) < 0:
             raise TraceError(f"input_ids: token ids must lie in 0..{vocab - 1} (the LM's vocabulary), got ids "
                              f"{int(seq.min())}..{int(seq.max())}")
-        vlm_family_of(model)  # a known VLM family not read yet is refused by name
         self.layout_text = HfVlmAdapter().layout(model, self.sequence.numpy()).description
         if int(image_token_id(model)) in {int(i) for i in self.answer_ids}:
             raise TraceError("answer_ids: holds the image placeholder token; the answer must be text")
