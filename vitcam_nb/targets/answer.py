@@ -67,9 +67,9 @@ class AnswerTarget(Target):
         if int(seq.max()) >= vocab or int(seq.min()) < 0:
             raise TraceError(f"input_ids: token ids must lie in 0..{vocab - 1} (the LM's vocabulary), got ids "
                              f"{int(seq.min())}..{int(seq.max())}")
-        self.layout_text = HfVlmAdapter().layout(model, self.sequence.numpy()).description
         if int(image_token_id(model)) in {int(i) for i in self.answer_ids}:
             raise TraceError("answer_ids: holds the image placeholder token; the answer must be text")
+        self.layout_text = HfVlmAdapter().layout(model, self.sequence.numpy()).description
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         seq = self.sequence[None].to(x.device)
