@@ -27,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.targets.answer import AnswerTarget, answer, generated
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.blip_matching import ItmTarget, itm
 from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
@@ -38,6 +37,7 @@ from vitcam_nb.targets.detection import Detection, detection
 from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 from vitcam_nb.targets.layerwise import Layerwise, layerwise
 from vitcam_nb.targets.segmentation import SegmentationLoss, segmentation_loss
+from vitcam_nb.targets.vlm_answer import AnswerTarget, answer, generated
 
 __all__ = ["AnswerTarget", "answer", "generated"]
 __all__ += ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget", "Layerwise", "Region",
