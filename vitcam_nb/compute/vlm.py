@@ -120,7 +120,9 @@ def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
         rows, _ = _answer_rows(trace, recipe)
         A = act[layers][..., rows, :].astype(np.float32, copy=False).mean(axis=-2)  # (L, H, K)
         G = combine(grad, weights, (layers,))[..., rows, :].mean(axis=-2)
-        A, G = np.swapaxes(A, -1, -2), np.swapaxes(G, -1, -2)  # (L, K, H): heads are the channels
+        # (L, K, H): heads are the channels; contiguous, so the sums run in one order whatever the stored arrays'
+        # alignment (a loaded trace then gives the bitwise same map)
+        A, G = np.ascontiguousarray(np.swapaxes(A, -1, -2)), np.ascontiguousarray(np.swapaxes(G, -1, -2))
         groups = A.shape[-1]
     else:
         A = act[layers].astype(np.float32, copy=False)

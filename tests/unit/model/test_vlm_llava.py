@@ -276,3 +276,27 @@ def test_answer_target_on_a_classifier_is_refused():
     m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
     with pytest.raises(vc.ArgumentTypeError, match="not a generative VLM"):
         vc.trace(m, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
+
+
+# --------------------------------------------------------------------------------------------------
+# storage
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_saved_trace_gives_the_same_lm_maps(trace, tmp_path, suffix):
+    back = vc.load(vc.save(trace, tmp_path / f"llava{suffix}"))
+    assert back["lm_resid"].attrs["layout"] == trace["lm_resid"].attrs["layout"]
+    for r in (vc.Recipe(site="lm_resid", layer=-1, class_=0), vc.Recipe(site="projector", class_=2, relu="none"),
+              vc.Recipe(site="lm_attn", layer=0, class_=1, relu="none"),
+              vc.Recipe(site="lm_attn", layer=1, class_=3, weighting="layercam", heads="mean_then_relu")):
+        a, b = vc.cam(trace, r), vc.cam(back, r)
+        np.testing.assert_array_equal(b.values, a.values, err_msg=r.id)
+        assert a.attrs["checklist"] == b.attrs["checklist"]
+
+
+def test_float16_trace_gives_close_lm_maps(llava, trace):
+    half = vc.trace(llava, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER),
+                    sites=list(LM), dtype="float16")
+    assert half["lm_resid_grad"].dtype == np.float16
+    r = vc.Recipe(site="lm_resid", layer=-1, class_=0)
+    np.testing.assert_allclose(vc.cam(half, r).values, vc.cam(trace, r).values, atol=2e-2)
