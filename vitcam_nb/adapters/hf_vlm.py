@@ -26,8 +26,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,8 +41,9 @@ from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "VLM_FAMILIES", "VlmFamily", "llava_layout",
            "vlm_family_of"]
 
-#: A family's layout function: (model, full sequence ids (L,), tower patch grid (rows, cols)) -> layout.
-LayoutFn = Callable[[torch.nn.Module, np.ndarray, tuple[int, int]], ImageTokenLayout]
+#: A family's layout function: (model, full sequence ids (L,), tower patch grid (rows, cols), the target's extra
+#: forward arguments such as ``image_sizes`` or ``image_grid_thw``) -> layout.
+LayoutFn = Callable[[torch.nn.Module, np.ndarray, tuple[int, int], Mapping[str, Any]], ImageTokenLayout]
 
 LM_SITES = ("projector", "lm_resid", "lm_attn")
 
@@ -88,22 +90,24 @@ def image_token_id(model: torch.nn.Module) -> int:
     return int(value)
 
 
-def unused_tower_layers(model: torch.nn.Module, n_layers: int) -> list[int]:
-    """Tower layers above the highest ``vision_feature_layer`` LLaVA reads: the LM never sees their output.
+def unused_tower_layers(model: torch.nn.Module, n_layers: int, chosen: Any = None) -> list[int]:
+    """Tower layers above the highest ``vision_feature_layer`` LLaVA reads (``chosen``, else the config's): the
+    LM never sees their output.
 
     Example:
         >>> class M(torch.nn.Module): config = type("C", (), {"vision_feature_layer": -2})()
         >>> unused_tower_layers(M(), 3)
         [2]
     """
-    chosen = getattr(model.config, "vision_feature_layer", -1)
+    chosen = getattr(model.config, "vision_feature_layer", -1) if chosen is None else chosen
     chosen = list(chosen) if isinstance(chosen, (list, tuple)) else [chosen]
     # hidden_states[i] is the embeddings for i = 0 and layer i-1's output after; negative i counts from n + 1.
     highest = max(int(i) % (n_layers + 1) for i in chosen)
     return list(range(highest, n_layers))
 
 
-def llava_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int]) -> ImageTokenLayout:
+def llava_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
+                 extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
     """LLaVA-1.5's layout: the placeholder tokens take the projected tower tokens in raster order; the tower's
     class token goes too when ``vision_feature_select_strategy="full"`` (it maps to no cell and is counted).
 
@@ -207,9 +211,11 @@ class HfVlmAdapter(HfClipAdapter):
         patch = int(self.vision_config(model).patch_size)
         return h // patch, w // patch
 
-    def layout(self, model: torch.nn.Module, ids: np.ndarray) -> ImageTokenLayout:
-        """Where the image tokens of the sequence ``ids`` sit and which image cell each covers."""
-        return vlm_family_of(model).layout(model, np.asarray(ids), self.tower_grid(model))
+    def layout(self, model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any] | None = None
+               ) -> ImageTokenLayout:
+        """Where the image tokens of the sequence ``ids`` sit and which image cell each covers; ``extra``: the
+        target's extra forward arguments (e.g. ``image_sizes``), which some families' layouts depend on."""
+        return vlm_family_of(model).layout(model, np.asarray(ids), self.tower_grid(model), dict(extra or {}))
 
     def describe(self, model: torch.nn.Module) -> dict[str, object]:
         fam, tcfg = vlm_family_of(model), model.config.text_config
@@ -218,6 +224,7 @@ class HfVlmAdapter(HfClipAdapter):
         return {**super().describe(model), "vlm_family": fam.name, "lm_num_layers": int(tcfg.num_hidden_layers),
                 "lm_num_heads": int(tcfg.num_attention_heads), "lm_hidden_size": int(tcfg.hidden_size),
                 "vision_feature_layer": str(getattr(model.config, "vision_feature_layer", -1)),
+                # as configured; a target's vision_feature_layer argument overrides it (its checklist says so)
                 "tower_layers_unused": ",".join(map(str, unused)),
                 "image_token_id": image_token_id(model)}
 
@@ -228,7 +235,7 @@ class HfVlmAdapter(HfClipAdapter):
             raise TraceError(f"targets: site {site!r} needs the answer target (vitcam_nb.targets.answer or "
                              "generated), which names the sequence and its answer tokens")
         fam = vlm_family_of(model)
-        lay = self.layout(model, np.asarray(ids))
+        lay = self.layout(model, np.asarray(ids), getattr(target, "model_kwargs", None))
         pos = lay.positions
         acts = [a[0] for a in acts]  # drop the batch of one
         grads = [g.reshape(g.shape[0], *a.shape) for g, a in zip(grads, acts)]

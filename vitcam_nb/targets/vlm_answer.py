@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from vitcam_nb.adapters.hf_vlm import HfVlmAdapter, image_token_id, vlm_family_of
+from vitcam_nb.adapters.hf_vlm import HfVlmAdapter, image_token_id, unused_tower_layers, vlm_family_of
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.blip_matching import _as_ids
@@ -43,8 +44,14 @@ class AnswerTarget(Target):
 
     kind = "answer"
 
-    def __init__(self, input_ids: torch.Tensor, answer_ids: torch.Tensor, tokenizer: Any):
+    def __init__(self, input_ids: torch.Tensor, answer_ids: torch.Tensor, tokenizer: Any,
+                 model_kwargs: Mapping[str, Any] | None = None):
         self.input_ids, self.answer_ids, self.tokenizer = input_ids, answer_ids, tokenizer
+        if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
+            raise ArgumentTypeError(f"model_kwargs: expected a dict of forward arguments, got "
+                                    f"{type(model_kwargs).__name__}")
+        #: extra keyword arguments of the model's forward (e.g. ``image_sizes``), passed as given
+        self.model_kwargs = dict(model_kwargs or {})
         self.sequence = torch.cat([input_ids, answer_ids])
         self.answer_positions = np.arange(len(input_ids), len(self.sequence), dtype=np.int64)
         ids = [int(i) for i in answer_ids]
@@ -54,7 +61,7 @@ class AnswerTarget(Target):
                 tokens = [str(tokenizer.decode([i])) for i in ids]
         self.tokens = tokens if tokens is not None and len(tokens) == len(ids) else [f"[{i}]" for i in ids]
         self.labels = [*self.tokens, SEQUENCE_LABEL]
-        self.layout_text = ""
+        self.layout_text, self.unused_text = "", ""
         words = " ".join(repr(s) for s in self.tokens)
         self.description = (f"answer-token logits by teacher forcing (each token's logit at the position before it) "
                             f"of the answer {words[:200]}, then the sequence log-prob (sum of the answer tokens' "
@@ -69,11 +76,15 @@ class AnswerTarget(Target):
                              f"{int(seq.min())}..{int(seq.max())}")
         if int(image_token_id(model)) in {int(i) for i in self.answer_ids}:
             raise TraceError("answer_ids: holds the image placeholder token; the answer must be text")
-        self.layout_text = HfVlmAdapter().layout(model, self.sequence.numpy()).description
+        self.layout_text = HfVlmAdapter().layout(model, self.sequence.numpy(), self.model_kwargs).description
+        n_tower = len(HfVlmAdapter().blocks(model))
+        chosen = self.model_kwargs.get("vision_feature_layer")
+        self.unused_text = ", ".join(map(str, unused_tower_layers(model, n_tower, chosen)))
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         seq = self.sequence[None].to(x.device)
-        out = model(input_ids=seq, pixel_values=x, attention_mask=torch.ones_like(seq), use_cache=False)
+        extra = {k: v.to(x.device) if isinstance(v, torch.Tensor) else v for k, v in self.model_kwargs.items()}
+        out = model(input_ids=seq, pixel_values=x, attention_mask=torch.ones_like(seq), use_cache=False, **extra)
         logits = getattr(out, "logits", None)
         if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.shape[1] != seq.shape[1]:
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
@@ -86,13 +97,19 @@ class AnswerTarget(Target):
         return torch.cat([token_logits, seq_score[None]])
 
     def settings(self) -> dict:
+        extra = {k: v.tolist() if isinstance(v, (torch.Tensor, np.ndarray)) else repr(v)
+                 for k, v in sorted(self.model_kwargs.items())}
         return {"kind": self.kind, "input_ids": [int(i) for i in self.input_ids],
-                "answer_ids": [int(i) for i in self.answer_ids]}
+                "answer_ids": [int(i) for i in self.answer_ids], **({"model_kwargs": extra} if extra else {})}
 
     def attrs(self) -> dict[str, object]:
         items = {"answer tokens": ", ".join(f"{k}: {s!r} (id {int(i)}, position {int(p)})" for k, (s, i, p) in
                                            enumerate(zip(self.tokens, self.answer_ids, self.answer_positions))),
                  "image-token layout": self.layout_text or "not known (the target was not checked on a model)"}
+        if self.unused_text:
+            items["tower layers the LM never reads"] = (
+                f"{self.unused_text} (above the vision_feature_layer the projector reads): gradients there are "
+                "exactly zero, so their maps are degenerate")
         return {**super().attrs(), "answer_ids": ",".join(str(int(i)) for i in self.answer_ids),
                 "answer_tokens": json.dumps(self.tokens), "image_token_layout": self.layout_text,
                 "target_checklist": json.dumps(items)}
@@ -117,11 +134,14 @@ def _prompt_ids(prompt: str, processor: Any) -> torch.Tensor:
 
 
 def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None = None, answer: str | None = None,
-           processor: Any = None, tokenizer: Any = None) -> AnswerTarget:
+           processor: Any = None, tokenizer: Any = None, model_kwargs: Mapping[str, Any] | None = None
+           ) -> AnswerTarget:
     """Target a generative VLM's answer: its tokens' logits (teacher forcing) and the sequence log-prob.
 
     Give either ``input_ids`` (the prompt's ids holding the model's image placeholder tokens, as its processor
     makes them) and ``answer_ids``, or ``prompt`` and ``answer`` text with the model's ``processor``.
+    ``model_kwargs``: extra keyword arguments of the model's forward that the image needs (e.g. ``image_sizes``
+    of an any-resolution model), passed to it as given; the image-token layout reads them too.
 
     Example:
         >>> answer(input_ids=[1, 9, 9, 9, 9], answer_ids=[5]).labels
@@ -137,18 +157,19 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
             raise ArgumentError("processor: prompt/answer text needs the model's processor (with its tokenizer)")
         ids = _prompt_ids(prompt, processor)
         ans = _as_ids(tok(answer, add_special_tokens=False, return_tensors="pt")["input_ids"], "answer")
-        return AnswerTarget(ids, ans, tok)
+        return AnswerTarget(ids, ans, tok, model_kwargs)
     if input_ids is None or answer_ids is None:
         raise ArgumentError("input_ids: give input_ids and answer_ids (or prompt, answer and processor)")
     return AnswerTarget(_as_ids(input_ids, "input_ids"), _as_ids(answer_ids, "answer_ids"),
-                        _tokenizer_of(processor, tokenizer))
+                        _tokenizer_of(processor, tokenizer), model_kwargs)
 
 
 def generated(sequences: Any, input_ids: Any, *, processor: Any = None, tokenizer: Any = None,
-              stop_ids: Any = ()) -> AnswerTarget:
+              stop_ids: Any = (), model_kwargs: Mapping[str, Any] | None = None) -> AnswerTarget:
     """Target what ``model.generate`` produced: ``sequences`` (its output, prompt included) after ``input_ids``.
 
-    Trailing ids in ``stop_ids`` (e.g. the end-of-sequence and pad ids) are left out of the answer.
+    Trailing ids in ``stop_ids`` (e.g. the end-of-sequence and pad ids) are left out of the answer;
+    ``model_kwargs`` as in :func:`answer`.
 
     Example:
         >>> generated([[1, 9, 9, 5, 6, 2]], [1, 9, 9], stop_ids=[2]).answer_ids.tolist()
@@ -165,4 +186,4 @@ def generated(sequences: Any, input_ids: Any, *, processor: Any = None, tokenize
         new = new[:-1]
     if not len(new):
         raise ArgumentError("sequences: generated only stop tokens; there is no answer to explain")
-    return AnswerTarget(prompt, new, _tokenizer_of(processor, tokenizer))
+    return AnswerTarget(prompt, new, _tokenizer_of(processor, tokenizer), model_kwargs)

@@ -155,3 +155,33 @@ def test_answer_argument_refusals():
         vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=[IMAGE_ID]))
     with pytest.raises(vc.TraceError, match=r"input_ids: token ids must lie in 0\.\.63"):
         vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=[64]))
+
+
+def test_model_kwargs_reach_the_forward_and_the_trace_id():
+    model = make_llava()
+    plain = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    # vision_feature_layer=-1 makes LLaVA read the last tower layer: its sites get gradients, the scores change
+    last = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER, model_kwargs={"vision_feature_layer": -1})
+    a = vc.trace(model, make_x(), targets=plain, sites=["F1"])
+    b = vc.trace(model, make_x(), targets=last, sites=["F1"])
+    assert a.attrs["trace_id"] != b.attrs["trace_id"]
+    assert not np.any(a["grad"].values[:, 2]) and np.any(b["grad"].values[:, 2])
+    assert "tower layers the LM never reads" in a.attrs["target_checklist"]
+    assert "tower layers the LM never reads" not in b.attrs["target_checklist"]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([PROMPT + ANSWER]), pixel_values=make_x(), vision_feature_layer=-1,
+                    use_cache=False).logits[0, len(PROMPT) - 1, ANSWER[0]]
+    np.testing.assert_allclose(b["logits"].values[0], float(ref), rtol=1e-5)
+    with pytest.raises(vc.ArgumentTypeError, match="model_kwargs: expected a dict"):
+        vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER, model_kwargs=[1])
+
+
+def test_checklist_names_the_tower_layers_the_lm_never_reads():
+    import json
+
+    model = make_llava()
+    tr = vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER), sites=["F1"])
+    with pytest.warns(vc.DegenerateMapWarning):
+        m = vc.cam(tr, vc.Recipe(site="F1", layer=-1))
+    item = json.loads(m.attrs["checklist"])["gradient target"]["tower layers the LM never reads"]
+    assert item.startswith("2 (above the vision_feature_layer")
