@@ -164,9 +164,22 @@ def test_lm_site_gradients_equal_autograd_at_the_image_tokens(trace, refs):
     assert trace.sizes["image_token"] == GRID * GRID and trace.sizes["answer_token"] == len(ANSWER)
 
 
-def test_trace_restores_sdpa_attention(llava, trace):
+def test_trace_restores_sdpa_attention_and_leaves_no_hooks(llava, trace):
     assert llava.config.text_config._attn_implementation == "sdpa"
+    assert llava.config.vision_config._attn_implementation == "sdpa"
     assert trace.attrs["hf_attn_implementation"] == "sdpa"
+    assert not llava.training and all(p.requires_grad for p in llava.parameters())
+    # transformers installs its own output-capturing hooks on the first forward that asks for hidden states
+    # (LLaVA's vision_feature_layer does): those stay; the trace adds none that stay
+    model = make_llava()
+    model(input_ids=torch.tensor([PROMPT]), pixel_values=make_x(), use_cache=False)
+
+    def hooks():
+        return {n: (list(m._forward_hooks), list(m._forward_pre_hooks)) for n, m in model.named_modules()}
+
+    before = hooks()
+    vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER), sites=list(LM))
+    assert hooks() == before
 
 
 # --------------------------------------------------------------------------------------------------
