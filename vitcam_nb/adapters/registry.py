@@ -55,6 +55,7 @@ BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
     ("hf_yolos", "vitcam_nb.adapters.hf_yolos:HfYolosAdapter", "transformers"),
     ("hf_owlvit", "vitcam_nb.adapters.hf_owl:HfOwlVitAdapter", "transformers"),
     ("hf_owlv2", "vitcam_nb.adapters.hf_owl:HfOwlv2Adapter", "transformers"),
+    ("hf_vlm", "vitcam_nb.adapters.hf_vlm:HfVlmAdapter", "transformers"),
 )
 
 _ADAPTERS: list[Adapter] = []

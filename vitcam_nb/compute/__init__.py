@@ -7,7 +7,7 @@ Importing this package registers the built-in kernels and kinds.
 
 # Each registers itself.
 from vitcam_nb.compute import flat, kernels, many, published, relevance  # noqa: F401, I001
-from vitcam_nb.compute import chefer, stages, tokentm, video, vitcx, xattn  # noqa: F401, I001
+from vitcam_nb.compute import chefer, stages, tokentm, video, vitcx, vlm, xattn  # noqa: F401, I001
 
 # Last, so that it is looked up first: a map store's image is a Dataset other kinds would take for a trace.
 from vitcam_nb.compute import map_store  # noqa: F401, E402

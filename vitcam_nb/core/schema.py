@@ -34,13 +34,14 @@ SCORES_SITE = "attn_scores"
 #: Sites read only when asked for by name (None leaves them out).
 OPTIONAL_SITES = (*QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
 ATTENTION_SITE = "F2"
-#: Sites read outside the block stack (vision-language cross-attention).
-EXTRA_SITES = ("xattn",)
+#: Sites read outside the block stack (vision-language cross-attention; a generative VLM's projector, LM residual
+#: stream and LM attention over the image tokens).
+EXTRA_SITES = ("xattn", "projector", "lm_resid", "lm_attn")
 #: Sites stored as (token, channel) in ``act`` / ``grad``.
 TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES, *QKV_SITES, *PROJECTED_QK_SITES)
 SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES, *QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
 #: Sites with a head structure (heads as channel groups, or an attention matrix per head).
-HEAD_SITES = ("F2", "F3", "xattn")
+HEAD_SITES = ("F2", "F3", "xattn", "lm_attn")
 #: Variables written by ``vc.score`` (model-in-the-loop weightings): one per kind of perturbation, and the
 #: logsumexp of every perturbed input's scores, from which its prob / logprob targets follow exactly.
 SCORE_VARIABLES = ("score", "ablation", "score_logsumexp", "ablation_logsumexp")

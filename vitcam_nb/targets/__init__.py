@@ -4,6 +4,8 @@
 - :func:`similarity`: the similarity of a model's pooled embedding (``num_classes=0``, e.g. a CLIP image
   tower) to given vectors, cosine or dot product, times a stated scale;
 - :func:`prompts` (``vitcam_nb[clip]``): :func:`similarity` to the text embeddings of prompts;
+- :func:`answer` and :func:`generated` (``vitcam_nb[hf]``): a generative VLM's answer tokens (teacher forcing) and
+  its sequence log-prob;
 - :func:`itm` (``vitcam_nb[vlm]``): BLIP's image-text matching logits (no match, match);
 - :func:`layerwise`: one class's score read out after every block (exact LeGrad), all in one backward;
 - :func:`region` and :func:`dense`: scores of a dense (B, C, H, W) output, e.g. a segmentation model's class
@@ -35,7 +37,9 @@ from vitcam_nb.targets.detection import Detection, detection
 from vitcam_nb.targets.embedding import Similarity, similarity, similarity_scores
 from vitcam_nb.targets.layerwise import Layerwise, layerwise
 from vitcam_nb.targets.segmentation import SegmentationLoss, segmentation_loss
+from vitcam_nb.targets.vlm_answer import AnswerTarget, answer, generated
 
-__all__ = ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget", "Layerwise", "Region",
+__all__ = ["AnswerTarget", "answer", "generated"]
+__all__ += ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget", "Layerwise", "Region",
            "SegmentationLoss", "Similarity", "Target", "as_target", "class_labels", "contrast", "dense", "detection",
            "itm", "layerwise", "prompts", "region", "segmentation_loss", "similarity", "similarity_scores"]

@@ -33,7 +33,7 @@ from vitcam_nb.core.recipe import (
 from vitcam_nb.core.recipe import (
     SITES as RECIPE_SITES,
 )
-from vitcam_nb.core.schema import OPTIONAL_SITES
+from vitcam_nb.core.schema import EXTRA_SITES, OPTIONAL_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS as WEIGHTING_TABLE
 
 # Weightings computed from the trace alone; those read from vc.score's model outputs (scorecam, ablationcam,
@@ -49,7 +49,7 @@ NUM_LAYERS, NUM_HEADS, TOP_K = 3, 4, 3
 # Block sites of a ViT; 'xattn' (cross-attention of vision-language models) is tested in tests/unit/model/test_blip.py.
 # The optional sites (q, k, v, q_out, k_out, attn_scores) feed the published methods (tests/unit/compute/
 # test_published.py).
-SITES = tuple(s for s in RECIPE_SITES if s != "xattn" and s not in OPTIONAL_SITES)
+SITES = tuple(s for s in RECIPE_SITES if s not in EXTRA_SITES and s not in OPTIONAL_SITES)
 
 
 def _trace():

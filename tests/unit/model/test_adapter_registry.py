@@ -41,7 +41,7 @@ def test_a_builtin_family_whose_package_is_missing_is_left_out():
     assert families.split(",") == ["vit", "swin", "beit", "eva", "blip", "hf_vit", "hf_deit_distilled", "hf_dinov2",
                                    "hf_dinov2_registers", "hf_beit", "hf_clip", "hf_siglip", "hf_swin", "hf_swinv2",
                                    "hf_upernet_swin", "hf_dpt", "hf_videomae", "hf_vivit", "hf_timesformer",
-                                   "hf_yolos", "hf_owlvit", "hf_owlv2"] \
+                                   "hf_yolos", "hf_owlvit", "hf_owlv2", "hf_vlm"] \
         and imported == "False"
 
 

@@ -1,0 +1,283 @@
+"""The adapter for generative vision-language models of Hugging Face ``transformers`` 5 (``vitcam_nb[hf]``):
+a vision tower, a projector and a decoder-only language model that reads the projected image tokens.
+
+Vision side: the tower's layers with the sites F1..F6 (and the extended ones) exactly as the tower's own family
+adapter gives them (for LLaVA the CLIP tower of :class:`~vitcam_nb.adapters.hf_clip.HfClipAdapter`). Language
+side, three extra sites stored at the image-token positions only (:class:`~vitcam_nb.adapters.vlm_layout.
+ImageTokenLayout` says which sequence positions those are and where each lands in the image):
+
+- ``projector``: the projector's output per image token (one "layer");
+- ``lm_resid``: the residual stream entering each decoder layer (read as the input of the layer's
+  ``input_layernorm``, which is that stream exactly, whether the layer got it positionally or as a keyword);
+- ``lm_attn``: each decoder layer's attention probabilities, per head, from the query rows that predict the
+  answer tokens to the image tokens' key columns (eager attention forced for the trace, restored after).
+
+A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
+family plugs in with only those. Known generative VLM classes without a row are refused by name.
+
+transformers is never imported here: a model is recognised by its class name and module.
+
+Example:
+    >>> sorted(VLM_FAMILIES)
+    ['llava']
+    >>> HfVlmAdapter().matches(object())
+    False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitcam_nb.adapters.hf import is_transformers_model
+from vitcam_nb.adapters.hf_clip import HfClipAdapter
+from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
+from vitcam_nb.core.errors import ArgumentTypeError, TraceError
+
+__all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "VLM_FAMILIES", "VlmFamily", "llava_layout",
+           "vlm_family_of"]
+
+#: A family's layout function: (model, full sequence ids (L,), tower patch grid (rows, cols), the target's extra
+#: forward arguments such as ``image_sizes`` or ``image_grid_thw``) -> layout.
+LayoutFn = Callable[[torch.nn.Module, np.ndarray, tuple[int, int], Mapping[str, Any]], ImageTokenLayout]
+
+LM_SITES = ("projector", "lm_resid", "lm_attn")
+
+
+@dataclass(frozen=True)
+class VlmFamily:
+    """One generative VLM family: its transformers classes, where its parts live, and its image-token layout.
+
+    ``tower`` is the vision tower's path (its layers at ``{tower}.encoder.layers``), ``projector`` the module
+    whose output is the image tokens' embeddings, ``lm_layers`` the decoder layer list, ``lm_norm`` the module
+    inside a decoder layer whose input is the layer's input residual stream, ``lm_attention`` the attention
+    module returning ``(output, probabilities)`` under eager attention, ``tower_prefix`` the tower's prefix
+    token kinds.
+
+    Example:
+        >>> VLM_FAMILIES["llava"].lm_layers
+        'model.language_model.layers'
+    """
+
+    name: str
+    classes: tuple[str, ...]
+    tower: str
+    projector: str
+    lm_layers: str
+    layout: LayoutFn
+    lm_norm: str = "input_layernorm"
+    lm_attention: str = "self_attn"
+    tower_prefix: tuple[str, ...] = ("cls",)
+
+
+def image_token_id(model: torch.nn.Module) -> int:
+    """The id of the model's image placeholder token (``config.image_token_id``, older ``image_token_index``).
+
+    Example:
+        >>> class M(torch.nn.Module): config = type("C", (), {"image_token_id": 7})()
+        >>> image_token_id(M())
+        7
+    """
+    cfg = model.config
+    value = getattr(cfg, "image_token_id", None)
+    value = getattr(cfg, "image_token_index", None) if value is None else value
+    if value is None:
+        raise TraceError(f"model: {type(model).__name__}'s config names no image token (image_token_id)")
+    return int(value)
+
+
+def unused_tower_layers(model: torch.nn.Module, n_layers: int, chosen: Any = None) -> list[int]:
+    """Tower layers above the highest ``vision_feature_layer`` LLaVA reads (``chosen``, else the config's): the
+    LM never sees their output.
+
+    Example:
+        >>> class M(torch.nn.Module): config = type("C", (), {"vision_feature_layer": -2})()
+        >>> unused_tower_layers(M(), 3)
+        [2]
+    """
+    chosen = getattr(model.config, "vision_feature_layer", -1) if chosen is None else chosen
+    chosen = list(chosen) if isinstance(chosen, (list, tuple)) else [chosen]
+    # hidden_states[i] is the embeddings for i = 0 and layer i-1's output after; negative i counts from n + 1.
+    highest = max(int(i) % (n_layers + 1) for i in chosen)
+    return list(range(highest, n_layers))
+
+
+def llava_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
+                 extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
+    """LLaVA-1.5's layout: the placeholder tokens take the projected tower tokens in raster order; the tower's
+    class token goes too when ``vision_feature_select_strategy="full"`` (it maps to no cell and is counted).
+
+    Example:
+        >>> class M(torch.nn.Module):
+        ...     config = type("C", (), {"image_token_id": 9, "vision_feature_select_strategy": "default"})()
+        >>> llava_layout(M(), np.array([1, 9, 9, 9, 9, 2]), (2, 2)).positions.tolist()
+        [1, 2, 3, 4]
+    """
+    positions = np.flatnonzero(np.asarray(ids) == image_token_id(model))
+    full = getattr(model.config, "vision_feature_select_strategy", "default") == "full"
+    gh, gw = grid
+    expected = gh * gw + int(full)
+    if positions.size != expected:
+        raise TraceError(f"input_ids: {positions.size} image placeholder tokens (id {image_token_id(model)}) but "
+                         f"the {gh}x{gw} tower grid{' plus its class token' if full else ''} gives {expected}; "
+                         "give the prompt the processor made for this image size")
+    if not full:
+        return ImageTokenLayout.raster(positions, (gh, gw), description=(
+            f"LLaVA: {gh}x{gw} image tokens at sequence positions {positions[0]}..{positions[-1]}, the tower's "
+            "patches in raster order (class token not passed to the LM)"))
+    base = ImageTokenLayout.raster(positions[1:], (gh, gw))
+    return ImageTokenLayout(base.positions, base.tile_of, base.rows, base.cols, base.tiles, (
+        f"LLaVA (strategy full): {gh}x{gw} image tokens at sequence positions {positions[1]}..{positions[-1]} in "
+        f"raster order; 1 class token at position {positions[0]} dropped"), {"class token": 1})
+
+
+VLM_FAMILIES: dict[str, VlmFamily] = {
+    "llava": VlmFamily("llava", ("LlavaForConditionalGeneration",), tower="model.vision_tower",
+                       projector="model.multi_modal_projector", lm_layers="model.language_model.layers",
+                       layout=llava_layout),
+}
+
+#: Generative VLM classes this kit knows but does not read yet: class name -> family name.
+NOT_YET_SUPPORTED: dict[str, str] = {
+    "LlavaNextForConditionalGeneration": "llava_next", "LlavaOnevisionForConditionalGeneration": "llava_onevision",
+    "Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
+    "PaliGemmaForConditionalGeneration": "paligemma", "Gemma3ForConditionalGeneration": "gemma3",
+    "Idefics3ForConditionalGeneration": "idefics3", "SmolVLMForConditionalGeneration": "smolvlm",
+}
+
+
+def vlm_family_of(model: object) -> VlmFamily:
+    """The model's :class:`VlmFamily`, or an ArgumentTypeError naming a known VLM family not supported yet.
+
+    Example:
+        >>> vlm_family_of(object())  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        vitcam_nb.core.errors.ArgumentTypeError: model: ...
+    """
+    for fam in VLM_FAMILIES.values():
+        if is_transformers_model(model, fam.classes):
+            return fam
+    for cls in type(model).__mro__:
+        if cls.__name__ in NOT_YET_SUPPORTED and cls.__module__.startswith("transformers"):
+            name = NOT_YET_SUPPORTED[cls.__name__]
+            raise ArgumentTypeError(f"model: {cls.__name__} (VLM family {name!r}) is not supported yet; the "
+                                    f"generative VLM families read today: {', '.join(sorted(VLM_FAMILIES))}")
+    raise ArgumentTypeError(f"model: {type(model).__name__} is not a generative VLM this kit reads; supported: "
+                            f"{', '.join(sorted(VLM_FAMILIES))}")
+
+
+class HfVlmAdapter(HfClipAdapter):
+    """Generative VLMs (:data:`VLM_FAMILIES`): tower sites as the tower's family, plus ``projector``,
+    ``lm_resid`` and ``lm_attn`` at the image-token positions.
+
+    Example:
+        >>> HfVlmAdapter().family
+        'hf_vlm'
+    """
+
+    family = "hf_vlm"
+    classes = tuple(c for fam in VLM_FAMILIES.values() for c in fam.classes) + tuple(NOT_YET_SUPPORTED)
+
+    def backbone_path(self, model: torch.nn.Module) -> str:
+        return vlm_family_of(model).tower
+
+    def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
+        return list(vlm_family_of(model).tower_prefix)
+
+    def pooling(self, model: torch.nn.Module) -> str:
+        fam = vlm_family_of(model)
+        strategy = getattr(model.config, "vision_feature_select_strategy", "default")
+        return (f"none: {fam.name} projects the tower's hidden states of vision_feature_layer="
+                f"{getattr(model.config, 'vision_feature_layer', -1)} ({strategy} strategy) into the LM")
+
+    def lm_layers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The decoder layers of the language model."""
+        return list(model.get_submodule(vlm_family_of(model).lm_layers))
+
+    def extra_sites(self, model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, str]]]:
+        fam = vlm_family_of(model)
+        layers = self.lm_layers(model)
+        return {"projector": [(model.get_submodule(fam.projector), "output")],
+                "lm_resid": [(layer.get_submodule(fam.lm_norm), "input") for layer in layers],
+                "lm_attn": [(layer.get_submodule(fam.lm_attention), "output[1]") for layer in layers]}
+
+    def tower_grid(self, model: torch.nn.Module) -> tuple[int, int]:
+        """The tower's patch grid at its configured size (LLaVA's tower does not interpolate)."""
+        h, w = self.configured_size(model)
+        patch = int(self.vision_config(model).patch_size)
+        return h // patch, w // patch
+
+    def layout(self, model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any] | None = None
+               ) -> ImageTokenLayout:
+        """Where the image tokens of the sequence ``ids`` sit and which image cell each covers; ``extra``: the
+        target's extra forward arguments (e.g. ``image_sizes``), which some families' layouts depend on."""
+        return vlm_family_of(model).layout(model, np.asarray(ids), self.tower_grid(model), dict(extra or {}))
+
+    def describe(self, model: torch.nn.Module) -> dict[str, object]:
+        fam, tcfg = vlm_family_of(model), model.config.text_config
+        n_tower = len(self.blocks(model))
+        unused = unused_tower_layers(model, n_tower)
+        return {**super().describe(model), "vlm_family": fam.name, "lm_num_layers": int(tcfg.num_hidden_layers),
+                "lm_num_heads": int(tcfg.num_attention_heads), "lm_hidden_size": int(tcfg.hidden_size),
+                "vision_feature_layer": str(getattr(model.config, "vision_feature_layer", -1)),
+                # as configured; a target's vision_feature_layer argument overrides it (its checklist says so)
+                "tower_layers_unused": ",".join(map(str, unused)),
+                "image_token_id": image_token_id(model)}
+
+    def assemble_extra(self, model: torch.nn.Module, site: str, acts: list[np.ndarray], grads: list[np.ndarray],
+                       target: object) -> tuple[dict, dict]:
+        ids, answer_pos = getattr(target, "sequence", None), getattr(target, "answer_positions", None)
+        if ids is None or answer_pos is None:
+            raise TraceError(f"targets: site {site!r} needs the answer target (vitcam_nb.targets.answer or "
+                             "generated), which names the sequence and its answer tokens")
+        fam = vlm_family_of(model)
+        lay = self.layout(model, np.asarray(ids), getattr(target, "model_kwargs", None))
+        pos = lay.positions
+        acts = [a[0] for a in acts]  # drop the batch of one
+        grads = [g.reshape(g.shape[0], *a.shape) for g, a in zip(grads, acts)]
+        coords = {
+            "image_token": ("image_token", np.arange(pos.size, dtype=np.int64)),
+            "image_token_pos": ("image_token", pos.astype(np.int64)),
+            "image_token_tile": ("image_token", lay.tile_of.astype(np.int64)),
+            "image_token_row": ("image_token", lay.rows.astype(np.int64)),
+            "image_token_col": ("image_token", lay.cols.astype(np.int64)),
+        }
+        layout_attrs = {"layout": lay.description, "layout_tiles": ";".join(
+            f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
+            "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items())}
+        if site == "projector":
+            # The projector runs on the tower tokens alone; its rows are the image tokens in the layout's order
+            # (the kept ones: a dropped class token is the first row under strategy "full").
+            first = acts[0].shape[-2] - pos.size
+            attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token", **layout_attrs}
+            return {"projector": (("image_token", "lm_channel"), acts[0][first:], attrs),
+                    "projector_grad": (("target", "image_token", "lm_channel"), grads[0][:, first:], attrs)}, coords
+        n = len(acts)
+        coords["lm_layer"] = ("lm_layer", np.arange(n, dtype=np.int64))
+        if site == "lm_resid":
+            attrs = {"hook": f"{fam.lm_layers}.{{layer}}.{fam.lm_norm}:input",
+                     "meaning": "residual stream entering the decoder layer (input of its first norm)", **layout_attrs}
+            return {"lm_resid": (("lm_layer", "image_token", "lm_channel"), np.stack([a[pos] for a in acts]), attrs),
+                    "lm_resid_grad": (("target", "lm_layer", "image_token", "lm_channel"),
+                                      np.stack([g[:, pos] for g in grads], axis=1), attrs)}, coords
+        if site != "lm_attn":
+            raise TraceError(f"sites: the hf_vlm adapter has no extra site {site!r}")
+        rows = np.asarray(answer_pos, dtype=np.int64) - 1  # the query rows whose outputs predict the answer tokens
+        attrs = {"hook": f"{fam.lm_layers}.{{layer}}.{fam.lm_attention}:output[1]",
+                 "meaning": "attention probabilities of the decoder (eager, after softmax and dropout) from the query "
+                            "rows predicting each answer token (its position - 1) to the image-token key columns",
+                 **layout_attrs}
+        coords["lm_head"] = ("lm_head", np.arange(acts[0].shape[0], dtype=np.int64))
+        coords["answer_token"] = ("answer_token", np.arange(rows.size, dtype=np.int64))
+        coords["answer_token_pos"] = ("answer_token", np.asarray(answer_pos, dtype=np.int64))
+        coords["answer_token_str"] = ("answer_token", np.array(list(getattr(target, "labels", []))[:rows.size]
+                                                                 or [str(i) for i in range(rows.size)], dtype=str))
+        attn = np.stack([a[:, rows][:, :, pos] for a in acts])
+        attn_grad = np.stack([g[:, :, rows][:, :, :, pos] for g in grads], axis=1)
+        return {"lm_attn": (("lm_layer", "lm_head", "answer_token", "image_token"), attn, attrs),
+                "lm_attn_grad": (("target", "lm_layer", "lm_head", "answer_token", "image_token"), attn_grad,
+                                 attrs)}, coords
