@@ -109,7 +109,14 @@ def regenerated(checklist: Mapping[str, Any], recipe: Any) -> tuple[dict[str, An
 
 
 def module_problem(checklist: Mapping[str, Any], recipe: Any, num_layers: int | None) -> str | None:
-    """What the ``module`` and ``input or output`` items say against the recipe's block and site, or None."""
+    """What the ``module`` and ``input or output`` items say against the recipe's block and site, or None.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> item = {"feature representation": {"module": "blocks.0.norm1", "input or output": "output"}}
+        >>> module_problem(item, vc.Recipe(layer=-1), 6)[:59]
+        "feature representation/module: 'blocks.0.norm1' names block"
+    """
     io = _item(checklist, "feature representation", "input or output")
     expected = _SITE_IO.get(recipe.site)
     if io is not None and expected is not None and io != "see trace" and not io.startswith(expected):
