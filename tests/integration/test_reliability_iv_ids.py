@@ -39,6 +39,11 @@ def _swin() -> object:
 SWIN = _swin()  # stages of 1 and 2 blocks: global blocks 0 | 1, 2
 
 
+def _top1(trace: object) -> int:
+    """The class a trace ranks first (its argmax logit): what ``class_="top1"`` resolves to on it."""
+    return int(np.argmax(np.asarray(trace["logits"].values)))
+
+
 def _map(trace: object, recipe: Recipe) -> tuple[bytes, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -53,8 +58,8 @@ def test_all_names_the_blocks_the_trace_holds():
     assert _map(FULL, every)[0] != _map(SUBSET, every)[0]
     assert every.canonical_id(FULL) != every.canonical_id(SUBSET)
     assert every.canonical_id(SUBSET) == Recipe(layer=(0, 2, 4), layer_fusion="mean").canonical_id(SUBSET) == \
-        Recipe(layer=(0, 2, 4), layer_fusion="mean").id
-    assert every.canonical_id(FULL) == Recipe(layer=tuple(range(6)), layer_fusion="mean").id
+        Recipe(layer=(0, 2, 4), layer_fusion="mean", class_=_top1(SUBSET)).id
+    assert every.canonical_id(FULL) == Recipe(layer=tuple(range(6)), layer_fusion="mean", class_=_top1(FULL)).id
     assert _map(SUBSET, every) == _map(SUBSET, Recipe(layer=(4, -6, 2), layer_fusion="mean"))
 
 
@@ -66,7 +71,9 @@ def test_all_names_the_blocks_the_trace_holds():
                                     Recipe(site="F2", layer=(5, 2, 0), layer_fusion="grad_rollout")])
 def test_block_order_is_one_map_and_one_id(recipe):
     ordered = recipe.replace(layer=tuple(sorted(recipe.layer)))
-    assert recipe.canonical_id(FULL) == ordered.canonical_id(FULL) == ordered.id
+    # top1 is the trace's argmax class, but in an attention rollout, which has no class
+    resolved = ordered if ordered.layer_fusion == "rollout" else ordered.replace(class_=_top1(FULL))
+    assert recipe.canonical_id(FULL) == ordered.canonical_id(FULL) == resolved.id
     assert _map(FULL, recipe) == _map(FULL, ordered)  # bitwise: vc.cam fuses and multiplies in block order
 
 
@@ -75,7 +82,7 @@ def test_one_block_is_that_block_unfused():
     for spelling in (Recipe(site="F4", layer=(3,), layer_fusion="mean"),
                      Recipe(site="F4", layer=-3, layer_fusion="max"),
                      Recipe(site="F4", layer=(-3,), layer_fusion="sum")):
-        assert spelling.canonical_id(FULL) == plain.id
+        assert spelling.canonical_id(FULL) == plain.replace(class_=_top1(FULL)).id
         assert _map(FULL, spelling) == _map(FULL, plain)
 
 
@@ -107,18 +114,24 @@ def test_canonical_id_of_no_trace_is_a_kit_error_naming_it(trace):
 
 def test_stage_block_addresses_resolve_to_the_global_blocks():
     assert Recipe(layer=("1.-1", "0.0"), layer_fusion="mean").canonical_id(SWIN) == \
-        Recipe(layer=(0, 2), layer_fusion="mean").id == Recipe(layer=(2, 0), layer_fusion="mean").canonical_id(SWIN)
-    assert Recipe(layer="all", layer_fusion="max").canonical_id(SWIN) == Recipe(layer=(0, 1, 2), layer_fusion="max").id
+        Recipe(layer=(0, 2), layer_fusion="mean", class_=_top1(SWIN)).id == \
+        Recipe(layer=(2, 0), layer_fusion="mean").canonical_id(SWIN)
+    assert Recipe(layer="all", layer_fusion="max").canonical_id(SWIN) == \
+        Recipe(layer=(0, 1, 2), layer_fusion="max", class_=_top1(SWIN)).id
 
 
 # -- the property: one canonical id iff one map ------------------------------------------------------------------------
 KINDS = {"flat": (FULL, 6, False), "subset": (SUBSET, 6, False), "swin": (SWIN, 3, True)}
+# The classes each trace ranks 1st, 2nd, ... by logit (ties in class order), as traced: top2 on the flat traces.
+RANKED = {kind: [int(c) for c in np.argsort(-np.asarray(KINDS[kind][0]["logits"].values, np.float64),
+                                            kind="stable")[:(1 if kind == "swin" else 2)]] for kind in KINDS}
 SWIN_ADDRESS = {0: ("0.0", "0.-1"), 1: ("1.0", "1.-2"), 2: ("1.1", "1.-1")}
 
 
 @st.composite
-def _recipe(draw: st.DrawFn, n: int, stages: bool, base: dict | None = None) -> tuple[dict, Recipe]:
-    """A recipe's meaning (site, fusion, blocks, normalisation) and one spelling of it; ``base``: spell that one."""
+def _recipe(draw: st.DrawFn, n: int, stages: bool, ranked: list[int], base: dict | None = None) -> tuple[dict, Recipe]:
+    """A recipe's meaning (site, fusion, blocks, normalisation, class rank) and one spelling of it; ``base``: spell
+    that one. The class of rank k is spelled ``"topk"`` or as the class index the trace ranks k-th."""
     if base is None:
         fusion = draw(st.sampled_from(["none", "mean", "sum", "max", "rollout", "grad_rollout"]))
         site = "F2" if fusion in ("rollout", "grad_rollout") else draw(st.sampled_from(["F1", "F4"]))
@@ -127,8 +140,12 @@ def _recipe(draw: st.DrawFn, n: int, stages: bool, base: dict | None = None) -> 
         count = 1 if fusion == "none" else draw(st.integers(1, 3))
         blocks = "all" if fusion != "none" and draw(st.booleans()) and draw(st.booleans()) else \
             tuple(sorted(draw(st.sets(st.integers(0, n - 1), min_size=count, max_size=count))))
-        base = {"site": site, "fusion": fusion, "blocks": blocks, "normalize": normalize}
+        rank = draw(st.integers(1, len(ranked)))
+        base = {"site": site, "fusion": fusion, "blocks": blocks, "normalize": normalize, "rank": rank}
     fusion, blocks = base["fusion"], base["blocks"]
+    class_ = f"top{base['rank']}" if draw(st.booleans()) else ranked[base["rank"] - 1]
+    if fusion == "rollout":
+        class_ = "top1"  # an attention rollout has no class: a Recipe refuses any other
 
     addresses = stages and draw(st.booleans())  # a tuple holds block indices or stage.block addresses, not both
 
@@ -147,14 +164,15 @@ def _recipe(draw: st.DrawFn, n: int, stages: bool, base: dict | None = None) -> 
         fusion = "mean"
     if fusion in ("mean", "sum", "max") and not isinstance(layer, tuple) and layer != "all" and draw(st.booleans()):
         fusion = "none"  # one block: any order-free fusion is the block's own map
-    return base, Recipe(site=base["site"], layer=layer, layer_fusion=fusion, normalize=base["normalize"])
+    return base, Recipe(site=base["site"], layer=layer, layer_fusion=fusion, normalize=base["normalize"],
+                        class_=class_)
 
 
 @st.composite
 def _pair(draw: st.DrawFn, kind: str) -> tuple[Recipe, Recipe]:
     _, n, stages = KINDS[kind]
-    base, a = draw(_recipe(n, stages))
-    _, b = draw(_recipe(n, stages, base if draw(st.booleans()) else None))
+    base, a = draw(_recipe(n, stages, RANKED[kind]))
+    _, b = draw(_recipe(n, stages, RANKED[kind], base if draw(st.booleans()) else None))
     return a, b
 
 

@@ -93,8 +93,10 @@ def report_trace(one: xr.Dataset, layers: Sequence[int] | None = None) -> xr.Dat
         >>> report_trace(image_maps(open_maps("maps.zarr"), 0)).attrs["model_family"]  # doctest: +SKIP
         'vit'
     """
-    return report_of(json.loads(one.attrs["trace_attrs"]), str(one["provenance"].values), one["token_kind"].values,
-                     layers)
+    report = report_of(json.loads(one.attrs["trace_attrs"]), str(one["provenance"].values),
+                       one["token_kind"].values, layers)
+    # The image's logits: the methods line resolves class_="topK" to this image's class, as on its trace.
+    return report.assign(logits=one["logits"].load()) if "logits" in one.variables else report
 
 
 def report_of(trace_attrs: dict, provenance: str, token_kind: Any, layers: Sequence[int] | None = None) -> xr.Dataset:

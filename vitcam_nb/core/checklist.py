@@ -43,6 +43,10 @@ class Checklist(dict):
         | category | item | value |
     """
 
+    #: Items :meth:`from_json` could not check against the recipe: facts only the trace confirms ("category/item";
+    #: :mod:`vitcam_nb.core.checklist_facts`). Empty for a checklist not read by ``from_json``.
+    unchecked: tuple[str, ...] = ()
+
     def to_markdown(self) -> str:
         """A markdown table with one row per item; each cell renders literally (``|``, ``<l>`` and any HTML or
         markdown syntax in a value are escaped as character references).
@@ -101,7 +105,9 @@ class Checklist(dict):
     def from_json(cls, text: str | Mapping[str, Any]) -> Checklist:
         """Rebuild a checklist from :meth:`to_json` output, or from a paper card (its text or dict): the card's
         ``"checklist"`` when it has one (it must agree with the card's fields), else the card's choices by
-        category, ``"not reported"`` included.
+        category, ``"not reported"`` included. A checklist with a recipe is refused (``ArgumentError`` naming the
+        item) when an item its recipe determines says otherwise; the items only its trace could confirm are
+        listed in the result's ``unchecked``.
 
         Example:
             >>> c = Checklist({"aggregation": {"weighting": "gradcam"}})

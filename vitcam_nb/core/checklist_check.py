@@ -1,5 +1,7 @@
-"""Whether a checklist still says what its recipe is: its ``recipe.id`` the id of its ``recipe.json``, and its items
-that name a recipe choice (site, weighting, heads, layer fusion) naming the recipe's, in the recipe's own words.
+"""Whether a checklist still says what its recipe is: its ``recipe.id`` the id of its ``recipe.json``, its items
+that name a recipe choice (site, weighting, heads, layer fusion) naming the recipe's, and every other item the
+recipe determines (on the trace facts the checklist states) the recipe's own words
+(:mod:`vitcam_nb.core.checklist_facts` regenerates them and says which items only the trace could confirm).
 
 A checklist's text is made from its recipe (``Recipe.checklist``, ``vc.cam``); a text edited afterwards (heads
 "max over heads" under a ``relu_then_mean`` recipe) would report a computation that did not happen.
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitcam_nb.core.checklist import CONTRADICTIONS
+from vitcam_nb.core.checklist_facts import module_problem, regenerated
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import HEAD_RULES, LAYER_FUSIONS, SITES, Recipe, weighting_names
 
@@ -71,6 +74,31 @@ def contradictions(checklist: Mapping[str, Any]) -> list[str]:
             want = generic.get(category, {}).get(item)
             if isinstance(want, str) and text != want:
                 found.append(f"{category}/{item}: {text[:60]!r} is not what the recipe states ({want[:60]!r})")
+    return found + _regenerated_problems(checklist, recipe)
+
+
+def _regenerated_problems(checklist: Mapping[str, Any], recipe: Recipe) -> list[str]:
+    """Every item the recipe determines that says otherwise (``checklist_facts.regenerated``); the items only the
+    trace could confirm are recorded on a :class:`Checklist` as its ``unchecked`` tuple."""
+    want, unchecked = regenerated(checklist, recipe)
+    found = []
+    for category, items in checklist.items():
+        if not isinstance(items, Mapping) or category == "recipe" and not isinstance(want.get(category), Mapping):
+            continue
+        for item, text in items.items():
+            wanted = want.get(category, {}).get(item) if isinstance(want.get(category), Mapping) else None
+            if f"{category}/{item}" in unchecked or wanted is None or (category, item) == ("recipe", "id"):
+                continue
+            if text != wanted:
+                found.append(f"{category}/{item}: {str(text)[:60]!r} is not what the recipe states "
+                             f"({str(wanted)[:60]!r})")
+    layer = checklist.get("feature representation", {}).get("layer") \
+        if isinstance(checklist.get("feature representation"), Mapping) else None
+    blocks = re.search(r"of 0\.\.(\d+)", layer) if isinstance(layer, str) else None
+    if problem := module_problem(checklist, recipe, int(blocks.group(1)) + 1 if blocks else None):
+        found.append(problem)
+    if hasattr(checklist, "unchecked"):
+        checklist.unchecked = tuple(unchecked)  # type: ignore[attr-defined]
     return found
 
 

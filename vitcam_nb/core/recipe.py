@@ -23,7 +23,7 @@ import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError
 from vitcam_nb.core.kinds import kind_for
-from vitcam_nb.core.recipe_canonical import canonical_form
+from vitcam_nb.core.recipe_canonical import canonical_form, resolve_class
 from vitcam_nb.core.recipe_text import parse_fields, to_string
 from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, weighting_names
@@ -351,6 +351,7 @@ class Recipe:
     def resolve(self, trace: Any) -> Recipe:
         """This recipe in its canonical form on ``trace``: every layer an absolute block (``layer=-1`` on a 6-block
         model is 5, ``"all"`` the blocks the trace holds), block tuples sorted, one block unfused
+        ``class_="topK"`` the class the trace ranks K-th where that is one class for the whole trace
         (:mod:`vitcam_nb.core.recipe_canonical` says why each is the same map); layers the trace does not hold are
         refused. ``id`` itself hashes the recipe as written (a 0.1 contract).
 
@@ -364,7 +365,7 @@ class Recipe:
         if not isinstance(trace, (xr.Dataset, xr.DataTree)):
             raise ArgumentTypeError(f"trace: expected a trace (xarray.Dataset from vitcam_nb.trace()), got "
                                     f"{type(trace).__name__}")
-        return canonical_form(kind_for(trace, self).resolve(trace, self))
+        return resolve_class(canonical_form(kind_for(trace, self).resolve(trace, self)), trace)
 
     def canonical_id(self, trace: Any) -> str:
         """The id of :meth:`resolve` (trace): one id for every spelling of the same map on that trace. The map is
@@ -375,7 +376,9 @@ class Recipe:
             >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3)
             >>> tr = vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets="top1")
             >>> Recipe(layer=(-1, 0), layer_fusion="mean").canonical_id(tr) == Recipe(layer=(0, 2),
-            ...                                                                  layer_fusion="mean").id
+            ...                                                                  layer_fusion="mean").canonical_id(tr)
+            True
+            >>> Recipe().canonical_id(tr) == Recipe(layer=2, class_=int(tr.logits.argmax())).id  # top1: that class
             True
         """
         if isinstance(trace, (xr.Dataset, xr.DataTree)) and "image" not in trace.sizes:  # a store: layers checked

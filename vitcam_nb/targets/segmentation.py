@@ -45,6 +45,10 @@ class SegmentationLoss(Target):
             raise TraceError(f"labels: expected integer class indices, got dtype {arr.dtype}")
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
             raise TraceError(f"ignore_index: expected an int, got {ignore_index!r}")
+        negative = (arr < 0) & (arr != ignore_index)
+        if negative.any():  # no class has a negative index: refused here, before any model pass
+            raise TraceError(f"labels: class {int(arr[negative][0])} is negative; class indices are >= 0 (pixels to "
+                             f"skip carry ignore_index {int(ignore_index)})")
         if reduction not in REDUCTIONS:
             raise TraceError(f"reduction: expected one of {list(REDUCTIONS)} (one score to differentiate), "
                              f"got {reduction!r}")

@@ -276,7 +276,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
     if not isinstance(path, (str, os.PathLike)):
         raise ArgumentTypeError(f"path: expected a file path (str or pathlib.Path), got {type(path).__name__}")
     path = Path(path)
-    overwrite = as_flag("overwrite", overwrite)
+    overwrite, progress = as_flag("overwrite", overwrite), as_flag("progress", progress)
     _check_display(trace, colormap, opacity, size, title)
     _check_axes(axes)
     _check_limit(trace, axes, max_mb)

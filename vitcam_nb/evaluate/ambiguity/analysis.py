@@ -242,6 +242,12 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
     if is_map_store(trace):  # the store's recipes are the space
         return {**store_space(trace, fixed, open_fields(fixed)), **{f: tuple(v) for f, v in space.items()}}
     view = TraceView.of(trace)
+    traced, n = [int(v) for v in view.layers], int(view.num_layers)
+    absent = [v for v in space.get("layer", ()) if isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+              and not (-n <= v < n and int(v) % n in traced)]
+    if absent:  # a block the trace lacks would only be skipped: refused by name before any map
+        raise ArgumentError(f"space: layer {absent[0]!r} is not a block of this trace (it holds blocks {traced} of "
+                            f"a {n}-block model; negative values count from the end)")
     out = {}
     # The cross-attention site is no vision site (its layers are the text layers): it only opens text_tokens.
     xattn = [*view.sites, "xattn"] if "xattn" in trace.variables else view.sites
