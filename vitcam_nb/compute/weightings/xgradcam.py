@@ -15,6 +15,7 @@ import torch
 
 from vitcam_nb.compute import torch_kernels as tk
 from vitcam_nb.compute.channel_maps import weighted_channels
+from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.weighting import Weighting, register_weighting
 
 # The weighting is reached through its registration (WEIGHTINGS.get(name)); its functions are not API.
@@ -44,6 +45,8 @@ def torch_kernel(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, group
 
 def reference(A: np.ndarray, G: np.ndarray, wmask: np.ndarray, patch: np.ndarray) -> np.ndarray:
     Gw, Aw = G[wmask], A[wmask]
+    if not np.all(np.abs(Aw.sum(0)) > 1e-2):  # a comparison near the pole would test rounding, not the formula
+        raise ArgumentError("A: a channel's activation sum is near 0; the reference needs well-conditioned data")
     return A[patch] @ (Gw * Aw / (Aw.sum(0) + 1e-7)).sum(0)
 
 
