@@ -28,6 +28,9 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.scorecard.card`: every recipe x every registered metric
   (:mod:`~vitcam_nb.evaluate.metric_registry`, filled by :mod:`~vitcam_nb.evaluate.metrics_builtin`) over many
   images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard.plot`.
+* :mod:`~vitcam_nb.evaluate.metrics`: the metrics that are one module each and register themselves (found by
+  walking that package, listed nowhere); each one's public functions are ``vc.evaluate.<name>`` too. Their shared
+  helpers (correlation with the NaN rule, ...) are :mod:`~vitcam_nb.evaluate.metric_helpers`.
 * :mod:`~vitcam_nb.evaluate.audit.position_probe`: how well each token site's activations still predict the tokens' grid
   positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
 * :mod:`~vitcam_nb.evaluate.shapley.values`: exact Shapley values of a grid of patch groups (all 2^n masked forward
@@ -193,3 +196,20 @@ __all__ = [
     "frame_pointing",
     "right_frames",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # vc.evaluate.<name> for the public functions of the metric modules (vitcam_nb.evaluate.metrics), which are
+    # found by walking their package: a new metric needs no import or __all__ entry here.
+    from vitcam_nb.evaluate.metrics import exported
+
+    table = exported()
+    if name in table:
+        return table[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    from vitcam_nb.evaluate.metrics import exported
+
+    return sorted({*globals(), *exported()})
