@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+from vitcam_nb.evaluate import metrics as _metric_modules
 from vitcam_nb.evaluate._common import MetricWarning, resolve_k
 from vitcam_nb.evaluate.agreement.atlas import atlas, plot_atlas, recipe_labels
 from vitcam_nb.evaluate.agreement.metrics import (
@@ -197,19 +198,18 @@ __all__ = [
     "right_frames",
 ]
 
+# The metric modules were walked above (scorecard.card imports metrics_builtin): their public names join __all__.
+__all__ += [_name for _name in _metric_modules.exported() if _name not in __all__]
+
 
 def __getattr__(name: str) -> object:
     # vc.evaluate.<name> for the public functions of the metric modules (vitcam_nb.evaluate.metrics), which are
     # found by walking their package: a new metric needs no import or __all__ entry here.
-    from vitcam_nb.evaluate.metrics import exported
-
-    table = exported()
+    table = _metric_modules.exported()
     if name in table:
         return table[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    from vitcam_nb.evaluate.metrics import exported
-
-    return sorted({*globals(), *exported()})
+    return sorted({*globals(), *_metric_modules.exported()})
