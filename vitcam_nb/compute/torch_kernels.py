@@ -1,17 +1,19 @@
-"""The weighting kernels, head rules and layer fusions in torch, beside their NumPy references in
-:mod:`vitcam_nb.compute.kernels` and :mod:`vitcam_nb.compute.fusion`: the same formulas term for term, on
+"""The helpers of the weighting kernels, head rules and layer fusions in torch, beside their NumPy references in
+:mod:`vitcam_nb.compute.channel_maps`, :mod:`vitcam_nb.compute.kernels` and :mod:`vitcam_nb.compute.fusion`: the
+same formulas term for term, on
 tensors of any device, so that maps can be computed where the trace's tensors live (a GPU) without a copy to
 the host. NumPy stays the reference (and the default for traces held in memory); these equal it within float32
 rounding (tests/unit/compute/test_torch_kernels.py checks every registered entry).
 
-Each kernel is attached to its registered weighting (``Weighting.torch_kernel``), so a weighting registered
-with a torch function of its own is computed on the device too. Indices (``wmask``, ``patch``) are slices or
-integer tensors on the tensors' device.
+Each weighting's torch kernel is written in its own module of :mod:`vitcam_nb.compute.weightings` with these
+helpers and attached to its registered weighting (``Weighting.torch_kernel``), so a weighting registered with a
+torch function of its own is computed on the device too. Indices (``wmask``, ``patch``) are slices or integer
+tensors on the tensors' device.
 
 Example:
     >>> import torch
     >>> A = torch.ones(3, 2); G = torch.ones(3, 2)
-    >>> gradcam(A, G, slice(1, 3), slice(1, 3), 1)[0][..., 0]
+    >>> weighted_channels(A, G[1:3].mean(dim=0), slice(1, 3), 1)[0][..., 0]
     tensor([2., 2.])
 """
 
@@ -24,8 +26,10 @@ import torch
 
 from vitcam_nb.core.errors import RecipeError
 
-# The kernels themselves are reached through their registered weighting (Weighting.torch_kernel), as in kernels.
-__all__ = ["HEAD_RULES_TORCH", "LAYER_FUSIONS_TORCH", "apply_head_rule", "fuse", "relu"]
+# The kernels themselves live with their weighting (vitcam_nb.compute.weightings) and are reached through it
+# (Weighting.torch_kernel); ``torch_kernels.gradcam`` and the like still name them (module __getattr__ below).
+__all__ = ["HEAD_RULES_TORCH", "LAYER_FUSIONS_TORCH", "apply_head_rule", "first_component", "fuse", "group_channels",
+           "relu", "softmax_channels", "summed_channels", "weighted_channels"]
 
 Maps = tuple[torch.Tensor, torch.Tensor]
 
@@ -40,65 +44,49 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return torch.clamp_min(x, 0)
 
 
-def _group(x: torch.Tensor, groups: int) -> torch.Tensor:
+def group_channels(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Split the last (channel) axis into ``groups`` equal groups, as ``channel_maps.group_channels``.
+
+    Example:
+        >>> group_channels(torch.arange(4), 2).tolist()
+        [[0, 1], [2, 3]]
+    """
     return x.reshape(*x.shape[:-1], groups, x.shape[-1] // groups)
 
 
-def _weighted(A: torch.Tensor, alpha: torch.Tensor, patch: Any, groups: int) -> Maps:
-    """map[t, g] = sum_{k in g} alpha_k A[t, k] over the patch tokens, and the same sum of absolute terms."""
-    Ap = _group(A[..., patch, :], groups)
-    al = _group(alpha, groups)
+def weighted_channels(A: torch.Tensor, alpha: torch.Tensor, patch: Any, groups: int) -> Maps:
+    """map[t, g] = sum_{k in g} alpha_k A[t, k] over the patch tokens, and the same sum of absolute terms (the torch
+    twin of ``channel_maps.weighted_channels``, equal to it within float32 rounding).
+
+    Example:
+        >>> weighted_channels(torch.ones(3, 2), torch.tensor([1.0, 2.0]), slice(1, 3), 1)[0][..., 0]
+        tensor([3., 3.])
+    """
+    Ap = group_channels(A[..., patch, :], groups)
+    al = group_channels(alpha, groups)
     return (torch.einsum("...tgd,...gd->...tg", Ap, al),
             torch.einsum("...tgd,...gd->...tg", Ap.abs(), al.abs()))
 
 
-def gradcam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """alpha_k = mean over weight tokens of G[t,k]."""
-    return _weighted(A, G[..., wmask, :].mean(dim=-2), patch, groups)
+def summed_channels(terms: torch.Tensor, groups: int) -> Maps:
+    """map[t, g] = sum_{k in g} terms[t, k] and the sum of |terms|, as ``channel_maps.summed_channels``.
 
-
-def gradcampp(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """alpha_k = sum_t relu(G) a, a = G^2 / (2 G^2 + (sum_t A) G^3 + 1e-6), a = 0 where G = 0."""
-    Gw, Aw = G[..., wmask, :], A[..., wmask, :]
-    g2 = Gw * Gw
-    a = g2 / (2 * g2 + Aw.sum(dim=-2, keepdim=True) * g2 * Gw + 1e-6)
-    alpha = (relu(Gw) * torch.where(Gw != 0, a, torch.zeros_like(a))).sum(dim=-2)
-    return _weighted(A, alpha, patch, groups)
-
-
-def xgradcam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """alpha_k = sum_t G[t,k] A[t,k] / (sum_t A[t,k] + 1e-7)."""
-    Gw, Aw = G[..., wmask, :], A[..., wmask, :]
-    return _weighted(A, (Gw * Aw / (Aw.sum(dim=-2, keepdim=True) + 1e-7)).sum(dim=-2), patch, groups)
-
-
-def _summed(terms: torch.Tensor, groups: int) -> Maps:
-    terms = _group(terms, groups)
+    Example:
+        >>> summed_channels(torch.tensor([[1.0, -2.0]]), 1)
+        (tensor([[-1.]]), tensor([[3.]]))
+    """
+    terms = group_channels(terms, groups)
     return terms.sum(dim=-1), terms.abs().sum(dim=-1)
 
 
-def hirescam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """map[t] = sum_k G[t,k] A[t,k]."""
-    return _summed(G[..., patch, :] * A[..., patch, :], groups)
+def first_component(X: torch.Tensor) -> Maps:
+    """Projection of the centred X on its first right singular vector, the largest-|value| token positive, as
+    ``channel_maps.first_component``.
 
-
-def gradcam_elementwise(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """map[t] = sum_k relu(G[t,k] A[t,k])."""
-    return _summed(relu(G[..., patch, :] * A[..., patch, :]), groups)
-
-
-def layercam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """map[t] = sum_k relu(G[t,k]) A[t,k]."""
-    return _summed(relu(G[..., patch, :]) * A[..., patch, :], groups)
-
-
-def gradient(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """map[t] = sum_k G[t,k]."""
-    return _summed(G[..., patch, :], groups)
-
-
-def _first_component(X: torch.Tensor) -> Maps:
-    """Projection of the centred X on its first right singular vector, the largest-|value| token positive."""
+    Example:
+        >>> first_component(torch.tensor([[0.0, 0.0], [0.0, 0.0], [3.0, 0.0]]))[0][..., 0].tolist()
+        [-1.0, -1.0, 2.0]
+    """
     X = X - X.mean(dim=-2, keepdim=True)
     _, _, vt = torch.linalg.svd(X, full_matrices=False)
     v = vt[..., 0, :]
@@ -109,46 +97,21 @@ def _first_component(X: torch.Tensor) -> Maps:
     return proj[..., None], scale[..., None]
 
 
-def eigencam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """First principal component of the activations (no gradient)."""
-    return _first_component(A[..., patch, :])
+def softmax_channels(S: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last axis in float64, returned as float32, as ``channel_maps.softmax_channels``.
 
-
-def eigengradcam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int) -> Maps:
-    """First principal component of G * A."""
-    return _first_component((G * A)[..., patch, :])
-
-
-def _softmax(S: torch.Tensor) -> torch.Tensor:
+    Example:
+        >>> softmax_channels(torch.zeros(2))
+        tensor([0.5000, 0.5000])
+    """
     S = S.to(torch.float64)
     e = torch.exp(S - S.amax(dim=-1, keepdim=True))
     return (e / e.sum(dim=-1, keepdim=True)).to(torch.float32)
 
 
-def scorecam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int, *, scores: torch.Tensor,
-             base: torch.Tensor, k: int | None) -> Maps:
-    """alpha = softmax over channels of the stored scores; map[t] = sum_k alpha_k A[t,k]."""
-    return _weighted(A, _softmax(scores), patch, groups)
-
-
-def ablationcam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int, *, scores: torch.Tensor,
-                base: torch.Tensor, k: int | None) -> Maps:
-    """alpha_k = (s - s_k) / s, s the target score and s_k the score with channel k zeroed."""
-    base = base.to(torch.float64)[..., None]
-    return _weighted(A, ((base - scores) / base).to(torch.float32), patch, groups)
-
-
-def gscorecam(A: torch.Tensor, G: torch.Tensor, wmask: Any, patch: Any, groups: int, *, scores: torch.Tensor,
-              base: torch.Tensor, k: int | None) -> Maps:
-    """Score-CAM restricted to the top-k channels by mean gradient (softmax over those k only)."""
-    if k > A.shape[-1]:
-        raise RecipeError(f"k: {k} is more than the {A.shape[-1]} channels of this site")
-    # capture.scoring.top_channels: ties by channel order (a stable sort of the negated weights).
-    weight = G[..., patch, :].to(torch.float32).mean(dim=-2)
-    top = torch.sort(-weight, dim=-1, stable=True).indices[..., :k]
-    alpha = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
-    alpha.scatter_(-1, top, _softmax(torch.gather(scores, -1, top)))
-    return _weighted(A, alpha, patch, groups)
+# The private names these helpers had before they were public.
+_group, _weighted, _summed, _first_component, _softmax = (group_channels, weighted_channels, summed_channels,
+                                                          first_component, softmax_channels)
 
 
 def _one_head(head: int) -> Callable[[torch.Tensor, torch.Tensor], Maps]:
@@ -201,3 +164,12 @@ def fuse(maps: torch.Tensor, how: str) -> torch.Tensor:
         raise RecipeError(f"layer_fusion: {how!r} has no torch implementation here; torch fuses "
                           f"{list(LAYER_FUSIONS_TORCH)} (rollouts are computed by vitcam_nb.compute.torch_maps)")
     return LAYER_FUSIONS_TORCH[how](maps)
+
+
+def __getattr__(name: str) -> Callable[..., Maps]:
+    # ``torch_kernels.gradcam``: the torch kernel of a registered weighting, where these kernels used to be defined.
+    from vitcam_nb.core.weighting import WEIGHTINGS
+
+    if name in WEIGHTINGS and WEIGHTINGS.get(name).torch_kernel is not None:
+        return WEIGHTINGS.get(name).torch_kernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

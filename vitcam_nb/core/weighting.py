@@ -1,8 +1,9 @@
 """Channel weightings (the recipe field ``weighting``): what a weighting is, and the table of them.
 
 A :class:`Weighting` names a formula, states it for the checklist, and carries the kernel that computes
-it; :data:`WEIGHTINGS` holds every weighting a recipe may name. The built-in kernels are registered by
-:mod:`vitcam_nb.compute.kernels`; :func:`register_weighting` adds your own without editing the package.
+it; :data:`WEIGHTINGS` holds every weighting a recipe may name. The built-in channel weightings are one module
+each in :mod:`vitcam_nb.compute.weightings` (found by walking that package, not listed); :func:`register_weighting`
+adds your own without editing the package.
 
 Example:
     >>> import vitcam_nb  # registers the built-in kernels
@@ -54,6 +55,12 @@ class Weighting:
     for the exact scale only where the bound cannot tell a real map from rounding noise.
     ``torch_kernel``: the same formula on torch tensors (same signature, tensors in and out, on any device), used
     where maps are computed on the trace's device (:mod:`vitcam_nb.compute.torch_maps`); None: NumPy only.
+    ``reference``: the formula written plainly, for tests: ``reference(A, G, wmask, patch, **stored) -> (patch,)``
+    for one site and one channel group, ``A`` and ``G`` (token, channel) float64, ``wmask`` and ``patch`` integer
+    token indices, ``stored`` as the kernel's (``scores`` (channel,), ``base`` a float, ``k``). The tests check every
+    registered kernel against it (and the torch kernel against the kernel); None: no reference written.
+    ``zero_from_zero_gradient``: the kernel's map is zero wherever the gradients it reads are zero (each term has a
+    gradient factor), so a nonzero map proves them nonzero and no scan of the gradients is needed for it.
 
     Example:
         >>> Weighting("w", "map = 0", lambda *a: a).all_channels
@@ -72,6 +79,8 @@ class Weighting:
     scored_target: str = "logit"
     channel_weights: Callable[..., np.ndarray] | None = None
     torch_kernel: Callable[..., tuple] | None = None
+    reference: Callable[..., np.ndarray] | None = None
+    zero_from_zero_gradient: bool = False
 
 
 WEIGHTINGS: Registry[Weighting] = Registry("weighting")
@@ -95,10 +104,9 @@ def register_weighting(weighting: Weighting, *, replace: bool = False) -> None:
                                 f"{type(weighting).__name__}")
     if not callable(weighting.kernel):
         raise ArgumentTypeError(f"weighting: the kernel of {weighting.name!r} is not callable")
-    if weighting.channel_weights is not None and not callable(weighting.channel_weights):
-        raise ArgumentTypeError(f"weighting: the channel_weights of {weighting.name!r} is not callable")
-    if weighting.torch_kernel is not None and not callable(weighting.torch_kernel):
-        raise ArgumentTypeError(f"weighting: the torch_kernel of {weighting.name!r} is not callable")
+    for part in ("channel_weights", "torch_kernel", "reference"):
+        if getattr(weighting, part) is not None and not callable(getattr(weighting, part)):
+            raise ArgumentTypeError(f"weighting: the {part} of {weighting.name!r} is not callable")
     WEIGHTINGS.register(weighting.name, weighting, replace=replace)
 
 

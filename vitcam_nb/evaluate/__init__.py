@@ -28,6 +28,9 @@ One job per module:
 * :mod:`~vitcam_nb.evaluate.scorecard.card`: every recipe x every registered metric
   (:mod:`~vitcam_nb.evaluate.metric_registry`, filled by :mod:`~vitcam_nb.evaluate.metrics_builtin`) over many
   images, with bootstrap intervals; read with :mod:`~vitcam_nb.evaluate.scorecard.plot`.
+* :mod:`~vitcam_nb.evaluate.metrics`: the metrics that are one module each and register themselves (found by
+  walking that package, listed nowhere); each one's public functions are ``vc.evaluate.<name>`` too. Their shared
+  helpers (correlation with the NaN rule, ...) are :mod:`~vitcam_nb.evaluate.metric_helpers`.
 * :mod:`~vitcam_nb.evaluate.audit.position_probe`: how well each token site's activations still predict the tokens' grid
   positions (a cross-validated ridge probe), the evidence for or against the raster reshape.
 * :mod:`~vitcam_nb.evaluate.shapley.values`: exact Shapley values of a grid of patch groups (all 2^n masked forward
@@ -47,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+from vitcam_nb.evaluate import metrics as _metric_modules
 from vitcam_nb.evaluate._common import MetricWarning, resolve_k
 from vitcam_nb.evaluate.agreement.atlas import atlas, plot_atlas, recipe_labels
 from vitcam_nb.evaluate.agreement.metrics import (
@@ -193,3 +197,19 @@ __all__ = [
     "frame_pointing",
     "right_frames",
 ]
+
+# The metric modules were walked above (scorecard.card imports metrics_builtin): their public names join __all__.
+__all__ += [_name for _name in _metric_modules.exported() if _name not in __all__]
+
+
+def __getattr__(name: str) -> object:
+    # vc.evaluate.<name> for the public functions of the metric modules (vitcam_nb.evaluate.metrics), which are
+    # found by walking their package: a new metric needs no import or __all__ entry here.
+    table = _metric_modules.exported()
+    if name in table:
+        return table[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_metric_modules.exported()})

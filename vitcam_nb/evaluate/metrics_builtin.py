@@ -24,6 +24,7 @@ from vitcam_nb.evaluate.metric_registry import (
     on_model_maps,
     register_metric,
 )
+from vitcam_nb.evaluate.metrics import discover
 from vitcam_nb.evaluate.randomisation.mprt import efficient_mprt
 from vitcam_nb.evaluate.randomisation.parameters import randomised_logit
 from vitcam_nb.evaluate.robustness.stability import robustness
@@ -142,3 +143,5 @@ def _register() -> None:
 
 
 _register()
+# The metrics that are one module each register themselves; found by walking their package, listed nowhere.
+discover("vitcam_nb.evaluate.metrics")

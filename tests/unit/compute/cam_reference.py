@@ -1,9 +1,11 @@
 """Hand-made traces and the direct NumPy reference the tests of ``vc.cam`` (``test_flat_*.py``) compare against.
 
-The reference is written from the formulas of docs/architecture.md ("Recipes and formulas") only. It runs on small
+The reference is written from the formulas of docs/architecture.md ("Recipes and formulas") only; each channel
+weighting's formula is its registered ``reference``, written plainly beside (never calling) its kernel in
+vitcam_nb/compute/weightings/, so that a new weighting is tested here by registration alone. It runs on small
 hand-made Datasets in the trace schema (1 CLS + a 2x3 patch grid, 4 channels, 2 heads of dim 2,
 2 layers, sites F1 and F3 + F2) whose values are small quarter-integers, so every expected answer is
-computed independently of vitcam_nb. ``handmade(perm=...)`` stores the very same tokens in a shuffled token
+computed independently of vitcam_nb's kernels. ``handmade(perm=...)`` stores the very same tokens in a shuffled token
 order (CLS included), to prove that maps are placed by ``patch_row``/``patch_col``.
 """
 
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 import xarray as xr
 
 import vitcam_nb as vc
+from vitcam_nb.core.weighting import WEIGHTINGS
 
 # --------------------------------------------------------------------------------------------------
 # Hand-made traces
@@ -131,38 +134,11 @@ def ref_target_grad(g: np.ndarray, logits: np.ndarray, target: str, cls_pos: int
 
 
 def ref_map(A: np.ndarray, G: np.ndarray, weighting: str, wtok: str = "patch") -> np.ndarray:
-    """(T, K) activations and gradients -> map over the patch tokens (P,)."""
-    w = WMASK[wtok]
-    Ap, Gp = A[PATCH], G[PATCH]
-    if weighting == "gradcam":
-        return Ap @ G[w].mean(0)
-    if weighting == "hirescam":
-        return (Gp * Ap).sum(1)
-    if weighting == "gradcam_elementwise":
-        return relu(Gp * Ap).sum(1)
-    if weighting == "gradcampp":
-        Gw, S = G[w], A[w].sum(0)
-        den = 2 * Gw**2 + S * Gw**3 + 1e-6
-        assert np.all(np.abs(den[Gw != 0]) > 1e-2), "hand-made data must keep Grad-CAM++ well conditioned"
-        a = np.where(Gw != 0, Gw**2 / den, 0)
-        return Ap @ (relu(Gw) * a).sum(0)
-    if weighting == "xgradcam":
-        Gw, Aw = G[w], A[w]
-        return Ap @ (Gw * Aw / (Aw.sum(0) + 1e-7)).sum(0)
-    if weighting == "layercam":
-        return (relu(Gp) * Ap).sum(1)
-    if weighting in ("eigencam", "eigengradcam"):
-        X = Ap if weighting == "eigencam" else Gp * Ap
-        X = X - X.mean(0)
-        _, s, vt = np.linalg.svd(X)
-        assert s[0] - s[1] > 1e-3 * s[0], "first singular vector must be well defined"
-        proj = X @ vt[0]
-        mag = np.sort(np.abs(proj))
-        assert mag[-1] - mag[-2] > 1e-6, "the largest-|value| token must be unique"
-        return proj if proj[np.abs(proj).argmax()] > 0 else -proj
-    if weighting == "gradient":
-        return Gp.sum(1)
-    raise AssertionError(weighting)
+    """(T, K) activations and gradients -> map over the patch tokens (P,), by the weighting's registered
+    ``reference``: the formula written plainly in its own module (vitcam_nb/compute/weightings/), not the kernel."""
+    reference = WEIGHTINGS.get(weighting).reference
+    assert reference is not None, f"{weighting} has no reference formula to test against"
+    return reference(A, G, WMASK[wtok], PATCH)
 
 
 def ref_heads(per_head: list[np.ndarray], rule) -> np.ndarray:

@@ -47,7 +47,11 @@ WEIGHTINGS = tuple(w for w in weighting_names() if not REGISTRY.get(w).scores an
 @pytest.mark.parametrize("layer", [0, -1])
 def test_weighting_formulas_token_sites(hm, arr, weighting, site, layer):
     got = raw_cam(hm, site=site, layer=layer, weighting=weighting)
-    close(got, ref_raw(arr, site=site, layer=layer % NL, weighting=weighting), rtol=1e-4)
+    want = ref_raw(arr, site=site, layer=layer % NL, weighting=weighting)
+    # A formula may be constant on these 6-token traces (a threshold at 2 standard deviations over the tokens is
+    # hardly ever crossed by 6 values): the map must then be that constant. Every weighting is also checked on
+    # data where its map is not constant: tests/unit/compute/test_weighting_registry.py.
+    close(got, want, rtol=1e-4, nontrivial=np.ptp(want) > 0)
 
 
 @pytest.mark.parametrize("weighting", ["gradcam", "gradcampp", "xgradcam"])

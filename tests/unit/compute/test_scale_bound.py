@@ -37,7 +37,9 @@ def traces():
 
 
 def test_the_channel_weighted_kernels_are_the_ones_written_as_sum_alpha_a():
-    assert set(CHANNEL_WEIGHTED) == {"gradcam", "gradcampp", "xgradcam", "scorecam", "ablationcam", "gscorecam"}
+    # Containment, not the exact list: a weighting registered later with channel weights joins the tests below.
+    assert {"gradcam", "gradcampp", "xgradcam", "scorecam", "ablationcam", "gscorecam"} <= set(CHANNEL_WEIGHTED)
+    assert not {"hirescam", "layercam", "gradient", "eigencam"} & set(CHANNEL_WEIGHTED)
     A = np.ones((2, 3), np.float32)
     assert channel_token_maps(A, A, "hirescam", slice(None), slice(None), 1) is None
 

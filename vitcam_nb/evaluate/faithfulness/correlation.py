@@ -30,18 +30,15 @@ from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.evaluate._common import nan_because, resolve_k
 from vitcam_nb.evaluate.faithfulness.irof import irof
 from vitcam_nb.evaluate.faithfulness.removal import check_count, removed_scores, setup
+from vitcam_nb.evaluate.metric_helpers import correlation
 
 __all__ = ["MODEL_FAITHFULNESS_METRICS", "faithfulness_correlation", "monotonicity_correlation", "saco",
            "saco_coefficient"]
 
 
 def _correlation(kind: str, a: np.ndarray, b: np.ndarray, metric: str) -> float:
-    from scipy import stats  # here, not at import: scipy takes half a second to import
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
-        which = "the map's totals" if np.ptp(a) == 0 else "the model's responses"
-        return nan_because(metric, f"{which} are constant over the removals; a correlation is undefined")
-    fn = stats.pearsonr if kind == "pearson" else stats.spearmanr
-    return float(fn(a, b)[0])
+    # The private name this helper had; public, documented: vitcam_nb.evaluate.metric_helpers.correlation.
+    return correlation(a, b, kind, metric)
 
 
 def faithfulness_correlation(
