@@ -94,11 +94,12 @@ def test_a_registered_family_without_a_measured_row_is_said_to_have_none():
     try:
         assert "`zz_probe_family`" in _generated("README.md")
         matrix = generate.support_matrix()
-        assert "without a measured row: `zz_probe_family`" in matrix
+        unmeasured = matrix.split("without a measured row:")[1]
+        assert "`zz_probe_family`" in unmeasured
         assert "| `zz_probe_family` |" not in matrix  # no cell is claimed for it: no test measured one
     finally:
         unregister_adapter(adapter)
-    assert "without a measured row: none" in generate.support_matrix()
+    assert "zz_probe_family" not in generate.support_matrix()
 
 
 def test_the_matrix_cells_are_the_measured_ones():

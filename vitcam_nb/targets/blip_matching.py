@@ -22,7 +22,7 @@ from vitcam_nb.targets.base import Target
 __all__ = ["ItmTarget", "itm"]
 
 
-def _as_ids(value: Any, field: str) -> torch.Tensor:
+def as_ids(value: Any, field: str) -> torch.Tensor:
     """A 1-D int64 CPU tensor from a 1-D or (1, L) tensor, array or list of ints."""
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
@@ -152,12 +152,12 @@ def itm(input_ids: Any, attention_mask: Any = None, *, match: bool = True, token
     """
     if not isinstance(match, (bool, np.bool_)):
         raise TraceError(f"match: expected True or False, got {match!r}")
-    ids = _as_ids(input_ids, "input_ids")
+    ids = as_ids(input_ids, "input_ids")
     if attention_mask is None:
         mask = torch.ones_like(ids)
     else:
         given = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else None
-        mask = _as_ids(attention_mask, "attention_mask")
+        mask = as_ids(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise TraceError(f"attention_mask: shape {given or tuple(mask.shape)} does not match input_ids "
                              f"{tuple(getattr(input_ids, 'shape', ids.shape))}")
