@@ -39,7 +39,7 @@ import torch
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.qkv import timm_qkv_sites
 from vitcam_nb.capture.hooks import removable_hooks
-from vitcam_nb.capture.rules.base import RuleImpl, register_rule
+from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_input,
@@ -50,7 +50,7 @@ from vitcam_nb.capture.rules.common import (
 )
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["check_vit", "rule_hooks"]
+__all__ = ["check_vit", "rule_hooks", "vit_impl"]
 
 MODELS = "timm VisionTransformer: vit_*, deit_*, DINOv2 and register variants with plain Attention and a GELU Mlp"
 
@@ -134,7 +134,11 @@ def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu
         yield
 
 
-for _rule, _attention, _gelu in (("cp_lrp", "constant", "identity"), ("attnlrp", "uniform", "identity"),
-                                 ("libragrad", "constant", "gate")):
-    register_rule(_rule, RuleImpl("vit", partial(check_vit, rule=_rule),
-                                  partial(rule_hooks, attention=_attention, gelu=_gelu), MODELS), replace=True)
+def vit_impl(rule: str, *, attention: str, gelu: str) -> RuleImpl:
+    """Rule ``rule`` on the ViT family with the given attention and GELU treatment (see :func:`rule_hooks`).
+
+    Example:
+        >>> vit_impl("cp_lrp", attention="constant", gelu="identity").family
+        'vit'
+    """
+    return RuleImpl("vit", partial(check_vit, rule=rule), partial(rule_hooks, attention=attention, gelu=gelu), MODELS)
