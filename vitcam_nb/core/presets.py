@@ -1,7 +1,10 @@
 """Named recipes with a citation: the variants other libraries and papers use, made explicit.
 
 Each function returns a :class:`~vitcam_nb.Recipe`; :data:`CITATIONS` maps preset names to their source
-and :func:`citation` finds the preset a recipe came from, so the checklist can name it.
+and :func:`citation` finds the preset a recipe came from, so the checklist can name it. A preset registers
+itself where it is defined (:func:`~vitcam_nb.core.preset_registry.register_preset`, a decorator); the modules
+``vitcam_nb/core/presets_*.py`` are found by a walk of the package the first time the presets are listed or
+looked up, so adding a preset is one new module (its public path ``vc.presets.<name>`` included).
 
 Example:
     >>> from vitcam_nb import presets
@@ -16,6 +19,7 @@ import importlib
 from collections.abc import Callable
 
 from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.preset_registry import PRESET_ROWS, discover_presets, register_preset  # noqa: F401  (re-exported)
 from vitcam_nb.core.recipe import Recipe
 
 PYTORCH_GRAD_CAM = ("Gildenblat et al., pytorch-grad-cam 1.5.7 (github.com/jacobgil/pytorch-grad-cam), ViT tutorial: "
@@ -289,6 +293,16 @@ PRESETS: dict[str, Callable[..., Recipe]] = {
 }
 
 
+def preset_names() -> list[str]:
+    """Every preset's name, in the order of the preset table (the registered ones found first).
+
+    Example:
+        >>> preset_names()[0]
+        'pytorch_grad_cam_vit'
+    """
+    return names()
+
+
 def names() -> list[str]:
     """Names of all presets.
 
@@ -299,6 +313,7 @@ def names() -> list[str]:
     # The published presets register from several modules, in the order the (lazy) package happened to import
     # them; the taxonomy's order is fixed, so menus, tables and reports list them alike in every process. Imported
     # by name: the taxonomy imports this module (and every preset module, so all are registered after it).
+    discover_presets()
     taxonomy = importlib.import_module("vitcam_nb.core.preset_taxonomy").TAXONOMY
     order = {name: i for i, name in enumerate(taxonomy)}
     return sorted(PRESETS, key=lambda name: order.get(name, len(order)))
@@ -311,6 +326,7 @@ def get(name: str, **kwargs: object) -> Recipe:
         >>> get("gradcam", layer=3).layer
         3
     """
+    discover_presets()
     if name not in PRESETS:
         raise RecipeError(f"name: unknown preset {name!r}; presets are {names()}")
     return PRESETS[name](**kwargs)
@@ -326,6 +342,7 @@ def citation(recipe: Recipe | str) -> str:
         >>> citation("attention_rollout") == citation(attention_rollout())
         True
     """
+    discover_presets()
     if isinstance(recipe, str):
         if recipe not in CITATIONS:
             raise RecipeError(f"recipe: unknown preset name {recipe!r}; presets are {names()}")
@@ -344,6 +361,7 @@ def preset_name(recipe: Recipe) -> str:
     """
     if not isinstance(recipe, Recipe):
         raise RecipeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+    discover_presets()
     defaults = _default_recipes(tuple(PRESETS.items()))
     for name, preset in defaults:
         if preset == recipe:
