@@ -50,7 +50,7 @@ from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_output,
-    gelu_kind,
+    gelu_variant,
     half_input,
     half_output,
     layer_norm_hook,
@@ -84,7 +84,7 @@ def _check_mlp(where: str, what: str, mlp: torch.nn.Module, mlp_class: str) -> N
                                                   for n in ("fc1", "fc2")):
         raise TraceError(f"{where} {what}'s MLP is a {type(mlp).__name__}, not {mlp_class} (fc1, activation, fc2)")
     act = getattr(mlp, "activation_fn", None)
-    if act is None or gelu_kind(act) is None:
+    if act is None or gelu_variant(act) is None:
         raise TraceError(f"{where} {what}'s MLP activation is a {type(act).__name__}, not a {_GELU}")
 
 

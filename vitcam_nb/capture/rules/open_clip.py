@@ -37,7 +37,7 @@ from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_input,
-    gelu_kind,
+    gelu_variant,
     half_input,
     half_output,
     layer_norm_hook,
@@ -69,7 +69,7 @@ def check_open_clip(model: torch.nn.Module, adapter: Adapter, rule: str) -> None
                 raise TraceError(f"{where} block {i}'s {name} is a {type(getattr(blk, name)).__name__}, not a "
                                  "LayerNorm")
         act = getattr(blk.mlp, "gelu", None)
-        if act is None or gelu_kind(act) is None:
+        if act is None or gelu_variant(act) is None:
             raise TraceError(f"{where} block {i}'s MLP activation is a {type(act).__name__}, not a GELU")
     if getattr(tower, "attn_pool", None) is not None:
         raise TraceError(f"{where} this tower pools with an attentional pooler (attn_pool)")

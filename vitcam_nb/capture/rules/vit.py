@@ -43,7 +43,7 @@ from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_input,
-    gelu_kind,
+    gelu_variant,
     half_input,
     half_output,
     layer_norm_hook,
@@ -77,7 +77,7 @@ def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str, block_type: t
     for i, blk in enumerate(blocks):
         if type(blk) is not block_type:
             raise TraceError(f"{where} block {i} is a {type(blk).__name__}, not timm's pre-norm Block")
-        if type(blk.mlp) is not Mlp or gelu_kind(blk.mlp.act) is None:
+        if type(blk.mlp) is not Mlp or gelu_variant(blk.mlp.act) is None:
             raise TraceError(f"{where} block {i}'s MLP is a {type(blk.mlp).__name__} with "
                              f"{type(getattr(blk.mlp, 'act', None)).__name__}, not an Mlp with a GELU")
         for name in ("norm1", "norm2"):
