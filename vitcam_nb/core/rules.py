@@ -14,7 +14,7 @@ with a channel weighting that reads them out (``cp_lrp``, ``attnlrp``, ``libragr
 stored name (:func:`check_rule`), so traces, checklists and recipe ids are those of the stored name.
 
 Example:
-    >>> rule_names()
+    >>> rule_names()[:5]
     ['gradient', 'cp_lrp', 'attnlrp', 'libragrad', 'chefer_lrp']
     >>> check_rule("attnlrp"), check_rule("attnlrp_rule")
     ('attnlrp', 'attnlrp')
