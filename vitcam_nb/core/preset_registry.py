@@ -19,9 +19,14 @@ from typing import TypeVar
 from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["PRESET_ROWS", "discover_presets", "register_preset"]
+__all__ = ["CITATIONS", "PRESETS", "PRESET_ROWS", "discover_presets", "register_preset"]
 
 F = TypeVar("F", bound=Callable[..., Recipe])
+
+#: Every preset: name -> its recipe factory (filled by the preset modules; ``vitcam_nb.core.presets.PRESETS``).
+PRESETS: dict[str, Callable[..., Recipe]] = {}
+#: Every preset's source: name -> citation (``vitcam_nb.core.presets.CITATIONS``).
+CITATIONS: dict[str, str] = {}
 
 #: The audit-table rows of presets registered with one (:func:`register_preset`'s ``taxonomy``); the taxonomy
 #: module adds them to its table.
@@ -33,7 +38,6 @@ def discover_presets() -> None:
     """Import every ``vitcam_nb.core.presets_*`` module once, so that each registers its presets.
 
     Example:
-        >>> from vitcam_nb.core.presets import PRESETS
         >>> discover_presets(); "tokentm" in PRESETS
         True
     """
@@ -68,8 +72,6 @@ def register_preset(citation: str, *, name: str | None = None, taxonomy: dict[st
         raise ArgumentError(f"citation: expected a non-empty string naming the preset's source, got {citation!r}")
 
     def register(make: F) -> F:
-        from vitcam_nb.core.presets import CITATIONS, PRESETS
-
         key = name or make.__name__
         if key in PRESETS and PRESETS[key] is not make and not replace:
             raise ArgumentError(f"name: a preset named {key!r} is registered already; pass replace=True")
@@ -88,8 +90,6 @@ def register_preset(citation: str, *, name: str | None = None, taxonomy: dict[st
 
 def _forget(name: str) -> None:
     """Remove a preset registered at run time (examples and tests)."""
-    from vitcam_nb.core.presets import CITATIONS, PRESETS
-
     PRESETS.pop(name, None)
     CITATIONS.pop(name, None)
     PRESET_ROWS.pop(name, None)

@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
 
 from vitcam_nb.core.errors import RecipeError
-from vitcam_nb.core.preset_registry import PRESET_ROWS, discover_presets, register_preset  # noqa: F401  (re-exported)
+from vitcam_nb.core.preset_registry import (  # noqa: F401  (re-exported)
+    CITATIONS,
+    PRESET_ROWS,
+    PRESETS,
+    discover_presets,
+    register_preset,
+)
 from vitcam_nb.core.recipe import Recipe
 
 PYTORCH_GRAD_CAM = ("Gildenblat et al., pytorch-grad-cam 1.5.7 (github.com/jacobgil/pytorch-grad-cam), ViT tutorial: "
                     "target layer blocks[-1].norm1, reshape_transform dropping the class token, ReLU, min-max "
                     "normalisation, bilinear resize")
-CITATIONS: dict[str, str] = {
+CITATIONS.update({
     "pytorch_grad_cam_vit": PYTORCH_GRAD_CAM,
     "gradcam": "Selvaraju et al. 2017, Grad-CAM, ICCV; " + PYTORCH_GRAD_CAM,
     "hirescam": "Draelos & Carin 2020, HiResCAM, arXiv:2011.08891; " + PYTORCH_GRAD_CAM,
@@ -57,7 +62,7 @@ CITATIONS: dict[str, str] = {
     "albef_itm_gradcam": "Li et al. 2021, Align before Fuse (ALBEF), NeurIPS; official visualisation "
                          "github.com/salesforce/ALBEF (visualization.ipynb): ITM score, cross-attention of text "
                          "layer 8, mean over heads of A * relu(G), the [CLS] text row",
-}
+})
 #: The presets 0.1 shipped: their checklists keep the citation alone (the 0.1 contract fixes that text).
 V0_1_PRESETS = ("pytorch_grad_cam_vit", "gradcam", "hirescam", "gradcam_elementwise", "gradcampp", "xgradcam",
                 "layercam", "eigencam", "eigengradcam", "chefer_attention_gradcam", "attention_rollout",
@@ -282,7 +287,7 @@ def albef_itm_gradcam(layer: int = 8, text_tokens: str | int = "cls") -> Recipe:
                   text_tokens=text_tokens)
 
 
-PRESETS: dict[str, Callable[..., Recipe]] = {
+PRESETS.update({
     "pytorch_grad_cam_vit": pytorch_grad_cam_vit, "gradcam": gradcam, "hirescam": hirescam,
     "gradcam_elementwise": gradcam_elementwise, "gradcampp": gradcampp, "xgradcam": xgradcam,
     "layercam": layercam, "eigencam": eigencam, "eigengradcam": eigengradcam,
@@ -290,7 +295,7 @@ PRESETS: dict[str, Callable[..., Recipe]] = {
     "gradient_rollout": gradient_rollout, "legrad_style": legrad_style,
     "transition_attention_maps": transition_attention_maps, "beyond_intuition_head": beyond_intuition_head,
     "beyond_intuition_token": beyond_intuition_token, "vit_cx": vit_cx, "albef_itm_gradcam": albef_itm_gradcam,
-}
+})
 
 
 def preset_names() -> list[str]:
