@@ -20,6 +20,7 @@ import importlib as _importlib
 import typing as _typing
 
 from vitcam_nb.core import registry as _registry
+from vitcam_nb.core import rules as _rules
 from vitcam_nb.core.errors import (
     ArgumentError,
     ArgumentIndexError,
@@ -38,6 +39,8 @@ from vitcam_nb.core.version import __version__
 
 # The registries of core (weightings, trace kinds) are filled by compute: imported on their first use.
 _registry.fill_from("vitcam_nb.compute")
+# The backward rules are modules of the capture layer, each stating its name and text in core's table.
+_rules.fill_rules_from("vitcam_nb.capture.rules")
 # Importing core above bound vc.core; unbound again, so that its first use goes through __getattr__ and finds the
 # modules (vc.core.provenance, ...) that the first use imports.
 globals().pop("core", None)

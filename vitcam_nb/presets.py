@@ -1,5 +1,7 @@
 """``vitcam_nb.presets`` (``vc.presets``): the named recipes with their citations. They are recipes, so they live
-in the core layer (:mod:`vitcam_nb.core.presets`); this module keeps the public path.
+in the core layer (:mod:`vitcam_nb.core.presets`); this module keeps the public path. A preset a module registers
+(:func:`register_preset`, in ``vitcam_nb/core/presets_<topic>.py``) is reached as ``vc.presets.<name>`` with no
+import added here.
 
 Example:
     >>> from vitcam_nb import presets
@@ -9,6 +11,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from vitcam_nb.core.preset_registry import register_preset
 from vitcam_nb.core.preset_taxonomy import TAXONOMY
 from vitcam_nb.core.presets import (
     CITATIONS,
@@ -31,6 +36,7 @@ from vitcam_nb.core.presets import (
     legrad_style,
     names,
     preset_name,
+    preset_names,
     preset_text,
     pytorch_grad_cam_vit,
     transition_attention_maps,
@@ -55,9 +61,19 @@ __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gr
            "eigengradcam", "get", "grad_eclip", "grad_eclip_paper", "grad_sam", "gradcam", "gradcam_elementwise",
            "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad", "legrad_cls", "legrad_style",
            "markdown_table",
-           "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "tokentm", "transformer_attribution",
-           "transition_attention_maps",
-           "vit_cx", "xgradcam"]
+           "names", "preset_name", "preset_names", "preset_text", "pytorch_grad_cam_vit", "register_preset", "tokentm",
+           "transformer_attribution", "transition_attention_maps", "vit_cx", "xgradcam"]
+
+
+def __getattr__(name: str) -> Callable:
+    # a preset registered by its own module (no import line here): vc.presets.<name> is its factory
+    if name in PRESETS or (not name.startswith("__") and name in preset_names()):
+        return PRESETS[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(preset_names()))
 
 #: The columns of the preset table: the paper, its official code, then the audit's five categories.
 COLUMNS = ("paper", "code", "site", "target", "tokens", "aggregation", "reconstruction")
@@ -74,7 +90,7 @@ def markdown_table() -> str:
     head = ["preset", "paper", "official code", "site", "target", "token rule", "aggregation",
             "spatial reconstruction"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for name in names():
+    for name in preset_names():
         row = TAXONOMY.get(name, {})
         cells = [f"`{name}`"] + [row.get(c, "?").replace("|", "\\|") for c in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")

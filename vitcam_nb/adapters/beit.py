@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from vitcam_nb.adapters.base import SiteSpec
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vit import VIT_SITES, VitAdapter
 from vitcam_nb.core.errors import ArgumentTypeError
 
@@ -20,6 +21,7 @@ BEIT_SITES: dict[str, SiteSpec] = {
 }
 
 
+@declare_family(priority=120)
 class BeitAdapter(VitAdapter):
     """timm ``Beit``: one class token first, then the patch tokens; relative position bias inside attention.
 

@@ -29,6 +29,7 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
 from vitcam_nb.adapters.hf import eager_attention
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["BLIP_SITES", "BlipAdapter", "MODEL_CLASS", "XATTN_TEMPLATE", "is_blip_itm"]
@@ -66,6 +67,7 @@ def is_blip_itm(model: object) -> bool:
                for cls in type(model).__mro__)
 
 
+@declare_family(needs="transformers", priority=150)
 class BlipAdapter(Adapter):
     """Hugging Face ``BlipForImageTextRetrieval``: vision sites on ``vision_model.encoder.layers``, the
     cross-attention site ``xattn`` on the text encoder.

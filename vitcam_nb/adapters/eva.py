@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from vitcam_nb.adapters.base import SiteSpec
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vit import VitAdapter
 from vitcam_nb.core.errors import ArgumentTypeError
 
@@ -54,6 +55,7 @@ def _is_post_norm(model: torch.nn.Module) -> bool:
     return kinds.pop()
 
 
+@declare_family(priority=130)
 class EvaAdapter(VitAdapter):
     """timm ``Eva``: class token (optional), then register tokens, then patches; RoPE and/or absolute positions.
 

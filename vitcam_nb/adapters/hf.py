@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfBeitAdapter", "HfDeitAdapter", "HfDinov2Adapter", "HfDinov2RegistersAdapter", "HfSiteSpec",
@@ -105,6 +106,7 @@ def eager_attention(model: torch.nn.Module) -> Iterator[list[str]]:
             cfg._attn_implementation_internal = impl
 
 
+@declare_family(needs="transformers", priority=200)
 class HfVitAdapter(Adapter):
     """transformers ``ViTModel`` / ``ViTForImageClassification``: one class token, then the patches.
 
@@ -316,6 +318,7 @@ class HfVitAdapter(Adapter):
         return "absolute"
 
 
+@declare_family(needs="transformers", priority=210)
 class HfDeitAdapter(HfVitAdapter):
     """transformers DeiT (``DeiTModel``, ``DeiTForImageClassification(WithTeacher)``): class token, then the
     distillation token, then the patches. The teacher model's logits average the two heads.
@@ -343,6 +346,7 @@ class HfDeitAdapter(HfVitAdapter):
         return super().pooling(model)
 
 
+@declare_family(needs="transformers", priority=220)
 class HfDinov2Adapter(HfVitAdapter):
     """transformers ``Dinov2Model`` / ``Dinov2ForImageClassification``: class token, then the patches; layer
     scales after attention and MLP; position embeddings interpolated at every input size.
@@ -371,6 +375,7 @@ class HfDinov2Adapter(HfVitAdapter):
         return "absolute (interpolated to the input size)"
 
 
+@declare_family(needs="transformers", priority=230)
 class HfDinov2RegistersAdapter(HfDinov2Adapter):
     """transformers ``Dinov2WithRegistersModel`` / ``...ForImageClassification``: class token, the register
     tokens, then the patches.
@@ -389,6 +394,7 @@ class HfDinov2RegistersAdapter(HfDinov2Adapter):
         return ["cls"] + ["reg"] * int(model.config.num_register_tokens)
 
 
+@declare_family(needs="transformers", priority=240)
 class HfBeitAdapter(HfVitAdapter):
     """transformers ``BeitModel`` / ``BeitForImageClassification``: class token, then the patches; relative
     position bias added to the attention scores before the softmax; layer scales ``lambda_1``/``lambda_2``.

@@ -19,6 +19,7 @@ import torch
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import HfSiteSpec, HfVitAdapter
 from vitcam_nb.adapters.qkv import projected_qk_sites
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.schema import QKV_SITES
 
 __all__ = ["HfClipAdapter", "HfSiglipAdapter", "OPENAI_CLIP_MEAN", "OPENAI_CLIP_STD"]
@@ -27,6 +28,7 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+@declare_family(needs="transformers", priority=250)
 class HfClipAdapter(HfVitAdapter):
     """transformers CLIP vision towers: class token, then the patches.
 
@@ -67,6 +69,7 @@ class HfClipAdapter(HfVitAdapter):
         return "token (class token after post_layernorm" + (", then visual_projection)" if projected else ")")
 
 
+@declare_family(needs="transformers", priority=260)
 class HfSiglipAdapter(HfClipAdapter):
     """transformers SigLIP vision towers: patches only (no class token); an attention-pooling head reads them.
 

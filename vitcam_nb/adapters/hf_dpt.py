@@ -23,11 +23,13 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import HALF_MEAN, HALF_STD, HfSiteSpec, HfVitAdapter
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfDptAdapter"]
 
 
+@declare_family(needs="transformers", priority=300)
 class HfDptAdapter(HfVitAdapter):
     """transformers ``DPTForSemanticSegmentation`` with a ViT backbone: one class token, then the patches.
 

@@ -18,11 +18,13 @@ from __future__ import annotations
 import torch
 
 from vitcam_nb.adapters.hf_clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, HfClipAdapter
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError
 
 __all__ = ["HfOwlVitAdapter", "HfOwlv2Adapter"]
 
 
+@declare_family(needs="transformers", priority=350)
 class HfOwlVitAdapter(HfClipAdapter):
     """transformers ``OwlViTForObjectDetection``: the CLIP image tower at ``owlvit.vision_model``.
 
@@ -62,6 +64,7 @@ class HfOwlVitAdapter(HfClipAdapter):
         return {**super().describe(model), "detections": "one per patch token (box head + grid-cell box bias)"}
 
 
+@declare_family(needs="transformers", priority=360)
 class HfOwlv2Adapter(HfOwlVitAdapter):
     """transformers ``Owlv2ForObjectDetection``: as OWL-ViT, at ``owlv2.vision_model``, with an objectness head.
 

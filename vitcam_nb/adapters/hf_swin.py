@@ -35,6 +35,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec, TraceContext
 from vitcam_nb.adapters.hf import IMAGENET_MEAN, IMAGENET_STD, eager_attention, is_transformers_model
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.swin import SwinAdapter, window_tokens
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
@@ -81,6 +82,7 @@ _V2_SITES = {
 }
 
 
+@declare_family(needs="transformers", priority=270)
 class HfSwinAdapter(SwinAdapter):
     """transformers ``SwinModel`` / ``SwinForImageClassification`` (also ``SwinForMaskedImageModeling``).
 
@@ -298,6 +300,7 @@ class HfSwinAdapter(SwinAdapter):
         }
 
 
+@declare_family(needs="transformers", priority=280)
 class HfSwinv2Adapter(HfSwinAdapter):
     """transformers ``Swinv2Model`` / ``Swinv2ForImageClassification``: post-norm layers (no F1, F4), scaled
     cosine attention with a continuous relative position bias, computed explicitly (F2 is always a tensor).

@@ -29,6 +29,7 @@ import torch
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import IMAGENET_MEAN, IMAGENET_STD, is_transformers_model
 from vitcam_nb.adapters.hf_swin import HfSwinAdapter
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError
 
 __all__ = ["HfUperNetSwinAdapter"]
@@ -37,6 +38,7 @@ __all__ = ["HfUperNetSwinAdapter"]
 SWIN_BACKBONES = ("SwinBackbone",)
 
 
+@declare_family(needs="transformers", priority=290)
 class HfUperNetSwinAdapter(HfSwinAdapter):
     """transformers ``UperNetForSemanticSegmentation`` whose ``backbone`` is a ``SwinBackbone``.
 

@@ -35,6 +35,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import HfSiteSpec, HfVitAdapter
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfTimesformerAdapter", "HfVideoMaeAdapter", "HfVivitAdapter", "PerClip", "VideoAdapterMixin",
@@ -172,6 +173,7 @@ class VideoAdapterMixin:
                "restored after) so F2 exists"
 
 
+@declare_family(needs="transformers", priority=310)
 class HfVideoMaeAdapter(VideoAdapterMixin, HfVitAdapter):
     """transformers ``VideoMAEModel`` / ``VideoMAEForVideoClassification``: tubelet tokens, no class token.
 
@@ -224,6 +226,7 @@ class HfVideoMaeAdapter(VideoAdapterMixin, HfVitAdapter):
         return "fixed sinusoid table, one row per tubelet token"
 
 
+@declare_family(needs="transformers", priority=320)
 class HfVivitAdapter(VideoAdapterMixin, HfVitAdapter):
     """transformers ``VivitModel`` / ``VivitForVideoClassification``: a class token, then tubelet tokens.
 
@@ -241,6 +244,7 @@ class HfVivitAdapter(VideoAdapterMixin, HfVitAdapter):
         return t, h, w
 
 
+@declare_family(needs="transformers", priority=330)
 class HfTimesformerAdapter(VideoAdapterMixin, HfVitAdapter):
     """transformers ``TimesformerModel`` / ``TimesformerForVideoClassification`` with divided space-time
     attention (see the module docstring for the class-token copies and the two attention kinds).

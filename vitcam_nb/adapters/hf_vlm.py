@@ -35,6 +35,7 @@ import torch
 
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
@@ -170,6 +171,7 @@ def vlm_family_of(model: object) -> VlmFamily:
                             f"{', '.join(sorted(VLM_FAMILIES))}")
 
 
+@declare_family(needs="transformers", priority=370)
 class HfVlmAdapter(HfClipAdapter):
     """Generative VLMs (:data:`VLM_FAMILIES`): tower sites as the tower's family, plus ``projector``,
     ``lm_resid`` and ``lm_attn`` at the image-token positions.

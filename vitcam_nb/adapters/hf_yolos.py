@@ -22,6 +22,7 @@ import torch
 
 from vitcam_nb.adapters.base import SiteSpec
 from vitcam_nb.adapters.hf import IMAGENET_MEAN, IMAGENET_STD, HfSiteSpec, HfVitAdapter
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError
 
 __all__ = ["HfYolosAdapter", "yolos_token_order"]
@@ -42,6 +43,7 @@ def yolos_token_order(n_tokens: int, n_det: int) -> torch.Tensor:
                       torch.arange(1, 1 + patches)])
 
 
+@declare_family(needs="transformers", priority=340)
 class HfYolosAdapter(HfVitAdapter):
     """transformers YOLOS: class token, patches, then ``config.num_detection_tokens`` detection tokens (stored
     with the prefix tokens, after the class token).

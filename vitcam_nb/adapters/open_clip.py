@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["CLIP_SITES", "ClipSiteSpec", "OpenClipAdapter", "image_embedding_dim", "is_open_clip_vit",
@@ -194,6 +195,7 @@ def _explicit_attention(mha: torch.nn.MultiheadAttention):
     return forward
 
 
+@declare_family(needs="open_clip", priority=140)
 class OpenClipAdapter(Adapter):
     """open_clip ``VisionTransformer`` towers, traced inside a whole ``CLIP`` model or on their own.
 

@@ -1,12 +1,15 @@
 """The table of adapters: which one reads a model, and how families are added.
 
-Built-in families are listed here by import path with the optional package each needs (``open_clip`` for the
-open_clip adapter, ``transformers`` for BLIP and the Hugging Face families), and are imported the first time the
-table is used, each only when its package is installed. Third-party packages add families through the
-``vitcam_nb.adapters`` entry point group (``name = "package.module:AdapterClass"``), looked up before the built-ins
-(a plugin for a subclass of a built-in family must win over it); a user adds one at run time with
-:func:`register_adapter`, by default in front of all. The first adapter whose ``matches`` accepts the model reads
-it.
+Every family is one class that declares itself with :func:`declare_family` (a decorator): the optional package it
+needs (``open_clip`` for the open_clip adapter, ``transformers`` for BLIP and the Hugging Face families), its place
+in the lookup order (``priority``, smaller first; ``before``: families it must precede, e.g. a subclass family
+before its parent's). The built-in families are found by walking this package (every module is imported the first
+time the table is used; a class whose package is not installed is left out), so adding one is adding a module.
+Third-party packages add families through the ``vitcam_nb.adapters`` entry point group
+(``name = "package.module:AdapterClass"``), looked up before the built-ins (a plugin for a subclass of a built-in
+family must win over it); a user adds one at run time with :func:`register_adapter`, by default in front of all.
+The first adapter whose ``matches`` accepts the model reads it. :data:`BUILTIN_ADAPTERS` is the declared built-ins
+as ``(family, "module:Class", needs)`` in lookup order, computed from the declarations.
 
 Example:
     >>> import timm
@@ -18,63 +21,146 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import pkgutil
 import threading
 import warnings
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any, TypeVar
 
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.wrappers import unsupported_message
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "find_adapter", "register_adapter", "supported_families",
-           "unregister_adapter"]
+__all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "FamilySpec", "declare_family", "declared_families",  # noqa: F822
+           "find_adapter", "register_adapter", "supported_families", "unregister_adapter"]
 
 ENTRY_POINT_GROUP = "vitcam_nb.adapters"
-#: (family, "module:Class", package it needs or None), in lookup order.
-BUILTIN_ADAPTERS: tuple[tuple[str, str, str | None], ...] = (
-    ("vit", "vitcam_nb.adapters.vit:VitAdapter", None),
-    ("swin", "vitcam_nb.adapters.swin:SwinAdapter", None),
-    ("beit", "vitcam_nb.adapters.beit:BeitAdapter", None),
-    ("eva", "vitcam_nb.adapters.eva:EvaAdapter", None),
-    ("open_clip", "vitcam_nb.adapters.open_clip:OpenClipAdapter", "open_clip"),
-    ("blip", "vitcam_nb.adapters.blip:BlipAdapter", "transformers"),
-    ("hf_vit", "vitcam_nb.adapters.hf:HfVitAdapter", "transformers"),
-    ("hf_deit_distilled", "vitcam_nb.adapters.hf:HfDeitAdapter", "transformers"),
-    ("hf_dinov2", "vitcam_nb.adapters.hf:HfDinov2Adapter", "transformers"),
-    ("hf_dinov2_registers", "vitcam_nb.adapters.hf:HfDinov2RegistersAdapter", "transformers"),
-    ("hf_beit", "vitcam_nb.adapters.hf:HfBeitAdapter", "transformers"),
-    ("hf_clip", "vitcam_nb.adapters.hf_clip:HfClipAdapter", "transformers"),
-    ("hf_siglip", "vitcam_nb.adapters.hf_clip:HfSiglipAdapter", "transformers"),
-    ("hf_swin", "vitcam_nb.adapters.hf_swin:HfSwinAdapter", "transformers"),
-    ("hf_swinv2", "vitcam_nb.adapters.hf_swin:HfSwinv2Adapter", "transformers"),
-    ("hf_upernet_swin", "vitcam_nb.adapters.hf_upernet:HfUperNetSwinAdapter", "transformers"),
-    ("hf_dpt", "vitcam_nb.adapters.hf_dpt:HfDptAdapter", "transformers"),
-    ("hf_videomae", "vitcam_nb.adapters.hf_video:HfVideoMaeAdapter", "transformers"),
-    ("hf_vivit", "vitcam_nb.adapters.hf_video:HfVivitAdapter", "transformers"),
-    ("hf_timesformer", "vitcam_nb.adapters.hf_video:HfTimesformerAdapter", "transformers"),
-    ("hf_yolos", "vitcam_nb.adapters.hf_yolos:HfYolosAdapter", "transformers"),
-    ("hf_owlvit", "vitcam_nb.adapters.hf_owl:HfOwlVitAdapter", "transformers"),
-    ("hf_owlv2", "vitcam_nb.adapters.hf_owl:HfOwlv2Adapter", "transformers"),
-    ("hf_vlm", "vitcam_nb.adapters.hf_vlm:HfVlmAdapter", "transformers"),
-)
+#: The package whose modules declare the built-in families (walked, every module imported, on first use).
+BUILTIN_PACKAGE = "vitcam_nb.adapters"
+#: The priority of a family that declares none: after every built-in.
+DEFAULT_PRIORITY = 1000
 
+A = TypeVar("A", bound=type)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One declared family: its adapter class, the package it needs (None: none beyond the kit's own) and its
+    place in the lookup order.
+
+    Example:
+        >>> from vitcam_nb.adapters.vit import VitAdapter
+        >>> FamilySpec("vit", VitAdapter, None, 100).target
+        'vitcam_nb.adapters.vit:VitAdapter'
+    """
+
+    family: str
+    cls: type
+    needs: str | None
+    priority: int
+    before: tuple[str, ...] = ()
+
+    @property
+    def target(self) -> str:
+        """``"module:Class"``, as an entry point names a class."""
+        return f"{self.cls.__module__}:{self.cls.__qualname__}"
+
+
+# family -> spec, in order of declaration
+_DECLARED: dict[str, FamilySpec] = {}
 _ADAPTERS: list[Adapter] = []
 _LOADED = False
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
-def _load(target: str) -> type:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+def declare_family(*, needs: str | None = None, priority: int = DEFAULT_PRIORITY,
+                   before: tuple[str, ...] = ()) -> Any:
+    """Class decorator: declare the decorated :class:`Adapter` subclass (its ``family`` attribute) as a family,
+    read when its package ``needs`` is installed, at ``priority`` in the lookup order (smaller first; equal
+    priorities keep the order of declaration) and before every family named in ``before``. Declared again (a
+    reloaded module), the family's entry is replaced.
+
+    Example:
+        >>> @declare_family(priority=5000)
+        ... class Mine(Adapter):
+        ...     family = "mine_demo"
+        >>> declared_families()[-1].family
+        'mine_demo'
+        >>> _forget("mine_demo")
+    """
+    if needs is not None and (not isinstance(needs, str) or not needs):
+        raise ArgumentError(f"needs: expected a package name or None, got {needs!r}")
+    if isinstance(before, str) or not all(isinstance(f, str) for f in before):
+        raise ArgumentError(f"before: expected a tuple of family names, got {before!r}")
+
+    def declare(cls: A) -> A:
+        if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+            raise ArgumentTypeError(f"cls: declare_family decorates an Adapter subclass, got {cls!r}")
+        family = getattr(cls, "family", None)
+        if not isinstance(family, str) or not family or family == Adapter.family:
+            raise ArgumentError(f"family: {cls.__name__} must set its own family name (got {family!r})")
+        with _LOCK:
+            _DECLARED[family] = FamilySpec(family, cls, needs, int(priority), tuple(before))
+        return cls
+
+    return declare
+
+
+def _forget(family: str) -> None:
+    """Drop a declaration (examples and tests that declare a family of their own)."""
+    with _LOCK:
+        _DECLARED.pop(family, None)
+
+
+def _discover() -> None:
+    """Import every module of :data:`BUILTIN_PACKAGE`, so that each declares its families."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{BUILTIN_PACKAGE}.{module.name}")
+
+
+def _ordered(specs: list[FamilySpec]) -> list[FamilySpec]:
+    """``specs`` by priority (stable), then each moved in front of the first family its ``before`` names."""
+    order = sorted(specs, key=lambda s: s.priority)
+    for spec in [s for s in order if s.before]:
+        names = [s.family for s in order]
+        ahead = [names.index(f) for f in spec.before if f in names]
+        if ahead and min(ahead) < names.index(spec.family):
+            order.remove(spec)
+            order.insert(min(ahead), spec)
+    return order
+
+
+def declared_families() -> list[FamilySpec]:
+    """Every declared family (the built-ins, found by walking the package, and any module imported that declares
+    one) in lookup order, whether or not its package is installed.
+
+    Example:
+        >>> declared_families()[0].family
+        'vit'
+    """
+    with _LOCK:
+        _discover()
+        return _ordered(list(_DECLARED.values()))
+
+
+def _builtin_adapters() -> tuple[tuple[str, str, str | None], ...]:
+    return tuple((s.family, s.target, s.needs) for s in declared_families())
+
+
+def __getattr__(name: str) -> Any:
+    # BUILTIN_ADAPTERS is computed from the declarations (PEP 562), so no tuple is kept by hand
+    if name == "BUILTIN_ADAPTERS":
+        return _builtin_adapters()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _table() -> list[Adapter]:
-    """The adapters in lookup order, the built-in and entry-point ones loaded on first use."""
+    """The adapters in lookup order, the declared and entry-point ones loaded on first use."""
     global _LOADED
     with _LOCK:
         if not _LOADED:
-            builtins = [_load(target)() for _, target, needs in BUILTIN_ADAPTERS
-                        if needs is None or importlib.util.find_spec(needs) is not None]
             plugins = []
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 try:
@@ -82,6 +168,10 @@ def _table() -> list[Adapter]:
                 except Exception as exc:  # a broken plugin must not take the built-in families down
                     warnings.warn(f"adapter entry point {ep.name!r} ({ep.value}) failed to load: {exc}",
                                   RuntimeWarning, stacklevel=3)
+            # a plugin class that also declares itself is read once, as a plugin
+            taken = {type(p) for p in plugins}
+            builtins = [s.cls() for s in declared_families() if s.cls not in taken
+                        and (s.needs is None or importlib.util.find_spec(s.needs) is not None)]
             _ADAPTERS[:] = plugins + builtins
             _LOADED = True
     return _ADAPTERS

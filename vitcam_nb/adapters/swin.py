@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec, TraceContext
+from vitcam_nb.adapters.registry import declare_family
 
 __all__ = ["NHWC", "POST_NORM_MISSING", "SWIN_SITES", "SwinAdapter", "WINDOWED", "window_tokens"]
 
@@ -66,6 +67,7 @@ def window_tokens(height: int, width: int, window: tuple[int, int], shift: tuple
     return windows.reshape(-1, window[0] * window[1]).numpy()
 
 
+@declare_family(priority=110)
 class SwinAdapter(Adapter):
     """timm ``SwinTransformer`` and ``SwinTransformerV2``.
 

@@ -6,6 +6,7 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
 from vitcam_nb.adapters.qkv import timm_qkv_sites
+from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.core.errors import ArgumentTypeError
 
 VIT_SITES: dict[str, SiteSpec] = {
@@ -21,6 +22,7 @@ VIT_SITES: dict[str, SiteSpec] = {
 }
 
 
+@declare_family(priority=100)
 class VitAdapter(Adapter):
     """timm ``VisionTransformer`` and subclasses that keep its pre-norm block.
 

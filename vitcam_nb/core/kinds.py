@@ -1,13 +1,15 @@
-"""Trace kinds: how one kind of trace turns recipes into maps, and the table that picks the kind.
+"""Trace forms (named "trace kinds" before 0.4; the old names stay as aliases): how one form of trace turns
+recipes into maps, and the table that picks the form. "Kind" is kept for the schema's target kind
+(``attrs["target_kind"]``) and token kind (the ``token_kind`` coordinate); a trace's computation is its form.
 
 A single-image trace, a hierarchical (Swin) tree, a cross-attention recipe on a vision-language trace and
-a many-image store each need their own computation. Each is a :class:`TraceKind` registered in
-:data:`TRACE_KINDS` by its module in :mod:`vitcam_nb.compute`; none knows the others. The public
-functions (``vc.cam``, ``vc.gallery``, ``Recipe.checklist``) ask :func:`kind_for` which one applies.
+a many-image store each need their own computation. Each is a :class:`TraceForm` registered in
+:data:`TRACE_FORMS` by its module in :mod:`vitcam_nb.compute`; none knows the others. The public
+functions (``vc.cam``, ``vc.gallery``, ``Recipe.checklist``) ask :func:`form_for` which one applies.
 
 Example:
     >>> import vitcam_nb as vc
-    >>> kind_for(None, vc.Recipe()).name
+    >>> form_for(None, vc.Recipe()).name
     'flat'
 """
 
@@ -23,7 +25,7 @@ from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.registry import Registry
 
-__all__ = ["TRACE_KINDS", "MapValues", "TraceKind", "kind_for"]
+__all__ = ["TRACE_FORMS", "TRACE_KINDS", "MapValues", "TraceForm", "TraceKind", "form_for", "kind_for"]
 
 #: What :meth:`TraceKind.compute` returns: the map, why it is degenerate (empty: it is not), and which
 #: fused layers were degenerate and left out.
@@ -31,8 +33,9 @@ MapValues = tuple[np.ndarray, list[str], list[str]]
 
 
 class TraceKind:
-    """The interface every trace kind implements. ``recipe`` is always a :class:`vitcam_nb.Recipe` (typed
-    ``Any`` here: the recipe module dispatches through this one, so this one cannot import it).
+    """The interface every trace form implements (``TraceForm``; ``TraceKind`` is its 0.3 name). ``recipe`` is
+    always a :class:`vitcam_nb.Recipe` (typed ``Any`` here: the recipe module dispatches through this one, so this
+    one cannot import it).
 
     Example:
         >>> class Nothing(TraceKind):
@@ -107,25 +110,34 @@ class TraceKind:
         return recipe.replace(layer=absolute(recipe.layer))
 
 
-TRACE_KINDS: Registry[TraceKind] = Registry("trace kind")
+#: The trace forms in lookup order; each module of :mod:`vitcam_nb.compute` registers its own. ``TRACE_KINDS`` is
+#: the same table under its 0.3 name.
+TRACE_FORMS: Registry[TraceKind] = Registry("trace kind")
+TRACE_KINDS = TRACE_FORMS
+#: The interface of a trace form (``TraceKind`` is its 0.3 name).
+TraceForm = TraceKind
 
 
-def kind_for(trace: Any, recipe: Any = None) -> TraceKind:
-    """The first registered kind that accepts ``trace`` and ``recipe``.
+def form_for(trace: Any, recipe: Any = None) -> TraceKind:
+    """The first registered trace form that accepts ``trace`` and ``recipe`` (``kind_for``: its 0.3 name).
 
     Anything but an xarray Dataset or DataTree (or None, for reports without a trace) is a TypeError; an
-    xarray object no kind accepts is a TraceError naming the registered kinds.
+    xarray object no form accepts is a TraceError naming the registered forms (in the words of 0.3: "kinds").
 
     Example:
-        >>> kind_for([1, 2])  # doctest: +IGNORE_EXCEPTION_DETAIL
+        >>> form_for([1, 2])  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         vitcam_nb.core.errors.ArgumentTypeError: trace: expected an xarray.Dataset from vitcam_nb.trace(), got list
     """
     if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
         raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
-    for kind in TRACE_KINDS.values():
-        if kind.accepts(trace, recipe):
-            return kind
+    for form in TRACE_FORMS.values():
+        if form.accepts(trace, recipe):
+            return form
     raise TraceError(f"trace: no registered trace kind accepts this {type(trace).__name__}"
                      f"{f' with site {recipe.site!r}' if recipe is not None else ''}; registered kinds: "
-                     f"{TRACE_KINDS.names()}")
+                     f"{TRACE_FORMS.names()}")
+
+
+#: :func:`form_for` under its 0.3 name.
+kind_for = form_for

@@ -9,12 +9,13 @@ Example:
 
 from __future__ import annotations
 
-# These add the attention-gradient presets' and TokenTM's citations.
-from vitcam_nb.core import presets_attention, presets_tokentm  # noqa: F401
-from vitcam_nb.core.presets import CITATIONS
+from vitcam_nb.core.presets import CITATIONS, PRESET_ROWS, discover_presets
 from vitcam_nb.core.presets_rules import RULE_TAXONOMY
 
 __all__ = ["PGC", "TAXONOMY"]
+
+# Every preset module registers its presets and citations (read below) before the table is built.
+discover_presets()
 
 PGC = "https://github.com/jacobgil/pytorch-grad-cam"
 _F1_LAST = "F1, the output of blocks[-1].norm1 (the last block)"
@@ -154,3 +155,6 @@ TAXONOMY["tokentm"] = {
                    "C; w = length ratio * softmax over tokens of the cosine, resid_pre->resid_mid and resid_mid->F6",
     "reconstruction": "raster grid, bilinear upsampling, min-max",
 }
+
+# The rows of presets that register their own (a preset module added without editing this table).
+TAXONOMY.update(PRESET_ROWS)

@@ -1,7 +1,10 @@
 """Named recipes with a citation: the variants other libraries and papers use, made explicit.
 
 Each function returns a :class:`~vitcam_nb.Recipe`; :data:`CITATIONS` maps preset names to their source
-and :func:`citation` finds the preset a recipe came from, so the checklist can name it.
+and :func:`citation` finds the preset a recipe came from, so the checklist can name it. A preset registers
+itself where it is defined (:func:`~vitcam_nb.core.preset_registry.register_preset`, a decorator); the modules
+``vitcam_nb/core/presets_*.py`` are found by a walk of the package the first time the presets are listed or
+looked up, so adding a preset is one new module (its public path ``vc.presets.<name>`` included).
 
 Example:
     >>> from vitcam_nb import presets
@@ -13,15 +16,21 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
 
 from vitcam_nb.core.errors import RecipeError
+from vitcam_nb.core.preset_registry import (  # noqa: F401  (re-exported)
+    CITATIONS,
+    PRESET_ROWS,
+    PRESETS,
+    discover_presets,
+    register_preset,
+)
 from vitcam_nb.core.recipe import Recipe
 
 PYTORCH_GRAD_CAM = ("Gildenblat et al., pytorch-grad-cam 1.5.7 (github.com/jacobgil/pytorch-grad-cam), ViT tutorial: "
                     "target layer blocks[-1].norm1, reshape_transform dropping the class token, ReLU, min-max "
                     "normalisation, bilinear resize")
-CITATIONS: dict[str, str] = {
+CITATIONS.update({
     "pytorch_grad_cam_vit": PYTORCH_GRAD_CAM,
     "gradcam": "Selvaraju et al. 2017, Grad-CAM, ICCV; " + PYTORCH_GRAD_CAM,
     "hirescam": "Draelos & Carin 2020, HiResCAM, arXiv:2011.08891; " + PYTORCH_GRAD_CAM,
@@ -53,7 +62,7 @@ CITATIONS: dict[str, str] = {
     "albef_itm_gradcam": "Li et al. 2021, Align before Fuse (ALBEF), NeurIPS; official visualisation "
                          "github.com/salesforce/ALBEF (visualization.ipynb): ITM score, cross-attention of text "
                          "layer 8, mean over heads of A * relu(G), the [CLS] text row",
-}
+})
 #: The presets 0.1 shipped: their checklists keep the citation alone (the 0.1 contract fixes that text).
 V0_1_PRESETS = ("pytorch_grad_cam_vit", "gradcam", "hirescam", "gradcam_elementwise", "gradcampp", "xgradcam",
                 "layercam", "eigencam", "eigengradcam", "chefer_attention_gradcam", "attention_rollout",
@@ -278,7 +287,7 @@ def albef_itm_gradcam(layer: int = 8, text_tokens: str | int = "cls") -> Recipe:
                   text_tokens=text_tokens)
 
 
-PRESETS: dict[str, Callable[..., Recipe]] = {
+PRESETS.update({
     "pytorch_grad_cam_vit": pytorch_grad_cam_vit, "gradcam": gradcam, "hirescam": hirescam,
     "gradcam_elementwise": gradcam_elementwise, "gradcampp": gradcampp, "xgradcam": xgradcam,
     "layercam": layercam, "eigencam": eigencam, "eigengradcam": eigengradcam,
@@ -286,7 +295,17 @@ PRESETS: dict[str, Callable[..., Recipe]] = {
     "gradient_rollout": gradient_rollout, "legrad_style": legrad_style,
     "transition_attention_maps": transition_attention_maps, "beyond_intuition_head": beyond_intuition_head,
     "beyond_intuition_token": beyond_intuition_token, "vit_cx": vit_cx, "albef_itm_gradcam": albef_itm_gradcam,
-}
+})
+
+
+def preset_names() -> list[str]:
+    """Every preset's name, in the order of the preset table (the registered ones found first).
+
+    Example:
+        >>> preset_names()[0]
+        'pytorch_grad_cam_vit'
+    """
+    return names()
 
 
 def names() -> list[str]:
@@ -299,6 +318,7 @@ def names() -> list[str]:
     # The published presets register from several modules, in the order the (lazy) package happened to import
     # them; the taxonomy's order is fixed, so menus, tables and reports list them alike in every process. Imported
     # by name: the taxonomy imports this module (and every preset module, so all are registered after it).
+    discover_presets()
     taxonomy = importlib.import_module("vitcam_nb.core.preset_taxonomy").TAXONOMY
     order = {name: i for i, name in enumerate(taxonomy)}
     return sorted(PRESETS, key=lambda name: order.get(name, len(order)))
@@ -311,6 +331,7 @@ def get(name: str, **kwargs: object) -> Recipe:
         >>> get("gradcam", layer=3).layer
         3
     """
+    discover_presets()
     if name not in PRESETS:
         raise RecipeError(f"name: unknown preset {name!r}; presets are {names()}")
     return PRESETS[name](**kwargs)
@@ -326,6 +347,7 @@ def citation(recipe: Recipe | str) -> str:
         >>> citation("attention_rollout") == citation(attention_rollout())
         True
     """
+    discover_presets()
     if isinstance(recipe, str):
         if recipe not in CITATIONS:
             raise RecipeError(f"recipe: unknown preset name {recipe!r}; presets are {names()}")
@@ -344,6 +366,7 @@ def preset_name(recipe: Recipe) -> str:
     """
     if not isinstance(recipe, Recipe):
         raise RecipeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
+    discover_presets()
     defaults = _default_recipes(tuple(PRESETS.items()))
     for name, preset in defaults:
         if preset == recipe:

@@ -1,26 +1,36 @@
 """Backward rules (the trace argument ``rule``): their names, what each changes in the backward pass, and where it
-comes from. The implementations live in the capture layer (:mod:`vitcam_nb.capture.rules`), registered per model
-family; this table is what records, checklists and error messages read.
+comes from. Each rule is one module of :mod:`vitcam_nb.capture.rules` that states its text here
+(:func:`define_rule`) and registers its implementation there; the package is walked, so adding a rule edits no
+list. This module holds the table that records, checklists and error messages read (:data:`RULES`, a read-only
+view that loads the rule modules on first read).
 
 A rule changes only the backward pass: the forward pass, the logits and every stored activation stay those of
 the model. The stored gradients are then the rule's modified gradients, and input x modified gradient is the
 relevance of layer-wise relevance propagation (LRP) in its gradient x input form.
 
+Names: a rule's name is what a trace stores (``backward_rule``) and what ``rule=`` takes. Three rules share a name
+with a channel weighting that reads them out (``cp_lrp``, ``attnlrp``, ``libragrad``); their rule-only spellings
+``cp_lrp_rule``, ``attnlrp_rule`` and ``libragrad_rule`` are accepted everywhere ``rule=`` is and normalise to the
+stored name (:func:`check_rule`), so traces, checklists and recipe ids are those of the stored name.
+
 Example:
-    >>> rule_names()
+    >>> rule_names()[:5]
     ['gradient', 'cp_lrp', 'attnlrp', 'libragrad', 'chefer_lrp']
-    >>> check_rule("attnlrp")
-    'attnlrp'
+    >>> check_rule("attnlrp"), check_rule("attnlrp_rule")
+    ('attnlrp', 'attnlrp')
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentError, TraceError
 
-__all__ = ["DEFAULT_RULE", "LRP_PATENT_NOTE", "RULES", "RuleInfo", "check_rule", "rule_items", "rule_names",
-           "rule_sentence", "rule_text"]
+__all__ = ["DEFAULT_RULE", "LRP_PATENT_NOTE", "RULES", "RuleInfo", "check_rule", "define_rule", "fill_rules_from",
+           "rule_aliases", "rule_items", "rule_names", "rule_sentence", "rule_text"]
 
 #: The rule of a plain trace: autograd's own gradient (nothing substituted).
 DEFAULT_RULE = "gradient"
@@ -43,37 +53,105 @@ class RuleInfo:
     citation: str
 
 
-RULES: dict[str, RuleInfo] = {
-    "gradient": RuleInfo("autograd's gradient, nothing substituted", "none (plain backpropagation)"),
-    "cp_lrp": RuleInfo(
-        "conservative propagation: the softmax attention A treated as a constant (no gradient into q k^T; the "
-        "gradient at A itself is still stored), LayerNorm's standard deviation treated as a constant, GELU by the "
-        "identity rule (gradient gelu(x)/x), every other layer by its gradient",
-        "Ali et al. 2022, XAI for Transformers: Better Explanations through Conservative Propagation, ICML; as lxt "
-        "configures CP-LRP for vision transformers (lxt.efficient, models/vit_torch.py: identity rule on GELU)"),
-    "attnlrp": RuleInfo(
-        "AttnLRP: LayerNorm's standard deviation treated as a constant, GELU by the identity rule (gradient "
-        "gelu(x)/x), the products q k^T and A V by the uniform rule (half the gradient to each operand), softmax "
-        "by its gradient (AttnLRP's softmax rule in gradient x input form), every other layer by its gradient",
-        "Achtibat et al. 2024, AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers, ICML; "
-        "official package lxt (lxt.efficient rules: identity_rule_implicit, divide_gradient, stop_gradient)"),
-    "libragrad": RuleInfo(
-        "LibraGrad: the softmax attention A treated as a constant (the gradient path through softmax pruned), "
-        "LayerNorm's standard deviation treated as a constant, GELU's gate detached (x * g(x).detach(), g the "
-        "activation's own gate: Phi(x), its tanh approximation, or sigmoid(1.702 x) for the quick GELU), every other "
-        "layer by its gradient",
-        "Mehri, Soleymani Baghshah & Pilehvar 2025, LibraGrad: Balancing Gradient Flow for Universally Better "
-        "Vision Transformer Attributions, CVPR; official code github.com/NightMachinery/pytorch-image-models-"
-        "libragrad-v1 (timm/night/decomposition.py)"),
-    "chefer_lrp": RuleInfo(
-        "Chefer et al.'s LRP relevance pass: the backward carries relevance, not a gradient, from the one-hot of "
-        "the class (the stored 'gradient' at every site IS the LRP relevance there): Linear layers by "
-        "LRP-alpha1-beta0 (bias left out), LayerNorm, GELU, softmax and dropout pass relevance unchanged, the "
-        "products q k^T and A V by the z-rule with half the relevance to each operand, each residual sum split in "
-        "proportion to its operands and rescaled to keep the sum, relevance at a fork summed",
-        "Chefer, Gur & Wolf 2021, Transformer Interpretability Beyond Attention Visualization, CVPR; official code "
-        "github.com/hila-chefer/Transformer-Explainability (baselines/ViT/ViT_LRP.py, layers_ours.py)"),
-}
+# name -> (order, info); the rule modules fill it (define_rule) when first read
+_INFOS: dict[str, tuple[int, RuleInfo]] = {DEFAULT_RULE: (0, RuleInfo(
+    "autograd's gradient, nothing substituted", "none (plain backpropagation)"))}
+# alias -> name
+_ALIASES: dict[str, str] = {}
+# packages whose modules define rules, imported (by name: core imports no higher layer) before the first read
+_PENDING: list[str] = []
+_LOCK = threading.RLock()
+
+
+def fill_rules_from(module: str) -> None:
+    """Import ``module`` (by name) before the rule table is first read; ``vitcam_nb`` names its rule package here.
+
+    Example:
+        >>> fill_rules_from("vitcam_nb.core.errors")
+    """
+    with _LOCK:
+        if module not in _PENDING:
+            _PENDING.append(module)
+
+
+def _infos() -> dict[str, tuple[int, RuleInfo]]:
+    with _LOCK:
+        while _PENDING:  # popped before importing: the rule modules read the table while they are imported
+            module = _PENDING.pop(0)
+            try:
+                importlib.import_module(module)
+            except BaseException:
+                _PENDING.insert(0, module)
+                raise
+    return _INFOS
+
+
+def define_rule(name: str, description: str, citation: str, *, order: int = 100, aliases: tuple[str, ...] = (),
+                replace: bool = False) -> RuleInfo:
+    """State rule ``name``: what it substitutes and its source. ``order`` places it in :func:`rule_names` (the
+    built-ins take 10..40, ``gradient`` 0; equal orders keep the order of definition); ``aliases`` are other
+    spellings :func:`check_rule` accepts and maps to ``name``. A rule module calls this before registering its
+    implementation (:func:`vitcam_nb.capture.rules.register_rule`).
+
+    Example:
+        >>> info = define_rule("demo_rule", "nothing", "none", aliases=("demo",))
+        >>> check_rule("demo"), rule_names()[-1]
+        ('demo_rule', 'demo_rule')
+        >>> _forget("demo_rule")
+    """
+    for value, what in ((name, "name"), (description, "description"), (citation, "citation")):
+        if not isinstance(value, str) or not value:
+            raise ArgumentError(f"{what}: expected a non-empty string, got {value!r}")
+    if isinstance(aliases, str) or not all(isinstance(a, str) and a for a in aliases):
+        raise ArgumentError(f"aliases: expected a tuple of non-empty strings, got {aliases!r}")
+    with _LOCK:
+        taken = set(_INFOS) | set(_ALIASES)
+        if not replace and (name in taken or any(a in taken for a in aliases)):
+            raise ArgumentError(f"name: a backward rule named {name!r} (or one of {list(aliases)}) is defined "
+                                "already; pass replace=True to replace it")
+        if name == DEFAULT_RULE or name in _ALIASES or any(a in _INFOS or a == name for a in aliases):
+            raise ArgumentError(f"name: {name!r} or its aliases {list(aliases)} collide with a rule's name")
+        info = RuleInfo(description, citation)
+        _INFOS[name] = (order, info)
+        _ALIASES.update(dict.fromkeys(aliases, name))
+    return info
+
+
+def _forget(name: str) -> None:
+    """Remove rule ``name`` and its aliases (tests and examples that define a rule of their own)."""
+    with _LOCK:
+        _INFOS.pop(name, None)
+        for alias in [a for a, n in _ALIASES.items() if n == name]:
+            del _ALIASES[alias]
+
+
+def _ordered() -> list[str]:
+    infos = _infos()
+    # sorted() is stable: rules of one order keep their order of definition
+    return sorted(infos, key=lambda n: infos[n][0])
+
+
+class _RuleTable(Mapping):
+    """The read-only view :data:`RULES`: rule name -> :class:`RuleInfo`, in :func:`rule_names` order."""
+
+    def __getitem__(self, name: str) -> RuleInfo:
+        return _infos()[name][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ordered())
+
+    def __len__(self) -> int:
+        return len(_infos())
+
+    def __contains__(self, name: object) -> bool:
+        return name in _infos()
+
+    def __repr__(self) -> str:
+        return f"RULES({_ordered()})"
+
+
+#: Every backward rule: name -> :class:`RuleInfo` (read-only; a rule module adds one with :func:`define_rule`).
+RULES: Mapping[str, RuleInfo] = _RuleTable()
 
 
 def rule_names() -> list[str]:
@@ -83,20 +161,35 @@ def rule_names() -> list[str]:
         >>> rule_names()[0]
         'gradient'
     """
-    return list(RULES)
+    return _ordered()
+
+
+def rule_aliases() -> dict[str, str]:
+    """The other spellings ``rule=`` accepts: alias -> the rule's name.
+
+    Example:
+        >>> rule_aliases()["cp_lrp_rule"]
+        'cp_lrp'
+    """
+    _infos()
+    return dict(_ALIASES)
 
 
 def check_rule(rule: object) -> str:
-    """``rule`` if it names a backward rule, else a :class:`TraceError` listing the allowed names.
+    """The name of the backward rule ``rule`` names (an alias maps to its rule), else a :class:`TraceError`
+    listing the allowed names.
 
     Example:
         >>> check_rule("lrp")  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         TraceError: rule: unknown backward rule 'lrp'; allowed: ['gradient', 'cp_lrp', 'attnlrp', 'libragrad', ...]
     """
-    if not isinstance(rule, str) or rule not in RULES:
-        raise TraceError(f"rule: unknown backward rule {rule!r}; allowed: {rule_names()}")
-    return rule
+    if isinstance(rule, str) and rule in _infos():
+        return rule
+    if isinstance(rule, str) and rule in _ALIASES:
+        return _ALIASES[rule]
+    raise TraceError(f"rule: unknown backward rule {rule!r}; allowed: {rule_names()} (or the rule-only spellings "
+                     f"{sorted(_ALIASES)})")
 
 
 def rule_text(rule: str) -> str:

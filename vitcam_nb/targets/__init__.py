@@ -16,7 +16,10 @@
 - :func:`contrast`: a class logit minus a weighted sum of other logits (FinerCAM's "nearest" classes and softmax
   weights, or classes and constant weights given).
 
-Every target's scores are stored as the trace's ``logits``; see :class:`Target` for writing your own.
+Every target's scores are stored as the trace's ``logits``; see :class:`Target` for writing your own. A built-in
+target is one module of this package whose constructor is decorated with :func:`register_target`: the package is
+walked on import, so the constructor is ``vc.targets.<name>`` and listed by :func:`target_names` with no line
+added here.
 
 Example:
     >>> import torch, vitcam_nb as vc
@@ -27,7 +30,10 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.targets.base import Target
+import importlib
+import pkgutil
+
+from vitcam_nb.targets.base import TARGETS, Target, register_target
 from vitcam_nb.targets.blip_matching import ItmTarget, itm
 from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
 from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
@@ -42,4 +48,24 @@ from vitcam_nb.targets.vlm_answer import AnswerTarget, answer, generated
 __all__ = ["AnswerTarget", "answer", "generated"]
 __all__ += ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget", "Layerwise", "Region",
            "SegmentationLoss", "Similarity", "Target", "as_target", "class_labels", "contrast", "dense", "detection",
-           "itm", "layerwise", "prompts", "region", "segmentation_loss", "similarity", "similarity_scores"]
+           "itm", "layerwise", "prompts", "region", "register_target", "segmentation_loss", "similarity",
+           "similarity_scores", "target_names"]
+
+
+def target_names() -> list[str]:
+    """The public target constructors, ``vc.targets.<name>``, sorted (the docs' list of targets).
+
+    Example:
+        >>> {"similarity", "region", "detection"} <= set(target_names())
+        True
+    """
+    return sorted(TARGETS)
+
+
+# Every module of the package, sorted by name (one order in every process): each registers its constructors.
+for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    importlib.import_module(f"{__name__}.{_module.name}")
+for _name, _make in TARGETS.items():
+    if _name not in globals():  # a module added to the package: its constructor gets the public path
+        globals()[_name] = _make
+        __all__.append(_name)

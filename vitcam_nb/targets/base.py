@@ -16,11 +16,41 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 
-from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.errors import ArgumentError, TraceError
 
-__all__ = ["Target"]
+__all__ = ["TARGETS", "Target", "register_target"]
+
+C = TypeVar("C", bound=Callable[..., object])
+
+#: The public target constructors (``vc.targets.<name>``), each registered by its module (:func:`register_target`).
+TARGETS: dict[str, Callable[..., object]] = {}
+
+
+def register_target(make: C) -> C:
+    """Decorator: register a target constructor under its function name; the :mod:`vitcam_nb.targets` package
+    walks its modules and offers every registered constructor as ``vc.targets.<name>`` (no import line to add).
+
+    Example:
+        >>> @register_target
+        ... def demo_target() -> Target:
+        ...     return Target()
+        >>> TARGETS["demo_target"] is demo_target
+        True
+        >>> del TARGETS["demo_target"]
+    """
+    name = getattr(make, "__name__", "")
+    if not callable(make) or not name.isidentifier():
+        raise ArgumentError(f"make: expected a function named by an identifier, got {make!r}")
+    if name in TARGETS and TARGETS[name] is not make and TARGETS[name].__module__ != make.__module__:
+        raise ArgumentError(f"make: a target constructor named {name!r} is registered already (from "
+                            f"{TARGETS[name].__module__})")
+    TARGETS[name] = make
+    return make
 
 
 class Target:

@@ -21,6 +21,7 @@ import torch
 
 from vitcam_nb.adapters.open_clip import image_embedding_dim, is_whole_clip
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
+from vitcam_nb.targets.base import register_target
 from vitcam_nb.targets.embedding import Similarity, pooled_embedding, similarity, similarity_scores
 from vitcam_nb.targets.hf_prompts import hf_text_embeddings, is_hf_text_model
 
@@ -111,6 +112,7 @@ def _resolve_scale(logit_scale: bool | float, text_model: Any) -> tuple[float, s
     raise TraceError(f"logit_scale: expected True, False or a finite number > 0, got {logit_scale!r}")
 
 
+@register_target
 def prompts(texts: Sequence[str], *, tokenizer: Any, text_model: Any, logit_scale: bool | float = True
             ) -> ClipPrompts:
     """Target the similarity of an open_clip image embedding to the text embeddings of ``texts``.

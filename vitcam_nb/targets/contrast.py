@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 from vitcam_nb.targets.classes import class_labels, head_size, model_logits
 
 __all__ = ["Contrast", "contrast", "nearest_classes"]
@@ -200,6 +200,7 @@ def _classes(value: Any, argument: str) -> list[int]:
     return [int(v) for v in items]
 
 
+@register_target
 def contrast(class_: int | str = "top1", against: str | Sequence[int] = "nearest",
              weights: Sequence[float] | None = None, *, ranks: Sequence[int] = (1, 2, 3),
              alpha: float = 1.0) -> Contrast:

@@ -23,7 +23,7 @@ import torch
 
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError, user_stacklevel
 from vitcam_nb.core.provenance import array_sha256
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 from vitcam_nb.targets.classes import model_logits
 
 __all__ = ["DenseScores", "Region", "dense", "dense_output", "region"]
@@ -149,6 +149,7 @@ class DenseScores(Target):
         return {"kind": self.kind, "labels": self.labels}
 
 
+@register_target
 def region(mask: object, class_: int, reduce: str = "sum", labels: Sequence[str] | None = None) -> Region:
     """The region target: per class c, ``sum`` (default; ``mean`` divides by the region's weight) of
     ``out[b, c, y, x] * mask[y, x]`` over the dense output; ``class_`` is traced. A mask of another size is
@@ -161,6 +162,7 @@ def region(mask: object, class_: int, reduce: str = "sum", labels: Sequence[str]
     return Region(mask, class_, reduce, labels)
 
 
+@register_target
 def dense(fn: Callable[[torch.Tensor], torch.Tensor], labels: Sequence[str]) -> DenseScores:
     """A target from any scores ``fn(out)`` of the dense (B, C, H, W) output, one per label, all traced.
 

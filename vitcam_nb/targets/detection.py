@@ -27,7 +27,7 @@ import torch
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 from vitcam_nb.core.provenance import array_sha256
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 
 __all__ = ["Detection", "box_iou", "detection"]
 
@@ -391,6 +391,7 @@ def _fmt(b: Sequence[float]) -> str:
     return "(" + ", ".join(f"{float(v):.4g}" for v in b) + ")"
 
 
+@register_target
 def detection(box: object = None, *, query: object = None, class_: int | None = None,
               text: str | Sequence[str] | None = None, score: str = "logit", match: str = "iou",
               tokenizer: Callable[..., Any] | None = None, image_query: torch.Tensor | None = None) -> Detection:

@@ -17,7 +17,7 @@ import torch
 
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 from vitcam_nb.targets.classes import head_size
 
 __all__ = ["Similarity", "pooled_embedding", "similarity", "similarity_scores"]
@@ -103,6 +103,7 @@ def similarity_scores(emb: torch.Tensor, vectors: torch.Tensor, metric: str, sca
     return scale * (vectors @ emb)
 
 
+@register_target
 def similarity(vectors: Any, labels: Sequence[str] | None = None, *, metric: str = "cosine",
                scale: float = 1.0) -> Similarity:
     """Target the similarity of an embedding model's output to each of ``vectors`` (N x D).

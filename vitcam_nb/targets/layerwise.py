@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 
 __all__ = ["READOUTS", "Layerwise", "layerwise"]
 
@@ -161,6 +161,7 @@ class Layerwise(Target):
                 "layerwise_readout": self.readout}
 
 
+@register_target
 def layerwise(class_: int | str = "top1", vectors: object = None, scale: float = 1.0,
               readout: str = "mean") -> Layerwise:
     """A :class:`Layerwise` target: one score per block for class ``class_`` (``"top1"``: the model's own top

@@ -16,7 +16,7 @@ import torch
 
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import array_sha256
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 from vitcam_nb.targets.dense import dense_output
 
 __all__ = ["SegmentationLoss", "segmentation_loss"]
@@ -94,6 +94,7 @@ class SegmentationLoss(Target):
         return {**super().attrs(), "target_reduce": self.reduction}
 
 
+@register_target
 def segmentation_loss(labels: object, ignore_index: int = -100, reduction: str = "mean") -> SegmentationLoss:
     """The segmentation loss target: ``torch.nn.functional.cross_entropy(out, labels, ignore_index=ignore_index,
     reduction=reduction)`` of a dense model's (B, C, H, W) output against an (H, W) map of class indices of the

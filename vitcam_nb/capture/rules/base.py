@@ -1,6 +1,7 @@
-"""The registry of backward-rule implementations: for each rule of :data:`vitcam_nb.core.rules.RULES` and each
-model family that has one, a check (the model's modules are those the rule is defined on) and a context manager
-that substitutes the backward pass while the trace's one pass runs.
+"""The registry of backward-rule implementations: for each rule of :data:`vitcam_nb.core.rules.RULES`, one
+implementation per model family that has one, or one for every model its ``applies`` accepts (a family wildcard,
+e.g. "every model whose blocks use torch.nn.LayerNorm"), each with a check (the model's modules are those the rule
+is defined on) and a context manager that substitutes the backward pass while the trace's one pass runs.
 
 A rule context must leave the forward values unchanged and restore the model exactly on exit, also on error: the
 implementations here only add hooks (removed on exit) whose outputs carry the rule's gradient through forward-
@@ -61,6 +62,9 @@ class RuleImpl:
     #: ``check_target(target)`` raises :class:`~vitcam_nb.core.errors.TraceError` for a target the rule's backward
     #: does not define (None: every target the family takes)
     check_target: Callable[[object], None] | None = None
+    #: a family wildcard: ``applies(model, adapter)`` says whether this implementation covers a model of any family
+    #: (``family`` then only labels it in messages). A family's own implementation of the rule is picked first.
+    applies: Callable[[torch.nn.Module, Adapter], bool] | None = None
 
 
 # rule name -> family -> implementation
@@ -79,8 +83,13 @@ def register_rule(rule: str, impl: RuleImpl, *, replace: bool = False) -> None:
         True
         >>> del _IMPLS["cp_lrp"]["demo"]
     """
-    if check_rule(rule) == DEFAULT_RULE:
+    rule = check_rule(rule)
+    if rule == DEFAULT_RULE:
         raise ArgumentError(f"rule: {DEFAULT_RULE!r} is autograd's own gradient and takes no implementation")
+    if impl.applies is not None and (impl.extra_grads or impl.extra_names or impl.check_target):
+        # extra_grads, extra_names and check_target are looked up from the adapter alone, before a model is at hand
+        raise ArgumentError("impl: a wildcard implementation (applies=...) takes no extra_grads, extra_names or "
+                            "check_target; register those per family")
     table = _IMPLS.setdefault(rule, {})
     if impl.family in table and not replace:
         raise ArgumentError(f"rule: {rule!r} already has an implementation for family {impl.family!r}; pass "
@@ -98,6 +107,18 @@ def register_refusal(family: str, reason: str) -> None:
         >>> del _REFUSALS["demo"]
     """
     _REFUSALS[family] = reason
+
+
+def _impl(rule: str, adapter: Adapter, model: torch.nn.Module | None = None) -> RuleImpl | None:
+    """The implementation of ``rule`` for ``adapter``'s family, else (with a ``model``) the first wildcard one
+    whose ``applies`` accepts it."""
+    impls = _IMPLS.get(rule, {})
+    impl = impls.get(getattr(adapter, "family", None))
+    if impl is not None and impl.applies is None:
+        return impl
+    if model is None:
+        return None
+    return next((i for i in impls.values() if i.applies is not None and i.applies(model, adapter)), None)
 
 
 def rule_families(rule: str) -> list[str]:
@@ -122,7 +143,7 @@ def check_rule_for(rule: object, model: torch.nn.Module, adapter: Adapter) -> st
     if rule == DEFAULT_RULE:
         return rule
     impls = _IMPLS.get(rule, {})
-    impl = impls.get(adapter.family)
+    impl = _impl(rule, adapter, model)
     if impl is None:
         covered = "; ".join(f"{f} ({i.models})" if i.models else f for f, i in impls.items()) or "no family"
         reason = f": {_REFUSALS[adapter.family]}" if adapter.family in _REFUSALS else ""
@@ -139,9 +160,10 @@ def rule_context(rule: str, model: torch.nn.Module, adapter: Adapter) -> Context
         >>> with rule_context("gradient", torch.nn.Linear(1, 1), None):
         ...     pass
     """
-    if check_rule(rule) == DEFAULT_RULE:
+    rule = check_rule(rule)
+    if rule == DEFAULT_RULE:
         return contextlib.nullcontext()
-    return _IMPLS[rule][adapter.family].context(model, adapter)
+    return _impl(rule, adapter, model).context(model, adapter)
 
 
 def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors: dict) -> dict[str, dict]:
@@ -153,7 +175,7 @@ def rule_extra_grads(rule: str, adapter: Adapter, outputs: torch.Tensor, tensors
         >>> rule_extra_grads("gradient", None, torch.zeros(2), {})
         {}
     """
-    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    impl = _impl(check_rule(rule), adapter)
     if impl is None or impl.extra_grads is None:
         return {}
     return impl.extra_grads(outputs, tensors)
@@ -166,7 +188,7 @@ def check_rule_target(rule: str, target: object, adapter: Adapter) -> None:
     Example:
         >>> check_rule_target("gradient", None, None)
     """
-    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    impl = _impl(check_rule(rule), adapter)
     if impl is not None and impl.check_target is not None:
         impl.check_target(target)
 
@@ -178,5 +200,5 @@ def rule_extra_names(rule: str, adapter: Adapter) -> tuple[str, ...]:
         >>> rule_extra_names("gradient", None)
         ()
     """
-    impl = _IMPLS.get(check_rule(rule), {}).get(getattr(adapter, "family", None))
+    impl = _impl(check_rule(rule), adapter)
     return impl.extra_names if impl is not None else ()

@@ -19,11 +19,11 @@ from functools import partial
 import torch
 
 from vitcam_nb.adapters.base import Adapter
-from vitcam_nb.capture.rules.base import RuleImpl, register_rule
+from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.vit import check_vit, rule_hooks
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["check_beit"]
+__all__ = ["beit_impl", "check_beit"]
 
 MODELS = "timm Beit: beit_*, beitv2_* with a GELU Mlp"
 
@@ -48,8 +48,12 @@ def check_beit(model: torch.nn.Module, adapter: Adapter, rule: str) -> None:
                              f"{type(blk.attn).__name__}")
 
 
-for _rule, _attention, _gelu in (("cp_lrp", "constant", "identity"), ("attnlrp", "uniform", "identity"),
-                                 ("libragrad", "constant", "gate")):
-    register_rule(_rule, RuleImpl("beit", partial(check_beit, rule=_rule),
-                                  partial(rule_hooks, attention=_attention, gelu=_gelu, scores_half="softmax"),
-                                  MODELS), replace=True)
+def beit_impl(rule: str, *, attention: str, gelu: str) -> RuleImpl:
+    """Rule ``rule`` on the BEiT family with the given attention and GELU treatment.
+
+    Example:
+        >>> beit_impl("attnlrp", attention="uniform", gelu="identity").family
+        'beit'
+    """
+    return RuleImpl("beit", partial(check_beit, rule=rule),
+                    partial(rule_hooks, attention=attention, gelu=gelu, scores_half="softmax"), MODELS)

@@ -40,6 +40,7 @@ from vitcam_nb.capture.hooks import removable_hooks
 from vitcam_nb.capture.rules.base import RuleImpl, register_rule
 from vitcam_nb.capture.rules.vit import check_vit
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.rules import define_rule
 
 __all__ = ["PLAIN_GRAD", "check_chefer", "check_chefer_target", "chefer_hooks", "plain_attention_grads", "safe_divide"]
 
@@ -360,5 +361,15 @@ def plain_attention_grads(outputs: torch.Tensor, tensors: dict) -> dict[str, dic
                                         device=tensors[k].device) if g is None else g for k, g in zip(keys, got)}}
 
 
+define_rule(
+    RULE,
+    "Chefer et al.'s LRP relevance pass: the backward carries relevance, not a gradient, from the one-hot of "
+    "the class (the stored 'gradient' at every site IS the LRP relevance there): Linear layers by "
+    "LRP-alpha1-beta0 (bias left out), LayerNorm, GELU, softmax and dropout pass relevance unchanged, the "
+    "products q k^T and A V by the z-rule with half the relevance to each operand, each residual sum split in "
+    "proportion to its operands and rescaled to keep the sum, relevance at a fork summed",
+    "Chefer, Gur & Wolf 2021, Transformer Interpretability Beyond Attention Visualization, CVPR; official code "
+    "github.com/hila-chefer/Transformer-Explainability (baselines/ViT/ViT_LRP.py, layers_ours.py)",
+    order=40, replace=True)
 register_rule(RULE, RuleImpl("vit", check_chefer, chefer_hooks, MODELS, plain_attention_grads, (PLAIN_GRAD,),
-                             check_chefer_target))
+                             check_chefer_target), replace=True)

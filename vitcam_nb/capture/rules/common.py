@@ -6,7 +6,7 @@ the rule's gradient backward). The families (:mod:`~vitcam_nb.capture.rules.vit`
 
 Example:
     >>> import torch
-    >>> gelu_kind(torch.nn.GELU(approximate="tanh")), gelu_kind(torch.nn.ReLU())
+    >>> gelu_variant(torch.nn.GELU(approximate="tanh")), gelu_variant(torch.nn.ReLU())
     ('tanh', None)
 """
 
@@ -23,12 +23,12 @@ from vitcam_nb.capture.rules.grad import (
     scale_gradient,
 )
 
-__all__ = ["GELU_KINDS", "activation_hook", "constant_input", "constant_output", "gelu_kind", "half_input",
-           "half_output", "layer_norm_hook"]
+__all__ = ["GELU_KINDS", "GELU_VARIANTS", "activation_hook", "constant_input", "constant_output", "gelu_kind",
+           "gelu_variant", "half_input", "half_output", "layer_norm_hook"]
 
-#: (module prefix, class name) -> the GELU form of that activation class: "none" (the exact GELU, x * Phi(x)),
+#: (module prefix, class name) -> the GELU variant of that activation class: "none" (the exact GELU, x * Phi(x)),
 #: "tanh" (its tanh approximation) or "quick" (x * sigmoid(1.702 x)); torch's nn.GELU reads its own attribute.
-GELU_KINDS: dict[tuple[str, str], str] = {
+GELU_VARIANTS: dict[tuple[str, str], str] = {
     ("timm.", "GELU"): "none", ("timm.", "GELUTanh"): "tanh",
     ("transformers.", "GELUActivation"): "none", ("transformers.", "GELUTanh"): "tanh",
     ("transformers.", "NewGELUActivation"): "tanh", ("transformers.", "FastGELUActivation"): "tanh",
@@ -36,21 +36,29 @@ GELU_KINDS: dict[tuple[str, str], str] = {
 }
 
 
-def gelu_kind(act: torch.nn.Module) -> str | None:
-    """"none", "tanh" or "quick" for the GELU modules of torch, timm, transformers and open_clip (see
-    :data:`GELU_KINDS`); None for any other activation (a rule is then refused on the model).
+#: The 0.3 name of :data:`GELU_VARIANTS`.
+GELU_KINDS = GELU_VARIANTS
+
+
+def gelu_variant(act: torch.nn.Module) -> str | None:
+    """The GELU variant of ``act``: "none", "tanh" or "quick" for the GELU modules of torch, timm, transformers and
+    open_clip (see :data:`GELU_VARIANTS`); None for any other activation (a rule is then refused on the model).
 
     Example:
-        >>> gelu_kind(torch.nn.GELU())
+        >>> gelu_variant(torch.nn.GELU())
         'none'
     """
     if isinstance(act, torch.nn.GELU):
         return str(act.approximate)
     cls = type(act)
-    for (prefix, name), kind in GELU_KINDS.items():
+    for (prefix, name), variant in GELU_VARIANTS.items():
         if cls.__name__ == name and cls.__module__.startswith(prefix):
-            return kind
+            return variant
     return None
+
+
+#: The 0.3 name of :func:`gelu_variant`.
+gelu_kind = gelu_variant
 
 
 def layer_norm_hook(module: torch.nn.LayerNorm, args: tuple, out: torch.Tensor) -> torch.Tensor:
@@ -77,7 +85,7 @@ def activation_hook(mode: str, module: torch.nn.Module, args: tuple, out: torch.
         0.9772
     """
     x = args[0]
-    gate = identity_ratio(x, out) if mode == "identity" else gelu_gate(x, gelu_kind(module) or "none")
+    gate = identity_ratio(x, out) if mode == "identity" else gelu_gate(x, gelu_variant(module) or "none")
     return gated_gradient(x, out, gate)
 
 

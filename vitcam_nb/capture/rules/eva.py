@@ -25,11 +25,11 @@ from functools import partial
 import torch
 
 from vitcam_nb.adapters.base import Adapter
-from vitcam_nb.capture.rules.base import RuleImpl, register_rule
+from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.vit import check_vit, rule_hooks
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["check_eva"]
+__all__ = ["check_eva", "eva_impl"]
 
 MODELS = ("timm Eva with pre-norm EvaBlocks, the plain EVA attention (no query/key norm, no gate) and a GELU Mlp: "
           "eva_giant_*, vit_*_rope_* (not EVA-02's SwiGLU)")
@@ -68,8 +68,12 @@ def check_eva(model: torch.nn.Module, adapter: Adapter, rule: str) -> None:
             raise TraceError(f"{where} block {i}'s MLP norm is a {type(mlp_norm).__name__}, not a LayerNorm")
 
 
-for _rule, _attention, _gelu in (("cp_lrp", "constant", "identity"), ("attnlrp", "uniform", "identity"),
-                                 ("libragrad", "constant", "gate")):
-    register_rule(_rule, RuleImpl("eva", partial(check_eva, rule=_rule),
-                                  partial(rule_hooks, attention=_attention, gelu=_gelu, product_out="norm"),
-                                  MODELS), replace=True)
+def eva_impl(rule: str, *, attention: str, gelu: str) -> RuleImpl:
+    """Rule ``rule`` on the EVA family with the given attention and GELU treatment.
+
+    Example:
+        >>> eva_impl("libragrad", attention="constant", gelu="gate").family
+        'eva'
+    """
+    return RuleImpl("eva", partial(check_eva, rule=rule),
+                    partial(rule_hooks, attention=attention, gelu=gelu, product_out="norm"), MODELS)

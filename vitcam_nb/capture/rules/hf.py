@@ -46,11 +46,11 @@ import torch.nn.functional as F
 
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.capture.hooks import removable_hooks
-from vitcam_nb.capture.rules.base import RuleImpl, register_rule
+from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_output,
-    gelu_kind,
+    gelu_variant,
     half_input,
     half_output,
     layer_norm_hook,
@@ -58,7 +58,7 @@ from vitcam_nb.capture.rules.common import (
 from vitcam_nb.capture.rules.grad import scale_gradient
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["HF_FAMILIES", "check_hf", "constant_attention_pool", "hf_hooks"]
+__all__ = ["HF_FAMILIES", "check_hf", "constant_attention_pool", "hf_hooks", "hf_impls"]
 
 #: family -> (layer, attention and MLP class names of transformers, the models the rules cover)
 HF_FAMILIES: dict[str, tuple[str, str, str, str]] = {
@@ -84,7 +84,7 @@ def _check_mlp(where: str, what: str, mlp: torch.nn.Module, mlp_class: str) -> N
                                                   for n in ("fc1", "fc2")):
         raise TraceError(f"{where} {what}'s MLP is a {type(mlp).__name__}, not {mlp_class} (fc1, activation, fc2)")
     act = getattr(mlp, "activation_fn", None)
-    if act is None or gelu_kind(act) is None:
+    if act is None or gelu_variant(act) is None:
         raise TraceError(f"{where} {what}'s MLP activation is a {type(act).__name__}, not a {_GELU}")
 
 
@@ -202,8 +202,12 @@ def hf_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu: 
         yield
 
 
-for _family, (*_, _models) in HF_FAMILIES.items():
-    for _rule, _attention, _gelu in (("cp_lrp", "constant", "identity"), ("attnlrp", "uniform", "identity"),
-                                     ("libragrad", "constant", "gate")):
-        register_rule(_rule, RuleImpl(_family, partial(check_hf, rule=_rule),
-                                      partial(hf_hooks, attention=_attention, gelu=_gelu), _models), replace=True)
+def hf_impls(rule: str, *, attention: str, gelu: str) -> list[RuleImpl]:
+    """Rule ``rule`` on each Hugging Face family of :data:`HF_FAMILIES`, with the given attention and GELU treatment.
+
+    Example:
+        >>> [i.family for i in hf_impls("cp_lrp", attention="constant", gelu="identity")][:2]
+        ['hf_vit', 'hf_deit_distilled']
+    """
+    return [RuleImpl(family, partial(check_hf, rule=rule), partial(hf_hooks, attention=attention, gelu=gelu), models)
+            for family, (*_, models) in HF_FAMILIES.items()]

@@ -33,18 +33,18 @@ import torch
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.open_clip import PROBS_MODULE, QKV_MODULES, visual_tower
 from vitcam_nb.capture.hooks import removable_hooks
-from vitcam_nb.capture.rules.base import RuleImpl, register_rule
+from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_input,
-    gelu_kind,
+    gelu_variant,
     half_input,
     half_output,
     layer_norm_hook,
 )
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["check_open_clip", "open_clip_hooks"]
+__all__ = ["check_open_clip", "open_clip_hooks", "open_clip_impl"]
 
 MODELS = ("open_clip VisionTransformer with nn.MultiheadAttention blocks, a GELU or quick-GELU MLP and token or "
           "average pooling (ViT-* CLIP models; no attentional pooler)")
@@ -69,7 +69,7 @@ def check_open_clip(model: torch.nn.Module, adapter: Adapter, rule: str) -> None
                 raise TraceError(f"{where} block {i}'s {name} is a {type(getattr(blk, name)).__name__}, not a "
                                  "LayerNorm")
         act = getattr(blk.mlp, "gelu", None)
-        if act is None or gelu_kind(act) is None:
+        if act is None or gelu_variant(act) is None:
             raise TraceError(f"{where} block {i}'s MLP activation is a {type(act).__name__}, not a GELU")
     if getattr(tower, "attn_pool", None) is not None:
         raise TraceError(f"{where} this tower pools with an attentional pooler (attn_pool)")
@@ -106,7 +106,12 @@ def open_clip_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str,
         yield
 
 
-for _rule, _attention, _gelu in (("cp_lrp", "constant", "identity"), ("attnlrp", "uniform", "identity"),
-                                 ("libragrad", "constant", "gate")):
-    register_rule(_rule, RuleImpl("open_clip", partial(check_open_clip, rule=_rule),
-                                  partial(open_clip_hooks, attention=_attention, gelu=_gelu), MODELS), replace=True)
+def open_clip_impl(rule: str, *, attention: str, gelu: str) -> RuleImpl:
+    """Rule ``rule`` on the open_clip family with the given attention and GELU treatment.
+
+    Example:
+        >>> open_clip_impl("cp_lrp", attention="constant", gelu="identity").family
+        'open_clip'
+    """
+    return RuleImpl("open_clip", partial(check_open_clip, rule=rule),
+                    partial(open_clip_hooks, attention=attention, gelu=gelu), MODELS)

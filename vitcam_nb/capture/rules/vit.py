@@ -39,18 +39,18 @@ import torch
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.qkv import timm_qkv_sites
 from vitcam_nb.capture.hooks import removable_hooks
-from vitcam_nb.capture.rules.base import RuleImpl, register_rule
+from vitcam_nb.capture.rules.base import RuleImpl
 from vitcam_nb.capture.rules.common import (
     activation_hook,
     constant_input,
-    gelu_kind,
+    gelu_variant,
     half_input,
     half_output,
     layer_norm_hook,
 )
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["check_vit", "rule_hooks"]
+__all__ = ["check_vit", "rule_hooks", "vit_impl"]
 
 MODELS = "timm VisionTransformer: vit_*, deit_*, DINOv2 and register variants with plain Attention and a GELU Mlp"
 
@@ -77,7 +77,7 @@ def check_vit(model: torch.nn.Module, adapter: Adapter, rule: str, block_type: t
     for i, blk in enumerate(blocks):
         if type(blk) is not block_type:
             raise TraceError(f"{where} block {i} is a {type(blk).__name__}, not timm's pre-norm Block")
-        if type(blk.mlp) is not Mlp or gelu_kind(blk.mlp.act) is None:
+        if type(blk.mlp) is not Mlp or gelu_variant(blk.mlp.act) is None:
             raise TraceError(f"{where} block {i}'s MLP is a {type(blk.mlp).__name__} with "
                              f"{type(getattr(blk.mlp, 'act', None)).__name__}, not an Mlp with a GELU")
         for name in ("norm1", "norm2"):
@@ -134,7 +134,11 @@ def rule_hooks(model: torch.nn.Module, adapter: Adapter, *, attention: str, gelu
         yield
 
 
-for _rule, _attention, _gelu in (("cp_lrp", "constant", "identity"), ("attnlrp", "uniform", "identity"),
-                                 ("libragrad", "constant", "gate")):
-    register_rule(_rule, RuleImpl("vit", partial(check_vit, rule=_rule),
-                                  partial(rule_hooks, attention=_attention, gelu=_gelu), MODELS), replace=True)
+def vit_impl(rule: str, *, attention: str, gelu: str) -> RuleImpl:
+    """Rule ``rule`` on the ViT family with the given attention and GELU treatment (see :func:`rule_hooks`).
+
+    Example:
+        >>> vit_impl("cp_lrp", attention="constant", gelu="identity").family
+        'vit'
+    """
+    return RuleImpl("vit", partial(check_vit, rule=rule), partial(rule_hooks, attention=attention, gelu=gelu), MODELS)
