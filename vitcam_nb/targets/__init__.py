@@ -45,11 +45,10 @@ from vitcam_nb.targets.layerwise import Layerwise, layerwise
 from vitcam_nb.targets.segmentation import SegmentationLoss, segmentation_loss
 from vitcam_nb.targets.vlm_answer import AnswerTarget, answer, generated
 
-__all__ = ["AnswerTarget", "answer", "generated"]
-__all__ += ["ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget", "Layerwise", "Region",
-           "SegmentationLoss", "Similarity", "Target", "as_target", "class_labels", "contrast", "dense", "detection",
-           "itm", "layerwise", "prompts", "region", "register_target", "segmentation_loss", "similarity",
-           "similarity_scores", "target_names"]
+__all__ = ["AnswerTarget", "ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget",
+           "Layerwise", "Region", "SegmentationLoss", "Similarity", "Target", "answer", "as_target",
+           "class_labels", "contrast", "dense", "detection", "generated", "itm", "layerwise", "prompts", "region",
+           "register_target", "segmentation_loss", "similarity", "similarity_scores", "target_names"]
 
 
 def target_names() -> list[str]:

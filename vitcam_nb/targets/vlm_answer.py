@@ -24,7 +24,7 @@ import torch
 
 from vitcam_nb.adapters.hf_vlm import HfVlmAdapter, image_token_id, unused_tower_layers, vlm_family_of
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 from vitcam_nb.targets.blip_matching import as_ids
 
 __all__ = ["AnswerTarget", "SEQUENCE_LABEL", "answer", "generated"]
@@ -133,6 +133,7 @@ def _prompt_ids(prompt: str, processor: Any) -> torch.Tensor:
     return as_ids(enc["input_ids"], "prompt")
 
 
+@register_target
 def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None = None, answer: str | None = None,
            processor: Any = None, tokenizer: Any = None, model_kwargs: Mapping[str, Any] | None = None
            ) -> AnswerTarget:
@@ -164,6 +165,7 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
                         _tokenizer_of(processor, tokenizer), model_kwargs)
 
 
+@register_target
 def generated(sequences: Any, input_ids: Any, *, processor: Any = None, tokenizer: Any = None,
               stop_ids: Any = (), model_kwargs: Mapping[str, Any] | None = None) -> AnswerTarget:
     """Target what ``model.generate`` produced: ``sequences`` (its output, prompt included) after ``input_ids``.
