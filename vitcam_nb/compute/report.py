@@ -20,6 +20,7 @@ import json
 import math
 from typing import Any
 
+from vitcam_nb.compute.vlm_targets import answer_target_text, is_answer_trace
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.input_geometry import geometry_text
@@ -198,6 +199,9 @@ def _target_text(recipe: Recipe, attrs: Any = None) -> tuple[str, str]:
         f"the class ranked {recipe.class_[3:]} by logit ({recipe.class_})"
     if recipe.layer_fusion == "rollout":
         return "none: attention rollout uses no gradient", "not applicable"
+    if is_answer_trace(attrs or {}) and WEIGHTINGS.get(recipe.weighting).uses_gradient \
+            and not WEIGHTINGS.get(recipe.weighting).scores:
+        return answer_target_text(recipe, attrs or {})
     dense = _target_scalar(attrs or {}, cls)
     z = "s" if dense else "z"
     if dense:  # what was differentiated is the target's score of the dense output, not a classifier logit

@@ -4,12 +4,14 @@ forward pass of the prompt with the answer appended.
 The traced "classes" are the answer tokens: class ``k`` is the logit of answer token ``k`` at the position that
 predicts it (the position before it), labelled with the decoded token (or ``[id]`` without a tokenizer); one more
 entry, the last, is the sequence score: the sum over the answer tokens of their log-probabilities over the whole
-vocabulary. ``Recipe(class_=0)`` explains the first answer token.
+vocabulary; after it, one entry per answer token: the logsumexp over the vocabulary at its predicting position
+(``lse_k``), so ``target="prob"``/``"logprob"`` are the model's own softmax over its vocabulary, ``log p_k = z_k -
+lse_k``, derived exactly from the stored gradients. ``Recipe(class_=0)`` explains the first answer token.
 
 Example:
     >>> t = answer(input_ids=[1, 9, 9, 9, 9, 5], answer_ids=[7, 8])
     >>> t.labels, t.answer_positions.tolist()
-    (['[7]', '[8]', 'sequence log-prob'], [6, 7])
+    (['[7]', '[8]', 'sequence log-prob', 'logsumexp@[7]', 'logsumexp@[8]'], [6, 7])
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 from vitcam_nb.targets.base import Target
 from vitcam_nb.targets.blip_matching import _as_ids
 
-__all__ = ["AnswerTarget", "SEQUENCE_LABEL", "answer", "generated"]
+__all__ = ["AnswerTarget", "LSE_LABEL", "SEQUENCE_LABEL", "answer", "generated"]
 
 SEQUENCE_LABEL = "sequence log-prob"
+#: label prefix of the entries holding each answer position's logsumexp over the vocabulary
+LSE_LABEL = "logsumexp"
 
 
 class AnswerTarget(Target):
@@ -39,7 +43,7 @@ class AnswerTarget(Target):
     Example:
         >>> t = AnswerTarget(torch.tensor([1, 9, 5]), torch.tensor([7]), None)
         >>> t.sequence.tolist(), t.labels
-        ([1, 9, 5, 7], ['[7]', 'sequence log-prob'])
+        ([1, 9, 5, 7], ['[7]', 'sequence log-prob', 'logsumexp@[7]'])
     """
 
     kind = "answer"
@@ -60,12 +64,13 @@ class AnswerTarget(Target):
             with contextlib.suppress(Exception):  # a user's tokenizer may not take these arguments
                 tokens = [str(tokenizer.decode([i])) for i in ids]
         self.tokens = tokens if tokens is not None and len(tokens) == len(ids) else [f"[{i}]" for i in ids]
-        self.labels = [*self.tokens, SEQUENCE_LABEL]
-        self.layout_text, self.unused_text = "", ""
+        self.labels = [*self.tokens, SEQUENCE_LABEL, *(f"{LSE_LABEL}@{t}" for t in self.tokens)]
+        self.layout_text, self.unused_text, self.zero_cause = "", "", ""
         words = " ".join(repr(s) for s in self.tokens)
         self.description = (f"answer-token logits by teacher forcing (each token's logit at the position before it) "
                             f"of the answer {words[:200]}, then the sequence log-prob (sum of the answer tokens' "
-                            "log-softmax over the vocabulary)")
+                            "log-softmax over the vocabulary), then each answer position's logsumexp over the "
+                            "vocabulary (so prob/logprob are the softmax over the whole vocabulary)")
 
     def check(self, model: torch.nn.Module) -> None:
         vlm_family_of(model)  # a classifier, or a known VLM family not read yet, is refused by name
@@ -80,6 +85,12 @@ class AnswerTarget(Target):
         n_tower = len(HfVlmAdapter().blocks(model))
         chosen = self.model_kwargs.get("vision_feature_layer")
         self.unused_text = ", ".join(map(str, unused_tower_layers(model, n_tower, chosen)))
+        layer = chosen if chosen is not None else getattr(model.config, "vision_feature_layer", -1)
+        fam = vlm_family_of(model).name
+        # the cause a zero-gradient verdict states (the classifier's "CLS pooling" text would be false here)
+        self.zero_cause = (f"{fam}'s projector reads the tower's hidden states of vision_feature_layer={layer}, so "
+                           f"the language model never reads tower layer(s) {self.unused_text}" if self.unused_text
+                           else f"in {fam}, the answer does not reach these tokens through this site")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         seq = self.sequence[None].to(x.device)
@@ -93,13 +104,16 @@ class AnswerTarget(Target):
         ids = self.answer_ids.to(x.device)
         at = logits[0, rows]  # (n_answer, vocab): the positions predicting each answer token
         token_logits = at.gather(1, ids[:, None])[:, 0]
-        seq_score = torch.log_softmax(at.float(), dim=-1).gather(1, ids[:, None]).sum().to(at.dtype)
-        return torch.cat([token_logits, seq_score[None]])
+        lse = torch.logsumexp(at.float(), dim=-1)  # (n_answer,): log p_k = z_k - lse_k over the vocabulary
+        seq_score = (token_logits.float() - lse).sum().to(at.dtype)
+        return torch.cat([token_logits, seq_score[None], lse.to(at.dtype)])
 
     def settings(self) -> dict:
         extra = {k: v.tolist() if isinstance(v, (torch.Tensor, np.ndarray)) else repr(v)
                  for k, v in sorted(self.model_kwargs.items())}
-        return {"kind": self.kind, "input_ids": [int(i) for i in self.input_ids],
+        # "entries": the score vector's layout (tokens, sequence log-prob, vocabulary logsumexps), so a trace made
+        # before the logsumexps were traced never shares an id with one made after
+        return {"kind": self.kind, "entries": "tokens,sequence,lse", "input_ids": [int(i) for i in self.input_ids],
                 "answer_ids": [int(i) for i in self.answer_ids], **({"model_kwargs": extra} if extra else {})}
 
     def attrs(self) -> dict[str, object]:
@@ -112,6 +126,7 @@ class AnswerTarget(Target):
                 "exactly zero, so their maps are degenerate")
         return {**super().attrs(), "answer_ids": ",".join(str(int(i)) for i in self.answer_ids),
                 "answer_tokens": json.dumps(self.tokens), "image_token_layout": self.layout_text,
+                **({"zero_gradient_cause": self.zero_cause} if self.zero_cause else {}),
                 "target_checklist": json.dumps(items)}
 
 
@@ -145,7 +160,7 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
 
     Example:
         >>> answer(input_ids=[1, 9, 9, 9, 9], answer_ids=[5]).labels
-        ['[5]', 'sequence log-prob']
+        ['[5]', 'sequence log-prob', 'logsumexp@[5]']
     """
     if prompt is not None or answer is not None:
         if input_ids is not None or answer_ids is not None:
