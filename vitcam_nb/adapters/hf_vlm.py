@@ -13,13 +13,15 @@ ImageTokenLayout` says which sequence positions those are and where each lands i
   answer tokens to the image tokens' key columns (eager attention forced for the trace, restored after).
 
 A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
-family plugs in with only those. Known generative VLM classes without a row are refused by name.
+family plugs in with only those. Known generative VLM classes without a row are refused by name. Read today:
+LLaVA (CLIP tower), PaliGemma and Gemma 3 (SigLIP towers, no class token; :mod:`~vitcam_nb.adapters.vlm_layouts`
+gives their layouts).
 
 transformers is never imported here: a model is recognised by its class name and module.
 
 Example:
     >>> sorted(VLM_FAMILIES)
-    ['llava']
+    ['gemma3', 'llava', 'paligemma']
     >>> HfVlmAdapter().matches(object())
     False
 """
@@ -36,7 +38,8 @@ import torch
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
-from vitcam_nb.core.errors import ArgumentTypeError, TraceError
+from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 
 __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "VLM_FAMILIES", "VlmFamily", "llava_layout",
            "vlm_family_of"]
@@ -72,6 +75,8 @@ class VlmFamily:
     lm_norm: str = "input_layernorm"
     lm_attention: str = "self_attn"
     tower_prefix: tuple[str, ...] = ("cls",)
+    #: what the projector reads of the tower, for the checklist ("" : LLaVA's vision_feature_layer sentence)
+    reads: str = ""
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -141,11 +146,41 @@ VLM_FAMILIES: dict[str, VlmFamily] = {
                        layout=llava_layout),
 }
 
+def paligemma_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
+                        extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
+    """PaliGemma (:func:`~vitcam_nb.adapters.vlm_layouts.paligemma_layout`): one token per SigLIP patch, raster
+    order, the image tokens before the prompt; the first image of the prompt."""
+    try:
+        return paligemma_layout(model.config, ids)
+    except ArgumentError as exc:
+        raise TraceError(f"input_ids: {exc}") from exc
+
+
+def gemma3_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
+                     extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
+    """Gemma 3 (:func:`~vitcam_nb.adapters.vlm_layouts.gemma3_layout`): the projector average-pools the patch
+    grid into ``mm_tokens_per_image`` tokens, raster order; the first image of the prompt."""
+    try:
+        return gemma3_layout(model.config, ids)
+    except ArgumentError as exc:
+        raise TraceError(f"input_ids: {exc}") from exc
+
+
+_SIGLIP_LAST = ("the tower's last hidden state (after its post_layernorm), every tower layer read")
+VLM_FAMILIES["paligemma"] = VlmFamily(
+    "paligemma", (PALIGEMMA_ANATOMY.model_class,), tower="model.vision_tower",
+    projector=PALIGEMMA_ANATOMY.projector, lm_layers=PALIGEMMA_ANATOMY.lm_layers, layout=paligemma_layout_of,
+    tower_prefix=(), reads=f"{_SIGLIP_LAST}; a linear projector per patch")
+VLM_FAMILIES["gemma3"] = VlmFamily(
+    "gemma3", (GEMMA3_ANATOMY.model_class,), tower="model.vision_tower",
+    projector=GEMMA3_ANATOMY.projector, lm_layers=GEMMA3_ANATOMY.lm_layers, layout=gemma3_layout_of,
+    tower_prefix=(), reads=f"{_SIGLIP_LAST}; the projector average-pools the patch grid into "
+                           "mm_tokens_per_image tokens")
+
 #: Generative VLM classes this kit knows but does not read yet: class name -> family name.
 NOT_YET_SUPPORTED: dict[str, str] = {
     "LlavaNextForConditionalGeneration": "llava_next", "LlavaOnevisionForConditionalGeneration": "llava_onevision",
     "Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
-    "PaliGemmaForConditionalGeneration": "paligemma", "Gemma3ForConditionalGeneration": "gemma3",
     "Idefics3ForConditionalGeneration": "idefics3", "SmolVLMForConditionalGeneration": "smolvlm",
 }
 
@@ -190,6 +225,8 @@ class HfVlmAdapter(HfClipAdapter):
 
     def pooling(self, model: torch.nn.Module) -> str:
         fam = vlm_family_of(model)
+        if fam.reads:
+            return f"none: {fam.name} projects {fam.reads} into the LM"
         strategy = getattr(model.config, "vision_feature_select_strategy", "default")
         return (f"none: {fam.name} projects the tower's hidden states of vision_feature_layer="
                 f"{getattr(model.config, 'vision_feature_layer', -1)} ({strategy} strategy) into the LM")

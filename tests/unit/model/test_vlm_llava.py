@@ -283,7 +283,7 @@ def test_other_vlm_families_are_refused_by_name():
                                                    r"'llava_next'\) is not supported yet"):
         vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
     assert set(NOT_YET_SUPPORTED.values()) == {"llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl",
-                                               "paligemma", "gemma3", "idefics3", "smolvlm"}
+                                               "idefics3", "smolvlm"}
 
 
 def test_answer_target_on_a_classifier_is_refused():
