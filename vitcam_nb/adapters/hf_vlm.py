@@ -77,6 +77,10 @@ class VlmFamily:
     tower_prefix: tuple[str, ...] = ("cls",)
     #: what the projector reads of the tower, for the checklist ("" : LLaVA's vision_feature_layer sentence)
     reads: str = ""
+    #: the ``token_type_ids`` the family's processor and ``generate`` give a prompt followed by its answer
+    #: ((model, sequence ids, prompt length) -> ids), and what they do; None: the family takes none
+    token_types: Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor] | None = None
+    token_types_text: str = ""
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -166,16 +170,33 @@ def gemma3_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, i
         raise TraceError(f"input_ids: {exc}") from exc
 
 
+def _prefix_types(model: torch.nn.Module, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """PaliGemma: 0 over the prefix (image and prompt), 1 over the answer, as its processor gives a suffix and
+    ``generate`` extends the prompt's ids."""
+    out = torch.ones_like(seq)
+    out[:n_prompt] = 0
+    return out
+
+
+def _image_types(model: torch.nn.Module, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """Gemma 3: 1 at the image tokens, 0 elsewhere, as its processor gives them."""
+    return (seq == image_token_id(model)).long()
+
+
 _SIGLIP_LAST = ("the tower's last hidden state (after its post_layernorm), every tower layer read")
 VLM_FAMILIES["paligemma"] = VlmFamily(
     "paligemma", (PALIGEMMA_ANATOMY.model_class,), tower="model.vision_tower",
     projector=PALIGEMMA_ANATOMY.projector, lm_layers=PALIGEMMA_ANATOMY.lm_layers, layout=paligemma_layout_of,
-    tower_prefix=(), reads=f"{_SIGLIP_LAST}; a linear projector per patch")
+    tower_prefix=(), reads=f"{_SIGLIP_LAST}; a linear projector per patch", token_types=_prefix_types,
+    token_types_text="token_type_ids 0 over the image and prompt, 1 over the answer (the prefix attends "
+                     "bidirectionally, the answer causally, as with the processor and generate)")
 VLM_FAMILIES["gemma3"] = VlmFamily(
     "gemma3", (GEMMA3_ANATOMY.model_class,), tower="model.vision_tower",
     projector=GEMMA3_ANATOMY.projector, lm_layers=GEMMA3_ANATOMY.lm_layers, layout=gemma3_layout_of,
     tower_prefix=(), reads=f"{_SIGLIP_LAST}; the projector average-pools the patch grid into "
-                           "mm_tokens_per_image tokens")
+                           "mm_tokens_per_image tokens", token_types=_image_types,
+    token_types_text="token_type_ids 1 at the image tokens (they attend to each other bidirectionally, the text "
+                     "causally, as with the processor)")
 
 #: Generative VLM classes this kit knows but does not read yet: class name -> family name.
 NOT_YET_SUPPORTED: dict[str, str] = {

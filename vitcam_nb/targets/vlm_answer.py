@@ -65,7 +65,7 @@ class AnswerTarget(Target):
                 tokens = [str(tokenizer.decode([i])) for i in ids]
         self.tokens = tokens if tokens is not None and len(tokens) == len(ids) else [f"[{i}]" for i in ids]
         self.labels = [*self.tokens, SEQUENCE_LABEL, *(f"{LSE_LABEL}@{t}" for t in self.tokens)]
-        self.layout_text, self.unused_text, self.zero_cause = "", "", ""
+        self.layout_text, self.unused_text, self.zero_cause, self.types_text = "", "", "", ""
         words = " ".join(repr(s) for s in self.tokens)
         self.description = (f"answer-token logits by teacher forcing (each token's logit at the position before it) "
                             f"of the answer {words[:200]}, then the sequence log-prob (sum of the answer tokens' "
@@ -85,6 +85,9 @@ class AnswerTarget(Target):
         n_tower = len(HfVlmAdapter().blocks(model))
         chosen = self.model_kwargs.get("vision_feature_layer")
         self.unused_text = ", ".join(map(str, unused_tower_layers(model, n_tower, chosen)))
+        fam_row = vlm_family_of(model)
+        self.types_text = "" if fam_row.token_types is None else (
+            "given in model_kwargs" if "token_type_ids" in self.model_kwargs else fam_row.token_types_text)
         layer = chosen if chosen is not None else getattr(model.config, "vision_feature_layer", -1)
         fam = vlm_family_of(model).name
         # the cause a zero-gradient verdict states (the classifier's "CLS pooling" text would be false here)
@@ -95,6 +98,11 @@ class AnswerTarget(Target):
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         seq = self.sequence[None].to(x.device)
         extra = {k: v.to(x.device) if isinstance(v, torch.Tensor) else v for k, v in self.model_kwargs.items()}
+        fam = vlm_family_of(model)
+        if fam.token_types is not None and "token_type_ids" not in extra:
+            # the attention mask the family's processor and generate give (PaliGemma's bidirectional prefix):
+            # without it the forward would be plain causal, another model than the one that answered
+            extra["token_type_ids"] = fam.token_types(model, seq[0], len(self.input_ids))[None]
         out = model(input_ids=seq, pixel_values=x, attention_mask=torch.ones_like(seq), use_cache=False, **extra)
         logits = getattr(out, "logits", None)
         if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.shape[1] != seq.shape[1]:
@@ -120,6 +128,8 @@ class AnswerTarget(Target):
         items = {"answer tokens": ", ".join(f"{k}: {s!r} (id {int(i)}, position {int(p)})" for k, (s, i, p) in
                                            enumerate(zip(self.tokens, self.answer_ids, self.answer_positions))),
                  "image-token layout": self.layout_text or "not known (the target was not checked on a model)"}
+        if self.types_text:
+            items["token types"] = self.types_text
         if self.unused_text:
             items["tower layers the LM never reads"] = (
                 f"{self.unused_text} (above the vision_feature_layer the projector reads): gradients there are "

@@ -69,6 +69,30 @@ def case(request):
     return family, model, tr, reference(model, family)
 
 
+def token_types(family: str) -> torch.Tensor:
+    """What the family's processor gives: PaliGemma 0 over image + prompt, 1 over the answer (suffix);
+    Gemma 3 1 at the image tokens."""
+    prompt = SETUP[family][2]
+    if family == "paligemma":
+        return torch.tensor([[0] * len(prompt) + [1] * len(ANSWER)])
+    return torch.tensor([[int(i == IMG) for i in prompt + ANSWER]])
+
+
+def test_the_forward_gets_the_familys_token_types(case):
+    """The traced scores are the forward with the processor's token types, which differs from plain causal."""
+    family, model, tr, _ = case
+    prompt = SETUP[family][2]
+    seq = torch.tensor([prompt + ANSWER])
+    rows = np.arange(len(prompt), len(prompt) + len(ANSWER)) - 1
+    with torch.no_grad():
+        typed = model(input_ids=seq, pixel_values=make_x(family), token_type_ids=token_types(family),
+                      use_cache=False).logits[0, rows, ANSWER].numpy()
+        plain = model(input_ids=seq, pixel_values=make_x(family), use_cache=False).logits[0, rows, ANSWER].numpy()
+    np.testing.assert_allclose(tr["logits"].values[:len(ANSWER)], typed, rtol=1e-5, atol=1e-6)
+    assert np.abs(typed - plain).max() > 1e-4  # the token types change the answer: they were needed
+    assert "token_type_ids" in json.loads(tr.attrs["target_checklist"])["token types"]
+
+
 def _first(t):
     return t[0] if isinstance(t, (tuple, list)) else t
 
@@ -100,7 +124,8 @@ def reference(model: torch.nn.Module, family: str) -> tuple[dict, dict]:
             lambda _m, a, k=(i, "lm_resid"): kept.__setitem__(k, a[0])))
         handles.append(layer.self_attn.register_forward_hook(out((i, "lm_attn"), 1)))
     prompt = SETUP[family][2]
-    logits = ref(input_ids=torch.tensor([prompt + ANSWER]), pixel_values=make_x(family), use_cache=False).logits[0]
+    logits = ref(input_ids=torch.tensor([prompt + ANSWER]), pixel_values=make_x(family), use_cache=False,
+                 token_type_ids=token_types(family)).logits[0]
     for h in handles:
         h.remove()
     rows = torch.arange(len(prompt), len(prompt) + len(ANSWER)) - 1
