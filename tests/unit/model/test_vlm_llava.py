@@ -280,7 +280,8 @@ def test_other_vlm_families_are_refused_by_name():
     model = LlavaNextForConditionalGeneration(LlavaNextConfig(vision_config=v, text_config=t, image_token_id=63,
                                                               image_grid_pinpoints=[[32, 32]]))
     with pytest.raises(vc.ArgumentTypeError, match=r"LlavaNextForConditionalGeneration \(VLM family "
-                                                   r"'llava_next'\) is not supported yet"):
+                                                   r"'llava_next'\) is not supported yet: its processor "
+                                                   r"tiles the image"):
         vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
     assert set(NOT_YET_SUPPORTED.values()) == {"llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl",
                                                "idefics3", "smolvlm"}
