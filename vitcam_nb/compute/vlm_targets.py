@@ -23,12 +23,18 @@ import numpy as np
 
 from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import Recipe, is_int
+from vitcam_nb.core.weighting import WEIGHTINGS
 
 __all__ = ["answer_weights", "answer_target_text", "is_answer_trace"]
 
 
 def is_answer_trace(attrs: Mapping[str, Any]) -> bool:
-    """Whether the trace's target is a VLM answer (``target_kind == "answer"``)."""
+    """Whether the trace's target is a VLM answer (``target_kind == "answer"``).
+
+    Example:
+        >>> is_answer_trace({"target_kind": "answer"}), is_answer_trace({"target_kind": "class"})
+        (True, False)
+    """
     return str(attrs.get("target_kind", "")) == "answer"
 
 
@@ -39,7 +45,14 @@ def _count(attrs: Mapping[str, Any]) -> int:
 def answer_weights(logits: np.ndarray, classes: list[int], recipe: Recipe, attrs: Mapping[str, Any]
                    ) -> tuple[dict[int, float], int]:
     """The combination of stored gradients that is the recipe's target for an answer trace (first key: the
-    class's own position), and the class: answer token ``k`` (``0..n-1``) or the sequence log-prob (``n``)."""
+    class's own position), and the class: answer token ``k`` (``0..n-1``) or the sequence log-prob (``n``).
+
+    Example:
+        >>> w, c = answer_weights(np.array([2.0, -1.0, 2.5]), [0, 1, 2, -1], Recipe(target="prob"),
+        ...                       {"answer_ids": "7"})
+        >>> round(w[0], 4), round(w[2], 4), c  # p = exp(2.0 - 2.5)
+        (0.6065, -0.6065, 0)
+    """
     n = _count(attrs)
     z = np.asarray(logits, dtype=np.float64).ravel()
     if isinstance(recipe.class_, str):  # "topK": the answer tokens ranked by logit (never a logsumexp entry)
@@ -74,8 +87,18 @@ def answer_weights(logits: np.ndarray, classes: list[int], recipe: Recipe, attrs
     return {pos: p, classes.index(lse): -p}, cls
 
 
-def answer_target_text(recipe: Recipe, attrs: Mapping[str, Any]) -> tuple[str, str]:
-    """(the differentiated scalar, how its gradient was obtained) for the checklist of an answer trace."""
+def answer_target_text(recipe: Recipe, attrs: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(the differentiated scalar, how its gradient was obtained) for the checklist of a gradient recipe on an
+    answer trace; None for other traces, attention rollout and weightings that use no gradient or scores.
+
+    Example:
+        >>> answer_target_text(Recipe(target="logprob", class_=0), {"target_kind": "answer", "answer_ids": "7"})[0]
+        "the log-probability log p = z - lse over the LM's whole vocabulary of answer token 0"
+    """
+    weighting = WEIGHTINGS.get(recipe.weighting)
+    if not is_answer_trace(attrs) or recipe.layer_fusion == "rollout" or not weighting.uses_gradient \
+            or weighting.scores:
+        return None
     n = _count(attrs)
     cls = recipe.class_
     what = (f"the sequence log-prob (sum over the {n} answer tokens of log softmax over the LM's vocabulary)"

@@ -22,8 +22,14 @@ from vitcam_nb.targets.base import Target
 __all__ = ["ItmTarget", "itm"]
 
 
-def _as_ids(value: Any, field: str) -> torch.Tensor:
-    """A 1-D int64 CPU tensor from a 1-D or (1, L) tensor, array or list of ints."""
+def as_token_ids(value: Any, field: str) -> torch.Tensor:
+    """A 1-D int64 CPU tensor from a 1-D or (1, L) tensor, array or list of ints (``field`` names the argument in
+    a refusal).
+
+    Example:
+        >>> as_token_ids([[1, 2, 3]], "input_ids").tolist()
+        [1, 2, 3]
+    """
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
     else:
@@ -44,6 +50,9 @@ def _as_ids(value: Any, field: str) -> torch.Tensor:
     if t.numel() == 0:
         raise TraceError(f"{field}: is empty; expected at least one token")
     return t.to(torch.int64)
+
+
+_as_ids = as_token_ids  # the name this module's own callers use
 
 
 class ItmTarget(Target):

@@ -27,7 +27,7 @@ import torch
 from vitcam_nb.adapters.hf_vlm import HfVlmAdapter, image_token_id, unused_tower_layers, vlm_family_of
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 from vitcam_nb.targets.base import Target
-from vitcam_nb.targets.blip_matching import _as_ids
+from vitcam_nb.targets.blip_matching import as_token_ids
 
 __all__ = ["AnswerTarget", "LSE_LABEL", "SEQUENCE_LABEL", "answer", "generated"]
 
@@ -155,7 +155,7 @@ def _prompt_ids(prompt: str, processor: Any) -> torch.Tensor:
     except Exception as exc:
         raise ArgumentTypeError(f"processor: calling it on the prompt failed ({type(exc).__name__}: {exc}); "
                                 "expected the model's transformers processor") from exc
-    return _as_ids(enc["input_ids"], "prompt")
+    return as_token_ids(enc["input_ids"], "prompt")
 
 
 def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None = None, answer: str | None = None,
@@ -181,11 +181,11 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
         if processor is None or tok is None:
             raise ArgumentError("processor: prompt/answer text needs the model's processor (with its tokenizer)")
         ids = _prompt_ids(prompt, processor)
-        ans = _as_ids(tok(answer, add_special_tokens=False, return_tensors="pt")["input_ids"], "answer")
+        ans = as_token_ids(tok(answer, add_special_tokens=False, return_tensors="pt")["input_ids"], "answer")
         return AnswerTarget(ids, ans, tok, model_kwargs)
     if input_ids is None or answer_ids is None:
         raise ArgumentError("input_ids: give input_ids and answer_ids (or prompt, answer and processor)")
-    return AnswerTarget(_as_ids(input_ids, "input_ids"), _as_ids(answer_ids, "answer_ids"),
+    return AnswerTarget(as_token_ids(input_ids, "input_ids"), as_token_ids(answer_ids, "answer_ids"),
                         _tokenizer_of(processor, tokenizer), model_kwargs)
 
 
@@ -200,7 +200,7 @@ def generated(sequences: Any, input_ids: Any, *, processor: Any = None, tokenize
         >>> generated([[1, 9, 9, 5, 6, 2]], [1, 9, 9], stop_ids=[2]).answer_ids.tolist()
         [5, 6]
     """
-    seq, prompt = _as_ids(sequences, "sequences"), _as_ids(input_ids, "input_ids")
+    seq, prompt = as_token_ids(sequences, "sequences"), as_token_ids(input_ids, "input_ids")
     n = len(prompt)
     if len(seq) <= n or not torch.equal(seq[:n], prompt):
         raise ArgumentError("sequences: does not start with input_ids followed by generated tokens; pass the "
