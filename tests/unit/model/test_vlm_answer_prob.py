@@ -128,3 +128,15 @@ def test_unused_tower_layer_reason_names_the_layer_the_lm_reads(llava):
 def test_ranked_targets_on_a_vlm_are_refused_pointing_to_answer(llava):
     with pytest.raises(vc.TraceError, match=r"generative VLM .*targets=vitcam_nb\.targets\.answer"):
         vc.trace(llava, make_x(), targets="top5")
+
+
+def test_an_answer_trace_without_the_logsumexps_refuses_prob_but_keeps_logit(trace):
+    """A trace made before the logsumexps were traced (its entries: the tokens, the sequence, E) has no
+    vocabulary softmax to derive: prob/logprob are refused by name, logit maps are unchanged."""
+    old = trace.isel({"class": slice(0, len(ANSWER) + 1), "target": [0, 1, 2, 3, -1]})
+    assert old["target_class"].values.tolist() == [0, 1, 2, 3, -1]
+    for target in ("prob", "logprob"):
+        with pytest.raises(vc.RecipeError, match="needs the vocabulary logsumexp"):
+            vc.cam(old, vc.Recipe(site="lm_resid", layer=1, class_=0, target=target))
+    r = vc.Recipe(site="lm_resid", layer=1, class_=1, upsample="none")
+    np.testing.assert_array_equal(vc.cam(old, r).values, vc.cam(trace, r).values)
