@@ -43,7 +43,7 @@ TARGETS = {
 OFFICIAL_MODEL = workloads.VIT_BASE
 ITEM_NUMBER = {"trace_cost": 1, "single_variant": 2, "gallery": 3, "memory": 4}
 ITEMS = (*ITEM_NUMBER, "widget", "trace_many", "load", "export_html", "scale", "rules", "families", "parity",
-         "cli_help")
+         "cli_help", "vlm_trace_cost")
 #: Items with their own module and JSON file (benchmarks/<NAME>.json), run through that module's command line.
 OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
                   "export_html": ("benchmarks.export_html", "EXPORT_HTML.json"),
@@ -51,7 +51,8 @@ OWN_FILE_ITEMS = {"load": ("benchmarks.load", "LOAD.json"),
                   "rules": ("benchmarks.items.rules", "RULES.json"),
                   "families": ("benchmarks.items.families", "FAMILIES.json"),
                   "parity": ("benchmarks.items.parity", "PARITY.json"),
-                  "cli_help": ("benchmarks.items.cli_help", "CLI_HELP.json")}
+                  "cli_help": ("benchmarks.items.cli_help", "CLI_HELP.json"),
+                  "vlm_trace_cost": ("benchmarks.items.vlm_trace_cost", "VLM_TRACE_COST.json")}
 
 
 @dataclass
@@ -259,9 +260,10 @@ def _run_items(cfg: Config, results: dict, started: float) -> dict:
             cfg.log(f"  {item}: python -m {module} (writes benchmarks/{name})")
             out = Path(__file__).resolve().parent / name
             # A smoke run never replaces the committed measurement.
-            if cfg.quick and item in ("scale", "rules", "families", "parity", "cli_help"):
+            if cfg.quick and item in ("scale", "rules", "families", "parity", "cli_help", "vlm_trace_cost"):
                 out = cfg.out / f"{item}-quick.json"
-            quick = cfg.quick and item in ("export_html", "scale", "rules", "families", "parity", "cli_help")
+            quick = cfg.quick and item in ("export_html", "scale", "rules", "families", "parity", "cli_help",
+                                           "vlm_trace_cost")
             argv = ["--out", str(out)] + (["--quick"] if quick else [])
             if item in ("scale", "families") and cfg.device != "cpu":
                 argv += ["--device", cfg.device]

@@ -13,13 +13,15 @@ ImageTokenLayout` says which sequence positions those are and where each lands i
   answer tokens to the image tokens' key columns (eager attention forced for the trace, restored after).
 
 A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
-family plugs in with only those. Known generative VLM classes without a row are refused by name.
+family plugs in with only those. Known generative VLM classes without a row are refused by name. Read today:
+LLaVA (CLIP tower), PaliGemma and Gemma 3 (SigLIP towers, no class token; :mod:`~vitcam_nb.adapters.vlm_layouts`
+gives their layouts).
 
 transformers is never imported here: a model is recognised by its class name and module.
 
 Example:
     >>> sorted(VLM_FAMILIES)
-    ['llava']
+    ['gemma3', 'llava', 'paligemma']
     >>> HfVlmAdapter().matches(object())
     False
 """
@@ -37,10 +39,11 @@ from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
-from vitcam_nb.core.errors import ArgumentTypeError, TraceError
+from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
+from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 
-__all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "VLM_FAMILIES", "VlmFamily", "llava_layout",
-           "vlm_family_of"]
+__all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "NOT_YET_WHY", "VLM_FAMILIES", "VlmFamily",
+           "llava_layout", "vlm_family_of"]
 
 #: A family's layout function: (model, full sequence ids (L,), tower patch grid (rows, cols), the target's extra
 #: forward arguments such as ``image_sizes`` or ``image_grid_thw``) -> layout.
@@ -73,6 +76,12 @@ class VlmFamily:
     lm_norm: str = "input_layernorm"
     lm_attention: str = "self_attn"
     tower_prefix: tuple[str, ...] = ("cls",)
+    #: what the projector reads of the tower, for the checklist ("" : LLaVA's vision_feature_layer sentence)
+    reads: str = ""
+    #: the ``token_type_ids`` the family's processor and ``generate`` give a prompt followed by its answer
+    #: ((model, sequence ids, prompt length) -> ids), and what they do; None: the family takes none
+    token_types: Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor] | None = None
+    token_types_text: str = ""
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -142,11 +151,69 @@ VLM_FAMILIES: dict[str, VlmFamily] = {
                        layout=llava_layout),
 }
 
+def paligemma_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
+                        extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
+    """PaliGemma (:func:`~vitcam_nb.adapters.vlm_layouts.paligemma_layout`): one token per SigLIP patch, raster
+    order, the image tokens before the prompt; the first image of the prompt."""
+    try:
+        return paligemma_layout(model.config, ids)
+    except ArgumentError as exc:
+        raise TraceError(f"input_ids: {exc}") from exc
+
+
+def gemma3_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
+                     extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
+    """Gemma 3 (:func:`~vitcam_nb.adapters.vlm_layouts.gemma3_layout`): the projector average-pools the patch
+    grid into ``mm_tokens_per_image`` tokens, raster order; the first image of the prompt."""
+    try:
+        return gemma3_layout(model.config, ids)
+    except ArgumentError as exc:
+        raise TraceError(f"input_ids: {exc}") from exc
+
+
+def _prefix_types(model: torch.nn.Module, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """PaliGemma: 0 over the prefix (image and prompt), 1 over the answer, as its processor gives a suffix and
+    ``generate`` extends the prompt's ids."""
+    out = torch.ones_like(seq)
+    out[:n_prompt] = 0
+    return out
+
+
+def _image_types(model: torch.nn.Module, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """Gemma 3: 1 at the image tokens, 0 elsewhere, as its processor gives them."""
+    return (seq == image_token_id(model)).long()
+
+
+_SIGLIP_LAST = ("the tower's last hidden state (after its post_layernorm), every tower layer read")
+VLM_FAMILIES["paligemma"] = VlmFamily(
+    "paligemma", (PALIGEMMA_ANATOMY.model_class,), tower="model.vision_tower",
+    projector=PALIGEMMA_ANATOMY.projector, lm_layers=PALIGEMMA_ANATOMY.lm_layers, layout=paligemma_layout_of,
+    tower_prefix=(), reads=f"{_SIGLIP_LAST}; a linear projector per patch", token_types=_prefix_types,
+    token_types_text="token_type_ids 0 over the image and prompt, 1 over the answer (the prefix attends "
+                     "bidirectionally, the answer causally, as with the processor and generate)")
+VLM_FAMILIES["gemma3"] = VlmFamily(
+    "gemma3", (GEMMA3_ANATOMY.model_class,), tower="model.vision_tower",
+    projector=GEMMA3_ANATOMY.projector, lm_layers=GEMMA3_ANATOMY.lm_layers, layout=gemma3_layout_of,
+    tower_prefix=(), reads=f"{_SIGLIP_LAST}; the projector average-pools the patch grid into "
+                           "mm_tokens_per_image tokens", token_types=_image_types,
+    token_types_text="token_type_ids 1 at the image tokens (they attend to each other bidirectionally, the text "
+                     "causally, as with the processor)")
+
+_TILED = ("its processor tiles the image (pixel_values hold a batch of crops per image), so the tower sites would "
+          "need one trace row per crop; not read yet")
+#: Why each family not read yet is refused (its layout in vitcam_nb.adapters.vlm_layouts is ready and tested).
+NOT_YET_WHY: dict[str, str] = {
+    "llava_next": _TILED, "llava_onevision": _TILED, "idefics3": _TILED, "smolvlm": _TILED,
+    "qwen2_vl": "its tower is not CLIP-like (Qwen2VLVisionBlock over a packed patch sequence with a fused qkv, "
+                "mm_token_type_ids in the forward): it needs its own tower site table; not read yet",
+    "qwen2_5_vl": "its tower is not CLIP-like (window attention over a packed patch sequence, a fused qkv, "
+                  "mm_token_type_ids in the forward): it needs its own tower site table; not read yet",
+}
+
 #: Generative VLM classes this kit knows but does not read yet: class name -> family name.
 NOT_YET_SUPPORTED: dict[str, str] = {
     "LlavaNextForConditionalGeneration": "llava_next", "LlavaOnevisionForConditionalGeneration": "llava_onevision",
     "Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
-    "PaliGemmaForConditionalGeneration": "paligemma", "Gemma3ForConditionalGeneration": "gemma3",
     "Idefics3ForConditionalGeneration": "idefics3", "SmolVLMForConditionalGeneration": "smolvlm",
 }
 
@@ -165,8 +232,9 @@ def vlm_family_of(model: object) -> VlmFamily:
     for cls in type(model).__mro__:
         if cls.__name__ in NOT_YET_SUPPORTED and cls.__module__.startswith("transformers"):
             name = NOT_YET_SUPPORTED[cls.__name__]
-            raise ArgumentTypeError(f"model: {cls.__name__} (VLM family {name!r}) is not supported yet; the "
-                                    f"generative VLM families read today: {', '.join(sorted(VLM_FAMILIES))}")
+            raise ArgumentTypeError(f"model: {cls.__name__} (VLM family {name!r}) is not supported yet: "
+                                    f"{NOT_YET_WHY.get(name, 'not read yet')}; the generative VLM families read "
+                                    f"today: {', '.join(sorted(VLM_FAMILIES))}")
     raise ArgumentTypeError(f"model: {type(model).__name__} is not a generative VLM this kit reads; supported: "
                             f"{', '.join(sorted(VLM_FAMILIES))}")
 
@@ -192,6 +260,8 @@ class HfVlmAdapter(HfClipAdapter):
 
     def pooling(self, model: torch.nn.Module) -> str:
         fam = vlm_family_of(model)
+        if fam.reads:
+            return f"none: {fam.name} projects {fam.reads} into the LM"
         strategy = getattr(model.config, "vision_feature_select_strategy", "default")
         return (f"none: {fam.name} projects the tower's hidden states of vision_feature_layer="
                 f"{getattr(model.config, 'vision_feature_layer', -1)} ({strategy} strategy) into the LM")

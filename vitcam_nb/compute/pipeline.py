@@ -296,19 +296,28 @@ CONSTANT_REASON = "the map is constant (after the ReLU nothing is left, or only 
 RELU_REASON = f"{NOTHING_AFTER_RELU} (every value is <= 0, or within rounding noise of 0, before it)"
 
 
-def zero_gradient_reason(recipe: Recipe, logits: np.ndarray) -> str:
-    """Why a map whose gradients are all zero is degenerate, for ``recipe`` on an image of these ``logits``.
+def zero_gradient_reason(recipe: Recipe, logits: np.ndarray, attrs: Any = None) -> str:
+    """Why a map whose gradients are all zero is degenerate, for ``recipe`` on an image of these ``logits``;
+    ``attrs`` (the trace's) may state the model's own cause (``zero_gradient_cause``, e.g. a VLM's tower layers
+    its language model never reads).
 
     Example:
         >>> zero_gradient_reason(Recipe(target="prob"), np.array([0.0]))[:31]
         "target 'prob': a softmax over o"
     """
-    if recipe.target in ("prob", "logprob") and int(np.shape(logits)[-1]) == 1:
+    attrs = attrs if attrs is not None else {}
+    # an answer trace's prob is a softmax over the LM's vocabulary, not over its traced entries: those tests
+    # would speak of the wrong softmax
+    answer = str(attrs.get("target_kind", "")) == "answer"
+    if not answer and recipe.target in ("prob", "logprob") and int(np.shape(logits)[-1]) == 1:
         return (f"target {recipe.target!r}: a softmax over one score is constant, so its gradient is zero; use "
                 "target='logit' on a one-logit model")
-    if recipe.target in ("prob", "logprob") and _saturated(logits):
+    if not answer and recipe.target in ("prob", "logprob") and _saturated(logits):
         return (f"target {recipe.target!r}: the softmax is saturated (one score exceeds the others by so much "
                 "that its probability is 1 in float32), so its gradient is exactly zero; use target='logit'")
+    cause = str(attrs.get("zero_gradient_cause", ""))
+    if cause:
+        return f"gradients are exactly zero at these tokens (the target does not depend on them: {cause})"
     return ("gradients are exactly zero at these tokens (the target does not depend on them: with CLS "
             "pooling, the last block's patch tokens never reach the output)")
 
@@ -330,7 +339,7 @@ def finish_layers(view: TraceView, recipe: Recipe, raw: np.ndarray, scale: np.nd
     span = _span(recipe, raw, (-2, -1))
     ref = scale.max(axis=(-2, -1))
     constant = span <= view.rtol * ref
-    why_zero = zero_gradient_reason(recipe, view.arrays["logits"])
+    why_zero = zero_gradient_reason(recipe, view.arrays["logits"], view.attrs)
     why_constant = np.where(constant, CONSTANT_REASON, "")
     if recipe.relu == "after" and constant.any():
         # Every value at most rounding noise above 0: the ReLU left nothing (a cause of its own, not a flat map).

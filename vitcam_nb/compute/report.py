@@ -20,6 +20,7 @@ import json
 import math
 from typing import Any
 
+from vitcam_nb.compute.vlm_targets import answer_target_text
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.input_geometry import geometry_text
@@ -38,11 +39,8 @@ HEAD_RULE_TEXT = {
     "relu_then_mean": "ReLU of each per-head map, then averaged over heads",
     "max": "maximum over per-head maps",
 }
-ATTN_ROW_TEXT = {
-    "cls": "the CLS query row",
-    "mean": "the mean over all query rows",
-    "patch_mean": "the mean over patch query rows",
-}
+ATTN_ROW_TEXT = {"cls": "the CLS query row", "mean": "the mean over all query rows",
+                 "patch_mean": "the mean over patch query rows"}
 FUSION_TEXT = {
     "none": "a single layer",
     "mean": "per-layer maps (ReLU, normalised, upsampled) averaged over layers",
@@ -198,6 +196,8 @@ def _target_text(recipe: Recipe, attrs: Any = None) -> tuple[str, str]:
         f"the class ranked {recipe.class_[3:]} by logit ({recipe.class_})"
     if recipe.layer_fusion == "rollout":
         return "none: attention rollout uses no gradient", "not applicable"
+    if (answer := answer_target_text(recipe, attrs or {})) is not None:  # a VLM answer: the vocabulary softmax
+        return answer
     dense = _target_scalar(attrs or {}, cls)
     z = "s" if dense else "z"
     if dense:  # what was differentiated is the target's score of the dense output, not a classifier logit

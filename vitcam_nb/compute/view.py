@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.compute.vlm_targets import answer_weights, is_answer_trace
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import ATTENTION_SITE, LOOP_VARIABLES, SCORE_VARIABLES, SUPPORTED_SCHEMAS
@@ -251,6 +252,8 @@ class TraceView:
         """Target positions and coefficients whose combination is the recipe's gradient, and the class."""
         logits = self.arrays["logits"].astype(np.float64)
         classes = [int(c) for c in self.arrays["target_class"]]
+        if is_answer_trace(self.attrs):  # prob/logprob over the LM's vocabulary, not over the traced entries
+            return answer_weights(logits, classes, recipe, self.attrs)
         if isinstance(recipe.class_, str):
             rank = int(recipe.class_[3:])
             if rank > logits.size:

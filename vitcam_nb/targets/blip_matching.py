@@ -17,13 +17,19 @@ import torch
 
 from vitcam_nb.adapters.blip import is_blip_itm
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.targets.base import Target, register_target
+from vitcam_nb.targets.base import Target
 
 __all__ = ["ItmTarget", "itm"]
 
 
-def as_ids(value: Any, field: str) -> torch.Tensor:
-    """A 1-D int64 CPU tensor from a 1-D or (1, L) tensor, array or list of ints."""
+def as_token_ids(value: Any, field: str) -> torch.Tensor:
+    """A 1-D int64 CPU tensor from a 1-D or (1, L) tensor, array or list of ints (``field`` names the argument in
+    a refusal).
+
+    Example:
+        >>> as_token_ids([[1, 2, 3]], "input_ids").tolist()
+        [1, 2, 3]
+    """
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
     else:
@@ -44,6 +50,9 @@ def as_ids(value: Any, field: str) -> torch.Tensor:
     if t.numel() == 0:
         raise TraceError(f"{field}: is empty; expected at least one token")
     return t.to(torch.int64)
+
+
+_as_ids = as_token_ids  # the name this module's own callers use
 
 
 class ItmTarget(Target):
@@ -130,7 +139,6 @@ class ItmTarget(Target):
         return {**super().attrs(), "itm_match": int(self.match), "itm_text": self.text}
 
 
-@register_target
 def itm(input_ids: Any, attention_mask: Any = None, *, match: bool = True, tokenizer: Any = None) -> ItmTarget:
     """Target BLIP's image-text matching head for one text: the two ITM logits (no match, match).
 
@@ -153,12 +161,12 @@ def itm(input_ids: Any, attention_mask: Any = None, *, match: bool = True, token
     """
     if not isinstance(match, (bool, np.bool_)):
         raise TraceError(f"match: expected True or False, got {match!r}")
-    ids = as_ids(input_ids, "input_ids")
+    ids = _as_ids(input_ids, "input_ids")
     if attention_mask is None:
         mask = torch.ones_like(ids)
     else:
         given = tuple(attention_mask.shape) if hasattr(attention_mask, "shape") else None
-        mask = as_ids(attention_mask, "attention_mask")
+        mask = _as_ids(attention_mask, "attention_mask")
         if mask.shape != ids.shape:
             raise TraceError(f"attention_mask: shape {given or tuple(mask.shape)} does not match input_ids "
                              f"{tuple(getattr(input_ids, 'shape', ids.shape))}")

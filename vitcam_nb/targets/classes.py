@@ -71,6 +71,19 @@ def _is_detector(model: object) -> bool:
     return any(c.__name__.endswith("ForObjectDetection") for c in type(model).__mro__)
 
 
+def _is_vlm(model: object) -> bool:
+    """Whether ``model`` is a generative VLM class the kit knows (read or refused by name).
+
+    Example:
+        >>> _is_vlm(torch.nn.Identity())
+        False
+    """
+    from vitcam_nb.adapters.hf_vlm import HfVlmAdapter  # lazy: the class list, no transformers import
+
+    names = set(HfVlmAdapter.classes)
+    return any(c.__name__ in names and c.__module__.startswith("transformers") for c in type(model).__mro__)
+
+
 class ClassTargets(Target):
     """The classifier's logits: ``"topK"`` (the K highest), an int class or a list of ints. The default
     ``"top5"`` traces ``min(5, num_classes)`` classes; any other K above the class count is refused.
@@ -112,6 +125,11 @@ class ClassTargets(Target):
             raise TraceError(f"model: {type(model).__name__} is a detector (no classifier head): class targets need "
                              "a classifier's logits. Explain a detection with targets=vitcam_nb.targets.detection("
                              "box=(x0, y0, x1, y1)) or detection(query=i, class_=c) (OWL: text=[...], tokenizer=)")
+        if n <= 0 and _is_vlm(model):
+            raise TraceError(f"targets: {self.spec!r} ranks a classifier's logits, but {type(model).__name__} is a "
+                             "generative VLM (no classifier head): explain its answer with targets=vitcam_nb.targets."
+                             "answer(input_ids=..., answer_ids=...) (or prompt=, answer=, processor=), or "
+                             "vitcam_nb.targets.generated(...) for what model.generate produced")
         self.check_count(n)
 
     def check_count(self, n: int) -> None:

@@ -4,12 +4,14 @@ forward pass of the prompt with the answer appended.
 The traced "classes" are the answer tokens: class ``k`` is the logit of answer token ``k`` at the position that
 predicts it (the position before it), labelled with the decoded token (or ``[id]`` without a tokenizer); one more
 entry, the last, is the sequence score: the sum over the answer tokens of their log-probabilities over the whole
-vocabulary. ``Recipe(class_=0)`` explains the first answer token.
+vocabulary; after it, one entry per answer token: the logsumexp over the vocabulary at its predicting position
+(``lse_k``), so ``target="prob"``/``"logprob"`` are the model's own softmax over its vocabulary, ``log p_k = z_k -
+lse_k``, derived exactly from the stored gradients. ``Recipe(class_=0)`` explains the first answer token.
 
 Example:
     >>> t = answer(input_ids=[1, 9, 9, 9, 9, 5], answer_ids=[7, 8])
     >>> t.labels, t.answer_positions.tolist()
-    (['[7]', '[8]', 'sequence log-prob'], [6, 7])
+    (['[7]', '[8]', 'sequence log-prob', 'logsumexp@[7]', 'logsumexp@[8]'], [6, 7])
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import torch
 from vitcam_nb.adapters.hf_vlm import HfVlmAdapter, image_token_id, unused_tower_layers, vlm_family_of
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 from vitcam_nb.targets.base import Target, register_target
-from vitcam_nb.targets.blip_matching import as_ids
+from vitcam_nb.targets.blip_matching import as_token_ids
 
-__all__ = ["AnswerTarget", "SEQUENCE_LABEL", "answer", "generated"]
+__all__ = ["AnswerTarget", "LSE_LABEL", "SEQUENCE_LABEL", "answer", "generated"]
 
 SEQUENCE_LABEL = "sequence log-prob"
+#: label prefix of the entries holding each answer position's logsumexp over the vocabulary
+LSE_LABEL = "logsumexp"
 
 
 class AnswerTarget(Target):
@@ -39,7 +43,7 @@ class AnswerTarget(Target):
     Example:
         >>> t = AnswerTarget(torch.tensor([1, 9, 5]), torch.tensor([7]), None)
         >>> t.sequence.tolist(), t.labels
-        ([1, 9, 5, 7], ['[7]', 'sequence log-prob'])
+        ([1, 9, 5, 7], ['[7]', 'sequence log-prob', 'logsumexp@[7]'])
     """
 
     kind = "answer"
@@ -60,12 +64,13 @@ class AnswerTarget(Target):
             with contextlib.suppress(Exception):  # a user's tokenizer may not take these arguments
                 tokens = [str(tokenizer.decode([i])) for i in ids]
         self.tokens = tokens if tokens is not None and len(tokens) == len(ids) else [f"[{i}]" for i in ids]
-        self.labels = [*self.tokens, SEQUENCE_LABEL]
-        self.layout_text, self.unused_text = "", ""
+        self.labels = [*self.tokens, SEQUENCE_LABEL, *(f"{LSE_LABEL}@{t}" for t in self.tokens)]
+        self.layout_text, self.unused_text, self.zero_cause, self.types_text = "", "", "", ""
         words = " ".join(repr(s) for s in self.tokens)
         self.description = (f"answer-token logits by teacher forcing (each token's logit at the position before it) "
                             f"of the answer {words[:200]}, then the sequence log-prob (sum of the answer tokens' "
-                            "log-softmax over the vocabulary)")
+                            "log-softmax over the vocabulary), then each answer position's logsumexp over the "
+                            "vocabulary (so prob/logprob are the softmax over the whole vocabulary)")
 
     def check(self, model: torch.nn.Module) -> None:
         vlm_family_of(model)  # a classifier, or a known VLM family not read yet, is refused by name
@@ -80,10 +85,24 @@ class AnswerTarget(Target):
         n_tower = len(HfVlmAdapter().blocks(model))
         chosen = self.model_kwargs.get("vision_feature_layer")
         self.unused_text = ", ".join(map(str, unused_tower_layers(model, n_tower, chosen)))
+        fam_row = vlm_family_of(model)
+        self.types_text = "" if fam_row.token_types is None else (
+            "given in model_kwargs" if "token_type_ids" in self.model_kwargs else fam_row.token_types_text)
+        layer = chosen if chosen is not None else getattr(model.config, "vision_feature_layer", -1)
+        fam = vlm_family_of(model).name
+        # the cause a zero-gradient verdict states (the classifier's "CLS pooling" text would be false here)
+        self.zero_cause = (f"{fam}'s projector reads the tower's hidden states of vision_feature_layer={layer}, so "
+                           f"the language model never reads tower layer(s) {self.unused_text}" if self.unused_text
+                           else f"in {fam}, the answer does not reach these tokens through this site")
 
     def scores(self, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         seq = self.sequence[None].to(x.device)
         extra = {k: v.to(x.device) if isinstance(v, torch.Tensor) else v for k, v in self.model_kwargs.items()}
+        fam = vlm_family_of(model)
+        if fam.token_types is not None and "token_type_ids" not in extra:
+            # the attention mask the family's processor and generate give (PaliGemma's bidirectional prefix):
+            # without it the forward would be plain causal, another model than the one that answered
+            extra["token_type_ids"] = fam.token_types(model, seq[0], len(self.input_ids))[None]
         out = model(input_ids=seq, pixel_values=x, attention_mask=torch.ones_like(seq), use_cache=False, **extra)
         logits = getattr(out, "logits", None)
         if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.shape[1] != seq.shape[1]:
@@ -93,25 +112,31 @@ class AnswerTarget(Target):
         ids = self.answer_ids.to(x.device)
         at = logits[0, rows]  # (n_answer, vocab): the positions predicting each answer token
         token_logits = at.gather(1, ids[:, None])[:, 0]
-        seq_score = torch.log_softmax(at.float(), dim=-1).gather(1, ids[:, None]).sum().to(at.dtype)
-        return torch.cat([token_logits, seq_score[None]])
+        lse = torch.logsumexp(at.float(), dim=-1)  # (n_answer,): log p_k = z_k - lse_k over the vocabulary
+        seq_score = (token_logits.float() - lse).sum().to(at.dtype)
+        return torch.cat([token_logits, seq_score[None], lse.to(at.dtype)])
 
     def settings(self) -> dict:
         extra = {k: v.tolist() if isinstance(v, (torch.Tensor, np.ndarray)) else repr(v)
                  for k, v in sorted(self.model_kwargs.items())}
-        return {"kind": self.kind, "input_ids": [int(i) for i in self.input_ids],
+        # "entries": the score vector's layout (tokens, sequence log-prob, vocabulary logsumexps), so a trace made
+        # before the logsumexps were traced never shares an id with one made after
+        return {"kind": self.kind, "entries": "tokens,sequence,lse", "input_ids": [int(i) for i in self.input_ids],
                 "answer_ids": [int(i) for i in self.answer_ids], **({"model_kwargs": extra} if extra else {})}
 
     def attrs(self) -> dict[str, object]:
         items = {"answer tokens": ", ".join(f"{k}: {s!r} (id {int(i)}, position {int(p)})" for k, (s, i, p) in
                                            enumerate(zip(self.tokens, self.answer_ids, self.answer_positions))),
                  "image-token layout": self.layout_text or "not known (the target was not checked on a model)"}
+        if self.types_text:
+            items["token types"] = self.types_text
         if self.unused_text:
             items["tower layers the LM never reads"] = (
                 f"{self.unused_text} (above the vision_feature_layer the projector reads): gradients there are "
                 "exactly zero, so their maps are degenerate")
         return {**super().attrs(), "answer_ids": ",".join(str(int(i)) for i in self.answer_ids),
                 "answer_tokens": json.dumps(self.tokens), "image_token_layout": self.layout_text,
+                **({"zero_gradient_cause": self.zero_cause} if self.zero_cause else {}),
                 "target_checklist": json.dumps(items)}
 
 
@@ -130,7 +155,7 @@ def _prompt_ids(prompt: str, processor: Any) -> torch.Tensor:
     except Exception as exc:
         raise ArgumentTypeError(f"processor: calling it on the prompt failed ({type(exc).__name__}: {exc}); "
                                 "expected the model's transformers processor") from exc
-    return as_ids(enc["input_ids"], "prompt")
+    return as_token_ids(enc["input_ids"], "prompt")
 
 
 @register_target
@@ -146,7 +171,7 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
 
     Example:
         >>> answer(input_ids=[1, 9, 9, 9, 9], answer_ids=[5]).labels
-        ['[5]', 'sequence log-prob']
+        ['[5]', 'sequence log-prob', 'logsumexp@[5]']
     """
     if prompt is not None or answer is not None:
         if input_ids is not None or answer_ids is not None:
@@ -157,11 +182,11 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
         if processor is None or tok is None:
             raise ArgumentError("processor: prompt/answer text needs the model's processor (with its tokenizer)")
         ids = _prompt_ids(prompt, processor)
-        ans = as_ids(tok(answer, add_special_tokens=False, return_tensors="pt")["input_ids"], "answer")
+        ans = as_token_ids(tok(answer, add_special_tokens=False, return_tensors="pt")["input_ids"], "answer")
         return AnswerTarget(ids, ans, tok, model_kwargs)
     if input_ids is None or answer_ids is None:
         raise ArgumentError("input_ids: give input_ids and answer_ids (or prompt, answer and processor)")
-    return AnswerTarget(as_ids(input_ids, "input_ids"), as_ids(answer_ids, "answer_ids"),
+    return AnswerTarget(as_token_ids(input_ids, "input_ids"), as_token_ids(answer_ids, "answer_ids"),
                         _tokenizer_of(processor, tokenizer), model_kwargs)
 
 
@@ -177,7 +202,7 @@ def generated(sequences: Any, input_ids: Any, *, processor: Any = None, tokenize
         >>> generated([[1, 9, 9, 5, 6, 2]], [1, 9, 9], stop_ids=[2]).answer_ids.tolist()
         [5, 6]
     """
-    seq, prompt = as_ids(sequences, "sequences"), as_ids(input_ids, "input_ids")
+    seq, prompt = as_token_ids(sequences, "sequences"), as_token_ids(input_ids, "input_ids")
     n = len(prompt)
     if len(seq) <= n or not torch.equal(seq[:n], prompt):
         raise ArgumentError("sequences: does not start with input_ids followed by generated tokens; pass the "

@@ -64,7 +64,8 @@ def _first(t):
 def reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[dict, dict, torch.Tensor]:
     """Activations and gradients of every site ((layer, site) keys; LM sites over the whole sequence) for the
     outputs the trace differentiates: each answer token's logit at its predicting position, the sequence
-    log-prob, then the expected score E = sum softmax(z).detach() * z."""
+    log-prob, each predicting position's logsumexp over the vocabulary, then the expected score
+    E = sum softmax(z).detach() * z."""
     ref = copy.deepcopy(model)
     ref.model.language_model.config._attn_implementation = "eager"
     ref.model.vision_tower.config._attn_implementation = "eager"
@@ -102,7 +103,8 @@ def reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[dict, dict, torc
     rows = torch.arange(len(PROMPT), len(PROMPT) + len(ANSWER)) - 1
     ids = torch.tensor(ANSWER)
     z = logits[rows].gather(1, ids[:, None])[:, 0]
-    z = torch.cat([z, torch.log_softmax(logits[rows], -1).gather(1, ids[:, None]).sum()[None]])
+    z = torch.cat([z, torch.log_softmax(logits[rows], -1).gather(1, ids[:, None]).sum()[None],
+                   torch.logsumexp(logits[rows], -1)])
     outputs = torch.cat([z, (torch.softmax(z.detach(), 0) * z).sum()[None]])
     keys = list(kept)
     grads = {k: [] for k in keys}
@@ -125,7 +127,8 @@ def refs(llava):
 
 def test_scores_are_teacher_forced_logits_and_sequence_logprob(trace, refs):
     np.testing.assert_allclose(trace["logits"].values, refs[2].numpy(), rtol=1e-5, atol=1e-6)
-    assert list(trace["class_label"].values) == ["[9]", "[10]", "[11]", "sequence log-prob"]
+    assert list(trace["class_label"].values) == ["[9]", "[10]", "[11]", "sequence log-prob", "logsumexp@[9]",
+                                                 "logsumexp@[10]", "logsumexp@[11]"]
     assert trace.attrs["model_family"] == "hf_vlm" and trace.attrs["vlm_family"] == "llava"
 
 
@@ -277,10 +280,11 @@ def test_other_vlm_families_are_refused_by_name():
     model = LlavaNextForConditionalGeneration(LlavaNextConfig(vision_config=v, text_config=t, image_token_id=63,
                                                               image_grid_pinpoints=[[32, 32]]))
     with pytest.raises(vc.ArgumentTypeError, match=r"LlavaNextForConditionalGeneration \(VLM family "
-                                                   r"'llava_next'\) is not supported yet"):
+                                                   r"'llava_next'\) is not supported yet: its processor "
+                                                   r"tiles the image"):
         vc.trace(model, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
     assert set(NOT_YET_SUPPORTED.values()) == {"llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl",
-                                               "paligemma", "gemma3", "idefics3", "smolvlm"}
+                                               "idefics3", "smolvlm"}
 
 
 def test_answer_target_on_a_classifier_is_refused():

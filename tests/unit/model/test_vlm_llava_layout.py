@@ -106,17 +106,20 @@ def test_answer_from_prompt_text_and_processor():
     t = vc.targets.answer(prompt="USER: <image> what colour is the square ? ASSISTANT:", answer="red blue",
                           processor=proc)
     assert t.input_ids.tolist() == [3] + [IMAGE_ID] * 16 + [5, 6, 7, 8, 9, 10, 4]
-    assert t.answer_ids.tolist() == [11, 12] and t.labels == ["red", "blue", "sequence log-prob"]
+    assert t.answer_ids.tolist() == [11, 12] and t.labels == ["red", "blue", "sequence log-prob", "logsumexp@red",
+                                                "logsumexp@blue"]
     model = make_llava()
     rng = np.random.default_rng(0)
     tr = vc.trace(model, rng.integers(0, 256, (40, 40, 3), np.uint8), targets=t, sites=["F1", "lm_resid"],
                   processor=proc.image_processor)
-    assert list(tr["class_label"].values) == ["red", "blue", "sequence log-prob"]
+    assert list(tr["class_label"].values) == ["red", "blue", "sequence log-prob", "logsumexp@red",
+                                                "logsumexp@blue"]
     # the same ids given directly trace the same scores
     direct = vc.targets.answer(input_ids=t.input_ids, answer_ids=[11, 12], tokenizer=proc.tokenizer)
     tr2 = vc.trace(model, rng.integers(0, 256, (40, 40, 3), np.uint8), targets=direct, sites=["F1"],
                    processor=proc.image_processor)
-    assert list(tr2["class_label"].values) == ["red", "blue", "sequence log-prob"]
+    assert list(tr2["class_label"].values) == ["red", "blue", "sequence log-prob", "logsumexp@red",
+                                                "logsumexp@blue"]
 
 
 def test_generated_explains_what_generate_produced():
@@ -134,7 +137,8 @@ def test_generated_explains_what_generate_produced():
     with torch.no_grad():
         logits = model(input_ids=out, pixel_values=make_x(), use_cache=False).logits[0]
     rows = np.arange(len(PROMPT), len(PROMPT) + len(new)) - 1
-    np.testing.assert_allclose(tr["logits"].values[:-1], logits[rows].max(-1).values.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tr["logits"].values[:len(new)], logits[rows].max(-1).values.numpy(),
+                               rtol=1e-5, atol=1e-5)
     # trailing stop tokens are left out; a sequence that is not the prompt's continuation is refused
     assert vc.targets.generated(out[0].tolist() + [2, 2], PROMPT, stop_ids=[2]).answer_ids.tolist() == new
     with pytest.raises(vc.ArgumentError, match="sequences: does not start with input_ids"):
