@@ -118,7 +118,7 @@ def _top_attrs(path: Path) -> dict | None:
 
         with h5py.File(path, "r") as f:
             return {k: f.attrs[k] for k in f.attrs}
-    except (OSError, ValueError):
+    except Exception:  # h5py raises OSError, ValueError, RuntimeError... for a damaged file: not readable attrs
         return None
 
 
@@ -196,6 +196,20 @@ def _write_netcdf(out: xr.Dataset | xr.DataTree, tmp: Path, path: Path) -> None:
                                           "there was left as it was")
 
 
+def _check_writable(trace: xr.Dataset | xr.DataTree, path: Path) -> None:
+    """Refuse, before the disk is touched, a trace ``load`` would refuse (attrs stripped, no schema version, bad
+    variables), then a folder no file can be created in (``/proc``, a read-only mount): one empty probe file."""
+    _check_schema(None, trace)
+    probe = path.with_name(f".{path.name}.probe-{uuid.uuid4().hex[:8]}")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        raise TraceFileError(f"path: cannot write {path}: {exc.strerror or exc} ({probe.parent}); save to a folder "
+                             "this process can write to") from exc
+    os.close(fd)
+    probe.unlink()
+
+
 def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
 
@@ -223,6 +237,9 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
     kind = _format(path)
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise TraceFileError(f"path: {path.parent} is a file, not a folder; {path.name} cannot be written inside it")
+    _check_writable(trace, path)
     if path.exists() and not overwrite:
         _check_overwrite(path, kind)
     if overwrite and kind == "netcdf" and path.is_dir():
@@ -407,14 +424,17 @@ def load(path: str | os.PathLike, *, verify: bool = True, max_bytes: float | Non
     return ds
 
 
-def _check_schema(path: Path, ds: xr.Dataset | xr.DataTree) -> None:
+def _check_schema(path: Path | None, ds: xr.Dataset | xr.DataTree) -> None:
     """Refuse what is no trace of a schema this version reads: a foreign file, another schema version, bad
-    attributes or variables (checked before the checksum, which reads them all)."""
+    attributes or variables (checked before the checksum, which reads them all); ``path`` None: a trace ``save`` is
+    given, refused by the argument's name before the disk is touched."""
+    who = "trace: the trace" if path is None else f"path: {path}"
     version = _plain(ds.attrs.get("schema_version"))
     if version is None:
-        raise TraceFileError(f"path: {path} is not a vitcam_nb trace (no schema_version attribute)")
+        raise TraceFileError(f"{who} is not a vitcam_nb trace (no schema_version attribute"
+                             + (": were its attrs stripped?)" if path is None else ")"))
     if not is_int(version) or int(version) not in SUPPORTED_SCHEMAS:
-        raise TraceFileError(f"path: {path} has schema_version {repr(version)[:40]}; this vitcam_nb reads "
+        raise TraceFileError(f"{who} has schema_version {repr(version)[:40]}; this vitcam_nb reads "
                              f"{list(SUPPORTED_SCHEMAS)}. Re-trace the model, or load it with the vitcam_nb "
                              "version that wrote it and save again")
     nodes = [n.to_dataset(inherit=False) for n in ds.subtree] if isinstance(ds, xr.DataTree) else [ds]
@@ -423,4 +443,4 @@ def _check_schema(path: Path, ds: xr.Dataset | xr.DataTree) -> None:
     if checksum is not None and not isinstance(checksum, str):
         found.append(f"attribute {CHECKSUM_ATTR!r} is {type(checksum).__name__}, not a str")
     if found:
-        raise TraceFileError(f"path: {path} is a damaged or edited trace: " + "; ".join(found[:5]))
+        raise TraceFileError(f"{who} is a damaged or edited trace: " + "; ".join(found[:5]))
