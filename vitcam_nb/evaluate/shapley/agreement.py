@@ -18,7 +18,7 @@ import xarray as xr
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe, is_int
-from vitcam_nb.evaluate._common import as_map, in_order, nan_because, warn
+from vitcam_nb.evaluate._common import MAP_DIMS, as_map, in_order, nan_because, warn
 from vitcam_nb.evaluate.agreement.metrics import spearman
 
 __all__ = ["pool_groups", "shapley_agreement"]
@@ -59,9 +59,6 @@ def _input_size(values: xr.DataArray) -> tuple[int, int] | None:
             return None
         return h, w
     return None
-
-
-_SALIENCY_DIMS = (("y", "x"), ("patch_row", "patch_col"), ("gy", "gx"))
 
 
 def _by_name(value: object, name: str, pairs: tuple[tuple[str, str], ...]) -> object:
@@ -205,7 +202,7 @@ def shapley_agreement(saliency: object, values: object, *,
     """
     if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
         raise ArgumentTypeError(f"trace: expected the map's trace (an xarray.Dataset), got {type(trace).__name__}")
-    saliency = _by_name(saliency, "saliency", _SALIENCY_DIMS)
+    saliency = _by_name(saliency, "saliency", MAP_DIMS)
     values = _by_name(values, "values", (("gy", "gx"),))
     _group_coords(values)
     sal = as_map(saliency, "saliency")
