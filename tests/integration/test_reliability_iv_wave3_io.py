@@ -54,13 +54,6 @@ def test_saving_a_trace_with_its_attrs_stripped_is_refused_before_the_old_trace_
     assert sorted(os.listdir(tmp_path)) == [f"t.{ext}"]
 
 
-def test_saving_a_damaged_trace_is_refused_by_its_name(tmp_path):
-    bad = TR.assign_attrs(schema_version=99)
-    with pytest.raises(TraceFileError, match="^trace: the trace has schema_version 99"):
-        vc.save(bad, tmp_path / "t.nc")
-    assert os.listdir(tmp_path) == []
-
-
 @pytest.mark.parametrize("where", ["/proc/vitcam_x.nc", "/proc/vitcam_x.zarr", "/sys/vitcam_x.zarr"])
 def test_a_destination_no_file_can_be_created_in_is_refused_naming_the_path(where):
     with pytest.raises(TraceFileError, match=f"^path: cannot write {where}"):

@@ -197,9 +197,12 @@ def _write_netcdf(out: xr.Dataset | xr.DataTree, tmp: Path, path: Path) -> None:
 
 
 def _check_writable(trace: xr.Dataset | xr.DataTree, path: Path) -> None:
-    """Refuse, before the disk is touched, a trace ``load`` would refuse (attrs stripped, no schema version, bad
-    variables), then a folder no file can be created in (``/proc``, a read-only mount): one empty probe file."""
-    _check_schema(None, trace)
+    """Refuse, before the disk is touched, what is no trace of any schema version (attrs stripped: ``load`` could
+    never read it back), then a folder no file can be created in (``/proc``, a read-only mount): one empty probe.
+    A trace of another version or with edited values is written as it is (``load`` names what is wrong with it)."""
+    if _plain(trace.attrs.get("schema_version")) is None:
+        raise TraceFileError("trace: the trace is not a vitcam_nb trace (no schema_version attribute: were its attrs "
+                             "stripped?); vitcam_nb.load could not read it back. Save the trace vc.trace gave")
     probe = path.with_name(f".{path.name}.probe-{uuid.uuid4().hex[:8]}")
     try:
         fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -424,17 +427,14 @@ def load(path: str | os.PathLike, *, verify: bool = True, max_bytes: float | Non
     return ds
 
 
-def _check_schema(path: Path | None, ds: xr.Dataset | xr.DataTree) -> None:
+def _check_schema(path: Path, ds: xr.Dataset | xr.DataTree) -> None:
     """Refuse what is no trace of a schema this version reads: a foreign file, another schema version, bad
-    attributes or variables (checked before the checksum, which reads them all); ``path`` None: a trace ``save`` is
-    given, refused by the argument's name before the disk is touched."""
-    who = "trace: the trace" if path is None else f"path: {path}"
+    attributes or variables (checked before the checksum, which reads them all)."""
     version = _plain(ds.attrs.get("schema_version"))
     if version is None:
-        raise TraceFileError(f"{who} is not a vitcam_nb trace (no schema_version attribute"
-                             + (": were its attrs stripped?)" if path is None else ")"))
+        raise TraceFileError(f"path: {path} is not a vitcam_nb trace (no schema_version attribute)")
     if not is_int(version) or int(version) not in SUPPORTED_SCHEMAS:
-        raise TraceFileError(f"{who} has schema_version {repr(version)[:40]}; this vitcam_nb reads "
+        raise TraceFileError(f"path: {path} has schema_version {repr(version)[:40]}; this vitcam_nb reads "
                              f"{list(SUPPORTED_SCHEMAS)}. Re-trace the model, or load it with the vitcam_nb "
                              "version that wrote it and save again")
     nodes = [n.to_dataset(inherit=False) for n in ds.subtree] if isinstance(ds, xr.DataTree) else [ds]
@@ -443,4 +443,4 @@ def _check_schema(path: Path | None, ds: xr.Dataset | xr.DataTree) -> None:
     if checksum is not None and not isinstance(checksum, str):
         found.append(f"attribute {CHECKSUM_ATTR!r} is {type(checksum).__name__}, not a str")
     if found:
-        raise TraceFileError(f"{who} is a damaged or edited trace: " + "; ".join(found[:5]))
+        raise TraceFileError(f"path: {path} is a damaged or edited trace: " + "; ".join(found[:5]))
