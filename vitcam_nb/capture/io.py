@@ -118,7 +118,7 @@ def _top_attrs(path: Path) -> dict | None:
 
         with h5py.File(path, "r") as f:
             return {k: f.attrs[k] for k in f.attrs}
-    except (OSError, ValueError):
+    except Exception:  # h5py raises OSError, ValueError, RuntimeError... for a damaged file: not readable attrs
         return None
 
 
@@ -196,6 +196,23 @@ def _write_netcdf(out: xr.Dataset | xr.DataTree, tmp: Path, path: Path) -> None:
                                           "there was left as it was")
 
 
+def _check_writable(trace: xr.Dataset | xr.DataTree, path: Path) -> None:
+    """Refuse, before the disk is touched, what is no trace of any schema version (attrs stripped: ``load`` could
+    never read it back), then a folder no file can be created in (``/proc``, a read-only mount): one empty probe.
+    A trace of another version or with edited values is written as it is (``load`` names what is wrong with it)."""
+    if _plain(trace.attrs.get("schema_version")) is None:
+        raise TraceFileError("trace: the trace is not a vitcam_nb trace (no schema_version attribute: were its attrs "
+                             "stripped?); vitcam_nb.load could not read it back. Save the trace vc.trace gave")
+    probe = path.with_name(f".{path.name}.probe-{uuid.uuid4().hex[:8]}")
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        raise TraceFileError(f"path: cannot write {path}: {exc.strerror or exc} ({probe.parent}); save to a folder "
+                             "this process can write to") from exc
+    os.close(fd)
+    probe.unlink()
+
+
 def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a trace atomically (temporary name, then rename) with a content checksum in its attrs.
 
@@ -223,6 +240,9 @@ def save(trace: xr.Dataset | xr.DataTree, path: str | os.PathLike, *, overwrite:
     kind = _format(path)
     if not path.parent.exists():
         raise TraceFileError(f"path: folder {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise TraceFileError(f"path: {path.parent} is a file, not a folder; {path.name} cannot be written inside it")
+    _check_writable(trace, path)
     if path.exists() and not overwrite:
         _check_overwrite(path, kind)
     if overwrite and kind == "netcdf" and path.is_dir():

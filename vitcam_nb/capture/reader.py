@@ -23,7 +23,7 @@ from vitcam_nb.capture.store import dims_of
 from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.capture.store_lock import lock_entry_ignored
 from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, TraceFileError
-from vitcam_nb.core.schema import SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS, is_int
+from vitcam_nb.core.schema import MAPS_STORE_KIND, SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS, is_int
 
 __all__ = ["image_choices", "image_trace", "is_store", "open_traces"]
 
@@ -105,6 +105,9 @@ def image_trace(ds: xr.Dataset, index: int) -> xr.Dataset:
         >>> tr["target"].values.tolist()[-1], tr["image"].dims
         ('expected_logit', ('y', 'x', 'rgb'))
     """
+    if isinstance(ds, xr.Dataset) and ds.attrs.get("store_kind") == MAPS_STORE_KIND:
+        raise ArgumentTypeError("ds: this is a map store (vc.open_maps), which holds maps, not traces; use "
+                                "vc.image_maps(ds, i) for one image's maps")
     if not is_store(ds):
         raise ArgumentTypeError("ds: expected a many-image Dataset from vc.open_traces (with an 'image' dimension)")
     n = ds.sizes["image"]

@@ -40,7 +40,7 @@ from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.video import VIDEO, upsample_clip
-from vitcam_nb.core.arguments import as_flag
+from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, TraceError, TraceFileError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
@@ -178,7 +178,7 @@ def open_maps(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Datase
         >>> ds["maps"].dims  # doctest: +SKIP
         ('image', 'recipe', 'gy', 'gx')
     """
-    path = Path(path)
+    path = as_path("path", path)  # None or a list: refused by name, not by pathlib's TypeError
     incomplete = as_flag("incomplete", incomplete)
     if not path.is_dir():
         raise TraceFileError(f"path: {path} is not a map store folder (vc.map_many writes one)")

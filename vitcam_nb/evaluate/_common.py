@@ -13,8 +13,12 @@ from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning, user_stac
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["MetricWarning", "as_map", "as_mask", "as_pair", "grid_map", "nan_because", "order_desc", "recipe_fields",
-           "resolve_k", "warn"]
+__all__ = ["MAP_DIMS", "MetricWarning", "aligned", "as_map", "as_mask", "as_pair", "grid_map", "in_order",
+           "nan_because", "order_desc", "recipe_fields", "resolve_k", "warn"]
+
+MAP_DIMS: tuple[tuple[str, str], ...] = (("y", "x"), ("patch_row", "patch_col"), ("gy", "gx"))
+"""The (rows, columns) dimension pairs the kit names its 2-D maps and values by; a DataArray with one of them is read
+in that order whatever order its dimensions are in."""
 
 
 class MetricWarning(UserWarning):
@@ -52,6 +56,86 @@ def nan_because(metric: str, reason: str) -> float:
     return float("nan")
 
 
+def _positional(value: xr.DataArray) -> bool:
+    """xarray's default names (dim_0, dim_1): a DataArray made from an array without naming its dimensions."""
+    return all(str(d).startswith("dim_") for d in value.dims)
+
+
+def in_order(value: object, name: str, order: tuple | None = None) -> object:
+    """A 2-D DataArray in (rows, columns) order by its dimension names (one of :data:`MAP_DIMS`, else ``order``) and
+    in ascending order of its coordinates: a map transposed to (x, y), or with x reversed together with its x
+    coordinate, is the same map. Duplicate or unsortable coordinates are refused by ``name``. Anything else (a NumPy
+    array, a tensor, a DataArray of other rank) is returned as it is: its positions are its meaning.
+
+    Example:
+        >>> m = xr.DataArray([[1, 2], [3, 4]], dims=("y", "x"), coords={"x": [0, 1]})
+        >>> in_order(m.transpose("x", "y").isel(x=[1, 0]), "a").values.tolist()
+        [[1, 2], [3, 4]]
+    """
+    if not isinstance(value, xr.DataArray) or value.ndim != 2:
+        return value
+    pair = next((p for p in MAP_DIMS if set(value.dims) == set(p)), None)
+    if pair is None and order is not None and set(value.dims) == set(order):
+        pair = tuple(order)
+    if pair is not None and tuple(value.dims) != pair:
+        value = value.transpose(*pair)
+    for dim in value.dims:
+        if dim not in value.indexes:
+            continue
+        index = value.indexes[dim]
+        if not index.is_unique:
+            raise ArgumentError(f"{name}: its {dim} coordinate repeats a value; a map's cells need distinct "
+                                "coordinates (or none: pass .values for positional meaning)")
+        if not index.is_monotonic_increasing:
+            try:
+                value = value.sortby(dim)
+            except (TypeError, ValueError) as e:
+                raise ArgumentError(f"{name}: its {dim} coordinate cannot be sorted ({e})") from e
+    return value
+
+
+def _short(values: np.ndarray) -> str:
+    text = np.array2string(np.asarray(values), threshold=6, edgeitems=2)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def aligned(*named: tuple[str, object]) -> list[object]:
+    """The ``(name, value)`` inputs of one verdict, each DataArray put :func:`in_order` (dimensions not of
+    :data:`MAP_DIMS` in the first DataArray's order) and checked against the first: other dimension names or other
+    coordinate values on a shared dimension are refused by name. NumPy arrays keep their positional meaning
+    (rows, columns), as do DataArrays with xarray's default dimension names.
+
+    Example:
+        >>> a = xr.DataArray([[0.0, 1.0]], dims=("y", "x"))
+        >>> aligned(("a", a), ("b", a.transpose("x", "y")))[1].dims
+        ('y', 'x')
+    """
+    out: list[object] = []
+    ref: tuple[str, xr.DataArray] | None = None
+    for name, value in named:
+        if isinstance(value, xr.DataArray) and value.ndim == 2 and not _positional(value):
+            value = in_order(value, name, None if ref is None else ref[1].dims)
+            if ref is None:
+                ref = (name, value)
+            else:
+                _same_frame(ref, name, value)
+        out.append(value)
+    return out
+
+
+def _same_frame(ref: tuple[str, xr.DataArray], name: str, value: xr.DataArray) -> None:
+    first, other = ref
+    if tuple(value.dims) != tuple(other.dims):
+        raise ArgumentError(f"{name}: dimensions {tuple(value.dims)} are not {first}'s {tuple(other.dims)}; name them "
+                            "alike (.rename) or pass NumPy arrays in the same (rows, columns) order")
+    for dim in value.dims:
+        if dim in value.indexes and dim in other.indexes:
+            mine, theirs = np.asarray(value.indexes[dim]), np.asarray(other.indexes[dim])
+            if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
+                raise ArgumentError(f"{name}: its {dim} coordinates {_short(mine)} are not {first}'s "
+                                    f"{_short(theirs)}; the two are not of the same cells")
+
+
 def as_map(value: object, name: str) -> np.ndarray:
     """A finite 2-D float64 array from a numpy array, a DataArray or a torch tensor.
 
@@ -60,7 +144,7 @@ def as_map(value: object, name: str) -> np.ndarray:
         dtype('float64')
     """
     if isinstance(value, xr.DataArray):
-        value = value.values
+        value = in_order(value, name).values
     elif hasattr(value, "detach") and hasattr(value, "cpu"):  # torch tensor, without importing torch
         value = value.detach().cpu().numpy()
     try:
@@ -77,12 +161,14 @@ def as_map(value: object, name: str) -> np.ndarray:
 
 
 def as_pair(a: object, b: object) -> tuple[np.ndarray, np.ndarray]:
-    """Two maps of the same shape (agreement metrics compare them cell by cell).
+    """Two maps of the same shape (agreement metrics compare them cell by cell), DataArrays :func:`aligned` by
+    dimension names and coordinates.
 
     Example:
         >>> [m.shape for m in as_pair([[1, 2]], [[3, 4]])]
         [(1, 2), (1, 2)]
     """
+    a, b = aligned(("a", a), ("b", b))
     x, y = as_map(a, "a"), as_map(b, "b")
     if x.shape != y.shape:
         raise ArgumentError(
@@ -100,7 +186,7 @@ def as_mask(value: object, shape: tuple[int, int], name: str = "mask") -> np.nda
         [[False, True]]
     """
     if isinstance(value, xr.DataArray):
-        value = value.values
+        value = in_order(value, name).values
     elif hasattr(value, "detach") and hasattr(value, "cpu"):
         value = value.detach().cpu().numpy()
     arr = np.asarray(value)

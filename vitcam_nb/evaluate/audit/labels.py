@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from vitcam_nb.core.errors import ArgumentError
-from vitcam_nb.evaluate._common import as_map, as_mask
+from vitcam_nb.evaluate._common import aligned, as_map, as_mask
 from vitcam_nb.evaluate.localisation.metrics import auroc, default_tolerance, energy_pointing_game, pointing_game
 
 __all__ = ["AUROC_INVERTED", "AUROC_LOCALISES", "EMPTY_RTOL", "LABELS", "POINTING_HIT", "label_map", "rule_text",
@@ -77,6 +77,7 @@ def label_map(map2d: object, mask: object, tolerance: float | None = None) -> tu
         >>> label, numbers["auroc"]
         ('inverted', 0.0)
     """
+    map2d, mask = aligned(("map2d", map2d), ("mask", mask))
     m = as_map(map2d, "map2d")
     msk = as_mask(mask, m.shape)
     if msk.all():

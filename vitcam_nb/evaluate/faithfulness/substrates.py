@@ -26,6 +26,9 @@ def blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
         >>> blur(torch.ones(1, 1, 5, 5), 1.0)[0, 0, 2, 2].item() > 0.99
         True
     """
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float, np.integer, np.floating)) \
+            or not (np.isfinite(sigma) and sigma > 0):
+        raise ArgumentError(f"blur_sigma: expected a positive finite number of pixels, got {sigma!r}")
     radius = max(1, int(round(sigma)))
     t = torch.arange(-radius, radius + 1, dtype=torch.float32)
     k = torch.exp(-(t**2) / (2.0 * sigma**2))

@@ -2,7 +2,9 @@
 
 Every function takes a 2-D saliency map and a boolean mask of the *same shape* (measure the upsampled
 map, ``vc.cam(tr, recipe)``, against a pixel mask); a mask of another shape or an empty mask raises
-``ValueError``. A map equal to the mask scores 1 on every metric here (on :func:`topk_intersection` when ``k`` is
+``ArgumentError``. DataArrays are read by their dimension names and coordinates (a map or mask transposed to
+``(x, y)`` is the same map; other names or coordinates than the other input's are refused); NumPy arrays are
+(rows, columns). A map equal to the mask scores 1 on every metric here (on :func:`topk_intersection` when ``k`` is
 at most the mask size).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from vitcam_nb.core.errors import ArgumentError
-from vitcam_nb.evaluate._common import as_map, as_mask, nan_because, order_desc, resolve_k, warn
+from vitcam_nb.evaluate._common import aligned, as_map, as_mask, nan_because, order_desc, resolve_k, warn
 
 __all__ = [
     "LOCALISATION_METRICS",
@@ -39,6 +41,8 @@ def default_tolerance(shape: tuple[int, int]) -> float:
 
 
 def _inputs(saliency: object, mask: object) -> tuple[np.ndarray, np.ndarray]:
+    # by dimension names and coordinates: a mask transposed to (x, y) is the same mask, not another one
+    saliency, mask = aligned(("saliency", saliency), ("mask", mask))
     m = as_map(saliency, "saliency")
     return m, as_mask(mask, m.shape)
 

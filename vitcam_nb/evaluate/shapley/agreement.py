@@ -10,12 +10,15 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
+from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe, is_int
-from vitcam_nb.evaluate._common import as_map, nan_because, warn
+from vitcam_nb.evaluate._common import MAP_DIMS, as_map, in_order, nan_because, warn
 from vitcam_nb.evaluate.agreement.metrics import spearman
 
 __all__ = ["pool_groups", "shapley_agreement"]
@@ -58,19 +61,53 @@ def _input_size(values: xr.DataArray) -> tuple[int, int] | None:
     return None
 
 
-_SALIENCY_DIMS = (("y", "x"), ("patch_row", "patch_col"), ("gy", "gx"))
-
-
 def _by_name(value: object, name: str, pairs: tuple[tuple[str, str], ...]) -> object:
-    """A 2-D DataArray put in (rows, columns) order by its dimension names (a map transposed to (x, y) is the same
-    map); dimensions it does not name as one of ``pairs`` are refused. Other inputs are taken as (rows, columns)."""
+    """A 2-D DataArray put in (rows, columns) order by its dimension names and in ascending coordinate order
+    (:func:`~vitcam_nb.evaluate._common.in_order`: a map transposed to (x, y), or with x reversed with its coordinate,
+    is the same map); dimensions it does not name as one of ``pairs`` are refused. Other inputs are (rows, columns)."""
     if not isinstance(value, xr.DataArray) or value.ndim != 2:
         return value
-    for pair in pairs:
-        if set(value.dims) == set(pair):
-            return value.transpose(*pair)
-    raise ArgumentError(f"{name}: dimensions {tuple(value.dims)} are none of {[p for p in pairs]}; name them (e.g. "
-                        f".rename) or pass the values as a NumPy array in (rows, columns) order")
+    if not any(set(value.dims) == set(pair) for pair in pairs):
+        raise ArgumentError(f"{name}: dimensions {tuple(value.dims)} are none of {[p for p in pairs]}; name them (e.g. "
+                            f".rename) or pass the values as a NumPy array in (rows, columns) order")
+    return in_order(value, name)
+
+
+def _group_coords(values: object) -> None:
+    """Refuse values whose group coordinates are not the groups 0..g-1 (a crop or a relabelling: pooled against the
+    wrong groups)."""
+    if not isinstance(values, xr.DataArray):
+        return
+    for dim in values.dims:
+        if dim in values.indexes:
+            got = np.asarray(values.indexes[dim])
+            if not np.array_equal(got, np.arange(values.sizes[dim])):
+                raise ArgumentError(f"values: its {dim} coordinates {got.tolist()[:6]} are not the groups "
+                                    f"0..{values.sizes[dim] - 1} of shapley_patches' grid")
+
+
+def _as_computed(saliency: object, sal: np.ndarray, trace: xr.Dataset | xr.DataTree | None) -> str | None:
+    """Refuse a map whose attrs say it is ``vc.cam(trace, recipe)`` of this trace when it is not (flipped, rolled or
+    edited after vc.cam kept its attrs); return what could not be checked, or None."""
+    attrs = saliency.attrs if isinstance(saliency, xr.DataArray) else {}
+    if trace is None or not isinstance(attrs.get("recipe"), str) or "trace_id" not in attrs:
+        return None
+    if str(attrs["trace_id"]) != str(trace.attrs.get("trace_id")):
+        return None  # refused by _together
+    from vitcam_nb.core.errors import VitcamError
+    try:
+        recipe = Recipe.from_json(attrs["recipe"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            again = as_map(kind_for(trace, recipe).cam(trace, recipe), "saliency")
+    except VitcamError:
+        return "that the map is its recipe's map on this trace (vc.cam refused to recompute it)"
+    # the same kernels on the same trace: equal up to float32 rounding of the stored map
+    if again.shape != sal.shape or not np.allclose(again, sal, rtol=1e-5, atol=1e-6 * float(np.abs(again).max())):
+        raise ArgumentError("saliency: not the map its attrs name (vc.cam(trace, recipe) of this trace differs: "
+                            "flipped, reordered or edited after vc.cam); pass the map as vc.cam gave it, or its values "
+                            "as a NumPy array")
+    return None
 
 
 def _map_class(recipe: Recipe, trace: xr.Dataset | xr.DataTree | None) -> int | None:
@@ -138,9 +175,12 @@ def shapley_agreement(saliency: object, values: object, *,
     Args:
         saliency: a 2-D map: at the model input's size, on the token grid, or already one value per group. A
             DataArray is read by its dimension names (``(y, x)``, ``(patch_row, patch_col)`` or ``(gy, gx)``, in
-            either order); a NumPy array as (rows, columns).
+            either order) and in ascending order of its coordinates; a NumPy array as (rows, columns). With
+            ``trace``, a map whose attrs name a recipe of that trace must be that recipe's map (a map flipped or
+            reordered after ``vc.cam`` is refused).
         values: the ``(gy, gx)`` Shapley values (a :func:`~vitcam_nb.evaluate.shapley.values.shapley_patches`
-            result, whose ``input_size`` attr lets a token map that does not tile the groups be pooled by pixels).
+            result, whose ``input_size`` attr lets a token map that does not tile the groups be pooled by pixels), read
+            by dimension names and ascending ``gy``/``gx`` coordinates, which must be the groups 0..g-1.
         trace: the map's trace (optional): with it the values' input hash and class are compared with the trace's.
 
     The map and the values must be of one input: a map of ``vc.cam`` (its recipe and trace id in its attrs) and
@@ -162,11 +202,15 @@ def shapley_agreement(saliency: object, values: object, *,
     """
     if trace is not None and not isinstance(trace, (xr.Dataset, xr.DataTree)):
         raise ArgumentTypeError(f"trace: expected the map's trace (an xarray.Dataset), got {type(trace).__name__}")
-    saliency = _by_name(saliency, "saliency", _SALIENCY_DIMS)
+    saliency = _by_name(saliency, "saliency", MAP_DIMS)
     values = _by_name(values, "values", (("gy", "gx"),))
+    _group_coords(values)
     sal = as_map(saliency, "saliency")
     phi = as_map(values, "values")
     unchecked = _together(saliency, sal, values, trace)
+    recomputed = _as_computed(saliency, sal, trace)
+    if recomputed:
+        unchecked.append(recomputed)
     if unchecked:
         warn(f"shapley_agreement: not checked that the map and the values are of one input: {'; '.join(unchecked)}")
     grid = (int(phi.shape[0]), int(phi.shape[1]))

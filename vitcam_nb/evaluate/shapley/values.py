@@ -180,6 +180,29 @@ def _check_passes(n: int, max_passes: object) -> None:
         raise ArgumentError(f"grid: {n} groups take 2^{n} = {1 << n:,} forward passes, over {said}; use fewer groups")
 
 
+def _still_image_model(model: torch.nn.Module) -> None:
+    """Refuse a video family's model before any pass: the groups cut one still image, a clip model takes clips."""
+    from vitcam_nb.adapters.registry import find_adapter
+    from vitcam_nb.core.errors import VitcamError
+    try:
+        adapter = find_adapter(model)
+    except VitcamError:
+        return  # a plain module (no family): scored as the image classifier it is called as
+    if getattr(adapter, "video", False):
+        raise ArgumentError(f"model: a video model ({getattr(adapter, 'name', 'video')} family) takes clips; "
+                            "shapley_patches cuts one still image into groups and scores an image classifier")
+
+
+def _finite_scores(v: np.ndarray, base_said: str) -> None:
+    """Refuse a baseline whose masked inputs the model scores as NaN or inf (a huge value overflows in the model):
+    no Shapley value is defined from non-finite scores."""
+    bad = ~np.isfinite(v)
+    if bad.any():
+        raise ArgumentError(f"baseline: the model scores {int(bad.sum()):,} of the {v.size:,} masked inputs as NaN or "
+                            f"inf with this baseline ({base_said}); use a baseline in the range of the model's "
+                            "inputs")
+
+
 def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], baseline: object, batch_size: int, *,
                   score: str = "logit", max_bytes: float | None = None, blur_sigma: float | None = None,
                   max_passes: int | None = None) -> tuple:
@@ -194,6 +217,7 @@ def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], ba
     check_choice("score", score, SCORES)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ArgumentError(f"batch_size: expected a positive int, got {batch_size!r}")
+    _still_image_model(model)
     scorer = Scorer(model, score)
     x, input_kind = model_input(model, image)
     if x.ndim != 4 or x.shape[0] != 1:
@@ -203,8 +227,10 @@ def check_shapley(model: torch.nn.Module, image: object, grid: Sequence[int], ba
     _check_passes(gy * gx, max_passes)
     if blur_sigma is None:
         blur_sigma = 5.0 * math.sqrt(h * w) / 224.0
-    if isinstance(blur_sigma, bool) or not isinstance(blur_sigma, (int, float)) or not blur_sigma > 0:
-        raise ArgumentError(f"blur_sigma: expected a positive number of pixels, got {blur_sigma!r}")
+    if isinstance(blur_sigma, bool) or not isinstance(blur_sigma, (int, float)) or not 0 < blur_sigma <= max(h, w):
+        # beyond the input's side the kernel is flat over the whole image; inf or 1e300 would not fit in memory
+        raise ArgumentError(f"blur_sigma: expected a positive number of pixels up to the input's side ({max(h, w)}), "
+                            f"got {blur_sigma!r}")
     base, base_said = _baseline(baseline, x, float(blur_sigma))
     _check_budget(gy * gx, int(batch_size), (h, w), int(x.shape[1]), max_bytes)
     return scorer, x, input_kind, (gy, gx), base, base_said
@@ -280,6 +306,7 @@ def shapley_patches(
             present = coalition_masks(coalitions, (gy, gx), (h, w))
             v[coalitions] = scorer(torch.where(present, x, base), cls)
             bar.update(len(coalitions))
+    _finite_scores(v, base_said)
     _check_repeat(scorer, x, base, cls, coalitions, v, (gy, gx))
     phi = exact_shapley(v).reshape(gy, gx)
     attrs = {
