@@ -14,8 +14,9 @@ The words form a fixed vocabulary :data:`VOCAB` defined here (no tokenizer): :fu
 words to ids. :func:`prompt_ids` gives the model's input ids for a question: ``<bos>``, the question's words, then
 :data:`IMAGE_TOKENS` copies of the ``<image>`` placeholder (one per vision patch, as ``LlavaForConditionalGeneration``
 expects them expanded) and ``<answer>``; :func:`answer_ids` the answer's words and ``<eos>``. The question comes
-before the image (as PaliGemma's prefix, not LLaVA-1.5's chat order) so every image token can read the question:
-trained here in minutes, a decoder given the image first stayed at chance on the questions that need binding.
+before the image (as PaliGemma's prefix, not LLaVA-1.5's chat order) so every image token can read the question, a
+choice meant to ease binding; within the 10-minute CPU budget neither order learned binding well (the card says how
+well the bundled model answers).
 Everything is vectorised over the batch and driven by one ``numpy.random.Generator``, so a seed fixes the images,
 questions and masks exactly.
 
@@ -240,6 +241,7 @@ def vqa_generator_settings() -> dict:
             "questions": {"colour": "what colour is the <object> ?", "where": "where is <colour> ?",
                           "shape": "what shape is <colour> ?"},
             "object_radius": list(_RADIUS), "max_rotation_deg": _MAX_ROTATION_DEG,
-            "placement": "circle and cross (arm half-width 0.3 r) in two different quadrants (uniform), each inside its quadrant",
+            "placement": "circle and cross (arm half-width 0.3 r) in two different quadrants (uniform), "
+                         "each inside its quadrant",
             "n_distractors": list(_N_DISTRACTORS), "distractors": "grey thin segments and dots",
             "background": "as vitcam_nb.data.shapes", "image_size": _SIZE}
