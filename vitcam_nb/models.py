@@ -2,7 +2,8 @@
 
 The bundled models (``shapes-vit``, ``shapes-vit-reg4``, ``shapes-vit-shortcut``) are small timm
 ``VisionTransformer`` s trained on :func:`vitcam_nb.data.shapes`, shipped as safetensors with a JSON
-model card (``shapes-video``: a tiny VideoMAE trained on :func:`vitcam_nb.data.shapes_video.shape_clips`).
+model card (``shapes-video``: a tiny VideoMAE trained on :func:`vitcam_nb.data.shapes_video.shape_clips`;
+``shapes-vlm``: a tiny LLaVA answering questions about :func:`vitcam_nb.data.shapes_vlm.shapes_vqa` images).
 They load offline, and their weights file is checked against the card's SHA-256 before anything is read from it.
 Every other name goes to ``timm.create_model`` unchanged.
 """
@@ -36,6 +37,8 @@ from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes import shortcut_marks
 from vitcam_nb.data.train_video import HF_CLASS as HF_VIDEO_CLASS
 from vitcam_nb.data.train_video import build_video_model
+from vitcam_nb.data.train_vlm import HF_CLASS as HF_VLM_CLASS
+from vitcam_nb.data.train_vlm import build_vlm
 
 __all__ = ["BUNDLED_PREFIX", "bundled_names", "list_models", "load_model", "model_card", "required_extra",
            "sample_image"]
@@ -82,8 +85,9 @@ def list_models() -> list[dict]:
     and ``extra``: the extra its class needs (``"hf"``), None when the base install loads it.
 
     Example:
-        >>> [m["name"] for m in list_models()]
-        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut', 'shapes-yolos']
+        >>> [m["name"] for m in list_models()]  # doctest: +NORMALIZE_WHITESPACE
+        ['shapes-video', 'shapes-vit', 'shapes-vit-reg4', 'shapes-vit-seg', 'shapes-vit-shortcut', 'shapes-vlm',
+         'shapes-yolos']
     """
     rows = []
     for name in bundled_names():
@@ -134,6 +138,8 @@ def _load_from_files(weights_path: str | Path, card_path: str | Path) -> torch.n
         model = build_video_model(card["hf_config"])
     elif card.get("hf_class") == "transformers.YolosForObjectDetection":
         model = _bundled_yolos(card)
+    elif card.get("hf_class") == HF_VLM_CLASS:
+        model = build_vlm(card["hf_config"])
     else:
         model = VisionTransformer(**card["timm_kwargs"])
     model.load_state_dict(load_file(str(weights_path)), strict=True)
@@ -201,7 +207,9 @@ def load_model(name_or_model: str | torch.nn.Module, *, pretrained: bool = False
       ``shapes-video``, a tiny transformers ``VideoMAEForVideoClassification`` that takes one clip (4, 3, 32, 32)
       normalised as :func:`vitcam_nb.data.train_video.normalise_clips` does; a card naming
       ``hf_class`` ``transformers.YolosForObjectDetection``, as ``python -m vitcam_nb.data.train_detection`` writes
-      for the detector ``shapes-yolos``, builds that class, ``vitcam_nb[hf]``): loaded from the
+      for the detector ``shapes-yolos``, builds that class, ``vitcam_nb[hf]``; ``shapes-vlm``, a tiny transformers
+      ``LlavaForConditionalGeneration`` whose prompts :func:`vitcam_nb.data.shapes_vlm.prompt_ids` builds, with
+      ``pixel_values`` from :func:`vitcam_nb.data.train_vlm.normalise`, ``vitcam_nb[hf]``): loaded from the
       package after checking the weights file's SHA-256 against the model card (``ValueError`` on a
       mismatch; a model whose class needs an extra that is not installed, as ``shapes-video`` and
       ``shapes-yolos`` need ``[hf]``, raises :class:`~vitcam_nb.core.errors.MissingExtraError` naming it),

@@ -91,11 +91,11 @@ def test_list_models_and_cards():
     rows = models.list_models()
     names = [r["name"] for r in rows]
     assert names == ["shapes-video", "shapes-vit", "shapes-vit-reg4", "shapes-vit-seg", "shapes-vit-shortcut",
-                     "shapes-yolos"]
+                     "shapes-vlm", "shapes-yolos"]
     for row in rows:
         # the segmentation, video and detection models: tests/unit/model/test_bundled_seg.py,
-        # test_shapes_video.py, test_bundled_detector.py
-        if row["name"] in ("shapes-vit-seg", "shapes-video", "shapes-yolos"):
+        # test_shapes_video.py, test_bundled_detector.py, test_shapes_vlm.py
+        if row["name"] in ("shapes-vit-seg", "shapes-video", "shapes-yolos", "shapes-vlm"):
             continue
         assert row["classes"] == list(CLASS_NAMES)
         assert row["test_accuracy"] >= 0.97
@@ -194,6 +194,8 @@ def test_bundled_models_load_and_run_offline(monkeypatch):
     monkeypatch.setattr(socket, "socket", no_network)
     monkeypatch.setattr(socket, "create_connection", no_network)
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    from vitcam_nb.data.shapes_vlm import VOCAB
+
     for name in models.bundled_names():
         model = models.load_model(name)
         with torch.no_grad():
@@ -201,9 +203,15 @@ def test_bundled_models_load_and_run_offline(monkeypatch):
                 logits = model(pixel_values=torch.zeros(1, 4, 3, 32, 32)).logits
             elif name == "shapes-yolos":  # three detections, each over three classes and "no object"
                 logits = model(pixel_values=normalise(models.sample_image()[None])).logits
+            elif name == "shapes-vlm":  # next-word logits over its word vocabulary after a question
+                from vitcam_nb.data.shapes_vlm import prompt_ids
+
+                logits = model(input_ids=torch.tensor([prompt_ids("where is red ?")]),
+                               pixel_values=normalise(models.sample_image()[None])).logits[:, -1]
             else:
                 logits = model(normalise(models.sample_image()[None]))
-        want = {"shapes-vit-seg": (1, 6, 64, 64), "shapes-yolos": (1, 3, 4)}.get(name, (1, 5))
+        want = {"shapes-vit-seg": (1, 6, 64, 64), "shapes-yolos": (1, 3, 4),
+                "shapes-vlm": (1, len(VOCAB))}.get(name, (1, 5))
         assert logits.shape == want
 
 

@@ -1,4 +1,5 @@
-"""A bundled model whose class comes from an optional package (``shapes-video``, ``shapes-yolos``: transformers)
+"""A bundled model whose class comes from an optional package (``shapes-video``, ``shapes-yolos``, ``shapes-vlm``:
+transformers)
 is refused on an install without it by the kit's own error, naming the extra that installs the package; the
 missing package is simulated (``sys.modules[name] = None`` makes its import fail as if it were not installed)."""
 
@@ -31,10 +32,10 @@ def _package(card: dict) -> str | None:
     return None if top in ("timm", "vitcam_nb") else top
 
 
-def test_the_cards_that_need_a_package_are_the_video_model_and_the_detector():
+def test_the_cards_that_need_a_package_are_the_video_model_the_detector_and_the_vlm():
     # Guards the parametrisation below: a new bundled model with another optional class must be added here.
-    assert {n for n, c in CARDS.items() if _package(c)} == {"shapes-video", "shapes-yolos"}
-    assert {_package(CARDS["shapes-video"]), _package(CARDS["shapes-yolos"])} == {"transformers"}
+    assert {n for n, c in CARDS.items() if _package(c)} == {"shapes-video", "shapes-yolos", "shapes-vlm"}
+    assert {_package(CARDS[n]) for n in ("shapes-video", "shapes-yolos", "shapes-vlm")} == {"transformers"}
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
@@ -73,7 +74,7 @@ def test_the_video_demo_without_transformers_says_which_extra_and_prints_no_trac
 def test_the_models_listing_works_without_transformers_and_lists_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     rows = {r["name"]: r for r in models.list_models()}
-    assert rows["shapes-video"]["extra"] == rows["shapes-yolos"]["extra"] == "hf"
+    assert rows["shapes-video"]["extra"] == rows["shapes-yolos"]["extra"] == rows["shapes-vlm"]["extra"] == "hf"
     assert rows["shapes-vit"]["extra"] is None
 
 
