@@ -48,6 +48,7 @@ from vitcam_nb.core.presets_attention import (
 )
 from vitcam_nb.core.presets_rules import attnlrp, cp_lrp, libragrad, transformer_attribution
 from vitcam_nb.core.presets_tokentm import tokentm
+from vitcam_nb.core.presets_vlm import vlm_generic_attention, vlm_tower_gradcam
 
 __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gradcam", "attcat", "attention_rollout",
            "attnlrp", "cp_lrp", "libragrad",
@@ -57,7 +58,7 @@ __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gr
            "markdown_table",
            "names", "preset_name", "preset_text", "pytorch_grad_cam_vit", "tokentm", "transformer_attribution",
            "transition_attention_maps",
-           "vit_cx", "xgradcam"]
+           "vit_cx", "vlm_generic_attention", "vlm_tower_gradcam", "xgradcam"]
 
 #: The columns of the preset table: the paper, its official code, then the audit's five categories.
 COLUMNS = ("paper", "code", "site", "target", "tokens", "aggregation", "reconstruction")

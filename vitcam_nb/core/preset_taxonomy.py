@@ -13,6 +13,7 @@ from __future__ import annotations
 from vitcam_nb.core import presets_attention, presets_tokentm  # noqa: F401
 from vitcam_nb.core.presets import CITATIONS
 from vitcam_nb.core.presets_rules import RULE_TAXONOMY
+from vitcam_nb.core.presets_vlm import VLM_TAXONOMY
 
 __all__ = ["PGC", "TAXONOMY"]
 
@@ -154,3 +155,6 @@ TAXONOMY["tokentm"] = {
                    "C; w = length ratio * softmax over tokens of the cosine, resid_pre->resid_mid and resid_mid->F6",
     "reconstruction": "raster grid, bilinear upsampling, min-max",
 }
+
+# A generative VLM's answer (vitcam_nb/core/presets_vlm.py).
+TAXONOMY.update(VLM_TAXONOMY)
