@@ -126,3 +126,20 @@ def test_presets_are_in_the_taxonomy_with_citations(trace):
         assert vc.presets.citation(vc.presets.get(name)) == vc.presets.CITATIONS[name]
     assert vc.presets.CITATIONS["vlm_generic_attention"].startswith("Chefer, Gur & Wolf 2021")
     assert "vlm_generic_attention" in vc.cam(trace, vc.presets.vlm_generic_attention()).attrs["checklist"]
+
+
+def test_the_preset_menu_keeps_the_taxonomy_order_when_the_vlm_presets_register_first():
+    """A process that imports this module before the other preset modules (as this test file does) registers the
+    VLM presets before them; the Explorer's menu still lists the taxonomy's order (it followed the registry's)."""
+    import json
+    import subprocess
+
+    code = ("import vitcam_nb.core.presets_vlm, json, numpy as np, timm, vitcam_nb as vc\n"
+            "from vitcam_nb.widgets.controls import preset_menu\nfrom vitcam_nb.widgets.facts import TraceFacts\n"
+            "m = timm.create_model('vit_tiny_patch16_224', pretrained=False, img_size=32, patch_size=8, depth=1)\n"
+            "f = TraceFacts.of(vc.trace(m, np.zeros((32, 32, 3), np.uint8), targets='top1'))\n"
+            "print(json.dumps([[r[0] for r in preset_menu(f)], sorted(f.sites), vc.presets.names()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    menu, sites, names = json.loads(out.stdout.strip().splitlines()[-1])
+    assert menu == [n for n in names if vc.presets.get(n).site in sites]
+    assert menu.index("vlm_tower_gradcam") > menu.index("tokentm")
