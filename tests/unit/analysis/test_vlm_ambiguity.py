@@ -74,3 +74,14 @@ def test_a_reported_lm_site_opens_the_lm_layers_and_tokens_only(trace):
     assert a.open == ["layer", "class_"]
     assert {(r.layer, r.class_) for r in a.recipes} == {(layer, k) for layer in range(2) for k in range(4)}
 
+
+
+def test_open_upsampling_compares_lm_maps_on_the_image_grid_as_vc_cam_gives_them(trace):
+    reported = {k: v for k, v in REPORTED.items() if k != "upsample"}
+    a = vc.ambiguity(trace, reported={**reported, "site": "lm_resid", "class_": 0})
+    assert a.open == ["layer", "upsample"] and a.maps.attrs["grid"] == "image grid"
+    for recipe, values in zip(a.recipes, a.maps.values):
+        expected = vc.cam(trace, recipe).values
+        if recipe.upsample == "none":  # the token grid shown as blocks: each image token over its 8 px patch
+            expected = np.repeat(np.repeat(expected, 8, 0), 8, 1)
+        np.testing.assert_allclose(values, expected, rtol=1e-6, atol=1e-7, err_msg=recipe.id)
