@@ -54,6 +54,7 @@ from vitcam_nb.core.presets_attention import (
 )
 from vitcam_nb.core.presets_rules import attnlrp, cp_lrp, libragrad, transformer_attribution
 from vitcam_nb.core.presets_tokentm import tokentm
+from vitcam_nb.core.presets_vlm import vlm_generic_attention, vlm_tower_gradcam
 
 __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gradcam", "attcat", "attention_rollout",
            "attnlrp", "cp_lrp", "libragrad",
@@ -62,7 +63,8 @@ __all__ = ["CITATIONS", "COLUMNS", "PRESETS", "TAXONOMY", "agcam", "albef_itm_gr
            "gradcampp", "gradient_rollout", "hirescam", "layercam", "legrad", "legrad_cls", "legrad_style",
            "markdown_table",
            "names", "preset_name", "preset_names", "preset_text", "pytorch_grad_cam_vit", "register_preset", "tokentm",
-           "transformer_attribution", "transition_attention_maps", "vit_cx", "xgradcam"]
+           "transformer_attribution", "transition_attention_maps", "vit_cx", "vlm_generic_attention",
+           "vlm_tower_gradcam", "xgradcam"]
 
 
 def __getattr__(name: str) -> Callable:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from vitcam_nb.core.presets import CITATIONS, PRESET_ROWS, discover_presets
 from vitcam_nb.core.presets_rules import RULE_TAXONOMY
+from vitcam_nb.core.presets_vlm import VLM_TAXONOMY
 
 __all__ = ["PGC", "TAXONOMY"]
 
@@ -158,3 +159,5 @@ TAXONOMY["tokentm"] = {
 
 # The rows of presets that register their own (a preset module added without editing this table).
 TAXONOMY.update(PRESET_ROWS)
+# A generative VLM's answer (vitcam_nb/core/presets_vlm.py).
+TAXONOMY.update(VLM_TAXONOMY)

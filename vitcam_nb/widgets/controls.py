@@ -19,7 +19,7 @@ from typing import Any
 from vitcam_nb.compute.maps import DEGENERATE_CAUSES
 from vitcam_nb.core.checklist import CATEGORIES
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError
-from vitcam_nb.core.presets import CITATIONS, PRESETS
+from vitcam_nb.core.presets import CITATIONS, PRESETS, names
 from vitcam_nb.core.recipe import (
     ATTN_ROWS,
     HEAD_RULES,
@@ -140,8 +140,8 @@ def preset_menu(facts: TraceFacts) -> list[list]:
         ['pytorch_grad_cam_vit', 'gradcam']
     """
     menu = []
-    for name, make in PRESETS.items():
-        recipe = make()
+    for name in names():  # the taxonomy's order, whichever preset module the process imported first
+        recipe = PRESETS[name]()
         if recipe.site in facts.sites:
             menu.append([name, f"{name} · {CITATIONS[name].split(',')[0]}", recipe.to_dict()])
     return menu

@@ -47,6 +47,7 @@ from vitcam_nb.evaluate.ambiguity.space import (
 )
 from vitcam_nb.evaluate.ambiguity.spread import Spread, localising_share, spread_of
 from vitcam_nb.evaluate.ambiguity.stored import geometry, store_maps, store_space, trace_id
+from vitcam_nb.evaluate.ambiguity.vlm_space import vlm_axes
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
 __all__ = ["Ambiguity", "Sensitivity", "ambiguity"]
@@ -251,9 +252,11 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
     out = {}
     # The cross-attention site is no vision site (its layers are the text layers): it only opens text_tokens.
     xattn = [*view.sites, "xattn"] if "xattn" in trace.variables else view.sites
+    # An answer trace of a generative VLM opens its LM sites and layers and its answer tokens (vlm_space).
+    vlm = vlm_axes(trace, view.sites, traced, (view.gh, view.gw))
     for field in open_fields(fixed):
         sites = xattn if field == "text_tokens" else view.sites
-        values = space.get(field, default_space(field, sites, [int(v) for v in view.layers]))
+        values = space.get(field, vlm[field] if field in vlm else default_space(field, sites, traced))
         out[field] = tuple(values)
     return out
 

@@ -32,6 +32,8 @@ repeated over its patch, nearest-neighbour). On an integer patch grid ``"none"``
 the same picture: a finding (the two readings of an unstated upsampling agree), not a duplicate to remove. An
 image over 64 x 64 px is compared on its own pixels at a stride (every 4th pixel of a 224 px image, 4 per side of
 a 16 px patch: :func:`vitcam_nb.evaluate.ambiguity.grid.image_sample`), which bounds the cost of thousands of maps.
+A generative VLM's answer trace opens the LM sites, the LM's layers and the answer tokens (and the sequence score)
+as well: :mod:`vitcam_nb.evaluate.ambiguity.vlm_space`.
 ``text_tokens`` is open on cross-attention traces because the published recipes differ exactly there: ALBEF's
 visualisation takes the [CLS] text row (:func:`vitcam_nb.presets.albef_itm_gradcam`), a demo that averages over the
 words (as BLIP's in LAVIS) reads every text row, which ``"all"`` approximates (A and G averaged before the product).
@@ -52,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from vitcam_nb.compute.vlm import VLM_SITES
 from vitcam_nb.core.card_schema import CARD_FIELDS
 from vitcam_nb.core.errors import ArgumentError, RecipeError
 from vitcam_nb.core.recipe import ATTN_ROWS, HEAD_RULES, HEAD_SITES, RELUS, TARGETS, WEIGHT_TOKENS, Recipe
@@ -141,8 +144,9 @@ def default_space(field: str, sites: Sequence[str], layers: Sequence[int]) -> tu
 def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | None:
     """The recipe a combination of field values means, as a hashable tuple of values in field order: fields
     that do not apply take their default (heads off F2/F3 or with a weighting that projects all channels,
-    attn_rows off F2, weight_tokens with a per-token weighting, text_tokens off xattn, the layer of a fused
-    recipe: every block; a rollout's weighting, heads and target). Fields in ``keep`` (those the description
+    attn_rows off F2, weight_tokens with a per-token weighting or at a VLM's LM sites, text_tokens off xattn, the
+    layer of the projector (it has one) and of a fused recipe: every block; a rollout's weighting, heads and
+    target). Fields in ``keep`` (those the description
     states) are never changed: a combination that contradicts them is no recipe. None if no recipe expresses it.
 
     Example:
@@ -167,6 +171,10 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
         c["weight_tokens"] = "patch"
     if c["site"] != "xattn":
         c["text_tokens"] = "all"
+    if c["site"] in VLM_SITES:  # image tokens only: no class token to weight or to leave out
+        c["weight_tokens"] = "patch"
+    if c["site"] == "projector" and c["layer_fusion"] == "none":  # one layer: the layer is no choice
+        c["layer"] = _DEFAULTS["layer"]
     if any(c[f] != v for f, v in stated.items()):
         return None
     key = tuple(c[f] for f in _FIELDS)

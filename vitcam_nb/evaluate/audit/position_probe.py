@@ -20,6 +20,12 @@ attention matrices, not token features, and are not probed):
 * R^2 = 1 - SS_res / SS_tot of the out-of-fold predictions of all tokens, per coordinate, averaged over row
   and column. It can be negative: a probe worse than predicting the mean position.
 
+A generative VLM's answer trace (``vc.targets.answer``) adds its LM-side token sites ``projector`` and
+``lm_resid``: their image tokens are the tokens and each one's cell in the trace's image-token layout
+(``image_token_row``, ``image_token_col``, the family's own layout code, not an assumed raster) is its position; their
+``layer`` is the LM decoder layer (the projector has one, 0). So the raster assumption of the LM-side maps is
+measured, site by site, as the tower's is. Layouts of several tiles are refused for now (one grid per probe).
+
 The probe is linear and sees as many tokens as the grid has: features may still carry the positions in a way no
 linear map of row and column reads (a learned position embedding need not be linear in them), and a wide site on
 a small grid leaves few tokens per channel. A low R^2 therefore says the positions are not linearly recoverable
@@ -46,7 +52,10 @@ import xarray as xr
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.schema import POSITION_R2
 
-__all__ = ["RELATIVE_ALPHAS", "position_probe"]
+__all__ = ["LM_TOKEN_SITES", "RELATIVE_ALPHAS", "position_probe"]
+
+#: A generative VLM's LM-side token sites (image tokens x channels) the probe reads at the layout's cells.
+LM_TOKEN_SITES = ("projector", "lm_resid")
 
 #: The penalty grid, relative to the mean squared singular value of a fold's standardised training features.
 RELATIVE_ALPHAS = tuple(10.0 ** np.arange(-4, 3))
@@ -108,10 +117,10 @@ def _check(trace: object, folds: object, alpha: object, seed: object) -> xr.Data
     if not isinstance(trace, xr.Dataset):
         raise ArgumentTypeError(f"trace: expected an xarray.Dataset from vitcam_nb.trace(), got {type(trace).__name__}")
     missing = [k for k in ("act", "token_kind", "patch_row", "patch_col") if k not in trace.variables]
-    if missing:
+    if missing and not _lm_sites(trace):
         raise ArgumentError(f"trace: missing {missing}; the probe needs the token sites' activations ('act') and each "
                             "token's kind and grid position (trace with sites=['F1', ...])")
-    if "image" in trace["act"].dims:
+    if any("image" in trace[k].dims for k in ("act", *_lm_sites(trace)) if k in trace.variables):
         raise ArgumentError("trace: a store of many images; probe one image's trace (vitcam_nb.image_trace(store, i))")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
         raise ArgumentError(f"seed: expected an int >= 0 (numpy's default_rng seed), got {seed!r:.80}")
@@ -122,6 +131,21 @@ def _check(trace: object, folds: object, alpha: object, seed: object) -> xr.Data
         raise ArgumentError(f"alpha: expected None (chosen per fold by leave-one-out) or a finite number > 0, "
                             f"got {alpha!r}")
     return trace
+
+
+def _lm_sites(trace: xr.Dataset) -> list[str]:
+    """The generative-VLM token sites the trace holds (``projector``, ``lm_resid``) with their image-token layout."""
+    if not all(k in trace.variables for k in ("image_token_row", "image_token_col", "image_token_tile")):
+        return []
+    return [s for s in LM_TOKEN_SITES if s in trace.variables]
+
+
+def _lm_features(trace: xr.Dataset, site: str, layer: int) -> np.ndarray | None:
+    """(image tokens, channels) of an LM-side site at LM layer ``layer`` (``projector``: layer 0 only), or None."""
+    values = trace[site].values
+    if site == "projector":
+        return values if layer == 0 else None
+    return values[layer] if 0 <= layer < values.shape[0] else None
 
 
 def _chosen(name: str, asked: Sequence | None, have: list) -> list:
@@ -147,7 +171,9 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
     """For each token site and traced block, the cross-validated R^2 with which a ridge probe predicts a patch
     token's grid position (patch_row, patch_col) from its stored activations (see the module docstring).
 
-    ``sites`` / ``layers`` default to every token site and traced block (global block indices). ``alpha`` None
+    ``sites`` / ``layers`` default to every token site and traced block (global block indices); on a generative
+    VLM's answer trace ``projector`` and ``lm_resid`` too, over their image tokens at the layout's cells, their
+    layers the LM's (NaN where a site has no such layer). ``alpha`` None
     chooses the penalty per fold by leave-one-out on the training tokens; a number fixes it (on standardised
     features). Returns a DataArray ``(site, layer)`` named ``position_r2``, with the probe's settings and the
     trace id in its attrs; store it in the trace (``tr["position_r2"] = ...``) and every checklist and methods
@@ -164,23 +190,47 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
         True
     """
     trace = _check(trace, folds, alpha, seed)
-    act = trace["act"]
-    sites = _chosen("sites", sites, [str(s) for s in act["site"].values])
-    layers = _chosen("layers", layers, [int(v) for v in act["layer"].values])
-    patch = np.flatnonzero(np.asarray(trace["token_kind"].values) == "patch")
-    y = np.stack([trace["patch_row"].values[patch], trace["patch_col"].values[patch]], -1).astype(np.float64)
-    y = y[:, y.std(0) > 0]  # a one-row (or one-column) grid has no row (column) to predict
-    if y.shape[1] == 0 or len(patch) < 2 * folds:
-        raise ArgumentError(f"trace: {len(patch)} patch tokens on a {'constant' if y.shape[1] == 0 else 'small'} "
-                            f"grid; the probe needs positions that vary and at least 2 tokens per fold "
-                            f"(folds={folds})")
-    order = np.random.default_rng(seed).permutation(len(patch))
-    parts = np.array_split(order, folds)
+    lm = _lm_sites(trace)
+    tower = "act" in trace.variables and all(k in trace.variables for k in ("token_kind", "patch_row", "patch_col"))
+    have_sites = ([str(s) for s in trace["act"]["site"].values] if tower else []) + lm
+    have_layers = sorted(({int(v) for v in trace["act"]["layer"].values} if tower else set())
+                         | {v for s in lm for v in range(1 if s == "projector" else trace[s].shape[0])})
+    sites = _chosen("sites", sites, have_sites)
+    layers = _chosen("layers", layers, have_layers)
+    positions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if tower:
+        patch = np.flatnonzero(np.asarray(trace["token_kind"].values) == "patch")
+        positions = {"tower": (patch, np.stack([trace["patch_row"].values[patch], trace["patch_col"].values[patch]],
+                                               -1))}
+    if lm:
+        tiles = np.unique(trace["image_token_tile"].values)
+        if tiles.size != 1 and any(s in lm for s in sites):
+            raise ArgumentError(f"sites: the image tokens cover {tiles.size} tiles; the probe of {lm} predicts a "
+                                "position on one grid, so it reads one-tile layouts only so far")
+        n = int(trace.sizes["image_token"])
+        positions["lm"] = (np.arange(n), np.stack([trace["image_token_row"].values,
+                                                    trace["image_token_col"].values], -1))
     out = np.full((len(sites), len(layers)), np.nan)
-    values = act.transpose("layer", "site", "token", "channel")
+    values = trace["act"].transpose("layer", "site", "token", "channel") if tower else None
     for i, site in enumerate(sites):
+        rows, y = positions["lm" if site in lm else "tower"]
+        y = np.asarray(y, np.float64)
+        y = y[:, y.std(0) > 0]  # a one-row (or one-column) grid has no row (column) to predict
+        if y.shape[1] == 0 or len(rows) < 2 * folds:
+            raise ArgumentError(f"trace: {len(rows)} {'image' if site in lm else 'patch'} tokens on a "
+                                f"{'constant' if y.shape[1] == 0 else 'small'} grid; the probe needs positions that "
+                                f"vary and at least 2 tokens per fold (folds={folds})")
+        parts = np.array_split(np.random.default_rng(seed).permutation(len(rows)), folds)
         for j, layer in enumerate(layers):
-            x = np.asarray(values.sel(site=site, layer=layer).values, np.float64)[patch]
+            if site in lm:
+                x = _lm_features(trace, site, layer)
+                if x is None:  # the LM has no such layer (projector: one): no value, not a zero
+                    continue
+                x = np.asarray(x, np.float64)
+            elif layer in trace["act"]["layer"].values:
+                x = np.asarray(values.sel(site=site, layer=layer).values, np.float64)[rows]
+            else:
+                continue
             x = x[:, ~np.isnan(x).all(0)]  # channels this site does not have (padding) are not features
             if x.size == 0 or np.isnan(x).any():
                 raise ArgumentError(f"trace: act at site {site}, layer {layer} has missing values; cannot probe it")
@@ -190,5 +240,9 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
              "alpha": "per fold by exact leave-one-out over " + ", ".join(f"{a:g}" for a in RELATIVE_ALPHAS)
                       + " x mean squared singular value" if alpha is None else float(alpha),
              "folds": int(folds), "seed": int(seed), "trace_id": str(trace.attrs.get("trace_id", ""))}
+    if lm:
+        attrs["lm_sites"] = (f"{', '.join(s for s in lm if s in sites)}: image tokens at their layout cells "
+                             "(image_token_row, image_token_col); their layer is the LM decoder layer (projector: 0), "
+                             "not a tower block; NaN where the site has no such layer")
     return xr.DataArray(out, dims=("site", "layer"), coords={"site": sites, "layer": layers}, name=POSITION_R2,
                         attrs=attrs)

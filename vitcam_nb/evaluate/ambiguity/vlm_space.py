@@ -1,0 +1,59 @@
+"""The choices a description of a generative VLM's map leaves open (issue 55): on a trace of ``vc.targets.answer``
+(or ``generated``) the default space of :func:`vitcam_nb.ambiguity` gains
+
+========  ==========================================================================================================
+field     values on an answer trace
+========  ==========================================================================================================
+site      the tower's sites the trace holds, then ``projector``, ``lm_resid``, ``lm_attn`` (those it holds)
+layer     every tower block and every LM decoder layer (a number names a tower block at a tower site and an LM
+          layer at an LM site; a site without that layer is a combination the trace cannot compute: skipped, counted)
+class\\_   each answer token (0, 1, ...) and the sequence log-prob (the last traced class) in place of ``top1``
+========  ==========================================================================================================
+
+``projector`` has one layer, so its layer is not a choice (every layer value names the same recipe); the LM sites
+store image tokens only, so ``weight_tokens`` does not apply there (:func:`vitcam_nb.evaluate.ambiguity.space.
+canonical`). The LM sites join only while their image-token layout is one grid equal to the tower's patch grid
+(LLaVA): the maps are compared on one grid; a family whose layout differs (tiles, merged patches) keeps the tower's
+space until the comparison reads each site's own grid.
+
+Example:
+    >>> import xarray as xr
+    >>> vlm_axes(xr.Dataset(), [], [0, 1], (2, 2))
+    {}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+
+from vitcam_nb.compute.vlm import VLM_SITES
+
+__all__ = ["VLM_SITES", "vlm_axes"]
+
+
+def vlm_axes(trace: xr.Dataset, sites: Sequence[str], layers: Sequence[int], grid: tuple[int, int]
+             ) -> dict[str, tuple]:
+    """The default values of site, layer and class_ on an answer trace whose tower has ``sites``, ``layers`` and
+    patch ``grid``; {} on any other trace (the documented defaults hold there).
+
+    Example:
+        >>> vlm_axes(xr.Dataset(attrs={"target_kind": "answer"}, coords={"class": [0, 1, 2]}), ["F1"], [0], (1, 1))
+        {'class_': (0, 1, 2)}
+    """
+    if trace.attrs.get("target_kind") != "answer" or "class" not in trace.sizes:
+        return {}
+    out: dict[str, tuple] = {"class_": tuple(range(int(trace.sizes["class"])))}
+    lm = [s for s in VLM_SITES if s in trace.variables and f"{s}_grad" in trace.variables]
+    if not lm or not all(k in trace.variables for k in ("image_token_row", "image_token_col", "image_token_tile")):
+        return out
+    rows, cols = trace["image_token_row"].values, trace["image_token_col"].values
+    one_tile = np.unique(trace["image_token_tile"].values).size == 1
+    if not one_tile or (int(rows.max()) + 1, int(cols.max()) + 1) != tuple(grid):
+        return out
+    n_lm = int(trace.sizes.get("lm_layer", 1))
+    out["site"] = (*sites, *lm)
+    out["layer"] = tuple(sorted({int(v) for v in layers} | set(range(n_lm))))
+    return out
