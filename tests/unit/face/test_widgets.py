@@ -85,7 +85,11 @@ def test_options_offer_only_what_the_trace_holds(tr):
     heads = field_values(ex, "heads")
     assert heads[:4] == ["channels", "mean_then_relu", "relu_then_mean", "max"] and heads[4:] == [0, 1, 2, 3]
     when = {f["name"]: f["when"] for f in ex.options["fields"]}
-    assert when["heads"][0] == {"field": "site", "in": ["F2", "F3", "xattn"]}
+    from vitcam_nb.core.schema import HEAD_SITES
+
+    # heads show for every site with heads (the schema's list, which grows with new families), and only for those
+    assert when["heads"][0]["field"] == "site" and {"F2", "F3", "xattn"} <= set(when["heads"][0]["in"])
+    assert set(when["heads"][0]["in"]) <= set(HEAD_SITES) | {"F3"} and "F1" not in when["heads"][0]["in"]
     assert when["attn_rows"] == [{"field": "site", "in": ["F2"]}]
 
 
