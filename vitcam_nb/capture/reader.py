@@ -22,6 +22,7 @@ import xarray as xr
 from vitcam_nb.capture.store import dims_of
 from vitcam_nb.capture.store_layout import single_trace
 from vitcam_nb.capture.store_lock import lock_entry_ignored
+from vitcam_nb.capture.trace_checksum import verified_arrays
 from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, TraceFileError
 from vitcam_nb.core.schema import MAPS_STORE_KIND, SCHEMA_VERSION, STORE_KIND, SUPPORTED_STORE_VERSIONS, is_int
 
@@ -43,7 +44,10 @@ def is_store(ds: object) -> bool:
 def open_traces(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Dataset:
     """Open a :func:`trace_many` store lazily (dask-backed), with only the images that are done.
 
-    Nothing is read but metadata until you compute; slicing one image and one layer reads one chunk.
+    Nothing is read but metadata until you compute; slicing one image and one layer reads one chunk. Each chunk
+    is checked against the checksum trace_many wrote with it as it is read (``attrs["checksums"]`` says so; a
+    store written before checksums opens with a warning), and a chunk changed on disk or that cannot be decoded
+    raises a ``TraceFileError`` naming the store, the image and the array.
     ``incomplete=True`` also returns images whose trace was not finished (their values are undefined)
     with the ``done`` flag as a variable.
 
@@ -83,6 +87,8 @@ def open_traces(path: str | os.PathLike, *, incomplete: bool = False) -> xr.Data
                              "repairs the store)")
     with lock_entry_ignored():
         ds = xr.open_zarr(str(path), chunks={}, consolidated=False)
+        # every large array read chunk by chunk through its checksum (and a chunk zstd cannot decode refused by name)
+        ds = verified_arrays(ds, group, str(path))
     if not incomplete:
         done = np.asarray(ds["done"].values, bool)
         ds = (ds if done.all() else ds.isel(image=np.flatnonzero(done))).drop_vars("done")
@@ -132,6 +138,8 @@ def load_image(one: xr.Dataset, where: str, index: int, again: str) -> None:
     for name, var in one.variables.items():
         try:
             var.load()  # in place, as Dataset.load loads each variable
+        except TraceFileError:  # a chunk refused by its checksum, already naming the store, image and array
+            raise
         except Exception as exc:
             raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {index} cannot be read "
                                  f"({type(exc).__name__}: {exc}); {again}") from exc

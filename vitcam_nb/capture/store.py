@@ -24,6 +24,7 @@ import xarray as xr
 
 from vitcam_nb.capture.store_layout import strings
 from vitcam_nb.capture.store_lock import lock_entry_ignored
+from vitcam_nb.capture.trace_checksum import CHECKSUM_VAR
 from vitcam_nb.core.errors import TraceFileError
 from vitcam_nb.core.outfiles import remove_unfinished_folder
 from vitcam_nb.core.provenance import settings_id
@@ -223,6 +224,10 @@ class Store:
     def write(self, batch: xr.Dataset, written: Sequence[str] = ()) -> None:
         """Write a batch's data at its image indices, then mark those images done; ``written``: the arrays a
         worker already wrote (``trace_many`` sharded), absent from ``batch``."""
+        if CHECKSUM_VAR in batch.variables and CHECKSUM_VAR not in self.arrays:
+            # a store written before checksums, resumed: it stays one without (a store half checked would read as
+            # checked while its earlier images are not)
+            batch = batch.drop_vars(CHECKSUM_VAR)
         self.check_batch(batch, written)
         self._record_mode(batch)
         indices = [int(i) for i in batch["image"].values]

@@ -127,9 +127,9 @@ def single_trace(one: xr.Dataset) -> xr.Dataset:
         >>> single_trace(ds.isel(image=0).load())["image"].dims  # doctest: +SKIP
         ('y', 'x', 'rgb')
     """
-    one = one.drop_vars(["image", "done"], errors="ignore")
+    one = one.drop_vars(["image", "done", "checksum"], errors="ignore")  # checksum: verified as the store is read
     extra = json.loads(one.attrs.get(IMAGE_ATTRS_KEY, "[]"))
-    attrs = {k: v for k, v in one.attrs.items() if k not in (*STORE_ATTRS, IMAGE_ATTRS_KEY)}
+    attrs = {k: v for k, v in one.attrs.items() if k not in (*STORE_ATTRS, IMAGE_ATTRS_KEY, "checksums")}
     for key in (*PER_IMAGE_ATTRS, *extra):
         if key in one.coords:
             attrs[key] = _plain(one[key].values[()])

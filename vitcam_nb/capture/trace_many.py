@@ -47,6 +47,7 @@ from vitcam_nb.capture.store_targets import (
     image_target,
     split_target_attrs,
 )
+from vitcam_nb.capture.trace_checksum import CHECKSUMS_ATTR, VERIFIED, with_checksums
 from vitcam_nb.capture.trace_shard import TraceSharder
 from vitcam_nb.capture.worker_model import active_client
 from vitcam_nb.core.arguments import as_flag, as_store_path
@@ -347,6 +348,7 @@ def trace_many(
                     raise TraceError(f"targets: image {i} has {ds.sizes['target'] - 1} detection scores, the store "
                                      f"{len(names) - 1}; a store holds the same number of detections per image")
         batch = stack_images(per, indices, [it for _, it, _ in pending], batch_masks, names)
+        batch = with_checksums(batch)  # hashed as written: every read of a chunk checks it
         if dets is not None:  # per image: its target attributes, and its scores' labels (the detections' classes)
             batch = batch.assign_coords({k: ("image", v) for k, v in extra.items()})
             batch = batch.assign_coords(class_label=(("image", "class"),
@@ -357,7 +359,7 @@ def trace_many(
             batch.attrs.update({"store_kind": STORE_KIND, "store_version": STORE_VERSION,
                                 "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
                                 "n_expected": -1 if n is None else int(n), "n_images": 0,
-                                "batch_size": int(batch_size), "complete": 0})
+                                "batch_size": int(batch_size), "complete": 0, CHECKSUMS_ATTR: VERIFIED})
             if replace:
                 store = replace_store(path, lambda: Store.create(path, batch), lock)
             else:

@@ -28,6 +28,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.runtime import exclusive, on_device
 from vitcam_nb.capture.store import TRACE_VARS, Store, runs
 from vitcam_nb.capture.store_layout import stack_images
+from vitcam_nb.capture.trace_checksum import with_checksums
 from vitcam_nb.capture.worker_model import ModelSending, loaded_model, sender_writes
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.provenance import settings_id
@@ -73,7 +74,7 @@ def _worker_traces(steps: tuple[Callable, Callable], key: str, plan_args: dict, 
         plan.recompute, plan.target_groups = plan_args["recompute"], plan_args["target_groups"]
         with exclusive(plan.model), on_device(plan.model, plan.run_device):
             per = trace_batch(plan, prepared)
-    batch = stack_images(per, indices, items, masks, names)
+    batch = with_checksums(stack_images(per, indices, items, masks, names))  # hashed here, as written here
     with sender_writes(path, token):
         written = write_traces(path, batch)
     return batch.drop_vars(written), written
