@@ -148,9 +148,13 @@ class Checklist(dict):
 
     def _recipe_fields(self) -> dict[str, Any]:
         """The recipe's fields as its JSON states them (the ``recipe`` item), or {} when the checklist has none."""
-        text = self.get("recipe", {}).get("json") if isinstance(self.get("recipe"), Mapping) else None
-        if not isinstance(text, str):
+        entry = self.get("recipe")
+        if not isinstance(entry, Mapping) or "json" not in entry:
             return {}
+        text = entry["json"]
+        if not isinstance(text, str):  # a number there states no recipe, and would let every item go unchecked
+            raise ArgumentError(f"text: item 'recipe/json' must be the recipe's JSON text, got "
+                                f"{type(text).__name__} {text!r:.60}")
         try:
             fields = json.loads(text)
         except (ValueError, RecursionError) as exc:
