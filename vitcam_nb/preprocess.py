@@ -180,7 +180,8 @@ def _rescale_rule(values: np.ndarray, what: str) -> tuple[np.ndarray, str | None
         return np.round(values.astype(np.float64) * 255.0).astype(np.uint8), None
     if np.issubdtype(values.dtype, np.integer) and 0 <= lo and hi <= 255:
         return values.astype(np.uint8), None
-    _refuse_flat(values.dtype, lo, hi, what)
+    if not what.startswith("PIL"):  # a numeric PIL image (a file's I/F mode) keeps the rule it always had: every
+        _refuse_flat(values.dtype, lo, hi, what)  # PIL image gives a trace, as tests/integration pin
     expected = "0..1 of floats" if values.dtype.kind == "f" else "0..255 of 8-bit integers"
     rule = f"{what} values {lo:g}..{hi:g} are outside the {expected}; rescaled linearly from their min..max to 0..255"
     warnings.warn(f"image: {rule}. Pass uint8 pixels to choose the mapping yourself", UserWarning,
@@ -248,8 +249,8 @@ def to_pixels(image: object) -> tuple[np.ndarray | torch.Tensor, dict]:
     * numpy arrays and integer torch tensors: HxW (grey), HxWx1, HxWx3 or HxWx4 (alpha dropped), or CHW
       tensors; uint8 as given, integers in 0..255 as 8-bit values, floats in 0..1 times 255; anything else
       (16-bit scans, floats beyond 0..1) rescaled from its min..max to 0..255 with a warning naming the rule
-      (the trace's ``preprocessing`` keeps it as ``pixel_rule``); a constant image outside the range (no min..max
-      to rescale from) and booleans refused;
+      (the trace's ``preprocessing`` keeps it as ``pixel_rule``); an array or tensor of one value outside the
+      range (no min..max to rescale from) and booleans refused;
     * float torch tensors (1,3,H,W) or (3,H,W): already normalised, used as given.
 
     Example:
