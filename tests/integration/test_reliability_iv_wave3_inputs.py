@@ -130,3 +130,21 @@ def test_weight_tokens_all_is_patch_without_prefix_tokens(weighting):
     # with a class token the two pool different tokens: two maps, two ids
     assert patch.canonical_id(TR) != every.canonical_id(TR)
     assert vc.cam(TR, patch).values.tobytes() != vc.cam(TR, every).values.tobytes()
+
+
+# -- LOWs: recipe text -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["F1@5 tokens=patch\ntarget=prob", "F1@5\rtarget=prob", "F1@5\u2028target=prob"])
+def test_recipe_text_of_two_lines_is_refused(text):
+    with pytest.raises(RecipeError, match="^recipe text: one recipe is one line"):
+        Recipe.parse(text)
+
+
+@pytest.mark.parametrize("text", ["F1@-0", "F1@-00", "F1@0,-0"])
+def test_minus_zero_is_no_layer_spelling(text):
+    with pytest.raises(RecipeError, match="is block 0 .* -1 for the last"):
+        Recipe.parse(text)
+
+
+def test_a_trailing_newline_and_plain_layers_still_parse():
+    assert Recipe.parse("F1@-1 target=prob\n") == Recipe(layer=-1, target="prob")
+    assert Recipe.parse("F1@0").layer == 0 and Recipe.parse("F1@-10").layer == -10
