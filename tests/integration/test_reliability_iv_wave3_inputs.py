@@ -148,3 +148,11 @@ def test_minus_zero_is_no_layer_spelling(text):
 def test_a_trailing_newline_and_plain_layers_still_parse():
     assert Recipe.parse("F1@-1 target=prob\n") == Recipe(layer=-1, target="prob")
     assert Recipe.parse("F1@0").layer == 0 and Recipe.parse("F1@-10").layer == -10
+
+
+def test_checklist_json_with_a_key_twice_is_refused():
+    with pytest.raises(ArgumentError, match="key 'a' appears twice in one object"):
+        Checklist.from_json('{"a": {"b": 1}, "a": {"b": 2}}')
+    with pytest.raises(ArgumentError, match="key 'b' appears twice"):
+        Checklist.from_json('{"a": {"b": 1, "b": 2}}')
+    assert Checklist.from_json('{"a": {"b": 1}, "c": {"b": 2}}') == {"a": {"b": 1}, "c": {"b": 2}}
