@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import tempfile
 import warnings
 from collections import Counter
 from importlib import resources
@@ -189,7 +191,24 @@ def _check_out(folder: Path, overwrite: bool) -> OutputFolder:
         raise ArgumentError(f"out: {folder} holds files this command did not write ({', '.join(others[:5])}); the kit "
                             "never overwrites them. Use an empty or new folder, or overwrite=True (--overwrite) to "
                             f"write {' and '.join(FILES)} there (other files are left alone)")
+    _probe(folder)
     return OutputFolder(folder, FILES, WRITTEN_BY, overwrite=overwrite)
+
+
+def _probe(folder: Path) -> None:
+    """Refuse a folder that cannot be made or written (under /proc, a read-only mount, a file's path) before any
+    work: permission bits do not say it (root ignores them), so a probe folder is made and removed in the folder,
+    or in its nearest existing ancestor when it does not exist yet (which the run would create)."""
+    base = folder
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ArgumentError(f"out: {folder} cannot be made: {base} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".vitcam-figure-probe-"))
+    except OSError as exc:
+        raise ArgumentError(f"out: {folder} cannot be written ({base}: {exc.strerror}); nothing was computed. Give a "
+                            "folder this process can write to") from exc
 
 
 def _images(model: str, net: torch.nn.Module, images: int, photo: bool) -> list[dict[str, Any]]:
@@ -241,6 +260,8 @@ def run_figure(out: str | Path = "vitcam-figure", model: str = "auto", images: i
 
     from vitcam_nb.core.progress import progress_bar as tqdm
 
+    if weights is not None:
+        as_path("weights", weights)  # a number or a list is refused by name here, not by pathlib after the passes
     overwrite, photo, progress = (as_flag(k, v) for k, v in
                                   (("overwrite", overwrite), ("photo", photo), ("progress", progress)))
     if isinstance(images, bool) or not isinstance(images, int) or images < 0:

@@ -180,12 +180,24 @@ def _rescale_rule(values: np.ndarray, what: str) -> tuple[np.ndarray, str | None
         return np.round(values.astype(np.float64) * 255.0).astype(np.uint8), None
     if np.issubdtype(values.dtype, np.integer) and 0 <= lo and hi <= 255:
         return values.astype(np.uint8), None
+    if not what.startswith("PIL"):  # a numeric PIL image (a file's I/F mode) keeps the rule it always had: every
+        _refuse_flat(values.dtype, lo, hi, what)  # PIL image gives a trace, as tests/integration pin
     expected = "0..1 of floats" if values.dtype.kind == "f" else "0..255 of 8-bit integers"
     rule = f"{what} values {lo:g}..{hi:g} are outside the {expected}; rescaled linearly from their min..max to 0..255"
     warnings.warn(f"image: {rule}. Pass uint8 pixels to choose the mapping yourself", UserWarning,
                   stacklevel=user_stacklevel())
     scaled = (values.astype(np.float64) - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros(values.shape)
     return np.round(scaled).astype(np.uint8), rule
+
+
+def _refuse_flat(dtype: np.dtype, lo: float, hi: float, what: str) -> None:
+    """Refuse an image of one value outside the documented range: the min..max rescale has no range to map (it
+    would make every pixel 0, an image nobody gave)."""
+    inside = 0.0 <= lo and hi <= (1.0 if np.issubdtype(dtype, np.floating) else 255.0)
+    if lo == hi and not inside:
+        expected = "0..1 of floats" if np.issubdtype(dtype, np.floating) else "0..255 of 8-bit integers"
+        raise TraceError(f"image: {what} holds the one value {lo:g} for every pixel, outside the {expected}; a "
+                         "constant image has no min..max to rescale from. Pass uint8 pixels (0..255)")
 
 
 def _check_dtype(dtype: np.dtype, what: str) -> None:
@@ -236,8 +248,9 @@ def to_pixels(image: object) -> tuple[np.ndarray | torch.Tensor, dict]:
       numeric modes I, I;16 and F read as numbers, like arrays;
     * numpy arrays and integer torch tensors: HxW (grey), HxWx1, HxWx3 or HxWx4 (alpha dropped), or CHW
       tensors; uint8 as given, integers in 0..255 as 8-bit values, floats in 0..1 times 255; anything else
-      (16-bit scans, floats beyond 0..1) rescaled from its min..max to 0..255 with a warning naming the rule;
-      booleans refused;
+      (16-bit scans, floats beyond 0..1) rescaled from its min..max to 0..255 with a warning naming the rule
+      (the trace's ``preprocessing`` keeps it as ``pixel_rule``); an array or tensor of one value outside the
+      range (no min..max to rescale from) and booleans refused;
     * float torch tensors (1,3,H,W) or (3,H,W): already normalised, used as given.
 
     Example:
@@ -291,6 +304,8 @@ def check_image(image: object, processor: object = None) -> None:
         _check_dtype(image.dtype, "array")
         if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
             raise TraceError("image: contains NaN or inf values; expected finite pixel values")
+        if image.dtype != np.uint8 and image.size:
+            _refuse_flat(image.dtype, float(image.min()), float(image.max()), "array")
     elif isinstance(image, torch.Tensor) and image.is_floating_point():
         if processor is not None:
             raise TraceError(_PROCESSOR_WITH_TENSOR)
@@ -302,6 +317,8 @@ def check_image(image: object, processor: object = None) -> None:
         stand_in = _hwc(np.broadcast_to(image.new_zeros(()).cpu().numpy(), tuple(image.shape)))
         _check_layout(stand_in.shape, what)
         _check_dtype(stand_in.dtype, what)
+        if image.numel():
+            _refuse_flat(stand_in.dtype, float(image.min()), float(image.max()), what)
     elif not isinstance(image, Image.Image):
         raise _not_an_image(image)
 

@@ -121,7 +121,18 @@ def test_stage_block_addresses_resolve_to_the_global_blocks():
 
 
 # -- the property: one canonical id iff one map ------------------------------------------------------------------------
-KINDS = {"flat": (FULL, 6, False), "subset": (SUBSET, 6, False), "swin": (SWIN, 3, True)}
+def _no_prefix() -> object:
+    """A 3-block ViT without a class token (every token a patch, as on a video model): ``weight_tokens="all"`` and
+    ``"patch"`` pool the same tokens there."""
+    torch.manual_seed(52)
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3,
+                          embed_dim=32, num_heads=2, num_classes=4, class_token=False, global_pool="avg").eval()
+    return vc.trace(m, IMAGE[:32, :32], targets="top2")
+
+
+NO_PREFIX = _no_prefix()
+KINDS = {"flat": (FULL, 6, False), "subset": (SUBSET, 6, False), "swin": (SWIN, 3, True),
+         "no_prefix": (NO_PREFIX, 3, False)}
 # The classes each trace ranks 1st, 2nd, ... by logit (ties in class order), as traced: top2 on the flat traces.
 RANKED = {kind: [int(c) for c in np.argsort(-np.asarray(KINDS[kind][0]["logits"].values, np.float64),
                                             kind="stable")[:(1 if kind == "swin" else 2)]] for kind in KINDS}
@@ -173,6 +184,9 @@ def _pair(draw: st.DrawFn, kind: str) -> tuple[Recipe, Recipe]:
     _, n, stages = KINDS[kind]
     base, a = draw(_recipe(n, stages, RANKED[kind]))
     _, b = draw(_recipe(n, stages, RANKED[kind], base if draw(st.booleans()) else None))
+    if kind == "no_prefix":  # without prefix tokens "all" is "patch": two spellings of one map (not of a rollout)
+        a, b = (r if r.layer_fusion in ("rollout", "grad_rollout") else
+                r.replace(weight_tokens=draw(st.sampled_from(["patch", "all"]))) for r in (a, b))
     return a, b
 
 

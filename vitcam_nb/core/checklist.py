@@ -34,6 +34,15 @@ CONTRADICTIONS: list[Callable[[Mapping[str, Any]], list[str]]] = []
 _LATER = ("text_tokens", "k")
 
 
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of two equal keys: a checklist saying two things of one item would say only the second
+    keys = [k for k, _ in pairs]
+    twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if twice is not None:
+        raise ArgumentError(f"key {twice!r} appears twice in one object")
+    return dict(pairs)
+
+
 class Checklist(dict):
     """The checklist: category -> {item: text}. Renders as a markdown table in notebooks.
 
@@ -119,7 +128,7 @@ class Checklist(dict):
         """
         if isinstance(text, (str, bytes, bytearray)):
             try:
-                data = json.loads(text)
+                data = json.loads(text, object_pairs_hook=_no_duplicates)
             except (ValueError, RecursionError) as exc:  # bad JSON, bytes that are no UTF-8, nesting too deep
                 raise ArgumentError(f"text: not valid checklist JSON ({type(exc).__name__}: {exc})"[:300]) from exc
         else:
@@ -148,9 +157,13 @@ class Checklist(dict):
 
     def _recipe_fields(self) -> dict[str, Any]:
         """The recipe's fields as its JSON states them (the ``recipe`` item), or {} when the checklist has none."""
-        text = self.get("recipe", {}).get("json") if isinstance(self.get("recipe"), Mapping) else None
-        if not isinstance(text, str):
+        entry = self.get("recipe")
+        if not isinstance(entry, Mapping) or "json" not in entry:
             return {}
+        text = entry["json"]
+        if not isinstance(text, str):  # a number there states no recipe, and would let every item go unchecked
+            raise ArgumentError(f"text: item 'recipe/json' must be the recipe's JSON text, got "
+                                f"{type(text).__name__} {text!r:.60}")
         try:
             fields = json.loads(text)
         except (ValueError, RecursionError) as exc:

@@ -23,7 +23,7 @@ import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError
 from vitcam_nb.core.kinds import kind_for
-from vitcam_nb.core.recipe_canonical import canonical_form, resolve_class
+from vitcam_nb.core.recipe_canonical import canonical_form, resolve_class, resolve_tokens
 from vitcam_nb.core.recipe_text import parse_fields, to_string
 from vitcam_nb.core.schema import HEAD_SITES, SITES, TOKEN_SITES
 from vitcam_nb.core.weighting import WEIGHTINGS, weighting_names
@@ -365,7 +365,7 @@ class Recipe:
         if not isinstance(trace, (xr.Dataset, xr.DataTree)):
             raise ArgumentTypeError(f"trace: expected a trace (xarray.Dataset from vitcam_nb.trace()), got "
                                     f"{type(trace).__name__}")
-        return resolve_class(canonical_form(kind_for(trace, self).resolve(trace, self)), trace)
+        return resolve_tokens(resolve_class(canonical_form(kind_for(trace, self).resolve(trace, self)), trace), trace)
 
     def canonical_id(self, trace: Any) -> str:
         """The id of :meth:`resolve` (trace): one id for every spelling of the same map on that trace. The map is

@@ -18,6 +18,11 @@ What is the same map, as ``vc.cam`` computes it:
   ``canonical_id`` column of its recipe table is the id on any trace of the model, so it keeps ``"topK"``. An
   attention rollout has no class (a Recipe refuses any but ``"top1"`` there): it keeps ``"top1"``.
 
+* ``weight_tokens="all"`` on a trace with no prefix tokens (every token a patch: a video model, a ViT without a
+  class token) pools the same tokens as ``"patch"``, so ``vc.cam`` gives one map (bitwise): it becomes ``"patch"``.
+  ``attn_rows`` keeps its spelling there: ``"mean"`` and ``"patch_mean"`` average the same rows, but of differently
+  laid out arrays, which numpy may sum in another order.
+
 Other fields are taken as written: two recipes that differ in another field keep two ids even where their maps
 happen to agree on some trace (a sum and a mean of two blocks under a min-max normalisation, or two degenerate
 maps, both returned as zeros).
@@ -38,7 +43,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["ORDER_FREE", "canonical_form", "ranked_class", "resolve_class"]
+__all__ = ["ORDER_FREE", "canonical_form", "ranked_class", "resolve_class", "resolve_tokens"]
 
 #: Layer fusions whose result does not depend on the order of the blocks (vc.cam fuses them in block order).
 ORDER_FREE = ("none", "mean", "sum", "max")
@@ -100,3 +105,24 @@ def resolve_class(recipe: Any, trace: Any) -> Any:
         return recipe  # detection scores and other layouts are ranked by their own kinds
     cls = ranked_class(logits.values, int(recipe.class_[3:]))
     return recipe if cls is None else recipe.replace(class_=cls)
+
+
+def resolve_tokens(recipe: Any, trace: Any) -> Any:
+    """``recipe`` with ``weight_tokens="all"`` made ``"patch"`` when every token of ``trace`` is a patch token (no
+    class, register or distillation token), where both pool the same tokens (module docstring); otherwise
+    ``recipe`` unchanged.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> no_cls = xr.Dataset(coords={"token_kind": ("token", np.array(["patch"] * 4))})
+        >>> with_cls = xr.Dataset(coords={"token_kind": ("token", np.array(["cls"] + ["patch"] * 4))})
+        >>> [resolve_tokens(vc.Recipe(weight_tokens="all"), t).weight_tokens for t in (no_cls, with_cls)]
+        ['patch', 'all']
+    """
+    if recipe.weight_tokens != "all":
+        return recipe
+    data = trace.ds if isinstance(trace, xr.DataTree) else trace
+    kinds = data.variables.get("token_kind") if isinstance(data, xr.Dataset) else None
+    if kinds is None or kinds.size == 0 or not bool(np.all(kinds.values == "patch")):
+        return recipe
+    return recipe.replace(weight_tokens="patch")

@@ -73,10 +73,21 @@ def _alone(field: str, value: Any) -> None:
         Recipe(**{field: value})
 
 
+_NONE = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    # The same value of the same kind (1 and True, or 1 and 1.0, are different layer values); an array never matches.
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
 def check_space(space: Any, name: str) -> None:
     """Refuse (:class:`~vitcam_nb.core.errors.RecipeError` naming ``name``, the field and the value, with the
-    closest valid value) a space whose field is no recipe field or whose value no recipe can take, whatever the
-    other fields; lists of values only (a bare value is one value).
+    closest valid value) a space whose field is no recipe field, whose value no recipe can take, whatever the
+    other fields, or that lists a value twice; lists of values only (a bare value is one value).
 
     Example:
         >>> check_space({"weighting": ["gradcam", "layercm"]}, "recipes_or_space")  # doctest: +ELLIPSIS
@@ -91,7 +102,11 @@ def check_space(space: Any, name: str) -> None:
         if field not in fields:
             raise RecipeError(f"{name}: {field!r} is not a recipe field;{did_you_mean(field, fields)} fields are "
                               f"{fields}")
-        for value in values if isinstance(values, (list, tuple)) else [values]:
+        listed = list(values) if isinstance(values, (list, tuple)) else [values]
+        twice = next((v for i, v in enumerate(listed) if any(_same(v, w) for w in listed[:i])), _NONE)
+        if twice is not _NONE:  # a repeated value would count one recipe twice (a share, a cell weighted double)
+            raise RecipeError(f"{name}: {field} lists {twice!r} more than once; give each value once")
+        for value in listed:
             if field in choices and not (field == "heads" and is_int(value)):
                 try:
                     known = value in choices[field]

@@ -9,7 +9,8 @@ The canonical form is the site and layer, then ``field=value`` for every other f
 ``text_tokens`` (as ``text=``) is written for site ``xattn`` only, ``k`` for ``gscorecam`` only: elsewhere they
 must stay at their defaults. :func:`parse` also reads shorter, hand-written lines: fields may come in any order,
 missing fields take their defaults, and a value that belongs to one field only may stand alone
-(``F2@3 prob layercam none`` is not allowed: ``none`` fits several fields; ``F2@3 prob layercam`` is).
+(``F2@3 prob layercam none`` is not allowed: ``none`` fits several fields; ``F2@3 prob layercam`` is). One recipe
+is one line (a line break inside is refused, never read as one recipe), and ``-0`` is no layer spelling.
 
 This module reads and writes the text only; :meth:`vitcam_nb.Recipe.parse` builds and validates the recipe
 (the recipe module imports this one, never the other way round).
@@ -100,6 +101,8 @@ def _read(text: str, field: str) -> Any:
         return _read(text, "one_layer")
     if field == "k" and text == "None":
         return None
+    if field == "one_layer" and re.fullmatch(r"-0+", text):  # -0 is block 0, the first: "the last" is -1
+        raise RecipeError(f"recipe text: layer {text!r} is block 0 (the first block); write 0, or -1 for the last")
     return int(text) if _looks_int(text) else text
 
 
@@ -123,6 +126,8 @@ def parse_fields(text: str, choices: Mapping[str, Sequence[str]]) -> dict[str, A
     """
     if not isinstance(text, str) or not text.strip():
         raise RecipeError(f"recipe text: expected a line like 'F1@-1 target=logit weighting=gradcam', got {text!r}")
+    if any(c in text.strip() for c in "\n\r\v\f\x85\u2028\u2029"):  # one recipe is one line: never two read as one
+        raise RecipeError(f"recipe text: one recipe is one line, got a line break in {text.strip()[:80]!r}")
     tokens = _tokens(text.strip())
     head, *rest = tokens
     site, at, layer = head.partition("@")

@@ -226,6 +226,9 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     values = export_axes(facts, axes)
     names = list(values)
     start = {**base.to_dict(), "layer": _absolute_layer(base.layer, facts)}
+    rank = {facts.ranked[n - 1]: n for n in facts.top_ranks()}
+    if is_int(start["class_"]) and start["class_"] in rank and start["class_"] not in values.get("class_", []):
+        start["class_"] = f"top{rank[start['class_']]}"  # the class axis names the ranked class so: the same map
     entries: list[dict[str, Any]] = []
     grids: list[np.ndarray] = []
     seen: dict[bytes, int] = {}
@@ -270,7 +273,14 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     first = next((i for i, e in enumerate(entries) if "e" not in e), 0)
     want = [key(start[n]) for n in names]
     start_index = next((i for i, c in enumerate(combos) if [key(v) for v in c] == want and "e" not in entries[i]),
-                       first)
+                       None)
+    if start_index is None and recipe is not None:  # the page would open on another recipe than the one asked for
+        asked = next((entries[i]["e"] for i, c in enumerate(combos) if [key(v) for v in c] == want), None)
+        raise ExportError(f"recipe: {base.to_string()} is not among the page's recipes ("
+                          + (f"refused on this trace: {asked}" if asked else "a value of it is not on the axes "
+                             + str({n: values[n] for n in names}))[:300] + "); nothing was written. Put its values "
+                          "on axes= or start from another recipe")
+    start_index = first if start_index is None else start_index
     meta = {
         "axes": [[n, values[n]] for n in names], "count": len(entries), "maps": len(grids), "start": start_index,
         "grid_shape": shape, "image_shape": list(facts.image.shape[:2]), "num_layers": facts.num_layers,

@@ -29,14 +29,14 @@ from pathlib import Path
 import xarray as xr
 
 from vitcam_nb.core.arguments import as_flag
-from vitcam_nb.core.errors import ArgumentTypeError, ExportError, OutputExistsError, TraceError
+from vitcam_nb.core.errors import ArgumentTypeError, ExportError, OutputExistsError, RecipeError, TraceError
 from vitcam_nb.core.outfiles import check_output, write_atomic
-from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.recipe_space import check_space
 from vitcam_nb.core.version import __version__
 from vitcam_nb.widgets.assets import STATIC_DIR, css, esm
 from vitcam_nb.widgets.bundle import Bundle, build_bundle, export_axes
-from vitcam_nb.widgets.controls import COLORMAPS
+from vitcam_nb.widgets.controls import COLORMAPS, as_recipe
 from vitcam_nb.widgets.facts import TraceFacts
 from vitcam_nb.widgets.traces import is_trace_set, named_traces, trace_choices
 
@@ -217,6 +217,31 @@ def _check_limit(trace: Traces, axes: Mapping[str, Sequence] | None, max_mb: obj
                           f"over {max_mb} MB; nothing was computed or written. Narrow axes=")
 
 
+def _check_start(trace: Traces, recipe: Recipe | None, axes: Mapping[str, Sequence] | None) -> None:
+    """Refuse, before any map, a class no model output has (``axes`` class 7 of a 5-class model: every recipe with
+    it would only be refused and left out) and a starting recipe whose block or class the model lacks (the page
+    would open on another recipe than the one asked for, as ``vc.cam`` refuses it)."""
+    start = None if recipe is None else as_recipe(recipe)
+    classes = axes.get("class_") if isinstance(axes, Mapping) else None
+    for one in _traces_of(trace).values():
+        n_classes = one.sizes.get("class")
+        n_layers = int(one.attrs.get("num_layers", 0))
+        if n_classes and isinstance(classes, (list, tuple)):
+            bad = [c for c in classes if is_int(c) and not 0 <= int(c) < n_classes]
+            if bad:
+                raise RecipeError(f"axes: class_ {bad[0]!r} is out of range for a model with {n_classes} classes "
+                                  f"(allowed 0..{n_classes - 1} or 'topN')")
+        if start is None:
+            continue
+        if n_classes and is_int(start.class_) and not 0 <= int(start.class_) < n_classes:
+            raise RecipeError(f"recipe: class_ {start.class_!r} is out of range for a model with {n_classes} classes")
+        layers = start.layer if isinstance(start.layer, tuple) else (start.layer,)
+        bad = [v for v in layers if is_int(v) and n_layers and not -n_layers <= int(v) < n_layers]
+        if bad:
+            raise RecipeError(f"recipe: layer {bad[0]!r} is out of range for a model with {n_layers} blocks (allowed "
+                              f"{-n_layers}..{n_layers - 1}); the page would open on another recipe")
+
+
 def _check_axes(axes: Mapping[str, Sequence] | None) -> None:
     """Refuse a value no recipe can take (a typo such as ``"f4"``) before any map is computed: otherwise every
     combination holding it is refused and the value silently left out of the page. The shape of ``axes`` (a dict
@@ -279,6 +304,7 @@ def export_html(trace: Traces, path: str | os.PathLike, recipe: Recipe | None = 
     overwrite, progress = as_flag("overwrite", overwrite), as_flag("progress", progress)
     _check_display(trace, colormap, opacity, size, title)
     _check_axes(axes)
+    _check_start(trace, recipe, axes)
     _check_limit(trace, axes, max_mb)
     if not overwrite and path.is_file() and _page_state(path) == "edited":
         raise OutputExistsError(f"path: {path} is a page export_html wrote, changed since (its bytes no longer match "

@@ -408,8 +408,10 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     """
     for name, value in (("max_cells", max_cells), ("max_recipes", max_recipes), ("n_samples", n_samples),
                         ("n_boot", n_boot)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_cells" else 1):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ArgumentError(f"{name}: expected a positive int, got {value!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ArgumentError(f"seed: expected an int >= 0 (numpy's default_rng seed), got {seed!r:.80}")
     if reported is not None and not isinstance(reported, Mapping):
         raise ArgumentTypeError(f"reported: expected a dict of recipe fields (or checklist categories), got "
                                 f"{type(reported).__name__}")

@@ -105,6 +105,14 @@ def load_cards(cards: Any) -> list[dict[str, Any]]:
 
 
 def _from_csv(text: str, name: str) -> list[dict[str, Any]]:
+    try:
+        return _csv_cards(text, name)
+    except csv.Error as exc:  # a field over csv's limit (128 KB), a NUL byte, an unclosed quote at the end
+        raise PaperCardError(f"cards: {name} is not a CSV of cards ({exc}); a card's cells are short text"[:300]) \
+            from exc
+
+
+def _csv_cards(text: str, name: str) -> list[dict[str, Any]]:
     reader = csv.DictReader(io.StringIO(text))
     columns = list(reader.fieldnames or [])
     if not columns:
