@@ -282,15 +282,17 @@ def plain_presets() -> list[str]:
     the published methods of ``vitcam_nb.compute.published`` (they read optional sites or a layer-wise target;
     tests/unit/compute/test_published.py), the presets that need ``vc.score`` (the integrated rollouts TAM and
     Beyond Intuition, which also start a fixed number of blocks from the end, and ViT-CX;
-    tests/unit/compute/test_presets_published.py) and cross-attention presets (tests/unit/model/test_blip.py)."""
+    tests/unit/compute/test_presets_published.py), cross-attention presets (tests/unit/model/test_blip.py) and
+    a generative VLM's language-model sites (tests/unit/compute/test_vlm_presets.py)."""
     import vitcam_nb as vc
     from vitcam_nb.compute.published import METHODS
     from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS
+    from vitcam_nb.core.schema import EXTRA_SITES
     from vitcam_nb.core.weighting import WEIGHTINGS
 
     def plain(recipe: vc.Recipe) -> bool:
         return (recipe.weighting not in METHODS and not WEIGHTINGS.get(recipe.weighting).scores
-                and recipe.layer_fusion not in INTEGRATED_ROLLOUTS and recipe.site != "xattn")
+                and recipe.layer_fusion not in INTEGRATED_ROLLOUTS and recipe.site not in EXTRA_SITES)
 
     return [n for n in vc.presets.names() if plain(vc.presets.get(n))]
 

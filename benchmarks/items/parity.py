@@ -102,9 +102,23 @@ MEASURED: list[tuple[str, str, tuple, str]] = [
 ]
 
 #: (presets, reference: repository + file + commit read, the test that re-implements it, its tolerance,
-#:  deliberate differences): checked by a test only, not measured by this run. Empty since every preset and rule
-#: is measured; kept for a reference no run can reach.
-REFERENCED: list[tuple[str, str, str, str, str]] = []
+#:  deliberate differences): checked by a test only, not measured by this run: the generative-VLM presets, for
+#: which no authors' code reads a decoder-only VLM.
+REFERENCED: list[tuple[str, str, str, str, str]] = [
+    ("vlm_tower_gradcam", "Selvaraju et al. 2017's Grad-CAM equations on the tower block LLaVA's vision_feature_layer "
+     "reads (no authors' code explains a VLM answer); a hand-written hook-and-autograd Grad-CAM on a tiny random "
+     "LLaVA", "tests/unit/compute/test_vlm_presets.py", "rtol 1e-5 of the map's largest value",
+     "site F6 (the block output the projector reads), not pytorch-grad-cam's norm1: a classifier never reads its "
+     "last block's patch outputs, LLaVA reads all of them"),
+    ("vlm_generic_attention", "Chefer, Gur & Wolf 2021, Generic Attention-model Explainability (ICCV), the "
+     "self-attention update R <- R + mean_h (grad A * A)^+ R written by hand over every token of a tiny random "
+     "LLaVA's LM (their code, hila-chefer/Transformer-MM-Explainability, reads LXMERT/VisualBERT/DETR, not a "
+     "decoder-only LM)", "tests/unit/compute/test_vlm_presets.py", "rtol 1e-4 (one layer: equal to the rule; all "
+     "layers: equal to the rule less its hand-computed cross-layer products)",
+     "read at the row predicting the answer token over the image-token columns; over several layers first-order "
+     "(sum of the layers' terms: the products through other tokens are dropped, the trace stores answer rows "
+     "only); not normalised per layer"),
+]
 
 
 def _cases() -> object:

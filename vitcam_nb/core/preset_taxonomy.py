@@ -157,7 +157,8 @@ TAXONOMY["tokentm"] = {
     "reconstruction": "raster grid, bilinear upsampling, min-max",
 }
 
-# The rows of presets that register their own (a preset module added without editing this table).
-TAXONOMY.update(PRESET_ROWS)
 # A generative VLM's answer (vitcam_nb/core/presets_vlm.py).
 TAXONOMY.update(VLM_TAXONOMY)
+# The rows of presets that register their own (a preset module added without editing this table), after the
+# built-in rows.
+TAXONOMY.update(PRESET_ROWS)

@@ -17,7 +17,7 @@ import torch
 
 from vitcam_nb.adapters.blip import is_blip_itm
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.targets.base import Target
+from vitcam_nb.targets.base import Target, register_target
 
 __all__ = ["ItmTarget", "itm"]
 
@@ -139,6 +139,7 @@ class ItmTarget(Target):
         return {**super().attrs(), "itm_match": int(self.match), "itm_text": self.text}
 
 
+@register_target
 def itm(input_ids: Any, attention_mask: Any = None, *, match: bool = True, tokenizer: Any = None) -> ItmTarget:
     """Target BLIP's image-text matching head for one text: the two ITM logits (no match, match).
 

@@ -45,7 +45,11 @@ def vlm_axes(trace: xr.Dataset, sites: Sequence[str], layers: Sequence[int], gri
     """
     if trace.attrs.get("target_kind") != "answer" or "class" not in trace.sizes:
         return {}
-    out: dict[str, tuple] = {"class_": tuple(range(int(trace.sizes["class"])))}
+    # the answer tokens and the sequence log-prob; the entries after them (each answer position's logsumexp over
+    # the vocabulary, traced for prob/logprob) are not a class a map may pick
+    n_answer = len([s for s in str(trace.attrs.get("answer_ids", "")).split(",") if s.strip()])
+    n_class = min(int(trace.sizes["class"]), n_answer + 1) if n_answer else int(trace.sizes["class"])
+    out: dict[str, tuple] = {"class_": tuple(range(n_class))}
     lm = [s for s in VLM_SITES if s in trace.variables and f"{s}_grad" in trace.variables]
     if not lm or not all(k in trace.variables for k in ("image_token_row", "image_token_col", "image_token_tile")):
         return out
