@@ -24,6 +24,7 @@ from vitcam_nb.core.preset_registry import (  # noqa: F401  (re-exported)
     PRESETS,
     discover_presets,
     register_preset,
+    unregister_preset,
 )
 from vitcam_nb.core.recipe import Recipe
 
