@@ -33,7 +33,8 @@ def _blocks() -> list[tuple[str, str]]:
 
 def _registries() -> dict[str, object]:
     return {"weightings": weighting_names(), "rules": rule_names(), "metrics": metric_names(),
-            "families": supported_families(), "presets": vc.presets.names(), "kinds": TRACE_KINDS.names()}
+            "families": supported_families(), "presets": vc.presets.names(), "kinds": TRACE_KINDS.names(),
+            "targets": vc.targets.target_names()}
 
 
 def test_every_extension_kind_has_a_recipe_naming_its_file_and_test_with_an_example():

@@ -9,6 +9,7 @@ traced layer gives zero gradients, as before; a block that receives no floating-
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from vitcam_testing import assert_equal_to_rounding, assert_unchanged, snapshot
 
 import vitcam_nb as vc
 from vitcam_nb.adapters import find_adapter
+from vitcam_nb.adapters.registry import declared_families
 from vitcam_nb.capture.graph_start import GraphStart, graph_from
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
@@ -44,7 +46,8 @@ def _hf(config: str, cls: str, **kw) -> torch.nn.Module:
     return _init(getattr(transformers, cls)(getattr(transformers, config)(num_labels=5, **kw)))
 
 
-FAMILIES = {
+# A tiny model of each family this file traces, by family name or a variant's name (VARIANT_OF).
+_BUILDERS = {
     "vit": lambda: _init(VisionTransformer(**FLAT)),
     "vit_reg": lambda: _init(VisionTransformer(**FLAT, reg_tokens=2, no_embed_class=True)),
     "deit_distilled": lambda: _init(VisionTransformerDistilled(**FLAT)),
@@ -63,6 +66,36 @@ FAMILIES = {
                                num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, image_size=IMG,
                                num_frames=4, patch_size=8, tubelet_size=2),
 }
+# Builders of a declared family's variant (other token layouts of the same adapter).
+VARIANT_OF = {"vit_reg": "vit", "deit_distilled": "vit"}
+_DECLARED = [spec.family for spec in declared_families()]
+# The families traced here: every declared family with a builder (and its variants), in declaration order; a builder
+# of a family no longer declared drops out rather than being kept by hand.
+FAMILIES = {name: _BUILDERS[name] for family in _DECLARED for name in _BUILDERS
+            if VARIANT_OF.get(name, name) == family}
+
+
+def _tested_elsewhere() -> dict[str, list[str]]:
+    """Declared family -> the other test files that name it (as a string) and trace a model: found by reading the
+    test files, so a family added with its own test file needs no line here."""
+    root = Path(__file__).resolve().parents[2]
+    texts = {str(f.relative_to(root)): f.read_text(encoding="utf-8") for f in (root / "tests").rglob("test_*.py")
+             if f.resolve() != Path(__file__).resolve()}
+    return {family: [path for path, text in texts.items() if f'"{family}"' in text and "trace" in text]
+            for family in _DECLARED}
+
+
+def test_every_declared_family_is_traced_here_or_by_a_test_file_that_names_it():
+    here = {VARIANT_OF.get(name, name) for name in FAMILIES}
+    elsewhere = _tested_elsewhere()
+    uncovered = [f for f in _DECLARED if f not in here and not elsewhere[f]]
+    assert not uncovered, f"declared families with no family test: {uncovered}; add a builder or a test file"
+    assert set(FAMILIES) == set(_BUILDERS), "a builder's family is not declared"
+
+
+@pytest.mark.parametrize("name", sorted(_BUILDERS))
+def test_each_builder_is_a_model_of_the_family_it_is_listed_for(name):
+    assert find_adapter(_BUILDERS[name]()).family == VARIANT_OF.get(name, name)
 
 
 def _image(model: torch.nn.Module) -> np.ndarray | torch.Tensor:

@@ -118,4 +118,5 @@ CITATION_OF[NAME] = RULE_PRESET_CITATIONS[NAME]
 register_weighting(Weighting(NAME, TRANSFORMER_ATTRIBUTION_FORMULA, _refuse, title="Transformer Attribution",
                              method=True), replace=True)
 CHEFER = TransformerAttributionKind()
-TRACE_KINDS.register(CHEFER.name, CHEFER, replace=True, first=True)
+# Lookup priority: before flat: a method recipe on a flat trace.
+TRACE_KINDS.register(CHEFER.name, CHEFER, replace=True, priority=50)

@@ -223,4 +223,5 @@ class FlatKind(TraceKind):
 
 
 FLAT = FlatKind()
-TRACE_KINDS.register(FLAT.name, FLAT, replace=True)
+# Lookup priority: after the method forms: it accepts every single-image Dataset.
+TRACE_KINDS.register(FLAT.name, FLAT, replace=True, priority=100)

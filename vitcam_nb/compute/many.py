@@ -211,4 +211,5 @@ class ManyKind(TraceKind):
 
 
 MANY = ManyKind()
-TRACE_KINDS.register(MANY.name, MANY, replace=True)
+# Lookup priority: after flat.
+TRACE_KINDS.register(MANY.name, MANY, replace=True, priority=110)

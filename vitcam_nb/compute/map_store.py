@@ -333,4 +333,5 @@ class MapsKind(TraceKind):
 
 MAPS = MapsKind()
 # First: a map store is an xarray Dataset the flat kind would otherwise take for a trace.
-TRACE_KINDS.register(MAPS.name, MAPS, first=True, replace=True)
+# Lookup priority: first of all: a map store's image is a Dataset other forms would take for a trace.
+TRACE_KINDS.register(MAPS.name, MAPS, replace=True, priority=10)

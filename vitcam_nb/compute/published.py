@@ -333,4 +333,5 @@ class PublishedKind(TraceKind):
 
 
 PUBLISHED = PublishedKind()
-TRACE_KINDS.register(PUBLISHED.name, PUBLISHED, replace=True, first=True)
+# Lookup priority: before flat: a method recipe on a flat trace.
+TRACE_KINDS.register(PUBLISHED.name, PUBLISHED, replace=True, priority=60)

@@ -262,4 +262,5 @@ class StagesKind(TraceKind):
 
 
 STAGES = StagesKind()
-TRACE_KINDS.register(STAGES.name, STAGES, replace=True)
+# Lookup priority: after flat.
+TRACE_KINDS.register(STAGES.name, STAGES, replace=True, priority=120)

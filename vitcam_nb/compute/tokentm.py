@@ -136,4 +136,5 @@ class TokenTMKind(PublishedKind):
 
 
 TOKENTM = TokenTMKind()
-TRACE_KINDS.register(TOKENTM.name, TOKENTM, replace=True, first=True)
+# Lookup priority: before flat: a method recipe on a flat trace.
+TRACE_KINDS.register(TOKENTM.name, TOKENTM, replace=True, priority=40)

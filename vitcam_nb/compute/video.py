@@ -165,4 +165,5 @@ class VideoKind(TraceKind):
 
 
 VIDEO = VideoKind()
-TRACE_KINDS.register(VIDEO.name, VIDEO, first=True, replace=True)
+# Lookup priority: before the single-image forms: a clip's frames are each a trace they would take.
+TRACE_KINDS.register(VIDEO.name, VIDEO, replace=True, priority=20)

@@ -109,4 +109,5 @@ class VitcxKind(TraceKind):
 register_weighting(Weighting("vitcx", FORMULA, _not_here, uses_gradient=False, title="ViT-CX", scores="vitcx_score",
                              scored_target="prob"), replace=True)
 VITCX = VitcxKind()
-TRACE_KINDS.register(VITCX.name, VITCX, first=True, replace=True)
+# Lookup priority: before flat: its recipes' weighting reads vc.score's outputs on a flat trace.
+TRACE_KINDS.register(VITCX.name, VITCX, replace=True, priority=30)

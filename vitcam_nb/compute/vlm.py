@@ -233,4 +233,5 @@ class VlmKind(TraceKind):
 
 
 VLM = VlmKind()
-TRACE_KINDS.register(VLM.name, VLM, replace=True)
+# Lookup priority: after flat.
+TRACE_KINDS.register(VLM.name, VLM, replace=True, priority=130)

@@ -260,4 +260,5 @@ class CrossAttentionKind(TraceKind):
 
 
 XATTN = CrossAttentionKind()
-TRACE_KINDS.register(XATTN.name, XATTN, replace=True)
+# Lookup priority: after flat.
+TRACE_KINDS.register(XATTN.name, XATTN, replace=True, priority=140)

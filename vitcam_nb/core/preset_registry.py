@@ -19,7 +19,7 @@ from typing import TypeVar
 from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["CITATIONS", "PRESETS", "PRESET_ROWS", "discover_presets", "register_preset"]
+__all__ = ["CITATIONS", "PRESETS", "PRESET_ROWS", "discover_presets", "register_preset", "unregister_preset"]
 
 F = TypeVar("F", bound=Callable[..., Recipe])
 
@@ -88,8 +88,23 @@ def register_preset(citation: str, *, name: str | None = None, taxonomy: dict[st
     return register
 
 
+def unregister_preset(name: str) -> None:
+    """Remove preset ``name``, its citation and its audit-table row (a preset registered at run time: examples and
+    tests undo theirs); an unknown name is refused by name.
+
+    Example:
+        >>> _ = register_preset("a docs example", name="demo_preset")(lambda: Recipe())
+        >>> unregister_preset("demo_preset"); "demo_preset" in PRESETS
+        False
+    """
+    discover_presets()
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ArgumentError(f"name: no preset named {name!r} is registered; registered: {sorted(PRESETS)}")
+    _forget(name)
+
+
 def _forget(name: str) -> None:
-    """Remove a preset registered at run time (examples and tests)."""
+    """Remove a preset registered at run time, whether registered or not (tests)."""
     PRESETS.pop(name, None)
     CITATIONS.pop(name, None)
     PRESET_ROWS.pop(name, None)

@@ -24,6 +24,7 @@ from vitcam_nb.core.preset_registry import (  # noqa: F401  (re-exported)
     PRESETS,
     discover_presets,
     register_preset,
+    unregister_preset,
 )
 from vitcam_nb.core.recipe import Recipe
 
@@ -287,7 +288,8 @@ def albef_itm_gradcam(layer: int = 8, text_tokens: str | int = "cls") -> Recipe:
                   text_tokens=text_tokens)
 
 
-PRESETS.update({
+# Registered through the public call (ids unchanged, in this order); their citations were stated above.
+for _name, _make in {
     "pytorch_grad_cam_vit": pytorch_grad_cam_vit, "gradcam": gradcam, "hirescam": hirescam,
     "gradcam_elementwise": gradcam_elementwise, "gradcampp": gradcampp, "xgradcam": xgradcam,
     "layercam": layercam, "eigencam": eigencam, "eigengradcam": eigengradcam,
@@ -295,7 +297,8 @@ PRESETS.update({
     "gradient_rollout": gradient_rollout, "legrad_style": legrad_style,
     "transition_attention_maps": transition_attention_maps, "beyond_intuition_head": beyond_intuition_head,
     "beyond_intuition_token": beyond_intuition_token, "vit_cx": vit_cx, "albef_itm_gradcam": albef_itm_gradcam,
-})
+}.items():
+    register_preset(CITATIONS[_name], name=_name)(_make)
 
 
 def preset_names() -> list[str]:

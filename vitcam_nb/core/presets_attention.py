@@ -12,7 +12,8 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.core.presets import CITATIONS, PRESETS
+from vitcam_nb.core.preset_registry import register_preset
+from vitcam_nb.core.presets import CITATIONS
 from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["ATTENTION_CITATIONS", "agcam", "attcat", "grad_eclip", "grad_eclip_paper", "grad_sam", "legrad",
@@ -144,5 +145,7 @@ def grad_eclip_paper(layer: int | tuple | str = -1) -> Recipe:
                   isinstance(layer, tuple) else "none", relu="none", normalize="minmax")
 
 
-PRESETS.update({"grad_sam": grad_sam, "attcat": attcat, "agcam": agcam, "legrad": legrad, "legrad_cls": legrad_cls,
-                "grad_eclip": grad_eclip, "grad_eclip_paper": grad_eclip_paper})
+# Registered through the public call (ids unchanged, in this order); their citations were stated above.
+for _name, _make in {"grad_sam": grad_sam, "attcat": attcat, "agcam": agcam, "legrad": legrad, "legrad_cls": legrad_cls,
+                "grad_eclip": grad_eclip, "grad_eclip_paper": grad_eclip_paper}.items():
+    register_preset(CITATIONS[_name], name=_name)(_make)

@@ -12,7 +12,8 @@ Example:
 from __future__ import annotations
 
 from vitcam_nb.core.errors import RecipeError
-from vitcam_nb.core.presets import CITATIONS, PRESETS
+from vitcam_nb.core.preset_registry import register_preset
+from vitcam_nb.core.presets import CITATIONS
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.rules import LRP_PATENT_NOTE, RULES
 
@@ -142,5 +143,7 @@ def transformer_attribution(layer: int | tuple | str = "all") -> Recipe:
                   or isinstance(layer, tuple) else "none", relu="none", normalize="minmax")
 
 
-PRESETS.update({"cp_lrp": cp_lrp, "attnlrp": attnlrp, "libragrad": libragrad,
-                "transformer_attribution": transformer_attribution})
+# Registered through the public call (ids unchanged, in this order); their citations were stated above.
+for _name, _make in {"cp_lrp": cp_lrp, "attnlrp": attnlrp, "libragrad": libragrad,
+                "transformer_attribution": transformer_attribution}.items():
+    register_preset(CITATIONS[_name], name=_name)(_make)

@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.core.presets import CITATIONS, PRESETS
+from vitcam_nb.core.preset_registry import register_preset
 from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["TOKENTM_CITATION", "TOKENTM_TITLE", "tokentm"]
@@ -32,9 +32,9 @@ TOKENTM_CITATION = (
     "available to us, only its abstract")
 #: The method's name in every map's checklist: it says whose formula the map is.
 TOKENTM_TITLE = "TokenTM (as LibraGrad's code computes it)"
-CITATIONS["tokentm"] = TOKENTM_CITATION
 
 
+@register_preset(TOKENTM_CITATION)
 def tokentm(layer: int | tuple | str = "all", attn_rows: str = "cls") -> Recipe:
     """TokenTM after Wu et al. 2024, as the LibraGrad authors' code computes it, from one trace (sites F2,
     resid_pre, resid_mid, F6). Per token i and sublayer, the transformation weight
@@ -53,5 +53,3 @@ def tokentm(layer: int | tuple | str = "all", attn_rows: str = "cls") -> Recipe:
     return Recipe(site="F2", layer=layer, weighting="tokentm", attn_rows=attn_rows, layer_fusion="sum",
                   relu="none", normalize="minmax")
 
-
-PRESETS["tokentm"] = tokentm

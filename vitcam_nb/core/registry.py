@@ -64,6 +64,9 @@ class Registry(Generic[T]):
     def __init__(self, what: str) -> None:
         self.what = what
         self._table: dict[str, T] = {}
+        # name -> declared lookup priority (smaller first); the table is kept sorted by it, ties in order of
+        # registration, so the order does not depend on which module happened to be imported first
+        self._priorities: dict[str, float] = {}
 
     @property
     def _entries(self) -> dict[str, T]:
@@ -74,24 +77,56 @@ class Registry(Generic[T]):
     def _entries(self, table: dict[str, T]) -> None:
         self._table = table
 
-    def register(self, name: str, entry: T, *, first: bool = False, replace: bool = False) -> None:
-        """Add ``entry`` under ``name``; ``first`` puts it before the others in lookup order.
+    def register(self, name: str, entry: T, *, first: bool = False, replace: bool = False,
+                 priority: float | None = None) -> None:
+        """Add ``entry`` under ``name``. ``priority`` declares its place in lookup order (smaller first, equal
+        priorities in order of registration), whatever order the registering modules are imported in; without
+        one, ``first`` puts it before every entry registered so far, else after them.
 
-        A name that is taken is refused unless ``replace`` (then the entry keeps its place).
+        A name that is taken is refused unless ``replace`` (then the entry keeps its place, or takes the new
+        ``priority`` if one is given).
 
         Example:
             >>> r = Registry("x"); r.register("a", 1); r.register("a", 2, replace=True); r.get("a")
             2
+            >>> r = Registry("x"); r.register("late", 1, priority=20); r.register("early", 2, priority=10)
+            >>> r.names(), r.priority("early")
+            (['early', 'late'], 10.0)
         """
         if not isinstance(name, str) or not name:
             raise ArgumentError(f"name: expected a non-empty string naming the {self.what}, got {name!r}")
-        if name in self._entries and not replace:
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))
+                                     or priority != priority):
+            raise ArgumentError(f"priority: expected a number (smaller is looked up first), got {priority!r}")
+        table = self._entries
+        if name in table and not replace:
             raise ArgumentError(f"name: a {self.what} named {name!r} is registered already; "
                                 f"registered: {self.names()}")
-        if first and name not in self._entries:
-            self._entries = {name: entry, **self._entries}
-        else:
-            self._entries[name] = entry
+        if priority is None:
+            if name in self._priorities:
+                priority = self._priorities[name]
+            elif not self._priorities:
+                priority = 0.0
+            elif first:
+                priority = min(self._priorities.values()) - 1
+            else:
+                priority = max(self._priorities.values()) + 1
+        if name not in table or self._priorities.get(name) != float(priority):
+            table.pop(name, None)  # re-registered at a new priority: it moves, after the entries of equal priority
+        table[name] = entry
+        self._priorities[name] = float(priority)
+        # sorted() is stable: entries of one priority keep their order of registration
+        self._entries = {n: table[n] for n in sorted(table, key=self._priorities.__getitem__)}
+
+    def priority(self, name: str) -> float:
+        """The lookup priority ``name`` was registered at (smaller is looked up first).
+
+        Example:
+            >>> r = Registry("x"); r.register("a", 1, priority=5); r.priority("a")
+            5.0
+        """
+        self.get(name)  # an unknown name is refused with the registered ones
+        return self._priorities[name]
 
     def unregister(self, name: str) -> T:
         """Remove and return the entry ``name``.
@@ -102,6 +137,7 @@ class Registry(Generic[T]):
         """
         if name not in self._entries:
             raise ArgumentError(f"name: no {self.what} named {name!r} is registered; registered: {self.names()}")
+        self._priorities.pop(name, None)
         return self._entries.pop(name)
 
     def get(self, name: str) -> T:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from vitcam_nb.core.errors import ArgumentError, TraceError
 
 __all__ = ["DEFAULT_RULE", "LRP_PATENT_NOTE", "RULES", "RuleInfo", "check_rule", "define_rule", "fill_rules_from",
-           "rule_aliases", "rule_items", "rule_names", "rule_sentence", "rule_text"]
+           "rule_aliases", "rule_items", "rule_names", "rule_sentence", "rule_text", "undefine_rule"]
 
 #: The rule of a plain trace: autograd's own gradient (nothing substituted).
 DEFAULT_RULE = "gradient"
@@ -117,8 +117,25 @@ def define_rule(name: str, description: str, citation: str, *, order: int = 100,
     return info
 
 
+def undefine_rule(name: str) -> None:
+    """Remove rule ``name`` and its aliases from the table (a rule defined at run time: examples and tests undo
+    theirs). The default rule stays; an unknown name is refused by name. Its implementations are removed by
+    :func:`vitcam_nb.capture.rules.unregister_rule`, which calls this.
+
+    Example:
+        >>> _ = define_rule("demo_rule", "nothing", "none")
+        >>> undefine_rule("demo_rule"); "demo_rule" in RULES
+        False
+    """
+    if name == DEFAULT_RULE:
+        raise ArgumentError(f"name: {DEFAULT_RULE!r} is autograd's own gradient and cannot be removed")
+    if not isinstance(name, str) or name not in _infos():
+        raise ArgumentError(f"name: no backward rule named {name!r} is defined; defined: {rule_names()}")
+    _forget(name)
+
+
 def _forget(name: str) -> None:
-    """Remove rule ``name`` and its aliases (tests and examples that define a rule of their own)."""
+    """Remove rule ``name`` and its aliases, whether defined or not (tests)."""
     with _LOCK:
         _INFOS.pop(name, None)
         for alias in [a for a, n in _ALIASES.items() if n == name]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from vitcam_nb.targets.base import TARGETS, Target, register_target
+from vitcam_nb.targets.base import TARGETS, Target, register_target, unregister_target
 from vitcam_nb.targets.blip_matching import ItmTarget, itm
 from vitcam_nb.targets.classes import ClassTargets, as_target, class_labels
 from vitcam_nb.targets.clip_prompts import ClipPrompts, prompts
@@ -48,7 +48,8 @@ from vitcam_nb.targets.vlm_answer import AnswerTarget, answer, generated
 __all__ = ["AnswerTarget", "ClassTargets", "ClipPrompts", "Contrast", "DenseScores", "Detection", "ItmTarget",
            "Layerwise", "Region", "SegmentationLoss", "Similarity", "Target", "answer", "as_target",
            "class_labels", "contrast", "dense", "detection", "generated", "itm", "layerwise", "prompts", "region",
-           "register_target", "segmentation_loss", "similarity", "similarity_scores", "target_names"]
+           "register_target", "segmentation_loss", "similarity", "similarity_scores", "target_names",
+           "unregister_target"]
 
 
 def target_names() -> list[str]:

@@ -23,7 +23,7 @@ import torch
 
 from vitcam_nb.core.errors import ArgumentError, TraceError
 
-__all__ = ["TARGETS", "Target", "register_target"]
+__all__ = ["TARGETS", "Target", "register_target", "unregister_target"]
 
 C = TypeVar("C", bound=Callable[..., object])
 
@@ -51,6 +51,23 @@ def register_target(make: C) -> C:
                             f"{TARGETS[name].__module__})")
     TARGETS[name] = make
     return make
+
+
+def unregister_target(name: str) -> None:
+    """Remove the target constructor ``name`` (one registered at run time: examples and tests undo theirs); an
+    unknown name is refused by name. Its ``vc.targets.<name>`` attribute, if the package gave it one, stays.
+
+    Example:
+        >>> @register_target
+        ... def demo_target() -> Target:
+        ...     return Target()
+        >>> unregister_target("demo_target"); "demo_target" in TARGETS
+        False
+    """
+    if not isinstance(name, str) or name not in TARGETS:
+        raise ArgumentError(f"name: no target constructor named {name!r} is registered; registered: "
+                            f"{sorted(TARGETS)}")
+    del TARGETS[name]
 
 
 class Target:

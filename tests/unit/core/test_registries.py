@@ -86,7 +86,9 @@ def test_each_trace_gets_its_kind(tr, tmp_path):
 
 
 def test_a_trace_no_kind_accepts_is_refused_with_the_kinds(tr):
-    saved = {name: TRACE_KINDS.unregister(name) for name in list(TRACE_KINDS)}
+    saved = {name: (TRACE_KINDS.get(name), TRACE_KINDS.priority(name)) for name in list(TRACE_KINDS)}
+    for name in saved:
+        TRACE_KINDS.unregister(name)
     try:
         with pytest.raises(vc.TraceError, match="no registered trace kind accepts this Dataset with site 'F1'; "
                                                 "registered kinds: \\[\\]"):
@@ -108,8 +110,8 @@ def test_a_trace_no_kind_accepts_is_refused_with_the_kinds(tr):
     finally:
         for name in list(TRACE_KINDS):
             TRACE_KINDS.unregister(name)
-        for name, kind in saved.items():
-            TRACE_KINDS.register(name, kind)
+        for name, (kind, priority) in saved.items():  # restored at their declared priorities
+            TRACE_KINDS.register(name, kind, priority=priority)
 
 
 def test_recipe_checklist_is_the_checklist_its_map_carries(tr):

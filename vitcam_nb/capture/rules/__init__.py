@@ -24,10 +24,11 @@ from vitcam_nb.capture.rules.base import (
     rule_extra_grads,
     rule_extra_names,
     rule_families,
+    unregister_rule,
 )
 
 __all__ = ["RuleImpl", "check_rule_for", "check_rule_target", "register_refusal", "register_rule", "rule_context",
-           "rule_extra_grads", "rule_extra_names", "rule_families"]
+           "rule_extra_grads", "rule_extra_names", "rule_families", "unregister_rule"]
 
 # Sorted by name, so every process registers in one order (a rule's place in rule_names() is its declared order).
 for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

@@ -28,10 +28,10 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.core.errors import ArgumentError, TraceError
-from vitcam_nb.core.rules import DEFAULT_RULE, check_rule
+from vitcam_nb.core.rules import DEFAULT_RULE, check_rule, define_rule, rule_names, undefine_rule  # noqa: F401
 
 __all__ = ["RuleImpl", "check_rule_for", "check_rule_target", "register_refusal", "register_rule", "rule_context",
-           "rule_extra_grads", "rule_extra_names", "rule_families"]
+           "rule_extra_grads", "rule_extra_names", "rule_families", "unregister_rule"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,21 @@ def register_rule(rule: str, impl: RuleImpl, *, replace: bool = False) -> None:
         raise ArgumentError(f"rule: {rule!r} already has an implementation for family {impl.family!r}; pass "
                             "replace=True to replace it")
     table[impl.family] = impl
+
+
+def unregister_rule(rule: str) -> None:
+    """Remove every implementation of rule ``rule`` and its definition (:func:`vitcam_nb.core.rules.undefine_rule`):
+    what a module that defined and registered a rule at run time calls to undo it (examples and tests).
+
+    Example:
+        >>> _ = define_rule("demo_rule", "nothing", "none")
+        >>> register_rule("demo_rule", RuleImpl("demo", lambda m, a: None, lambda m, a: contextlib.nullcontext()))
+        >>> unregister_rule("demo_rule"); rule_families("cp_lrp") != [] and "demo_rule" not in rule_names()
+        True
+    """
+    name = check_rule(rule)
+    undefine_rule(name)  # refuses the default rule before anything is removed
+    _IMPLS.pop(name, None)
 
 
 def register_refusal(family: str, reason: str) -> None:
