@@ -283,7 +283,8 @@ def plain_presets() -> list[str]:
     tests/unit/compute/test_published.py), the presets that need ``vc.score`` (the integrated rollouts TAM and
     Beyond Intuition, which also start a fixed number of blocks from the end, and ViT-CX;
     tests/unit/compute/test_presets_published.py), cross-attention presets (tests/unit/model/test_blip.py) and
-    a generative VLM's language-model sites (tests/unit/compute/test_vlm_presets.py)."""
+    a generative VLM's presets (its language-model sites, an answer token as the class;
+    tests/unit/compute/test_vlm_presets.py)."""
     import vitcam_nb as vc
     from vitcam_nb.compute.published import METHODS
     from vitcam_nb.core.recipe import INTEGRATED_ROLLOUTS
@@ -292,7 +293,8 @@ def plain_presets() -> list[str]:
 
     def plain(recipe: vc.Recipe) -> bool:
         return (recipe.weighting not in METHODS and not WEIGHTINGS.get(recipe.weighting).scores
-                and recipe.layer_fusion not in INTEGRATED_ROLLOUTS and recipe.site not in EXTRA_SITES)
+                and recipe.layer_fusion not in INTEGRATED_ROLLOUTS and recipe.site not in EXTRA_SITES
+                and isinstance(recipe.class_, str))  # an explicit class: an answer token of a VLM preset
 
     return [n for n in vc.presets.names() if plain(vc.presets.get(n))]
 

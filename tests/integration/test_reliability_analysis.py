@@ -82,15 +82,13 @@ def test_a_factorial_of_2_to_the_64_is_sampled_not_wrapped_to_zero(guarded_produ
     assert design.startswith(f"sampled: 16 of the {2 ** 64} combinations")
 
 
-def test_ambiguity_over_4_fields_of_65536_values_runs_sampled(shapes, guarded_product):
+def test_ambiguity_refuses_a_space_that_lists_a_value_twice(shapes, guarded_product):
+    # 0.3.0 sampled a "space" of 4 fields x 65,536 values made of repeats (2**64 combinations of 8 recipes); a value
+    # listed twice is now refused by name before any map (a huge design is sampled: test_a_factorial_of_2_to_the_64)
     tr, _mask = shapes[0]
-    space = {"weight_tokens": ("patch", "all") * 32_768, "relu": ("after", "none") * 32_768,
-             "weighting": ("gradcam", "layercam") * 32_768, "heads": ("channels",) * 65_536}
-    stated = {**REPORTED, "class_": "top1", "attn_rows": "cls", "upsample": "none", "normalize": "minmax"}
-    amb = vc.ambiguity(tr, stated, space=space, n_samples=256)
-    assert amb.sensitivity.design.startswith(f"sampled: 256 of the {2 ** 64} combinations")
-    combos = {(r.weight_tokens, r.relu, r.weighting) for r in amb.recipes}
-    assert combos <= {(w, r, g) for w in ("patch", "all") for r in ("after", "none") for g in ("gradcam", "layercam")}
+    space = {"weight_tokens": ("patch", "all") * 32_768, "relu": ("after", "none") * 32_768}
+    with pytest.raises(vc.RecipeError, match=r"weight_tokens lists 'patch' more than once"):
+        vc.ambiguity(tr, REPORTED, space=space, n_samples=256)
 
 
 def test_ambiguity_refuses_a_design_over_the_memory_budget_before_allocating(shapes, no_maps, monkeypatch):
@@ -101,9 +99,6 @@ def test_ambiguity_refuses_a_design_over_the_memory_budget_before_allocating(sha
     assert space_module.design_bytes({"relu": 2}, 50_000, 2_000, 10 ** 9, 200, pixels) >= 10 ** 9 * pixels * 4
     with pytest.raises(ValueError, match=r"^n_samples, max_cells: .* over the budget .*n_samples \(1000000000\)"):
         vc.ambiguity(tr, REPORTED, n_samples=10 ** 9)
-    space = {"weight_tokens": ["patch"] * 1000, "relu": ["after"] * 1000, "weighting": ["gradcam"] * 1000}
-    with pytest.raises(ValueError, match=r"^n_samples, max_cells: .*max_cells \(1000000000000\)"):
-        vc.ambiguity(tr, REPORTED, space=space, max_cells=10 ** 12)  # an exact design of 10**9 combinations
     with pytest.raises(ValueError, match=r"^n_samples, max_cells: .*n_boot \(1000000000\)"):
         vc.ambiguity(tr, REPORTED, n_boot=10 ** 9)
 

@@ -161,7 +161,8 @@ def teacher_forcing_batch(questions: list[str], answers: list[str]) -> tuple[tor
 def greedy_answers(model: torch.nn.Module, images: np.ndarray, questions: list[str],
                    batch_size: int = 200) -> list[str]:
     """The model's greedy answer to each question (at most :data:`MAX_ANSWER_TOKENS` words, up to ``<eos>``; an
-    answer without ``<eos>`` in that budget ends with ``" <no eos>"`` so it never counts as right). Questions of
+    answer without ``<eos>`` in that budget ends with ``" <no eos>"`` so it never counts as right; padding, ``<bos>``
+    and the placeholders are never chosen). Questions of
     equal length are batched without padding: each step is one full forward pass of the grown sequences.
 
     Example:
@@ -178,7 +179,10 @@ def greedy_answers(model: torch.nn.Module, images: np.ndarray, questions: list[s
             ids = torch.tensor([prompt_ids(questions[i]) for i in sel])
             pixels = normalise(images[sel])
             for _ in range(MAX_ANSWER_TOKENS):
-                logits = model(input_ids=ids, pixel_values=pixels).logits[:, -1]
+                logits = model(input_ids=ids, pixel_values=pixels).logits[:, -1].clone()
+                # an answer is words and <eos>: a placeholder, padding or <bos> is never an answer word (an image
+                # placeholder emitted would also ask the next step for an image the prompt does not hold)
+                logits[:, [PAD_ID, BOS_ID, IMAGE_ID, ANSWER_ID]] = -torch.inf
                 ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
             n_prompt = ids.shape[1] - MAX_ANSWER_TOKENS
             for row, i in enumerate(sel):

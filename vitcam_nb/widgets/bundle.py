@@ -204,13 +204,15 @@ def _restrict(options: dict[str, Any], values: Mapping[str, list], start: Mappin
 
 
 def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[str, Sequence] | None = None,
-                 quantize: str = "uint8", progress: bool = True, max_bytes: float | None = None) -> Bundle:
+                 quantize: str = "uint8", progress: bool = True, max_bytes: float | None = None,
+                 start_required: bool = True) -> Bundle:
     """Compute every recipe of the axes (see :func:`export_axes`) on ``trace`` as the kernel Explorer does
     (:func:`~vitcam_nb.widgets.results.compute_grid`), and pack maps and texts for the page. A combination the
     trace cannot give (e.g. a weighting refused at F2) is stored as its refusal message; an axis value whose
     every combination is refused, and a preset the page does not reach, are left out (``meta["left_out"]``
     says which and why). With ``max_bytes``, computing stops (ExportError) as soon as the compressed texts of
-    the recipes computed so far need more.
+    the recipes computed so far need more. An asked ``recipe`` the table does not hold is refused unless
+    ``start_required`` is False (a page's second trace opens on its first map).
 
     Example:
         >>> b = build_bundle(tr, axes={"site": ["F1"]}, quantize="float16", progress=False)  # doctest: +SKIP
@@ -274,7 +276,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     want = [key(start[n]) for n in names]
     start_index = next((i for i, c in enumerate(combos) if [key(v) for v in c] == want and "e" not in entries[i]),
                        None)
-    if start_index is None and recipe is not None:  # the page would open on another recipe than the one asked for
+    if start_index is None and recipe is not None and start_required:  # it would open on another recipe
         asked = next((entries[i]["e"] for i, c in enumerate(combos) if [key(v) for v in c] == want), None)
         raise ExportError(f"recipe: {base.to_string()} is not among the page's recipes ("
                           + (f"refused on this trace: {asked}" if asked else "a value of it is not on the axes "

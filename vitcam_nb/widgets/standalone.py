@@ -159,8 +159,11 @@ def _page(trace: Traces, recipe: Recipe | None, axes: Mapping[str, Sequence] | N
         _check_display(one, colormap, opacity, size, title)
     # Several traces share the budget: each trace's table may use its part of it.
     budget = None if max_mb is None else (float(max_mb) * 1e6 - _code_bytes()) / len(named)
-    bundle, *others = [build_bundle(one, recipe, axes=axes, quantize=quantize, progress=progress, max_bytes=budget)
-                       for one in named.values()]
+    # The page opens on the first trace: its table must hold the asked recipe; another trace's table (a trace the
+    # picker switches to, e.g. one without the rule the recipe names) opens on its first map the trace gives.
+    bundle, *others = [build_bundle(one, recipe, axes=axes, quantize=quantize, progress=progress, max_bytes=budget,
+                                    start_required=(i == 0))
+                       for i, one in enumerate(named.values())]
     bundle.meta.update(colormap=colormap, opacity=float(opacity), size=int(size))
     if others:
         bundle.meta.update(trace_choices=trace_choices(named), trace_shown=next(iter(named)),
