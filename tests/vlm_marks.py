@@ -55,3 +55,26 @@ def lm_inputs(model, lm: nn.Module, **inputs) -> torch.Tensor:
 def zero_text(model) -> None:
     with torch.no_grad():
         model.get_input_embeddings().weight.zero_()
+
+
+def answer_gradients(logits: torch.Tensor, prompt_len: int, answer: list[int], kept: dict
+                     ) -> tuple[dict, dict, torch.Tensor]:
+    """The hand-written reference of an answer trace: from the LM's ``logits`` (sequence, vocab) of ``prompt +
+    answer``, the entries ``vc.targets.answer`` traces (each answer token's logit at its predicting position, the
+    sequence log-prob, each position's logsumexp over the vocabulary; then the expected logit the kit appends), each
+    differentiated alone by ``torch.autograd.grad`` with respect to the hooked tensors ``kept``. Returns the
+    activations (batch row 0), the gradients (entry, ...) and the entries."""
+    rows = torch.arange(prompt_len, prompt_len + len(answer)) - 1  # the position that predicts each answer token
+    ids = torch.tensor(answer)
+    z = logits[rows].gather(1, ids[:, None])[:, 0]
+    z = torch.cat([z, torch.log_softmax(logits[rows], -1).gather(1, ids[:, None]).sum()[None],
+                   torch.logsumexp(logits[rows], -1)])
+    outputs = torch.cat([z, (torch.softmax(z.detach(), 0) * z).sum()[None]])
+    keys = list(kept)
+    grads: dict = {k: [] for k in keys}
+    for o in outputs:
+        got = torch.autograd.grad(o, [kept[k] for k in keys], retain_graph=True, allow_unused=True)
+        for k, g in zip(keys, got):
+            grads[k].append(torch.zeros_like(kept[k]) if g is None else g)
+    return ({k: v.detach()[0].numpy() for k, v in kept.items()},
+            {k: torch.stack(v)[:, 0].numpy() for k, v in grads.items()}, z.detach())

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from vitcam_testing import assert_rel_close
+from vlm_marks import answer_gradients
 
 import vitcam_nb as vc
 
@@ -128,20 +129,8 @@ def reference(model: torch.nn.Module, family: str) -> tuple[dict, dict]:
                  token_type_ids=token_types(family)).logits[0]
     for h in handles:
         h.remove()
-    rows = torch.arange(len(prompt), len(prompt) + len(ANSWER)) - 1
-    ids = torch.tensor(ANSWER)
-    z = logits[rows].gather(1, ids[:, None])[:, 0]
-    z = torch.cat([z, torch.log_softmax(logits[rows], -1).gather(1, ids[:, None]).sum()[None],
-                   torch.logsumexp(logits[rows], -1)])
-    outputs = torch.cat([z, (torch.softmax(z.detach(), 0) * z).sum()[None]])
-    keys = list(kept)
-    grads = {k: [] for k in keys}
-    for o in outputs:
-        got = torch.autograd.grad(o, [kept[k] for k in keys], retain_graph=True, allow_unused=True)
-        for k, g in zip(keys, got):
-            grads[k].append(torch.zeros_like(kept[k]) if g is None else g)
-    return ({k: v.detach()[0].numpy() for k, v in kept.items()},
-            {k: torch.stack(v)[:, 0].numpy() for k, v in grads.items()})
+    acts, grads, _ = answer_gradients(logits, len(prompt), ANSWER, kept)
+    return acts, grads
 
 
 def image_pos(family: str) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from vitcam_testing import assert_rel_close
+from vlm_marks import answer_gradients
 
 import vitcam_nb as vc
 
@@ -100,20 +101,7 @@ def reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[dict, dict, torc
     logits = ref(input_ids=seq, pixel_values=xg, use_cache=False).logits[0]
     for h in handles:
         h.remove()
-    rows = torch.arange(len(PROMPT), len(PROMPT) + len(ANSWER)) - 1
-    ids = torch.tensor(ANSWER)
-    z = logits[rows].gather(1, ids[:, None])[:, 0]
-    z = torch.cat([z, torch.log_softmax(logits[rows], -1).gather(1, ids[:, None]).sum()[None],
-                   torch.logsumexp(logits[rows], -1)])
-    outputs = torch.cat([z, (torch.softmax(z.detach(), 0) * z).sum()[None]])
-    keys = list(kept)
-    grads = {k: [] for k in keys}
-    for o in outputs:
-        got = torch.autograd.grad(o, [kept[k] for k in keys], retain_graph=True, allow_unused=True)
-        for k, g in zip(keys, got):
-            grads[k].append(torch.zeros_like(kept[k]) if g is None else g)
-    return ({k: v.detach()[0].numpy() for k, v in kept.items()},
-            {k: torch.stack(v)[:, 0].numpy() for k, v in grads.items()}, z.detach())
+    return answer_gradients(logits, len(PROMPT), ANSWER, kept)
 
 
 @pytest.fixture(scope="module")
