@@ -43,7 +43,7 @@ from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATO
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 
 __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "NOT_YET_WHY", "VLM_FAMILIES", "VlmFamily",
-           "llava_layout", "vlm_family_of"]
+           "llava_layout", "register_vlm_family", "vlm_family_of"]
 
 #: A family's layout function: (model, full sequence ids (L,), tower patch grid (rows, cols), the target's extra
 #: forward arguments such as ``image_sizes`` or ``image_grid_thw``) -> layout.
@@ -82,6 +82,9 @@ class VlmFamily:
     #: ((model, sequence ids, prompt length) -> ids), and what they do; None: the family takes none
     token_types: Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor] | None = None
     token_types_text: str = ""
+    #: the tower runs on several crops of one image (any-resolution tiles, image splitting): its sites hold one
+    #: row per crop (the tower-side capture reads this flag; a family without crops gives one row)
+    crops: bool = False
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -216,6 +219,28 @@ NOT_YET_SUPPORTED: dict[str, str] = {
     "Qwen2VLForConditionalGeneration": "qwen2_vl", "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",
     "Idefics3ForConditionalGeneration": "idefics3", "SmolVLMForConditionalGeneration": "smolvlm",
 }
+
+
+def register_vlm_family(family: VlmFamily, *, replace: bool = False) -> VlmFamily:
+    """Add a generative VLM family (one :class:`VlmFamily` row, usually from its own module under
+    ``vitcam_nb/adapters``): the adapter then reads its classes, and they leave :data:`NOT_YET_SUPPORTED`.
+
+    Example:
+        >>> row = VlmFamily("llava", VLM_FAMILIES["llava"].classes, "model.vision_tower",
+        ...                 "model.multi_modal_projector", "model.language_model.layers", llava_layout)
+        >>> register_vlm_family(row, replace=True).name
+        'llava'
+    """
+    if not isinstance(family, VlmFamily):
+        raise ArgumentTypeError(f"family: expected a VlmFamily, got {type(family).__name__}")
+    if family.name in VLM_FAMILIES and not replace:
+        raise ArgumentError(f"family: a VLM family named {family.name!r} is registered; pass replace=True")
+    VLM_FAMILIES[family.name] = family
+    for cls in family.classes:
+        NOT_YET_SUPPORTED.pop(cls, None)
+        if cls not in HfVlmAdapter.classes:
+            HfVlmAdapter.classes = (*HfVlmAdapter.classes, cls)
+    return family
 
 
 def vlm_family_of(model: object) -> VlmFamily:
