@@ -85,6 +85,9 @@ class VlmFamily:
     #: the tower runs on several crops of one image (any-resolution tiles, image splitting): its sites hold one
     #: row per crop (the tower-side capture reads this flag; a family without crops gives one row)
     crops: bool = False
+    #: with crops: (model, sequence ids, the target's model_kwargs) -> the layout tile name each tower crop becomes,
+    #: in the order the tower runs them ("" for a crop the LM never reads); the tower-side capture labels its rows
+    crop_tiles: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[str, ...]] | None = None
 
 
 def image_token_id(model: torch.nn.Module) -> int:
