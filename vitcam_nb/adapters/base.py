@@ -151,6 +151,13 @@ class Adapter:
         image rules of :func:`vitcam_nb.preprocess.prepare_input` apply."""
         return None
 
+    def prepare_traced_input(self, model: torch.nn.Module, image: object, processor: object = None,
+                             target: object = None) -> Any:
+        """:meth:`prepare_input` for a trace whose ``target`` is known: a family whose input is read with the
+        target's forward arguments (Qwen2-VL's packed ``pixel_values`` with the answer target's ``image_grid_thw``)
+        overrides this; by default the target is not needed."""
+        return self.prepare_input(model, image, processor)
+
     def data_config(self, model: torch.nn.Module) -> dict | None:
         """A timm-style data config (input_size, mean, std, interpolation, crop_pct, crop_mode) for models
         that do not carry a timm ``pretrained_cfg``; None uses timm's resolver."""

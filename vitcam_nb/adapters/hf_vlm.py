@@ -82,6 +82,8 @@ class VlmFamily:
     #: ((model, sequence ids, prompt length) -> ids), and what they do; None: the family takes none
     token_types: Callable[[torch.nn.Module, torch.Tensor, int], torch.Tensor] | None = None
     token_types_text: str = ""
+    #: the forward argument the token types go to (Qwen2-VL's M-RoPE reads ``mm_token_type_ids``)
+    token_types_key: str = "token_type_ids"
     #: the tower runs on several crops of one image (any-resolution tiles, image splitting): its sites hold one
     #: row per crop (the tower-side capture reads this flag; a family without crops gives one row)
     crops: bool = False

@@ -86,7 +86,8 @@ def trace(
                                labels=labels, rule=rule)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)
     # A family whose input is not one image (a video clip) prepares it itself.
-    prepared = plan.adapter.prepare_input(model, image, processor) or prepare_input(model, image, processor)
+    prepared = (plan.adapter.prepare_traced_input(model, image, processor, plan.target)
+                or prepare_input(model, image, processor))
     fit_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
     with exclusive(model), on_device(model, plan.run_device):
         # Narrower storage: the pass writes every activation and gradient into the Dataset's own arrays as it goes.

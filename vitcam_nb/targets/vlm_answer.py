@@ -81,13 +81,14 @@ class AnswerTarget(Target):
                              f"{int(seq.min())}..{int(seq.max())}")
         if int(image_token_id(model)) in {int(i) for i in self.answer_ids}:
             raise TraceError("answer_ids: holds the image placeholder token; the answer must be text")
-        self.layout_text = HfVlmAdapter().layout(model, self.sequence.numpy(), self.model_kwargs).description
-        n_tower = len(HfVlmAdapter().blocks(model))
+        adapter = _vlm_adapter(model)
+        self.layout_text = adapter.layout(model, self.sequence.numpy(), self.model_kwargs).description
+        n_tower = len(adapter.blocks(model))
         chosen = self.model_kwargs.get("vision_feature_layer")
         self.unused_text = ", ".join(map(str, unused_tower_layers(model, n_tower, chosen)))
         fam_row = vlm_family_of(model)
         self.types_text = "" if fam_row.token_types is None else (
-            "given in model_kwargs" if "token_type_ids" in self.model_kwargs else fam_row.token_types_text)
+            "given in model_kwargs" if fam_row.token_types_key in self.model_kwargs else fam_row.token_types_text)
         layer = chosen if chosen is not None else getattr(model.config, "vision_feature_layer", -1)
         fam = vlm_family_of(model).name
         # the cause a zero-gradient verdict states (the classifier's "CLS pooling" text would be false here)
@@ -99,10 +100,10 @@ class AnswerTarget(Target):
         seq = self.sequence[None].to(x.device)
         extra = {k: v.to(x.device) if isinstance(v, torch.Tensor) else v for k, v in self.model_kwargs.items()}
         fam = vlm_family_of(model)
-        if fam.token_types is not None and "token_type_ids" not in extra:
+        if fam.token_types is not None and fam.token_types_key not in extra:
             # the attention mask the family's processor and generate give (PaliGemma's bidirectional prefix):
             # without it the forward would be plain causal, another model than the one that answered
-            extra["token_type_ids"] = fam.token_types(model, seq[0], len(self.input_ids))[None]
+            extra[fam.token_types_key] = fam.token_types(model, seq[0], len(self.input_ids))[None]
         out = model(input_ids=seq, pixel_values=x, attention_mask=torch.ones_like(seq), use_cache=False, **extra)
         logits = getattr(out, "logits", None)
         if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.shape[1] != seq.shape[1]:
@@ -140,21 +141,50 @@ class AnswerTarget(Target):
                 "target_checklist": json.dumps(items)}
 
 
+def _vlm_adapter(model: torch.nn.Module) -> HfVlmAdapter:
+    """The adapter registered for ``model`` when it is a generative-VLM one (a family with its own tower, e.g.
+    Qwen2-VL, subclasses :class:`HfVlmAdapter`), else the plain one (which refuses the model by name)."""
+    from vitcam_nb.adapters.registry import find_adapter
+
+    try:
+        adapter = find_adapter(model)
+    except TypeError:
+        adapter = None
+    return adapter if isinstance(adapter, HfVlmAdapter) else HfVlmAdapter()
+
+
 def _tokenizer_of(processor: Any, tokenizer: Any) -> Any:
     return tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
 
 
-def _prompt_ids(prompt: str, processor: Any) -> torch.Tensor:
-    """The processor's ids of ``prompt``, its image placeholder expanded as for an image of its own size."""
+def _prompt_ids(prompt: str, processor: Any, model_kwargs: Mapping[str, Any] | None = None) -> torch.Tensor:
+    """The processor's ids of ``prompt``, its image placeholder expanded as for an image of its own size, or, for
+    a processor that sizes the expansion by the image (Qwen2-VL: it returns ``image_grid_thw``), as for an image
+    of the ``image_grid_thw`` given in ``model_kwargs``."""
     from PIL import Image  # the processor needs an image to expand the placeholder; only its size matters
 
-    size = getattr(getattr(processor, "image_processor", None), "crop_size", None) or {}
+    image_processor = getattr(processor, "image_processor", None)
+    size = getattr(image_processor, "crop_size", None) or {}
     h, w = int(size.get("height", 336)), int(size.get("width", 336))
+    grid = (model_kwargs or {}).get("image_grid_thw")
+    if grid is not None:
+        grid = np.asarray(grid.tolist() if isinstance(grid, torch.Tensor) else grid, dtype=np.int64).reshape(-1, 3)
+        patch = int(getattr(image_processor, "patch_size", 14))
+        h, w = int(grid[0, 1]) * patch, int(grid[0, 2]) * patch
     try:
         enc = processor(images=Image.new("RGB", (w, h)), text=prompt, return_tensors="pt")
     except Exception as exc:
         raise ArgumentTypeError(f"processor: calling it on the prompt failed ({type(exc).__name__}: {exc}); "
                                 "expected the model's transformers processor") from exc
+    got = enc.get("image_grid_thw") if hasattr(enc, "get") else None
+    if got is not None and grid is None:
+        raise ArgumentError("model_kwargs: this processor expands the image placeholder by the image's size (it "
+                            "returns image_grid_thw); give model_kwargs={'image_grid_thw': ...} from the processor's "
+                            "output for your image")
+    if got is not None and np.asarray(got).reshape(-1, 3)[:1].tolist() != grid[:1].tolist():
+        raise ArgumentError(f"model_kwargs: image_grid_thw {grid[:1].tolist()} is not what the processor gives an "
+                            f"image of {h}x{w} px ({np.asarray(got).reshape(-1, 3)[:1].tolist()}); give the "
+                            "processor's own image_grid_thw for your image")
     return as_token_ids(enc["input_ids"], "prompt")
 
 
@@ -181,7 +211,7 @@ def answer(input_ids: Any = None, answer_ids: Any = None, *, prompt: str | None 
         tok = _tokenizer_of(processor, tokenizer)
         if processor is None or tok is None:
             raise ArgumentError("processor: prompt/answer text needs the model's processor (with its tokenizer)")
-        ids = _prompt_ids(prompt, processor)
+        ids = _prompt_ids(prompt, processor, model_kwargs)
         ans = as_token_ids(tok(answer, add_special_tokens=False, return_tensors="pt")["input_ids"], "answer")
         return AnswerTarget(ids, ans, tok, model_kwargs)
     if input_ids is None or answer_ids is None:
