@@ -20,8 +20,8 @@ gives their layouts).
 transformers is never imported here: a model is recognised by its class name and module.
 
 Example:
-    >>> sorted(VLM_FAMILIES)
-    ['gemma3', 'llava', 'paligemma']
+    >>> {"gemma3", "llava", "paligemma"} <= set(VLM_FAMILIES)  # and the rows other modules register
+    True
     >>> HfVlmAdapter().matches(object())
     False
 """
