@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import sys
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -224,13 +224,27 @@ def _explicit_forward(attn: torch.nn.Module, rotary: Any) -> Any:
 @contextlib.contextmanager
 def explicit_tower_attention(model: torch.nn.Module) -> Iterator[None]:
     """Every tower block's attention as :func:`_explicit_forward` (eager attention everywhere else), restored on
-    exit, also on error."""
+    exit, also on error.
+
+    Example:
+        >>> from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        >>> vision = dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2, mlp_ratio=1)
+        >>> text = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        ...             num_key_value_heads=1, vocab_size=32, rope_parameters={"rope_type": "default",
+        ...             "mrope_section": [1, 1, 2], "rope_theta": 1e4})
+        >>> m = Qwen2VLForConditionalGeneration(Qwen2VLConfig(vision_config=vision, text_config=text))
+        >>> with explicit_tower_attention(m):
+        ...     hasattr(m.model.visual.blocks[0].attn, PROBS)
+        True
+        >>> hasattr(m.model.visual.blocks[0].attn, PROBS)
+        False
+    """
     attns = [blk.attn for blk in model.get_submodule(BLOCKS)]
     saved = [(a, a.__dict__.get("forward")) for a in attns]
     try:
         with eager_attention(model):
             for a in attns:
-                rotary = sys.modules[type(a).__module__].apply_rotary_pos_emb_vision  # the family's own function
+                rotary = importlib.import_module(type(a).__module__).apply_rotary_pos_emb_vision  # the family's own
                 a.add_module(PROBS, torch.nn.Identity())
                 a.forward = _explicit_forward(a, rotary)
             yield
