@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -92,9 +93,13 @@ def _layout_fn(fn: Any) -> Any:
                              f"prompt with its answer has {len(ids)}; leave it out (the kit makes it as the "
                              "processor does)")
         try:
-            return fn(model.config, ids, extra["image_grid_thw"])
+            lay = fn(model.config, ids, extra["image_grid_thw"])
         except ArgumentError as exc:
             raise TraceError(f"input_ids: {exc}") from exc
+        windows = " and window" if hasattr(model.config.vision_config, "fullatt_block_indexes") else ""
+        return dataclasses.replace(lay, description=(
+            f"{lay.description}; tower sites: one token per patch, no class token, the tower's merge-block{windows} "
+            "order put in raster order of the patch grid by the tower's own cell map"))
 
     return layout
 

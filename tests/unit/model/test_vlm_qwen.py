@@ -265,3 +265,27 @@ def test_explicit_attention_computes_the_model_forward(case):
         with explicit_tower_attention(model):
             explicit = model(**kw).logits
     assert_rel_close(explicit.numpy(), plain.numpy(), f"{kind} logits with the explicit tower attention")
+
+
+# --------------------------------------------------------------------------------------------------
+# the checklist states the layout and the tower's order; a saved trace gives the same maps
+
+
+def test_checklist_states_the_layout_and_the_tower_order(case):
+    kind, *_, tr, _ref = case
+    import json
+
+    for site in ("F1", "lm_resid", "projector"):
+        text = json.loads(vc.cam(tr, vc.Recipe(site=site, layer=-1, class_=0)).attrs["checklist"])
+        layout = text["gradient target"]["image-token layout"]
+        assert "6x10 patches of 14 px" in layout and "merged 2x2 into 3x5 tokens in raster order" in layout
+        windows = " and window" if kind == "qwen2_5" else ""
+        assert f"the tower's merge-block{windows} order put in raster order" in layout
+
+
+def test_saved_trace_gives_the_same_maps(case, tmp_path):
+    kind, *_, tr, _ref = case
+    back = vc.load(vc.save(tr, tmp_path / f"{kind}.nc"))
+    for r in (vc.Recipe(site="F1", layer=-1, class_=0), vc.Recipe(site="lm_resid", layer=0, class_=1),
+              vc.Recipe(site="lm_attn", layer=1, class_=2, relu="none"), vc.Recipe(site="projector", class_=3)):
+        np.testing.assert_array_equal(vc.cam(back, r).values, vc.cam(tr, r).values, err_msg=f"{kind} {r.id}")
