@@ -113,8 +113,9 @@ def assemble_lm_logit(model: torch.nn.Module, hidden: np.ndarray, ids: np.ndarra
     answer_pos = np.asarray(answer_pos, dtype=np.int64)
     slot_pos, slot_class, n_prompt = slots_of(ids, image_pos, answer_pos, image_id)
     answer_ids = np.asarray(ids)[answer_pos].astype(np.int64)
-    image_logit = _logits(hidden[np.asarray(image_pos)], weight, bias, slot_class)
-    text_logit = _logits(hidden[slot_pos], weight, bias, answer_ids)
+    # computed in float32, stored in the trace's storage dtype (that of the hidden state handed over)
+    image_logit = _logits(hidden[np.asarray(image_pos)], weight, bias, slot_class).astype(hidden.dtype)
+    text_logit = _logits(hidden[slot_pos], weight, bias, answer_ids).astype(hidden.dtype)
     cap = getattr(getattr(model.config, "text_config", model.config), "final_logit_softcapping", None)
     attrs = {"hook": f"{final_norm_path(lm_layers)}:output", "head": head_name,
              "meaning": "logit lens of the LM: the head's logit of each slot's token at the image-token positions "

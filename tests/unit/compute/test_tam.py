@@ -226,3 +226,52 @@ def test_a_trace_without_the_site_and_bad_arrays_are_refused_by_name(llava):
         tam_scores(np.zeros((2, 3)), np.zeros((1, 2)), np.array([1, 2]), 1, 1)
     with pytest.raises(vc.ArgumentError, match="shapes"):
         tam_scores(np.zeros((2, 3)), np.zeros((1, 3)), np.array([1, 2]), 1, 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# other families, storage dtype, a degenerate map
+
+
+@pytest.mark.parametrize("family", ["paligemma", "gemma3"])
+def test_the_site_holds_the_models_own_logits_on_the_gemma_families(family):
+    from test_vlm_gemma_families import ANSWER as ANS
+    from test_vlm_gemma_families import IMG, SETUP, make, token_types
+    from test_vlm_gemma_families import make_x as family_x
+
+    model, prompt = make(family), SETUP[family][2]
+    tr = vc.trace(model, family_x(family), targets=vc.targets.answer(input_ids=prompt, answer_ids=ANS),
+                  sites=["lm_logit"])
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt + ANS]), pixel_values=family_x(family),
+                    token_type_ids=token_types(family))
+    full = out.logits[0].double().numpy()
+    assert getattr(model.config.text_config, "final_logit_softcapping", None) is None  # the head's logits
+    seq = np.array(prompt + ANS)
+    pos, cls = tr["lm_slot_pos"].values, tr["lm_slot_class"].values
+    # the prompt slots: every text token after the last image token but the prompt's last
+    last_image = int(np.flatnonzero(seq == IMG).max())
+    assert pos.tolist() == list(range(last_image + 1, len(prompt) - 1)) + list(range(len(prompt) - 1, len(seq) - 1))
+    np.testing.assert_allclose(tr["lm_logit"].values, full[seq == IMG][:, cls].T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tr["lm_logit_text"].values, full[pos][:, ANS].T, rtol=1e-5, atol=1e-6)
+    assert vc.cam(tr, vc.presets.tam(token=2)).attrs["degenerate"] == ""
+
+
+def test_a_float16_trace_stores_the_site_in_float16_and_gives_the_map_to_its_rounding(llava, trace):
+    tr16 = vc.trace(llava, make_x(), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER),
+                    sites=["lm_logit"], dtype="float16")
+    assert tr16["lm_logit"].dtype == np.float16 and tr16["lm_logit_text"].dtype == np.float16
+    for k in range(len(ANSWER)):
+        a = vc.cam(tr16, vc.presets.tam(token=k)).values
+        b = vc.cam(trace, vc.presets.tam(token=k)).values
+        assert np.abs(a - b).max() <= 5e-3, k
+
+
+def test_a_token_activated_nowhere_gives_the_degenerate_verdict(trace):
+    dead = trace.copy()
+    dead["lm_logit"] = -abs(trace["lm_logit"])  # every image activation and every context score negative
+    dead["lm_logit_text"] = -abs(trace["lm_logit_text"])
+    with pytest.warns(vc.DegenerateMapWarning, match="constant"):
+        m = vc.cam(dead, vc.presets.tam(token=1))
+    assert not m.values.any() and m.attrs["degenerate_cause"]
+    scores, info = tam_scores(-np.ones((2, 3)), -np.ones((1, 2)), np.array([1, 2]), 1, 0)
+    assert info["constant"] and not scores.any()
