@@ -49,7 +49,14 @@ def final_norm_path(lm_layers: str) -> str:
 
 
 def lm_logit_hook(model: torch.nn.Module, lm_layers: str) -> list[tuple[torch.nn.Module, str]]:
-    """The ``lm_logit`` site's hook: the output of the LM's final norm (one "layer")."""
+    """The ``lm_logit`` site's hook: the output of the LM's final norm (one "layer").
+
+    Example:
+        >>> lm = torch.nn.Module(); lm.norm = torch.nn.LayerNorm(2)
+        >>> model = torch.nn.Module(); model.lm = lm
+        >>> lm_logit_hook(model, "lm.layers")[0][1]
+        'output'
+    """
     path = final_norm_path(lm_layers)
     try:
         return [(model.get_submodule(path), "output")]
@@ -105,7 +112,23 @@ def assemble_lm_logit(model: torch.nn.Module, hidden: np.ndarray, ids: np.ndarra
                       layout_attrs: dict[str, str], image_coords: dict[str, Any]) -> tuple[dict, dict]:
     """The variables and coordinates of the ``lm_logit`` site from ``hidden`` (sequence, channel), the final
     norm's output of one sequence (see the module's docstring); ``image_coords``: the image tokens' coordinates
-    (position, tile, row, col), kept beside the slots'."""
+    (position, tile, row, col), kept beside the slots'.
+
+    Example:
+        >>> class M(torch.nn.Module):  # a head reading hidden channel c as the logit of token c
+        ...     config = type("C", (), {})()
+        ...     def __init__(self):
+        ...         super().__init__(); self.head = torch.nn.Linear(4, 4, bias=False)
+        ...         torch.nn.init.eye_(self.head.weight)
+        ...     def get_output_embeddings(self): return self.head
+        >>> hidden = np.arange(24, dtype=np.float32).reshape(6, 4)  # positions 0..5, channels 0..3
+        >>> out, _ = assemble_lm_logit(M(), hidden, np.array([1, 3, 3, 0, 2, 1]), np.array([5]), np.array([1, 2]),
+        ...                            3, ["a"], "lm.layers", {}, {})
+        >>> out["lm_logit"][1].tolist()  # slot classes 0 (position 3) and 1 (answer) at positions 1, 2
+        [[4.0, 8.0], [5.0, 9.0]]
+        >>> out["lm_logit_text"][1].tolist()  # answer class 1 at the slots' positions 3 and 4
+        [[13.0, 17.0]]
+    """
     if hidden.ndim != 2 or hidden.shape[0] != len(ids):
         raise TraceError(f"sites: 'lm_logit' expected the final norm's output over the {len(ids)} sequence "
                          f"positions, got shape {tuple(hidden.shape)}")
