@@ -118,6 +118,16 @@ REFERENCED: list[tuple[str, str, str, str, str]] = [
      "read at the row predicting the answer token over the image-token columns; over several layers first-order "
      "(sum of the layers' terms: the products through other tokens are dropped, the trace stores answer rows "
      "only); not normalised per layer"),
+    ("tam", "xmed-lab/TAM tam.py @7c7df1d (TAM, least_squares, rank_guassian_filter, multimodal_process): a reference "
+     "written from its equations in the test (the model's own logits, np.linalg.lstsq, the filter by loops) on a "
+     "tiny random LLaVA; the authors' function itself, run once outside the kit on the same logits, gives "
+     "floor(255 x the kit's map) once its round 0 takes each token's own id", "tests/unit/compute/test_tam.py",
+     "atol 2e-5 on maps in [0, 1]; filter rtol 1e-12; least-squares scale 1e-5 of a brute-force grid",
+     "one teacher-forced forward, not generate's rounds; prompt context = every text token after the image (no "
+     "chat-template special ids); each context slot's map of its own token (the code's round 0 takes the greedy "
+     "prediction for the first prompt token and, off by one, the prompt's last token for the first answer "
+     "token); repeats by token id; least squares in closed form; a constant positive filter window keeps its "
+     "value (NaN in the code); no uint8 rounding"),
 ]
 
 

@@ -40,6 +40,7 @@ from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
+from vitcam_nb.adapters.vlm_logit import assemble_lm_logit, lm_logit_hook
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 
 __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "NOT_YET_WHY", "VLM_FAMILIES", "VlmFamily",
@@ -49,7 +50,7 @@ __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "NOT_YET_WHY", "VLM_
 #: forward arguments such as ``image_sizes`` or ``image_grid_thw``) -> layout.
 LayoutFn = Callable[[torch.nn.Module, np.ndarray, tuple[int, int], Mapping[str, Any]], ImageTokenLayout]
 
-LM_SITES = ("projector", "lm_resid", "lm_attn")
+LM_SITES = ("projector", "lm_resid", "lm_attn", "lm_logit")
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,8 @@ class HfVlmAdapter(HfClipAdapter):
         layers = self.lm_layers(model)
         return {"projector": [(model.get_submodule(fam.projector), "output")],
                 "lm_resid": [(layer.get_submodule(fam.lm_norm), "input") for layer in layers],
-                "lm_attn": [(layer.get_submodule(fam.lm_attention), "output[1]") for layer in layers]}
+                "lm_attn": [(layer.get_submodule(fam.lm_attention), "output[1]") for layer in layers],
+                "lm_logit": lm_logit_hook(model, fam.lm_layers)}  # TAM's logit lens (vitcam_nb.adapters.vlm_logit)
 
     def tower_grid(self, model: torch.nn.Module) -> tuple[int, int]:
         """The tower's patch grid at its configured size (LLaVA's tower does not interpolate)."""
@@ -351,6 +353,10 @@ class HfVlmAdapter(HfClipAdapter):
         layout_attrs = {"layout": lay.description, "layout_tiles": ";".join(
             f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
             "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items())}
+        if site == "lm_logit":
+            return assemble_lm_logit(model, acts[0], np.asarray(ids), answer_pos, pos, image_token_id(model),
+                                     list(getattr(target, "labels", [])), fam.lm_layers,
+                                     layout_attrs, coords)
         if site == "projector":
             # The projector runs on the tower tokens alone; its rows are the image tokens in the layout's order
             # (the kept ones: a dropped class token is the first row under strategy "full").

@@ -3,8 +3,8 @@ one answer token, and Chefer, Gur & Wolf's gradient-weighted attention over the 
 Importing this module adds them to :data:`~vitcam_nb.core.presets.PRESETS`, their sources to ``CITATIONS`` and their
 rows to :data:`VLM_TAXONOMY` (which :mod:`vitcam_nb.core.preset_taxonomy` takes in).
 
-Not here: the token activation map (TAM, ICCV 2025). Its paper could not be read in this environment (no network),
-so its equations are not implemented from memory or a summary.
+The token activation map (TAM, ICCV 2025) is preset ``tam`` of :mod:`vitcam_nb.core.presets_tam` (its formula from
+the authors' code; the paper's method section could not be read).
 
 Example:
     >>> vlm_tower_gradcam().site, vlm_generic_attention().site

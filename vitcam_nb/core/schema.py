@@ -31,12 +31,15 @@ QKV_SITES = ("q", "k", "v")
 PROJECTED_QK_SITES = ("q_out", "k_out")
 #: Pre-softmax attention scores per head, stored like F2 and read only when asked for.
 SCORES_SITE = "attn_scores"
+#: A generative VLM's logit lens (the LM head's logits at the image tokens and the text context, for the token
+#: activation map), stored in its own variables (lm_logit, lm_logit_text) and read only when asked for.
+LOGIT_LENS_SITE = "lm_logit"
 #: Sites read only when asked for by name (None leaves them out).
-OPTIONAL_SITES = (*QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
+OPTIONAL_SITES = (*QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE, LOGIT_LENS_SITE)
 ATTENTION_SITE = "F2"
 #: Sites read outside the block stack (vision-language cross-attention; a generative VLM's projector, LM residual
 #: stream and LM attention over the image tokens).
-EXTRA_SITES = ("xattn", "projector", "lm_resid", "lm_attn")
+EXTRA_SITES = ("xattn", "projector", "lm_resid", "lm_attn", LOGIT_LENS_SITE)
 #: Sites stored as (token, channel) in ``act`` / ``grad``.
 TOKEN_SITES = ("F1", "F3", "F4", "F5", "F6", *EXTENDED_SITES, *QKV_SITES, *PROJECTED_QK_SITES)
 SITES = (*CORE_SITES, *EXTENDED_SITES, *EXTRA_SITES, *QKV_SITES, *PROJECTED_QK_SITES, SCORES_SITE)
@@ -68,6 +71,7 @@ SITE_MEANINGS = {
     "q_out": "queries through the attention's output projection (values only, zero gradient)",
     "k_out": "keys through the attention's output projection (values only, zero gradient)",
     "attn_scores": "pre-softmax attention scores per head (scaled q k^T, the softmax input)",
+    "lm_logit": "a generative VLM's logit lens: the LM head's logits at the image tokens and the text context",
 }
 
 # -- targets -------------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ def test_the_menu_lists_the_presets_of_the_trace_sites_and_each_sets_its_recipe(
     facts = TraceFacts.of(vc.trace(model, make_input("vit"), targets="top1"))
     menu = preset_menu(facts)
     names = [row[0] for row in menu]
-    # every preset but the vision-language ones (xattn, lm_attn) and the backward-rule read-outs
+    # every preset but the vision-language ones (xattn, lm_attn, lm_logit) and the backward-rule read-outs
     # (site resid_pre, not traced here)
-    assert names == [n for n in vc.presets.names() if vc.presets.get(n).site not in ("xattn", "resid_pre", "lm_attn")]
+    assert names == [n for n in vc.presets.names()
+                     if vc.presets.get(n).site not in ("xattn", "resid_pre", "lm_attn", "lm_logit")]
     assert controls(facts)["presets"] == menu
     for name, label, fields in menu:
         assert label.startswith(name)
