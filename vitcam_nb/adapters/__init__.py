@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from vitcam_nb.adapters import hf_vlm_idefics  # noqa: F401  (registers the Idefics3 and SmolVLM VLM rows)
 from vitcam_nb.adapters.base import Adapter, SiteSpec, TraceContext
 from vitcam_nb.adapters.beit import BeitAdapter
 from vitcam_nb.adapters.blip import BlipAdapter  # imports transformers only when a BLIP model is traced

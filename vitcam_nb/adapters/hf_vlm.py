@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,9 @@ class VlmFamily:
     #: with crops: (model, sequence ids, the target's model_kwargs) -> the layout tile name each tower crop becomes,
     #: in the order the tower runs them ("" for a crop the LM never reads); the tower-side capture labels its rows
     crop_tiles: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[str, ...]] | None = None
+    #: with crops: (model, image, processor) -> the prepared input (the processor's crops as one tensor), as
+    #: :meth:`HfVlmAdapter.prepare_input` returns it; None: one image, the image rules apply
+    prepare_input: Callable[[torch.nn.Module, object, object], Any] | None = None
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -149,6 +153,25 @@ def llava_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
     return ImageTokenLayout(base.positions, base.tile_of, base.rows, base.cols, base.tiles, (
         f"LLaVA (strategy full): {gh}x{gw} image tokens at sequence positions {positions[1]}..{positions[-1]} in "
         f"raster order; 1 class token at position {positions[0]} dropped"), {"class token": 1})
+
+
+def proj_rows(ids: Any, image_id: int, pos: np.ndarray, act: np.ndarray, grad: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The projector's rows (and gradients) of the kept image tokens at ``pos``: its output (tokens, channels),
+    the crops' tokens one crop after the other. Each placeholder of the sequence takes the next row when the
+    counts match (a dropped class token, a later image of the prompt are skipped), else the last ``pos.size``
+    rows are the kept tokens.
+
+    Example:
+        >>> a = np.arange(6.0).reshape(3, 2)
+        >>> proj_rows([1, 9, 9, 9, 2], 9, np.array([2, 3]), a, a[None])[0].tolist()
+        [[2.0, 3.0], [4.0, 5.0]]
+    """
+    slots = np.flatnonzero(np.asarray(ids) == image_id)
+    rows = np.searchsorted(slots, pos)
+    if slots.size != act.shape[0] or not np.array_equal(slots[np.minimum(rows, slots.size - 1)], pos):
+        rows = np.arange(act.shape[0] - pos.size, act.shape[0])
+    return act[rows], grad[:, rows]
 
 
 VLM_FAMILIES: dict[str, VlmFamily] = {
@@ -294,6 +317,18 @@ class HfVlmAdapter(HfClipAdapter):
         return (f"none: {fam.name} projects the tower's hidden states of vision_feature_layer="
                 f"{getattr(model.config, 'vision_feature_layer', -1)} ({strategy} strategy) into the LM")
 
+    def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
+        fam = vlm_family_of(model)
+        return None if fam.prepare_input is None else fam.prepare_input(model, image, processor)
+
+    def arrange_extra(self, site: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The projector's output (crops, tokens, channels), or its gradients (targets, crops, ...), as one image's
+        (1, crops x tokens, channels): a family whose tower runs on crops projects each crop in its own row, and
+        the pass keeps batch row 0 only (one prompt is one image)."""
+        if site != "projector" or tensor.ndim < 3:
+            return tensor
+        return tensor.reshape(*tensor.shape[:-3], 1, -1, tensor.shape[-1])
+
     def lm_layers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The decoder layers of the language model."""
         return list(model.get_submodule(vlm_family_of(model).lm_layers))
@@ -348,14 +383,18 @@ class HfVlmAdapter(HfClipAdapter):
         }
         layout_attrs = {"layout": lay.description, "layout_tiles": ";".join(
             f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
-            "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items())}
+            "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items()),
+            # every tile's grid, box on the image and group: what places a multi-tile map (compute.vlm_tiles)
+            "layout_tile_boxes": json.dumps([{"name": t.name, "grid": [int(v) for v in t.grid], "box": [
+                float(v) for v in t.box], "group": t.group_name} for t in lay.tiles])}
         if site == "projector":
-            # The projector runs on the tower tokens alone; its rows are the image tokens in the layout's order
-            # (the kept ones: a dropped class token is the first row under strategy "full").
-            first = acts[0].shape[-2] - pos.size
+            # The projector runs on the tower tokens alone (every crop's, flattened by arrange_extra): its rows
+            # are the image tokens in the layout's order (the kept ones: a dropped class token is the first row
+            # under strategy "full", a later image's tokens come after).
+            act, grad = proj_rows(ids, image_token_id(model), pos, acts[0], grads[0])
             attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token", **layout_attrs}
-            return {"projector": (("image_token", "lm_channel"), acts[0][first:], attrs),
-                    "projector_grad": (("target", "image_token", "lm_channel"), grads[0][:, first:], attrs)}, coords
+            return {"projector": (("image_token", "lm_channel"), act, attrs),
+                    "projector_grad": (("target", "image_token", "lm_channel"), grad, attrs)}, coords
         n = len(acts)
         coords["lm_layer"] = ("lm_layer", np.arange(n, dtype=np.int64))
         if site == "lm_resid":
