@@ -15,13 +15,14 @@ ImageTokenLayout` says which sequence positions those are and where each lands i
 A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
 family plugs in with only those. Known generative VLM classes without a row are refused by name. Read today:
 LLaVA (CLIP tower), PaliGemma and Gemma 3 (SigLIP towers, no class token; :mod:`~vitcam_nb.adapters.vlm_layouts`
-gives their layouts).
+gives their layouts); Idefics3 and SmolVLM (:mod:`~vitcam_nb.adapters.hf_vlm_idefics`: their tower runs on crops,
+LM-side sites only until the per-crop tower capture exists).
 
 transformers is never imported here: a model is recognised by its class name and module.
 
 Example:
-    >>> sorted(VLM_FAMILIES)
-    ['gemma3', 'llava', 'paligemma']
+    >>> {"gemma3", "llava", "paligemma"} <= set(VLM_FAMILIES)  # and the rows other modules register
+    True
     >>> HfVlmAdapter().matches(object())
     False
 """
@@ -303,8 +304,17 @@ class HfVlmAdapter(HfClipAdapter):
     family = "hf_vlm"
     classes = tuple(c for fam in VLM_FAMILIES.values() for c in fam.classes) + tuple(NOT_YET_SUPPORTED)
 
+    #: whether the capture keeps one row per tower crop (VlmFamily.crops); until it does, a family whose tower runs
+    #: on several crops offers its LM-side sites only (the pass would keep the first crop's tower rows alone)
+    per_crop_capture = False
+
     def backbone_path(self, model: torch.nn.Module) -> str:
         return vlm_family_of(model).tower
+
+    def site_table(self, model: torch.nn.Module) -> dict:
+        if vlm_family_of(model).crops and not self.per_crop_capture:
+            return {}
+        return super().site_table(model)
 
     def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
         return list(vlm_family_of(model).tower_prefix)

@@ -49,7 +49,12 @@ def _runs(ids: np.ndarray, image_id: int) -> list[tuple[int, int]]:
 def prompt_tiles(ids: Any, *, image_id: int, per_crop: int) -> tuple[list[int], list[int]]:
     """Each image's tile grid (``rows``, ``cols``; 0, 0 for an image not split), read off a prompt's ids as the
     Idefics3/SmolVLM processors write it (``per_crop`` image tokens per crop). Raises :class:`ArgumentError` when
-    the ids do not follow that template."""
+    the ids do not follow that template.
+
+    Example:
+        >>> prompt_tiles([0, 5, 8, 9, 9, 5, 1], image_id=9, per_crop=2)  # <fake><global-img> 2 tokens <fake>
+        ([0], [0])
+    """
     ids = np.asarray(ids).reshape(-1)
     runs = _runs(ids, image_id)
     if not runs:
@@ -96,7 +101,14 @@ def _tiles(model: torch.nn.Module, ids: np.ndarray) -> tuple[list[int], list[int
 def idefics_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
                       extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
     """The layout of the prompt's first image (:func:`~vitcam_nb.adapters.vlm_layouts.idefics3_layout`), its tile
-    grid read off the ids (:func:`prompt_tiles`)."""
+    grid read off the ids (:func:`prompt_tiles`).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> class M: config = NS(image_token_id=9, scale_factor=1, vision_config=NS(image_size=16, patch_size=8))
+        >>> [t.name for t in idefics_layout_of(M(), np.array([0, 5, 8, 9, 9, 9, 9, 5]), (2, 2)).tiles]
+        ['global']
+    """
     rows, cols = _tiles(model, np.asarray(ids))
     fn = smolvlm_layout if type(model).__name__.startswith("SmolVLM") else idefics3_layout
     try:
@@ -109,7 +121,14 @@ def idefics_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[s
                        ) -> tuple[str, ...]:
     """The layout tile each crop the tower runs becomes, in its order: the first image's tiles row-major, then its
     global view; the crops of later images of the prompt are read by the LM but not mapped (""). The model drops
-    all-zero (padding) crops before the tower, so the tower runs exactly the crops the prompt has tokens for."""
+    all-zero (padding) crops before the tower, so the tower runs exactly the crops the prompt has tokens for.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> class M: config = NS(image_token_id=9, scale_factor=2, vision_config=NS(image_size=16, patch_size=8))
+        >>> idefics_crop_tiles(M(), np.array([0, 5, 20, 9, 5, 21, 9, 7, 7, 5, 8, 9, 5]))  # 1x2 tiles
+        ('tile_r0_c0', 'tile_r0_c1', 'global')
+    """
     rows, cols = _tiles(model, np.asarray(ids))
     names = [f"tile_r{r}_c{c}" for r in range(rows[0]) for c in range(cols[0])] + ["global"]
     return (*names, *[""] * sum(r * c + 1 for r, c in zip(rows[1:], cols[1:])))
@@ -118,7 +137,15 @@ def idefics_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[s
 def idefics_prepare(model: torch.nn.Module, image: object, processor: object = None) -> Any:
     """The processor's ``pixel_values`` of one prompt, (1, crops, 3, H, W) or (crops, 3, H, W), used as given (the
     model's forward takes them so; ``pixel_attention_mask`` goes in the target's ``model_kwargs``). Its display is
-    the last crop, the global view (the whole image squashed to one tile), min-max scaled: maps are placed on it."""
+    the last crop, the global view (the whole image squashed to one tile), min-max scaled: maps are placed on it.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> class M: config = NS(vision_config=NS(image_size=16))
+        >>> p = idefics_prepare(M(), torch.zeros(3, 3, 16, 16))
+        >>> tuple(p.tensor.shape), p.display.shape, p.preprocessing["crops"]
+        ((1, 3, 3, 16, 16), (16, 16, 3), 3)
+    """
     from vitcam_nb.preprocess import PreparedInput  # the preprocessing module imports the adapters
 
     if processor is not None:

@@ -40,12 +40,27 @@ TILES_ATTR = "layout_tile_boxes"
 
 
 def is_tiled(trace: xr.Dataset) -> bool:
-    """Whether the trace's image tokens cover more than one tile."""
+    """Whether the trace's image tokens cover more than one tile.
+
+    Example:
+        >>> is_tiled(xr.Dataset(coords={"image_token_tile": ("image_token", [0, 0, 1])}))
+        True
+    """
     return np.unique(trace["image_token_tile"].values).size > 1
 
 
 def trace_layout(trace: xr.Dataset, site: str) -> ImageTokenLayout:
-    """The image-token layout of an answer trace, rebuilt from its coords and the site's :data:`TILES_ATTR`."""
+    """The image-token layout of an answer trace, rebuilt from its coords and the site's :data:`TILES_ATTR`.
+
+    Example:
+        >>> tr = xr.Dataset({"lm_resid": ("image_token", [0.0, 0.0], {TILES_ATTR: json.dumps([
+        ...     {"name": "a", "grid": [1, 1], "box": [0, 0, 1, 0.5], "group": "tiles"},
+        ...     {"name": "b", "grid": [1, 1], "box": [0, 0.5, 1, 1], "group": "tiles"}])})},
+        ...     coords={"image_token_pos": ("image_token", [3, 4]), "image_token_tile": ("image_token", [0, 1]),
+        ...             "image_token_row": ("image_token", [0, 0]), "image_token_col": ("image_token", [0, 0])})
+        >>> [t.box[1] for t in trace_layout(tr, "lm_resid").tiles]
+        [0, 0.5]
+    """
     text = trace[site].attrs.get(TILES_ATTR)
     if not text:
         raise TraceError(f"trace: its image tokens cover several tiles but {site!r} stores no tile boxes "
@@ -83,7 +98,13 @@ def _tile_pixels(tile: Tile, grid: np.ndarray, size: tuple[int, int], mode: str)
 def place(layout: ImageTokenLayout, values: np.ndarray, size: tuple[int, int], mode: str
           ) -> tuple[list[str], dict[str, np.ndarray]]:
     """Per-token ``values`` (n,) of ``layout`` as (tile names, {name: grid}) with ``mode="none"``, else (group
-    names, {group: (H, W) map on the image}) placed as the module says."""
+    names, {group: (H, W) map on the image}) placed as the module says.
+
+    Example:
+        >>> lay = ImageTokenLayout.raster(range(2), (1, 2))
+        >>> place(lay, np.array([0.0, 1.0]), (1, 4), "bilinear")[1]["image"].tolist()
+        [[0.0, 0.25, 0.75, 1.0]]
+    """
     grids = layout.grid_values(np.asarray(values, np.float32))
     if mode == "none":
         return [t.name for t in layout.tiles], grids
@@ -102,7 +123,13 @@ def place(layout: ImageTokenLayout, values: np.ndarray, size: tuple[int, int], m
 def stacked(names: list[str], maps: dict[str, np.ndarray], layout: ImageTokenLayout, mode: str
             ) -> tuple[np.ndarray, tuple[str, ...], dict[str, Any]]:
     """The placed maps as one array with a leading dim: ``view`` (one per tile group) on the image, or ``tile``
-    (grids padded with NaN to the largest, with each tile's group) with ``upsample="none"``."""
+    (grids padded with NaN to the largest, with each tile's group) with ``upsample="none"``.
+
+    Example:
+        >>> lay = ImageTokenLayout.raster(range(2), (1, 2))
+        >>> stacked(*place(lay, np.array([0.0, 1.0]), (1, 2), "none"), lay, "none")[0].tolist()
+        [[[0.0, 1.0]]]
+    """
     if mode != "none":
         return np.stack([maps[n] for n in names]), ("view",), {"view": ("view", names)}
     gh = max(m.shape[-2] for m in maps.values())
