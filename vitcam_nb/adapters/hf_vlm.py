@@ -42,6 +42,7 @@ from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
+from vitcam_nb.adapters.vlm_rows import proj_rows
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 
 __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "NOT_YET_WHY", "VLM_FAMILIES", "VlmFamily",
@@ -154,25 +155,6 @@ def llava_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
     return ImageTokenLayout(base.positions, base.tile_of, base.rows, base.cols, base.tiles, (
         f"LLaVA (strategy full): {gh}x{gw} image tokens at sequence positions {positions[1]}..{positions[-1]} in "
         f"raster order; 1 class token at position {positions[0]} dropped"), {"class token": 1})
-
-
-def proj_rows(ids: Any, image_id: int, pos: np.ndarray, act: np.ndarray, grad: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """The projector's rows (and gradients) of the kept image tokens at ``pos``: its output (tokens, channels),
-    the crops' tokens one crop after the other. Each placeholder of the sequence takes the next row when the
-    counts match (a dropped class token, a later image of the prompt are skipped), else the last ``pos.size``
-    rows are the kept tokens.
-
-    Example:
-        >>> a = np.arange(6.0).reshape(3, 2)
-        >>> proj_rows([1, 9, 9, 9, 2], 9, np.array([2, 3]), a, a[None])[0].tolist()
-        [[2.0, 3.0], [4.0, 5.0]]
-    """
-    slots = np.flatnonzero(np.asarray(ids) == image_id)
-    rows = np.searchsorted(slots, pos)
-    if slots.size != act.shape[0] or not np.array_equal(slots[np.minimum(rows, slots.size - 1)], pos):
-        rows = np.arange(act.shape[0] - pos.size, act.shape[0])
-    return act[rows], grad[:, rows]
 
 
 VLM_FAMILIES: dict[str, VlmFamily] = {

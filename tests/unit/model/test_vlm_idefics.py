@@ -301,3 +301,13 @@ def test_tower_gradcam_per_crop_equals_reference(model):
         expected = (v - v.min()) / (v.max() - v.min())
         m = vc.cam(tr.isel(crop=crop), vc.Recipe(site="F1", layer=1, class_=0, upsample="none"))
         assert_rel_close(m.values, expected, f"tower Grad-CAM crop {crop}")
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_saved_tiled_trace_gives_the_same_maps(trace, tmp_path, suffix):
+    back = vc.load(vc.save(trace, tmp_path / f"idefics{suffix}"))
+    for r in (vc.Recipe(site="lm_resid", layer=-1, class_=0), vc.Recipe(site="projector", class_=2, upsample="none"),
+              vc.Recipe(site="lm_attn", layer=0, class_=1, relu="none", upsample="bilinear")):
+        a, b = vc.cam(trace, r), vc.cam(back, r)
+        np.testing.assert_array_equal(b.values, a.values, err_msg=r.id)
+        assert a.dims == b.dims and a.attrs["checklist"] == b.attrs["checklist"]
