@@ -100,8 +100,9 @@ def _tiles(model: torch.nn.Module, ids: np.ndarray) -> tuple[list[int], list[int
 
 def idefics_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
                       extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
-    """The layout of the prompt's first image (:func:`~vitcam_nb.adapters.vlm_layouts.idefics3_layout`), its tile
-    grid read off the ids (:func:`prompt_tiles`).
+    """The layout of the prompt's last image (:func:`~vitcam_nb.adapters.vlm_layouts.idefics3_layout`), its tile
+    grid read off the ids (:func:`prompt_tiles`): the image whose global view is the last crop, which the trace
+    shows (:func:`idefics_prepare`); a one-image prompt's only image.
 
     Example:
         >>> from types import SimpleNamespace as NS
@@ -112,15 +113,15 @@ def idefics_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, 
     rows, cols = _tiles(model, np.asarray(ids))
     fn = smolvlm_layout if type(model).__name__.startswith("SmolVLM") else idefics3_layout
     try:
-        return fn(model.config, ids, rows, cols)
+        return fn(model.config, ids, rows, cols, image_index=len(rows) - 1)
     except ArgumentError as exc:
         raise TraceError(f"input_ids: {exc}") from exc
 
 
 def idefics_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any] | None = None
                        ) -> tuple[str, ...]:
-    """The layout tile each crop the tower runs becomes, in its order: the first image's tiles row-major, then its
-    global view; the crops of later images of the prompt are read by the LM but not mapped (""). The model drops
+    """The layout tile each crop the tower runs becomes, in its order: the crops of earlier images of the prompt are
+    read by the LM but not mapped (""), then the last image's tiles row-major and its global view. The model drops
     all-zero (padding) crops before the tower, so the tower runs exactly the crops the prompt has tokens for.
 
     Example:
@@ -130,8 +131,8 @@ def idefics_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[s
         ('tile_r0_c0', 'tile_r0_c1', 'global')
     """
     rows, cols = _tiles(model, np.asarray(ids))
-    names = [f"tile_r{r}_c{c}" for r in range(rows[0]) for c in range(cols[0])] + ["global"]
-    return (*names, *[""] * sum(r * c + 1 for r, c in zip(rows[1:], cols[1:])))
+    names = [f"tile_r{r}_c{c}" for r in range(rows[-1]) for c in range(cols[-1])] + ["global"]
+    return (*[""] * sum(r * c + 1 for r, c in zip(rows[:-1], cols[:-1])), *names)
 
 
 def idefics_prepare(model: torch.nn.Module, image: object, processor: object = None) -> Any:

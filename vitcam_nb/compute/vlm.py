@@ -3,7 +3,9 @@ the image tokens a decoder-only language model reads, computed from the trace wi
 
 The image tokens are the positions; their cells come from the trace's image-token layout (``image_token_row``,
 ``image_token_col``, written by :class:`vitcam_nb.adapters.hf_vlm.HfVlmAdapter`), so the map is on the layout's
-grid, not on an assumed raster. ``projector`` and ``lm_resid`` are (token, channel) sites like F1: every
+grid, not on an assumed raster. A multi-tile layout (tiles and a global view, a base view and crops) is computed
+over all image tokens as one set and placed tile by tile on the image, one map per tile group
+(:mod:`~vitcam_nb.compute.vlm_tiles`). ``projector`` and ``lm_resid`` are (token, channel) sites like F1: every
 weighting applies (Grad-CAM: ``weighting="gradcam"``). ``lm_attn`` is the LM's attention from the query row that
 predicts the recipe's answer token (``class_`` an answer-token index; the mean over all answer rows for the
 sequence score or a ranked class) to the image keys, heads as the channels, as site ``xattn`` treats BLIP's
@@ -231,7 +233,8 @@ class VlmKind(TraceKind):
 
     def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
         """A DataArray (y, x) at the input size, or (patch_row, patch_col) on the layout's grid with
-        ``upsample="none"``, with the recipe, ids, checklist, methods and degeneracy in its attrs."""
+        ``upsample="none"``, with the recipe, ids, checklist, methods and degeneracy in its attrs; over a
+        multi-tile layout (view, y, x), one map per tile group, or (tile, patch_row, patch_col)."""
         _check(trace, recipe)
         if is_tiled(trace):
             values, dim, coords, notes, partial = _placed(trace, recipe)

@@ -153,13 +153,15 @@ def test_tile_grid_is_read_off_the_processors_template(kind, grids, merge):
 
 def test_layout_and_crop_tiles_of_a_tiled_prompt():
     m = make("idefics3")
-    ids = prompt("idefics3", [(2, 3), (1, 2)])
+    ids = prompt("idefics3", [(1, 2), (2, 3)])
     lay = HfVlmAdapter().layout(m, np.asarray(ids))
+    # the last image is mapped: its global view is the last crop, the one the trace shows
     assert [t.name for t in lay.tiles] == [f"tile_r{r}_c{c}" for r in range(2) for c in range(3)] + ["global"]
-    np.testing.assert_array_equal(lay.positions, image_positions(ids)[:7 * G * G])
-    # the tower runs the first image's 6 tiles and global view, then the second image's 2 tiles and global view
-    assert idefics_crop_tiles(m, np.asarray(ids)) == (*(t.name for t in lay.tiles), "", "", "")
+    np.testing.assert_array_equal(lay.positions, image_positions(ids)[3 * G * G:])
+    # the tower runs the first image's 2 tiles and global view, then the second image's 6 tiles and global view
+    assert idefics_crop_tiles(m, np.asarray(ids)) == ("", "", "", *(t.name for t in lay.tiles))
     assert lay.description.startswith("Idefics3: image split into 2x3 tiles + a global view")
+    assert lay.description.endswith("image 2 of 2")
 
 
 def test_prompt_off_the_template_is_refused_before_the_forward():
@@ -311,3 +313,19 @@ def test_saved_tiled_trace_gives_the_same_maps(trace, tmp_path, suffix):
         a, b = vc.cam(trace, r), vc.cam(back, r)
         np.testing.assert_array_equal(b.values, a.values, err_msg=r.id)
         assert a.dims == b.dims and a.attrs["checklist"] == b.attrs["checklist"]
+
+
+def test_two_image_prompt_maps_the_last_image(model):
+    """The projector's rows of the first image's 3 crops are skipped; the last image's 5 crops are stored."""
+    ids = prompt("idefics3", [(1, 2), (2, 2)])
+    x = make_x(crops=8)
+    tr = vc.trace(model, x, targets=vc.targets.answer(input_ids=ids, answer_ids=ANSWER),
+                  sites=["projector", "lm_resid"])
+    acts, grads, _ = reference(model, x, ids)
+    pos = image_positions(ids)[3 * G * G:]
+    np.testing.assert_array_equal(tr["image_token_pos"].values, pos)
+    assert_rel_close(tr["projector"].values, acts[(0, "projector")][3 * G * G:], "projector of the last image")
+    assert_rel_close(tr["projector_grad"].values, grads[(0, "projector")][:, 3 * G * G:], "its gradients")
+    assert_rel_close(tr["lm_resid_grad"].values[:, 0], grads[(0, "lm_resid")][:, pos], "lm_resid grad")
+    m = vc.cam(tr, vc.Recipe(site="lm_resid", layer=0, class_=0))
+    assert m.dims == ("view", "y", "x") and list(m["view"].values) == ["tiles", "global"]
