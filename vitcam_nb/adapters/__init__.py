@@ -13,7 +13,8 @@ Example:
 
 from __future__ import annotations
 
-from vitcam_nb.adapters import hf_vlm_qwen  # noqa: F401 (registers the Qwen2-VL / Qwen2.5-VL family rows)
+# imported for their registrations: the Idefics3/SmolVLM and Qwen2-VL/2.5-VL family rows
+from vitcam_nb.adapters import hf_vlm_idefics, hf_vlm_qwen  # noqa: F401
 from vitcam_nb.adapters.base import Adapter, SiteSpec, TraceContext
 from vitcam_nb.adapters.beit import BeitAdapter
 from vitcam_nb.adapters.blip import BlipAdapter  # imports transformers only when a BLIP model is traced

@@ -145,6 +145,11 @@ class Adapter:
     def check_input(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         """Refuse an input batch (B, 3, H, W) the model cannot take, with a message naming ``image``."""
 
+    def arrange_extra(self, site: str, tensor: torch.Tensor) -> torch.Tensor:
+        """An extra site's captured tensor (batch, ...) or its gradients (targets, batch, ...) as the pass keeps
+        them (batch row b is image b); the default leaves them as captured."""
+        return tensor
+
     def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
         """The prepared input (a :class:`vitcam_nb.preprocess.PreparedInput`) of a family whose input is not one
         image (a video clip), refusing one that does not fit before any model call; None (the default): the

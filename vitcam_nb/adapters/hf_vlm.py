@@ -15,7 +15,8 @@ ImageTokenLayout` says which sequence positions those are and where each lands i
 A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
 family plugs in with only those. Known generative VLM classes without a row are refused by name. Read today:
 LLaVA (CLIP tower), PaliGemma and Gemma 3 (SigLIP towers, no class token; :mod:`~vitcam_nb.adapters.vlm_layouts`
-gives their layouts).
+gives their layouts); Idefics3 and SmolVLM (:mod:`~vitcam_nb.adapters.hf_vlm_idefics`: their tower runs on crops,
+LM-side sites only until the per-crop tower capture exists).
 
 transformers is never imported here: a model is recognised by its class name and module.
 
@@ -28,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +43,7 @@ from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
 from vitcam_nb.adapters.vlm_logit import assemble_lm_logit, lm_logit_hook
+from vitcam_nb.adapters.vlm_rows import proj_rows
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
 
 __all__ = ["HfVlmAdapter", "LM_SITES", "NOT_YET_SUPPORTED", "NOT_YET_WHY", "VLM_FAMILIES", "VlmFamily",
@@ -91,6 +94,9 @@ class VlmFamily:
     #: with crops: (model, sequence ids, the target's model_kwargs) -> the layout tile name each tower crop becomes,
     #: in the order the tower runs them ("" for a crop the LM never reads); the tower-side capture labels its rows
     crop_tiles: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[str, ...]] | None = None
+    #: with crops: (model, image, processor) -> the prepared input (the processor's crops as one tensor), as
+    #: :meth:`HfVlmAdapter.prepare_input` returns it; None: one image, the image rules apply
+    prepare_input: Callable[[torch.nn.Module, object, object], Any] | None = None
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -283,8 +289,17 @@ class HfVlmAdapter(HfClipAdapter):
     family = "hf_vlm"
     classes = tuple(c for fam in VLM_FAMILIES.values() for c in fam.classes) + tuple(NOT_YET_SUPPORTED)
 
+    #: whether the capture keeps one row per tower crop (VlmFamily.crops); until it does, a family whose tower runs
+    #: on several crops offers its LM-side sites only (the pass would keep the first crop's tower rows alone)
+    per_crop_capture = False
+
     def backbone_path(self, model: torch.nn.Module) -> str:
         return vlm_family_of(model).tower
+
+    def site_table(self, model: torch.nn.Module) -> dict:
+        if vlm_family_of(model).crops and not self.per_crop_capture:
+            return {}
+        return super().site_table(model)
 
     def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
         return list(vlm_family_of(model).tower_prefix)
@@ -296,6 +311,18 @@ class HfVlmAdapter(HfClipAdapter):
         strategy = getattr(model.config, "vision_feature_select_strategy", "default")
         return (f"none: {fam.name} projects the tower's hidden states of vision_feature_layer="
                 f"{getattr(model.config, 'vision_feature_layer', -1)} ({strategy} strategy) into the LM")
+
+    def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
+        fam = vlm_family_of(model)
+        return None if fam.prepare_input is None else fam.prepare_input(model, image, processor)
+
+    def arrange_extra(self, site: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The projector's output (crops, tokens, channels), or its gradients (targets, crops, ...), as one image's
+        (1, crops x tokens, channels): a family whose tower runs on crops projects each crop in its own row, and
+        the pass keeps batch row 0 only (one prompt is one image)."""
+        if site != "projector" or tensor.ndim < 3:
+            return tensor
+        return tensor.reshape(*tensor.shape[:-3], 1, -1, tensor.shape[-1])
 
     def lm_layers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The decoder layers of the language model."""
@@ -352,18 +379,22 @@ class HfVlmAdapter(HfClipAdapter):
         }
         layout_attrs = {"layout": lay.description, "layout_tiles": ";".join(
             f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
-            "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items())}
+            "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items()),
+            # every tile's grid, box on the image and group: what places a multi-tile map (compute.vlm_tiles)
+            "layout_tile_boxes": json.dumps([{"name": t.name, "grid": [int(v) for v in t.grid], "box": [
+                float(v) for v in t.box], "group": t.group_name} for t in lay.tiles])}
         if site == "lm_logit":
             return assemble_lm_logit(model, acts[0], np.asarray(ids), answer_pos, pos, image_token_id(model),
                                      list(getattr(target, "labels", [])), fam.lm_layers,
                                      layout_attrs, coords)
         if site == "projector":
-            # The projector runs on the tower tokens alone; its rows are the image tokens in the layout's order
-            # (the kept ones: a dropped class token is the first row under strategy "full").
-            first = acts[0].shape[-2] - pos.size
+            # The projector runs on the tower tokens alone (every crop's, flattened by arrange_extra): its rows
+            # are the image tokens in the layout's order (the kept ones: a dropped class token is the first row
+            # under strategy "full", a later image's tokens come after).
+            act, grad = proj_rows(ids, image_token_id(model), pos, acts[0], grads[0])
             attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token", **layout_attrs}
-            return {"projector": (("image_token", "lm_channel"), acts[0][first:], attrs),
-                    "projector_grad": (("target", "image_token", "lm_channel"), grads[0][:, first:], attrs)}, coords
+            return {"projector": (("image_token", "lm_channel"), act, attrs),
+                    "projector_grad": (("target", "image_token", "lm_channel"), grad, attrs)}, coords
         n = len(acts)
         coords["lm_layer"] = ("lm_layer", np.arange(n, dtype=np.int64))
         if site == "lm_resid":

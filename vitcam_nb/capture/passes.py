@@ -183,7 +183,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
     resident = ResidentCap() if arrays else None  # the resident memory before the pass: its rise is measured
 
     def arrange(k: Key, t: torch.Tensor) -> torch.Tensor:
-        return t if k[1] in extra else adapter.arrange_traced(ctx, k[1], k[0], t)
+        return adapter.arrange_extra(k[1], t) if k[1] in extra else adapter.arrange_traced(ctx, k[1], k[0], t)
 
     # The rule's hooks go on after the capture's: its forward hooks run first (prepend), so the sites read the
     # rule's tensors; its pre-hooks run after the capture's (the attn_scores site rebuilds the softmax it then sees).

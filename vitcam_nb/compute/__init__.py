@@ -6,8 +6,8 @@ Importing this package imports every module of it (a walk of the package, sorted
 ``_`` skipped), so a new trace form, like a new weighting, is one module with no import line to add. The lookup
 order of the forms does not depend on import order: each form declares its ``priority`` when it registers
 (smaller is asked first; the built-ins': map store 10, video 20, vitcx 30, tokentm 40, transformer_attribution 50,
-published 60, tam 95, flat 100, many 110, stages 120, vlm 130, xattn 140). A form for traces the flat form would also take
-declares a priority below 100.
+published 60, tam 95, flat 100, many 110, stages 120, vlm 130, xattn 140). A form for traces the flat form would also
+take declares a priority below 100.
 """
 
 import importlib as _importlib

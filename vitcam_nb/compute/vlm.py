@@ -3,7 +3,9 @@ the image tokens a decoder-only language model reads, computed from the trace wi
 
 The image tokens are the positions; their cells come from the trace's image-token layout (``image_token_row``,
 ``image_token_col``, written by :class:`vitcam_nb.adapters.hf_vlm.HfVlmAdapter`), so the map is on the layout's
-grid, not on an assumed raster. ``projector`` and ``lm_resid`` are (token, channel) sites like F1: every
+grid, not on an assumed raster. A multi-tile layout (tiles and a global view, a base view and crops) is computed
+over all image tokens as one set and placed tile by tile on the image, one map per tile group
+(:mod:`~vitcam_nb.compute.vlm_tiles`). ``projector`` and ``lm_resid`` are (token, channel) sites like F1: every
 weighting applies (Grad-CAM: ``weighting="gradcam"``). ``lm_attn`` is the LM's attention from the query row that
 predicts the recipe's answer token (``class_`` an answer-token index; the mean over all answer rows for the
 sequence score or a ranked class) to the image keys, heads as the channels, as site ``xattn`` treats BLIP's
@@ -29,6 +31,7 @@ from vitcam_nb.compute.pipeline import combine, compact, finish_layers, grid_map
 from vitcam_nb.compute.report import build_checklist, describe, map_words
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
+from vitcam_nb.compute.vlm_tiles import is_tiled, place, stacked, trace_layout
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
@@ -49,14 +52,14 @@ def _n_layers(trace: xr.Dataset, site: str) -> int:
 
 
 def _view(trace: xr.Dataset, site: str) -> TraceView:
-    """A :class:`TraceView` over the image tokens on the layout's one tile, so the pipeline's steps apply."""
-    tiles = np.unique(trace["image_token_tile"].values)
-    if tiles.size != 1:
-        raise TraceError(f"trace: its image tokens cover {tiles.size} tiles; site {site!r} maps one-tile layouts "
-                         "only so far")
+    """A :class:`TraceView` over the image tokens on the layout's one tile, so the pipeline's steps apply; over
+    a multi-tile layout, all image tokens as one row (weights, ReLU and normalisation see them as one set, as the
+    LM reads them), placed on the image afterwards (:mod:`~vitcam_nb.compute.vlm_tiles`)."""
     rows, cols = trace["image_token_row"].values, trace["image_token_col"].values
-    gh, gw = int(rows.max()) + 1, int(cols.max()) + 1
     n = int(trace.sizes["image_token"])
+    if is_tiled(trace):
+        rows, cols = np.zeros(n, np.int64), np.arange(n)
+    gh, gw = int(rows.max()) + 1, int(cols.max()) + 1
     arrays = {k: trace.variables[k].values for k in ("logits", "target_class")}
     dtype = trace.variables[f"{site}_grad"].dtype
     return TraceView(
@@ -132,8 +135,20 @@ def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
     patch = compact(view.patch)
     maps, scale, zero_grad = grid_maps(view, recipe, A, G, wmask, patch, groups)
     per_layer, reasons = finish_layers(view, recipe, maps, scale, zero_grad)
+    if is_tiled(trace):  # one value per image token, placed by the layout after the fusion
+        return fuse_layers(per_layer, reasons, layers, recipe, label=f"{site} layer")
     per_layer = upsample(per_layer, (view.height, view.width), recipe.upsample, view.pad)
     return fuse_layers(per_layer, reasons, layers, recipe, label=f"{site} layer")
+
+
+def _placed(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, tuple[str, ...], dict, list[str], list[str]]:
+    """A multi-tile trace's map: (values with a leading view/tile dim, that dim, its coords, notes, partial)."""
+    fused, notes, partial = _values(trace, recipe)
+    lay = trace_layout(trace, recipe.site)
+    size = (int(trace.sizes.get("y", 1)), int(trace.sizes.get("x", 1)))
+    names, maps = place(lay, fused[0], size, recipe.upsample)
+    values, dim, coords = stacked(names, maps, lay, recipe.upsample)
+    return values, dim, coords, notes, partial
 
 
 def _map_words(recipe: Recipe) -> str:
@@ -167,6 +182,13 @@ def _report(trace: xr.Dataset, recipe: Recipe) -> tuple[Checklist, str]:
     th["image tokens"] = str(var_attrs.get("layout", "")) + (
         f"; dropped: {var_attrs['layout_dropped']}" if var_attrs.get("layout_dropped") else "")
     th["map over"] = "the image tokens at their layout cells (text tokens are not stored at this site)"
+    if is_tiled(trace):
+        groups = list(dict.fromkeys(t.group_name for t in trace_layout(trace, site).tiles))
+        th["map over"] = (
+            f"all {view.gw} image tokens of the {np.unique(trace['image_token_tile'].values).size} tiles as one set "
+            "(weights, ReLU, normalisation and layer fusion over them together, as the LM reads them), then each "
+            f"tile's cells placed in its box on the image: one map per tile group ({', '.join(groups)}), groups "
+            + ("never averaged" if recipe.upsample != "none" else "never averaged; upsample='none': per-tile grids"))
     if site == "lm_attn":
         th["answer rows"] = _answer_rows(trace, recipe)[1]
     methods = describe(recipe, shim).replace(f"{old_site} at {old_layer}", f"{fr['site']} at {fr['layer']}", 1)
@@ -203,16 +225,29 @@ class VlmKind(TraceKind):
             and recipe.site in VLM_SITES
 
     def compute(self, trace: xr.Dataset, recipe: Recipe) -> MapValues:
+        _check(trace, recipe)
+        if is_tiled(trace):
+            values, _, _, notes, partial = _placed(trace, recipe)
+            return values, notes, partial
         return _values(trace, recipe)
 
     def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
         """A DataArray (y, x) at the input size, or (patch_row, patch_col) on the layout's grid with
-        ``upsample="none"``, with the recipe, ids, checklist, methods and degeneracy in its attrs."""
-        values, notes, partial = _values(trace, recipe)
+        ``upsample="none"``, with the recipe, ids, checklist, methods and degeneracy in its attrs; over a
+        multi-tile layout (view, y, x), one map per tile group, or (tile, patch_row, patch_col)."""
+        _check(trace, recipe)
+        if is_tiled(trace):
+            values, dim, coords, notes, partial = _placed(trace, recipe)
+        else:
+            (values, notes, partial), dim, coords = _values(trace, recipe), (), {}
         reason = warn_degenerate(recipe, notes) if notes else ""
         checklist, methods = _report(trace, recipe)
-        return map_array(values, recipe, str(trace.attrs.get("trace_id", "")), checklist.to_json(), methods, reason,
-                         partial)
+        out = map_array(values if not dim else values[0], recipe, str(trace.attrs.get("trace_id", "")),
+                        checklist.to_json(), methods, reason, partial)
+        if dim:  # one map per tile group (or per tile on the token grids), with the report of the whole
+            out = xr.DataArray(values.astype(np.float32, copy=False), dims=(*dim, *out.dims), coords=coords,
+                               name=out.name, attrs=out.attrs)
+        return out
 
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         raise RecipeError(f"site: galleries over {recipe.site!r} are not supported yet; call vc.cam per recipe")
