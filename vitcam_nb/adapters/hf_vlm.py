@@ -38,6 +38,7 @@ import torch
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
+from vitcam_nb.adapters.vlm_crops import crop_geometry, crops_input, projector_rows
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
@@ -88,6 +89,9 @@ class VlmFamily:
     #: with crops: (model, sequence ids, the target's model_kwargs) -> the layout tile name each tower crop becomes,
     #: in the order the tower runs them ("" for a crop the LM never reads); the tower-side capture labels its rows
     crop_tiles: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[str, ...]] | None = None
+    #: with crops: the same arguments -> the Tile each crop covers in the original image (padding undone), for
+    #: crops that are no tile of the layout on their own (a resampled grid); None: the layout's tile of that name
+    crop_boxes: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[Any, ...]] | None = None
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -305,6 +309,32 @@ class HfVlmAdapter(HfClipAdapter):
                 "lm_resid": [(layer.get_submodule(fam.lm_norm), "input") for layer in layers],
                 "lm_attn": [(layer.get_submodule(fam.lm_attention), "output[1]") for layer in layers]}
 
+    def runs_crops(self, model: torch.nn.Module) -> bool:
+        return vlm_family_of(model).crops
+
+    def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
+        """A crops family's input: the processor's pixel_values, used as given (:mod:`~vitcam_nb.adapters.
+        vlm_crops`); None (the image rules) for a family whose tower sees the one image."""
+        fam = vlm_family_of(model)
+        if not fam.crops:
+            return None
+        return crops_input(model, image, processor, self.configured_size(model), fam.name, self.data_config(model))
+
+    def crop_tiles(self, model: torch.nn.Module, target: object) -> tuple[str, ...]:
+        """The layout tile each tower crop becomes, in the tower's order, for the answer ``target``."""
+        fam, ids = vlm_family_of(model), getattr(target, "sequence", None)
+        if fam.crop_tiles is None or ids is None:
+            raise TraceError(f"targets: {fam.name} runs its tower on crops; its tower sites need the answer target "
+                             "(vitcam_nb.targets.answer) and the family's crop_tiles")
+        return tuple(fam.crop_tiles(model, np.asarray(ids), dict(getattr(target, "model_kwargs", None) or {})))
+
+    def crop_geometry(self, model: torch.nn.Module, target: object) -> list[Any]:
+        """The :class:`~vitcam_nb.adapters.vlm_layout.Tile` each tower crop covers (None: never read)."""
+        fam, ids = vlm_family_of(model), np.asarray(getattr(target, "sequence", []))
+        extra = dict(getattr(target, "model_kwargs", None) or {})
+        boxes = fam.crop_boxes(model, ids, extra) if fam.crop_boxes is not None else None
+        return crop_geometry(self.layout(model, ids, extra), self.crop_tiles(model, target), boxes)
+
     def tower_grid(self, model: torch.nn.Module) -> tuple[int, int]:
         """The tower's patch grid at its configured size (LLaVA's tower does not interpolate)."""
         h, w = self.configured_size(model)
@@ -337,8 +367,6 @@ class HfVlmAdapter(HfClipAdapter):
         fam = vlm_family_of(model)
         lay = self.layout(model, np.asarray(ids), getattr(target, "model_kwargs", None))
         pos = lay.positions
-        acts = [a[0] for a in acts]  # drop the batch of one
-        grads = [g.reshape(g.shape[0], *a.shape) for g, a in zip(grads, acts)]
         coords = {
             "image_token": ("image_token", np.arange(pos.size, dtype=np.int64)),
             "image_token_pos": ("image_token", pos.astype(np.int64)),
@@ -349,6 +377,14 @@ class HfVlmAdapter(HfClipAdapter):
         layout_attrs = {"layout": lay.description, "layout_tiles": ";".join(
             f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
             "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items())}
+        if site == "projector" and fam.crops:  # (crops, rows, channels): each image token is one crop's row
+            crop, row = projector_rows(lay, self.crop_tiles(model, target), acts[0].shape[-2])
+            attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token (the row of "
+                     "the crop whose tile holds it)", **layout_attrs}
+            return {"projector": (("image_token", "lm_channel"), acts[0][crop, row], attrs),
+                    "projector_grad": (("target", "image_token", "lm_channel"), grads[0][:, crop, row], attrs)}, coords
+        acts = [a[0] for a in acts]  # drop the batch of one
+        grads = [g.reshape(g.shape[0], *a.shape) for g, a in zip(grads, acts)]
         if site == "projector":
             # The projector runs on the tower tokens alone; its rows are the image tokens in the layout's order
             # (the kept ones: a dropped class token is the first row under strategy "full").
