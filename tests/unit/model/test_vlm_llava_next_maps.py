@@ -144,9 +144,10 @@ def test_stitch_puts_each_crops_pixels_back_where_the_processor_took_them():
     assert enc["image_sizes"].tolist() == [list(SIZE)]
     tr = build("next", ("F1",)).trace
     px = enc["pixel_values"][0].numpy()  # (5, 3, 32, 32), crops in the order the model runs them
-    # the image fills the 64 px canvas's width: one canvas px is 70/64 image px; half a cell is 4 canvas px
-    # (measured here: 0.6 px across, 4.6 px down; boxes ignoring the padding are off by the whole image)
-    for ch, want, tol in ((0, xx, 1.0 / w), (1, yy, (4 * w / 64 + 1.0) / h)):
+    # the image fills the 64 px canvas's width: one canvas px is 70/64 image px, half a cell 4 canvas px; the base
+    # view squashes 70 px into 32 (half a pixel: 35/32 image px). Measured here: 1.15 px across (base), 4.6 px
+    # down (tiles); boxes ignoring the padding are off by the whole image
+    for ch, want, tol in ((0, xx, (35 / 32 + 1.0) / w), (1, yy, (4 * w / 64 + 1.0) / h)):
         cam = xr.DataArray(px[:, ch], dims=("crop", "y", "x"),
                            coords={c: ("crop", tr[c].values) for c in tr.coords if c.startswith("crop_")})
         out = stitch_crops(cam, SIZE)
