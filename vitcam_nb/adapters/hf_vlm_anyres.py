@@ -33,11 +33,10 @@ from vitcam_nb.adapters.vlm_layout import ImageTokenLayout, Tile
 from vitcam_nb.adapters.vlm_layouts.anyres import (
     LLAVA_NEXT_ANATOMY,
     LLAVA_ONEVISION_ANATOMY,
-    best_fit_resolution,
+    anyres_crops,
     llava_next_layout,
     llava_onevision_layout,
 )
-from vitcam_nb.adapters.vlm_layouts.anyres import _pack_one as pack_one
 from vitcam_nb.core.errors import ArgumentError, TraceError
 
 __all__ = ["anyres_crop_boxes", "anyres_crop_tiles", "image_size_of", "next_layout", "onevision_layout"]
@@ -91,30 +90,44 @@ def _wrapped(fn: Any, model: torch.nn.Module, ids: np.ndarray, extra: Mapping[st
 
 def next_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
                 extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
-    """LLaVA-NeXT's layout of the prompt ``ids`` for the image of the target's ``image_sizes``."""
+    """LLaVA-NeXT's layout of the prompt ``ids`` for the image of the target's ``image_sizes``.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> m = torch.nn.Module()
+        >>> m.config = NS(vision_config=NS(image_size=32, patch_size=8, model_type="clip_vision_model"),
+        ...               image_grid_pinpoints=[[32, 64]], image_token_id=9)
+        >>> next_layout(m, np.array([9] * 34), (4, 4), {"image_sizes": [[24, 90]]}).dropped
+        {'newline': 2}
+    """
     _check_tower(model, "llava_next")
     return _wrapped(llava_next_layout, model, ids, extra or {})
 
 
 def onevision_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
                      extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
-    """LLaVA-OneVision's layout (``anyres_max_N`` from the target's ``vision_aspect_ratio`` or the config)."""
+    """LLaVA-OneVision's layout (``anyres_max_N`` from the target's ``vision_aspect_ratio`` or the config).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> m = torch.nn.Module()
+        >>> m.config = NS(vision_config=NS(image_size=32, patch_size=8, model_type="siglip_vision_model"),
+        ...               image_grid_pinpoints=[[64, 64]], image_token_id=9, vision_aspect_ratio="anyres_max_1")
+        >>> [t.grid for t in onevision_layout(m, np.array([9] * 31), (4, 4), {"image_sizes": [[60, 70]]}).tiles]
+        [(4, 4), (3, 4)]
+    """
     _check_tower(model, "llava_onevision")
     extra = extra or {}
     return _wrapped(llava_onevision_layout, model, ids, extra, crops=True,
                     vision_aspect_ratio=extra.get("vision_aspect_ratio"))
 
 
-def _geometry(model: torch.nn.Module, extra: Mapping[str, Any]) -> tuple[int, int, list[Tile]]:
-    """(rows, cols) of the best-fit crop grid and the Tile of every crop (base first, then row-major), boxes in
-    the original image with the padding undone, as the model cuts the crop grid (no resampling)."""
-    size = image_size_of(model, extra)
+def _geometry(model: torch.nn.Module, extra: Mapping[str, Any]) -> list[Tile]:
+    """The Tile of every crop (base first, then row-major), boxes in the original image with the padding undone, as
+    the model cuts the crop grid (no resampling)."""
     vc = model.config.vision_config
-    tile_px, patch_px = int(vc.image_size), int(vc.patch_size)
-    pins = [tuple(int(v) for v in p) for p in model.config.image_grid_pinpoints]
-    ph, pw = best_fit_resolution(size, pins)
-    tiles = pack_one(size, tile_px // patch_px, pins, tile_px, None, True, True, type(model).__name__)[0]
-    return ph // tile_px, pw // tile_px, list(tiles)
+    return list(anyres_crops(image_size_of(model, extra), grid_pinpoints=model.config.image_grid_pinpoints,
+                             tile_px=int(vc.image_size), patch_px=int(vc.patch_size)))
 
 
 def anyres_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any]) -> tuple[str, ...]:
@@ -129,7 +142,7 @@ def anyres_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[st
         >>> anyres_crop_tiles(m, np.array([9] * 34), {"image_sizes": [[24, 90]]})
         ('base', 'tile_r0_c0', 'tile_r0_c1')
     """
-    _, _, tiles = _geometry(model, extra)
+    tiles = _geometry(model, extra)
     names = [t.name for t in tiles]
     if type(model).__name__ == LLAVA_ONEVISION_ANATOMY.model_class:
         lay = onevision_layout(model, ids, (0, 0), extra)
@@ -141,8 +154,16 @@ def anyres_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[st
 def anyres_crop_boxes(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any]) -> tuple[Tile, ...]:
     """Where each tower crop lies in the original image (padding undone): the base view covers it whole, crop
     ``tile_r{i}_c{j}`` its cell of the best-fit grid; the same whether OneVision resamples the grid after the
-    projector or not (the crops the tower sees do not change)."""
-    return tuple(_geometry(model, extra)[2])
+    projector or not (the crops the tower sees do not change).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> m = torch.nn.Module()
+        >>> m.config = NS(vision_config=NS(image_size=32, patch_size=8), image_grid_pinpoints=[[64, 64]])
+        >>> [t.box for t in anyres_crop_boxes(m, np.array([]), {"image_sizes": [[60, 70]]})][1]
+        (-0.16666666666666666, 0.0, 0.5, 0.5)
+    """
+    return tuple(_geometry(model, extra))
 
 
 register_vlm_family(VlmFamily(

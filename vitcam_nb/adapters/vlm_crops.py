@@ -60,7 +60,14 @@ def crops_tensor(image: object, size: tuple[int, int], family: str) -> torch.Ten
 def crops_input(model: torch.nn.Module, image: object, processor: object, size: tuple[int, int], family: str,
                 config: dict) -> Any:
     """The :class:`~vitcam_nb.preprocess.PreparedInput` of a crops family: the crops tensor used as given, its
-    display one de-normalised image per crop ``(n, H, W, 3)`` with the data ``config``'s mean and std."""
+    display one de-normalised image per crop ``(n, H, W, 3)`` with the data ``config``'s mean and std.
+
+    Example:
+        >>> p = crops_input(None, torch.zeros(1, 2, 3, 4, 4), None, (4, 4), "llava_next",
+        ...                 {"mean": (0.5,) * 3, "std": (0.5,) * 3})
+        >>> tuple(p.tensor.shape), p.display.shape
+        ((1, 2, 3, 4, 4), (2, 4, 4, 3))
+    """
     from vitcam_nb.preprocess import PreparedInput  # the preprocessing module imports the adapters
 
     if processor is not None:
@@ -111,7 +118,13 @@ def crop_geometry(layout: ImageTokenLayout, names: Sequence[str], boxes: Sequenc
 def projector_rows(layout: ImageTokenLayout, names: Sequence[str], rows_per_crop: int
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(crop, row) of the projector output for every kept image token of ``layout``; a TraceError naming the
-    ``projector`` site when a tile is not exactly one crop's projected rows (a resampled grid blends them)."""
+    ``projector`` site when a tile is not exactly one crop's projected rows (a resampled grid blends them).
+
+    Example:
+        >>> lay = ImageTokenLayout.raster([5, 6, 7, 8], (2, 2))
+        >>> [a.tolist() for a in projector_rows(lay, ("image",), 5)]  # a class token first: rows 1..4
+        [[0, 0, 0, 0], [1, 2, 3, 4]]
+    """
     crop_of, first = {}, {}
     for k, tile in enumerate(layout.tiles):
         owners = [i for i, n in enumerate(names) if n == tile.name]

@@ -76,11 +76,20 @@ def _crop_pass(whole: ImagePass, k: int, extra: dict, with_extra: bool) -> Image
 
 def assemble_crops(plan: TracePlan, prepared: PreparedInput, run: PassResult) -> xr.Dataset:
     """The trace Dataset of a crops pass (module docstring): crop 0 assembled with the language-model sites (its
-    attributes and trace id are the trace's), each crop's tower variables stacked along ``crop``."""
-    model, adapter, target = plan.model, plan.adapter, plan.target
+    attributes and trace id are the trace's), each crop's tower variables stacked along ``crop``.
+
+    Example:
+        >>> import torch
+        >>> from vitcam_nb.adapters import TraceContext
+        >>> run = PassResult(torch.zeros(1, 2), [[0]], {}, {}, (1, 1), TraceContext(torch.nn.Identity()), 0, "")
+        >>> assemble_crops(None, None, run)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        vitcam_nb.core.errors.TraceError: model: the tower's patch embedding never ran, so no crop was traced
+    """
     pixels = run.ctx.facts.get(CROP_PIXELS)
     if pixels is None or not run.crops:
         raise TraceError("model: the tower's patch embedding never ran, so no crop was traced")
+    model, adapter, target = plan.model, plan.adapter, plan.target
     n = int(pixels.shape[0])
     names = adapter.crop_tiles(model, target)
     if len(names) != n:
