@@ -118,8 +118,12 @@ def onevision_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, i
     """
     _check_tower(model, "llava_onevision")
     extra = extra or {}
-    return _wrapped(llava_onevision_layout, model, ids, extra, crops=True,
-                    vision_aspect_ratio=extra.get("vision_aspect_ratio"))
+    own = getattr(model.config, "vision_aspect_ratio", "anyres_max_9")
+    if extra.get("vision_aspect_ratio") not in (None, own):
+        # transformers 5's forward takes the argument but packs with the config's value
+        raise TraceError(f"model_kwargs: vision_aspect_ratio={extra['vision_aspect_ratio']!r}, but the model packs "
+                         f"its image features with its config's {own!r}; leave it out")
+    return _wrapped(llava_onevision_layout, model, ids, extra, crops=True, vision_aspect_ratio=own)
 
 
 def _geometry(model: torch.nn.Module, extra: Mapping[str, Any]) -> list[Tile]:

@@ -225,3 +225,10 @@ def test_a_tower_of_another_kind_is_refused_by_name():
         vision_config=v, text_config=t, image_token_id=63, image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]))
     with pytest.raises(vc.TraceError, match="the llava_onevision row reads a siglip_vision_model tower"):
         vc.trace(model, pixels(), targets=target("onevision"), sites=["F1"])
+
+
+def test_vision_aspect_ratio_the_model_ignores_is_refused():
+    # transformers 5's OneVision forward takes vision_aspect_ratio but packs with its config's value
+    with pytest.raises(vc.TraceError, match="model_kwargs: vision_aspect_ratio='anyres_max_4', but the model packs"):
+        vc.trace(make("onevision"), pixels(), targets=target("onevision", vision_aspect_ratio="anyres_max_4"),
+                 sites=["F1"])

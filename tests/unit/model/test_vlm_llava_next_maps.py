@@ -17,7 +17,7 @@ import vitcam_nb as vc
 
 pytest.importorskip("transformers")
 
-from anyres_cases import PINPOINTS, SIZE, TOWER, build  # noqa: E402
+from anyres_cases import PINPOINTS, SIZE, TOWER, build, target  # noqa: E402
 
 from vitcam_nb.compute.vlm_crops import stitch_crops  # noqa: E402
 
@@ -166,3 +166,11 @@ def test_stitch_refuses_what_it_cannot_place(case):
         stitch_crops(m, (0, 5))
     with pytest.raises(vc.ArgumentError, match="cam: has no coordinates"):
         stitch_crops(m.drop_vars("crop_box_top"))
+
+
+def test_float16_trace_gives_close_crop_maps(case):
+    half = vc.trace(case.model, case.x, targets=target(case.kind),
+                    sites=["F1"], dtype="float16")
+    assert half["grad"].dtype == np.float16 and half["grad"].dims[0] == "crop"
+    r = vc.Recipe(site="F1", layer=1, class_=0)
+    np.testing.assert_allclose(vc.cam(half, r).values, vc.cam(case.trace, r).values, atol=2e-2)
