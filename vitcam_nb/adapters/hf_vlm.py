@@ -15,13 +15,14 @@ ImageTokenLayout` says which sequence positions those are and where each lands i
 A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
 family plugs in with only those. Known generative VLM classes without a row are refused by name. Read today:
 LLaVA (CLIP tower), PaliGemma and Gemma 3 (SigLIP towers, no class token; :mod:`~vitcam_nb.adapters.vlm_layouts`
-gives their layouts).
+gives their layouts); LLaVA-NeXT and LLaVA-OneVision from :mod:`~vitcam_nb.adapters.hf_vlm_anyres` (their towers
+run on crops: :mod:`~vitcam_nb.adapters.vlm_crops`).
 
 transformers is never imported here: a model is recognised by its class name and module.
 
 Example:
-    >>> sorted(VLM_FAMILIES)
-    ['gemma3', 'llava', 'paligemma']
+    >>> {"llava", "paligemma", "gemma3"} <= set(VLM_FAMILIES)  # and the rows other modules register
+    True
     >>> HfVlmAdapter().matches(object())
     False
 """
