@@ -108,14 +108,21 @@ def assemble_crops(plan: TracePlan, prepared: PreparedInput, run: PassResult) ->
         return PreparedInput(prepared.tensor, display[k], prepared.preprocessing)
 
     first = assemble(plan, prep(0), _crop_pass(whole, 0, extra, True), run)
-    others = [assemble(plan, prep(k), _crop_pass(whole, k, extra, False), run, site_ids=tower_sites)
-              for k in range(1, n)] if tower_sites else []
-    run.acts.clear()  # the crops' Datasets hold their own copies now
-    run.grads.clear()
     tower = [v for v in first.data_vars if v != "image" and set(first[v].dims) & set(TOWER_DIMS)]
-    stacked = {v: xr.concat([first[v], *(d[v] for d in others)], dim="crop", coords="minimal", compat="override",
-                            join="override") for v in tower}
-    out = first.drop_vars([*tower, "image"]).assign(stacked)
+    # Each crop's arrays go into the stacked ones as it is assembled: one crop's copy more at a time, not all.
+    stacked = {v: (("crop", *first[v].dims), np.empty((n, *first[v].shape), first[v].dtype)) for v in tower}
+    for v in tower:
+        stacked[v][1][0] = first[v].values
+    out = first.drop_vars([*tower, "image"])
+    del first
+    for k in range(1, n if tower else 1):
+        one = assemble(plan, prep(k), _crop_pass(whole, k, extra, False), run, site_ids=tower_sites)
+        for v in tower:
+            stacked[v][1][k] = one[v].values
+        del one
+    run.acts.clear()  # the stacked arrays hold their own copies now
+    run.grads.clear()
+    out = out.assign(stacked)
     out["image"] = (("crop", "y", "x", "rgb"), display)
     out = out.assign_coords(crop_coords(names, adapter.crop_geometry(model, target)))
     size = _source_size(target)

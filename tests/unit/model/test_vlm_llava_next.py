@@ -232,3 +232,10 @@ def test_vision_aspect_ratio_the_model_ignores_is_refused():
     with pytest.raises(vc.TraceError, match="model_kwargs: vision_aspect_ratio='anyres_max_4', but the model packs"):
         vc.trace(make("onevision"), pixels(), targets=target("onevision", vision_aspect_ratio="anyres_max_4"),
                  sites=["F1"])
+
+
+def test_lm_sites_alone_keep_every_crops_image(case):
+    tr = vc.trace(case.model, case.x, targets=target(case.kind), sites=["lm_resid"])
+    assert tr["image"].dims == ("crop", "y", "x", "rgb") and tr.sizes["crop"] == 5 and "act" not in tr
+    np.testing.assert_array_equal(tr["image"].values, case.trace["image"].values)
+    assert_rel_close(tr["lm_resid_grad"].values, case.trace["lm_resid_grad"].values, "lm_resid alone")
