@@ -57,14 +57,17 @@ def zero_text(model) -> None:
         model.get_input_embeddings().weight.zero_()
 
 
-def answer_gradients(logits: torch.Tensor, prompt_len: int, answer: list[int], kept: dict, unbatched: tuple = ()
+def answer_gradients(logits: torch.Tensor, prompt_len: int, answer: list[int], kept: dict, whole: tuple = (),
+                     unbatched: tuple = ()
                      ) -> tuple[dict, dict, torch.Tensor]:
     """The hand-written reference of an answer trace: from the LM's ``logits`` (sequence, vocab) of ``prompt +
     answer``, the entries ``vc.targets.answer`` traces (each answer token's logit at its predicting position, the
     sequence log-prob, each position's logsumexp over the vocabulary; then the expected logit the kit appends), each
     differentiated alone by ``torch.autograd.grad`` with respect to the hooked tensors ``kept``. Returns the
-    activations (batch row 0), the gradients (entry, ...) and the entries; the tensors of the keys in ``unbatched``
-    (a packed vision tower's) have no batch dimension and are returned whole."""
+    activations (batch row 0; every row for the keys in ``whole``, e.g. a tower run on crops), the gradients
+    (entry, ...) and the entries; the tensors of the keys in ``unbatched`` (a packed vision tower's) have no batch
+    dimension and are returned whole too."""
+    whole = tuple(whole) + tuple(unbatched)
     rows = torch.arange(prompt_len, prompt_len + len(answer)) - 1  # the position that predicts each answer token
     ids = torch.tensor(answer)
     z = logits[rows].gather(1, ids[:, None])[:, 0]
@@ -77,6 +80,6 @@ def answer_gradients(logits: torch.Tensor, prompt_len: int, answer: list[int], k
         got = torch.autograd.grad(o, [kept[k] for k in keys], retain_graph=True, allow_unused=True)
         for k, g in zip(keys, got):
             grads[k].append(torch.zeros_like(kept[k]) if g is None else g)
-    return ({k: v.detach().numpy() if k in unbatched else v.detach()[0].numpy() for k, v in kept.items()},
-            {k: torch.stack(v).numpy() if k in unbatched else torch.stack(v)[:, 0].numpy() for k, v in grads.items()},
+    return ({k: v.detach().numpy() if k in whole else v.detach()[0].numpy() for k, v in kept.items()},
+            {k: torch.stack(v).numpy() if k in whole else torch.stack(v)[:, 0].numpy() for k, v in grads.items()},
             z.detach())

@@ -19,6 +19,7 @@ from vitcam_nb.adapters.base import Adapter, SiteSpec, TraceContext
 from vitcam_nb.adapters.beit import BeitAdapter
 from vitcam_nb.adapters.blip import BlipAdapter  # imports transformers only when a BLIP model is traced
 from vitcam_nb.adapters.eva import EvaAdapter
+from vitcam_nb.adapters.hf_vlm_anyres import register_vlm_family  # noqa: F401  (registers LLaVA-NeXT/OneVision rows)
 from vitcam_nb.adapters.open_clip import OpenClipAdapter  # imports open_clip only when one of its models is traced
 from vitcam_nb.adapters.qkv import single_head_attention
 from vitcam_nb.adapters.registry import find_adapter, register_adapter, supported_families, unregister_adapter

@@ -163,6 +163,11 @@ class Adapter:
         overrides this; by default the target is not needed."""
         return self.prepare_input(model, image, processor)
 
+    def runs_crops(self, model: torch.nn.Module) -> bool:
+        """Whether the model's tower runs on several crops of one input (an any-resolution VLM): its block sites
+        then hold one row per crop, and the capture keeps every row (:mod:`vitcam_nb.capture.crops`)."""
+        return False
+
     def data_config(self, model: torch.nn.Module) -> dict | None:
         """A timm-style data config (input_size, mean, std, interpolation, crop_pct, crop_mode) for models
         that do not carry a timm ``pretrained_cfg``; None uses timm's resolver."""

@@ -15,8 +15,9 @@ ImageTokenLayout` says which sequence positions those are and where each lands i
 A family is one :class:`VlmFamily` row: class names, module paths and its image-token layout function, so a new
 family plugs in with only those. Known generative VLM classes without a row are refused by name. Read today:
 LLaVA (CLIP tower), PaliGemma and Gemma 3 (SigLIP towers, no class token; :mod:`~vitcam_nb.adapters.vlm_layouts`
-gives their layouts); Idefics3 and SmolVLM (:mod:`~vitcam_nb.adapters.hf_vlm_idefics`: their tower runs on crops,
-LM-side sites only until the per-crop tower capture exists).
+gives their layouts); LLaVA-NeXT and LLaVA-OneVision (:mod:`~vitcam_nb.adapters.hf_vlm_anyres`), Idefics3 and SmolVLM
+(:mod:`~vitcam_nb.adapters.hf_vlm_idefics`), whose towers run on crops (:mod:`~vitcam_nb.adapters.vlm_crops`);
+Qwen2-VL and Qwen2.5-VL (:mod:`~vitcam_nb.adapters.hf_vlm_qwen`, their own tower sites).
 
 transformers is never imported here: a model is recognised by its class name and module.
 
@@ -40,6 +41,7 @@ import torch
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
+from vitcam_nb.adapters.vlm_crops import crop_geometry, crops_input, projector_rows
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
 from vitcam_nb.adapters.vlm_logit import assemble_lm_logit, lm_logit_hook
@@ -94,9 +96,12 @@ class VlmFamily:
     #: with crops: (model, sequence ids, the target's model_kwargs) -> the layout tile name each tower crop becomes,
     #: in the order the tower runs them ("" for a crop the LM never reads); the tower-side capture labels its rows
     crop_tiles: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[str, ...]] | None = None
-    #: with crops: (model, image, processor) -> the prepared input (the processor's crops as one tensor), as
-    #: :meth:`HfVlmAdapter.prepare_input` returns it; None: one image, the image rules apply
-    prepare_input: Callable[[torch.nn.Module, object, object], Any] | None = None
+    #: with crops: the same arguments -> the Tile each crop covers in the original image (padding undone), for
+    #: crops that are no tile of the layout on their own (a resampled grid); None: the layout's tile of that name
+    crop_boxes: Callable[[torch.nn.Module, np.ndarray, Mapping[str, Any]], tuple[Any, ...]] | None = None
+    #: the (mean, std) the family's processor normalises pixels with, to show crops as the tower saw them
+    #: (None: the tower config's, else CLIP's)
+    mean_std: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 def image_token_id(model: torch.nn.Module) -> int:
@@ -289,17 +294,8 @@ class HfVlmAdapter(HfClipAdapter):
     family = "hf_vlm"
     classes = tuple(c for fam in VLM_FAMILIES.values() for c in fam.classes) + tuple(NOT_YET_SUPPORTED)
 
-    #: whether the capture keeps one row per tower crop (VlmFamily.crops); until it does, a family whose tower runs
-    #: on several crops offers its LM-side sites only (the pass would keep the first crop's tower rows alone)
-    per_crop_capture = False
-
     def backbone_path(self, model: torch.nn.Module) -> str:
         return vlm_family_of(model).tower
-
-    def site_table(self, model: torch.nn.Module) -> dict:
-        if vlm_family_of(model).crops and not self.per_crop_capture:
-            return {}
-        return super().site_table(model)
 
     def prefix_kinds(self, model: torch.nn.Module) -> list[str]:
         return list(vlm_family_of(model).tower_prefix)
@@ -312,18 +308,6 @@ class HfVlmAdapter(HfClipAdapter):
         return (f"none: {fam.name} projects the tower's hidden states of vision_feature_layer="
                 f"{getattr(model.config, 'vision_feature_layer', -1)} ({strategy} strategy) into the LM")
 
-    def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
-        fam = vlm_family_of(model)
-        return None if fam.prepare_input is None else fam.prepare_input(model, image, processor)
-
-    def arrange_extra(self, site: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The projector's output (crops, tokens, channels), or its gradients (targets, crops, ...), as one image's
-        (1, crops x tokens, channels): a family whose tower runs on crops projects each crop in its own row, and
-        the pass keeps batch row 0 only (one prompt is one image)."""
-        if site != "projector" or tensor.ndim < 3:
-            return tensor
-        return tensor.reshape(*tensor.shape[:-3], 1, -1, tensor.shape[-1])
-
     def lm_layers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The decoder layers of the language model."""
         return list(model.get_submodule(vlm_family_of(model).lm_layers))
@@ -335,6 +319,41 @@ class HfVlmAdapter(HfClipAdapter):
                 "lm_resid": [(layer.get_submodule(fam.lm_norm), "input") for layer in layers],
                 "lm_attn": [(layer.get_submodule(fam.lm_attention), "output[1]") for layer in layers],
                 "lm_logit": lm_logit_hook(model, fam.lm_layers)}  # TAM's logit lens (vitcam_nb.adapters.vlm_logit)
+
+    def runs_crops(self, model: torch.nn.Module) -> bool:
+        return vlm_family_of(model).crops
+
+    def data_config(self, model: torch.nn.Module) -> dict:
+        """The CLIP processor's defaults, or the family's own mean and std (:attr:`VlmFamily.mean_std`)."""
+        config = super().data_config(model)
+        fam = vlm_family_of(model)
+        if fam.mean_std is None:
+            return config
+        return {**config, "mean": tuple(fam.mean_std[0]), "std": tuple(fam.mean_std[1]),
+                "source": f"defaults of the {fam.name} image processor (no processor given)"}
+
+    def prepare_input(self, model: torch.nn.Module, image: object, processor: object = None) -> Any:
+        """A crops family's input: the processor's pixel_values, used as given (:mod:`~vitcam_nb.adapters.
+        vlm_crops`); None (the image rules) for a family whose tower sees the one image."""
+        fam = vlm_family_of(model)
+        if not fam.crops:
+            return None
+        return crops_input(model, image, processor, self.configured_size(model), fam.name, self.data_config(model))
+
+    def crop_tiles(self, model: torch.nn.Module, target: object) -> tuple[str, ...]:
+        """The layout tile each tower crop becomes, in the tower's order, for the answer ``target``."""
+        fam, ids = vlm_family_of(model), getattr(target, "sequence", None)
+        if fam.crop_tiles is None or ids is None:
+            raise TraceError(f"targets: {fam.name} runs its tower on crops; its tower sites need the answer target "
+                             "(vitcam_nb.targets.answer) and the family's crop_tiles")
+        return tuple(fam.crop_tiles(model, np.asarray(ids), dict(getattr(target, "model_kwargs", None) or {})))
+
+    def crop_geometry(self, model: torch.nn.Module, target: object) -> list[Any]:
+        """The :class:`~vitcam_nb.adapters.vlm_layout.Tile` each tower crop covers (None: never read)."""
+        fam, ids = vlm_family_of(model), np.asarray(getattr(target, "sequence", []))
+        extra = dict(getattr(target, "model_kwargs", None) or {})
+        boxes = fam.crop_boxes(model, ids, extra) if fam.crop_boxes is not None else None
+        return crop_geometry(self.layout(model, ids, extra), self.crop_tiles(model, target), boxes)
 
     def tower_grid(self, model: torch.nn.Module) -> tuple[int, int]:
         """The tower's patch grid at its configured size (LLaVA's tower does not interpolate)."""
@@ -368,8 +387,6 @@ class HfVlmAdapter(HfClipAdapter):
         fam = vlm_family_of(model)
         lay = self.layout(model, np.asarray(ids), getattr(target, "model_kwargs", None))
         pos = lay.positions
-        acts = [a[0] for a in acts]  # drop the batch of one
-        grads = [g.reshape(g.shape[0], *a.shape) for g, a in zip(grads, acts)]
         coords = {
             "image_token": ("image_token", np.arange(pos.size, dtype=np.int64)),
             "image_token_pos": ("image_token", pos.astype(np.int64)),
@@ -383,14 +400,21 @@ class HfVlmAdapter(HfClipAdapter):
             # every tile's grid, box on the image and group: what places a multi-tile map (compute.vlm_tiles)
             "layout_tile_boxes": json.dumps([{"name": t.name, "grid": [int(v) for v in t.grid], "box": [
                 float(v) for v in t.box], "group": t.group_name} for t in lay.tiles])}
+        if site == "projector" and fam.crops:  # (crops, rows, channels): each image token is one crop's row
+            crop, row = projector_rows(lay, self.crop_tiles(model, target), acts[0].shape[-2])
+            attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token (the row of "
+                     "the crop whose tile holds it)", **layout_attrs}
+            return {"projector": (("image_token", "lm_channel"), acts[0][crop, row], attrs),
+                    "projector_grad": (("target", "image_token", "lm_channel"), grads[0][:, crop, row], attrs)}, coords
+        acts = [a[0] for a in acts]  # drop the batch of one
+        grads = [g.reshape(g.shape[0], *a.shape) for g, a in zip(grads, acts)]
         if site == "lm_logit":
             return assemble_lm_logit(model, acts[0], np.asarray(ids), answer_pos, pos, image_token_id(model),
                                      list(getattr(target, "labels", [])), fam.lm_layers,
                                      layout_attrs, coords)
         if site == "projector":
-            # The projector runs on the tower tokens alone (every crop's, flattened by arrange_extra): its rows
-            # are the image tokens in the layout's order (the kept ones: a dropped class token is the first row
-            # under strategy "full", a later image's tokens come after).
+            # The projector runs on the tower tokens alone: its rows are the image tokens in the layout's order (the
+            # kept ones: a dropped class token is the first row under strategy "full", a later image's come after).
             act, grad = proj_rows(ids, image_token_id(model), pos, acts[0], grads[0])
             attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token", **layout_attrs}
             return {"projector": (("image_token", "lm_channel"), act, attrs),

@@ -32,9 +32,9 @@ import torch
 from vitcam_nb.adapters.hf_vlm import VlmFamily, image_token_id, register_vlm_family
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
 from vitcam_nb.adapters.vlm_layouts.idefics import IDEFICS3_ANATOMY, SMOLVLM_ANATOMY, idefics3_layout, smolvlm_layout
-from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
+from vitcam_nb.core.errors import ArgumentError, TraceError
 
-__all__ = ["IDEFICS3", "SMOLVLM", "idefics_crop_tiles", "idefics_layout_of", "idefics_prepare", "prompt_tiles"]
+__all__ = ["IDEFICS3", "SMOLVLM", "idefics_crop_tiles", "idefics_layout_of", "prompt_tiles"]
 
 
 def _runs(ids: np.ndarray, image_id: int) -> list[tuple[int, int]]:
@@ -101,8 +101,8 @@ def _tiles(model: torch.nn.Module, ids: np.ndarray) -> tuple[list[int], list[int
 def idefics_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, int],
                       extra: Mapping[str, Any] | None = None) -> ImageTokenLayout:
     """The layout of the prompt's last image (:func:`~vitcam_nb.adapters.vlm_layouts.idefics3_layout`), its tile
-    grid read off the ids (:func:`prompt_tiles`): the image whose global view is the last crop, which the trace
-    shows (:func:`idefics_prepare`); a one-image prompt's only image.
+    grid read off the ids (:func:`prompt_tiles`): the image whose global view is the last crop; a one-image prompt's
+    only image.
 
     Example:
         >>> from types import SimpleNamespace as NS
@@ -135,49 +135,16 @@ def idefics_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[s
     return (*[""] * sum(r * c + 1 for r, c in zip(rows[:-1], cols[:-1])), *names)
 
 
-def idefics_prepare(model: torch.nn.Module, image: object, processor: object = None) -> Any:
-    """The processor's ``pixel_values`` of one prompt, (1, crops, 3, H, W) or (crops, 3, H, W), used as given (the
-    model's forward takes them so; ``pixel_attention_mask`` goes in the target's ``model_kwargs``). Its display is
-    the last crop, the global view (the whole image squashed to one tile), min-max scaled: maps are placed on it.
-
-    Example:
-        >>> from types import SimpleNamespace as NS
-        >>> class M: config = NS(vision_config=NS(image_size=16))
-        >>> p = idefics_prepare(M(), torch.zeros(3, 3, 16, 16))
-        >>> tuple(p.tensor.shape), p.display.shape, p.preprocessing["crops"]
-        ((1, 3, 3, 16, 16), (16, 16, 3), 3)
-    """
-    from vitcam_nb.preprocess import PreparedInput  # the preprocessing module imports the adapters
-
-    if processor is not None:
-        raise TraceError("processor: Idefics3/SmolVLM take the processor's pixel_values (its crops); call the "
-                         "processor yourself and pass its pixel_values as image, its input_ids to the target")
-    if isinstance(image, np.ndarray) and np.issubdtype(image.dtype, np.floating):
-        image = torch.from_numpy(image)
-    if not isinstance(image, torch.Tensor) or not image.is_floating_point():
-        raise ArgumentTypeError(f"image: Idefics3/SmolVLM take the processor's pixel_values, a float tensor "
-                                f"(1, crops, 3, H, W); got {type(image).__name__}")
-    t = image if image.ndim == 5 else image[None]
-    size = int(model.config.vision_config.image_size)
-    if t.ndim != 5 or t.shape[0] != 1 or t.shape[2] != 3 or tuple(t.shape[-2:]) != (size, size):
-        raise TraceError(f"image: expected one prompt's pixel_values (1, crops, 3, {size}, {size}), got shape "
-                         f"{tuple(image.shape)}")
-    view = t[0, -1].permute(1, 2, 0).detach().cpu().double().numpy()
-    lo, hi = float(view.min()), float(view.max())
-    display = np.round((view - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(view)).astype(np.uint8)
-    facts = {"input_kind": "pixel_values (crops, used as given)", "crops": int(t.shape[1]),
-             "display": "the last crop (the global view), min-max scaled for display only"}
-    return PreparedInput(t, display, facts)
-
-
 _READS = ("the tower's last hidden state (after its post_layernorm) of every crop, every tower layer read; the "
           "connector pixel-shuffles each scale_factor x scale_factor block of patches into one token and projects "
           "it (modality_projection)")
+#: Idefics3's and SmolVLM's processors normalise with mean = std = 0.5 (IMAGENET_STANDARD_MEAN/STD)
+_MEAN_STD = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 IDEFICS3 = register_vlm_family(VlmFamily(
     "idefics3", (IDEFICS3_ANATOMY.model_class,), tower="model.vision_model", projector=IDEFICS3_ANATOMY.projector,
     lm_layers=IDEFICS3_ANATOMY.lm_layers, layout=idefics_layout_of, tower_prefix=(), reads=_READS, crops=True,
-    crop_tiles=idefics_crop_tiles, prepare_input=idefics_prepare), replace=True)
+    crop_tiles=idefics_crop_tiles, mean_std=_MEAN_STD), replace=True)
 SMOLVLM = register_vlm_family(VlmFamily(
     "smolvlm", (SMOLVLM_ANATOMY.model_class,), tower="model.vision_model", projector=SMOLVLM_ANATOMY.projector,
     lm_layers=SMOLVLM_ANATOMY.lm_layers, layout=idefics_layout_of, tower_prefix=(), reads=_READS, crops=True,
-    crop_tiles=idefics_crop_tiles, prepare_input=idefics_prepare), replace=True)
+    crop_tiles=idefics_crop_tiles, mean_std=_MEAN_STD), replace=True)

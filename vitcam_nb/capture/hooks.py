@@ -24,6 +24,7 @@ import torch
 
 from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import PROJECTED_IO, SCORES_IO, SPLIT_IO, projected_hooks, split_qkv
+from vitcam_nb.capture.crop_check import CROP_PIXELS
 from vitcam_nb.capture.scores import score_hooks
 from vitcam_nb.core.errors import TraceError
 
@@ -172,8 +173,11 @@ class Capture:
         self._keep(key, parts[("q", "k", "v").index(site)])
         return torch.cat(parts, dim=-1)
 
-    def _grid_hook(self, _module: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
+    def _grid_hook(self, _module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
         self.grid = self.adapter.grid_from_output(self.model, output)
+        if self.adapter.runs_crops(self.model) and isinstance(inputs, tuple) and inputs:
+            # the crops exactly as the tower ran on them (a family may skip some of what the input held)
+            self.ctx.facts[CROP_PIXELS] = inputs[0].detach()
 
     def __enter__(self) -> Capture:
         stack = self._stack

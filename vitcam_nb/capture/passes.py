@@ -29,6 +29,7 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import single_head_layers
 from vitcam_nb.capture.backward import batched_grad
 from vitcam_nb.capture.block_major import SharedRecompute, backward_by_block
+from vitcam_nb.capture.crop_check import CROP_PIXELS, check_crops
 from vitcam_nb.capture.graph_start import graph_from
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan, group_bounds
@@ -98,14 +99,29 @@ class PassResult:
     extra_grads: dict[str, dict[Key, torch.Tensor]] = field(default_factory=dict)
     #: each image's share, when the pass wrote its arrays (``acts`` and ``grads`` are then empty)
     images: list[ImagePass] = field(default_factory=list)
+    #: the crops the tower ran on, for a model whose tower runs on several crops of its one image (0: none); the
+    #: block sites' leading dim is then the crop, not the batch
+    crops: int = 0
 
     def image(self, b: int) -> ImagePass:
-        """Image ``b``'s share (views of the batch tensors, or the arrays the pass wrote)."""
+        """Image ``b``'s share (views of the batch tensors, or the arrays the pass wrote). Refused on a pass over
+        crops, whose block sites hold one image's crops: :meth:`whole` gives them all."""
+        if self.crops:
+            raise TraceError(f"image: the tower ran on {self.crops} crops of one image; its trace is assembled with "
+                             "every crop (vitcam_nb.capture.crops.assemble_crops, as vitcam_nb.trace does), never "
+                             "as one batch row")
         if self.images:
             return self.images[b]
         return ImagePass(self.logits[b], self.classes[b], {k: t[b:b + 1] for k, t in self.acts.items()},
                          {k: g[:, b:b + 1] for k, g in self.grads.items()},
                          {n: {k: g[:, b:b + 1] for k, g in got.items()} for n, got in self.extra_grads.items()})
+
+    def whole(self) -> ImagePass:
+        """The pass's one image with every row of its tensors (a crops pass: the tower's crops included)."""
+        if int(self.logits.shape[0]) != 1:
+            raise TraceError(f"image: the pass holds {int(self.logits.shape[0])} images; whole() takes a pass of one")
+        return ImagePass(self.logits[0], self.classes[0], dict(self.acts), dict(self.grads),
+                         {n: dict(got) for n, got in self.extra_grads.items()})
 
 
 def check_input(model: torch.nn.Module, adapter: Adapter, x: torch.Tensor) -> None:
@@ -178,6 +194,11 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
     """
     model, adapter = plan.model, plan.adapter
     check_input(model, adapter, x)
+    crops = adapter.runs_crops(model)
+    if crops:  # refused before any work when the crops do not fit the target
+        check_crops(plan, x)
+        # The array pass writes batch rows into per-image arrays; a crops tower's rows are one image's crops.
+        arrays = False
     ctx = TraceContext(model)
     extra = plan.extra_sites
     resident = ResidentCap() if arrays else None  # the resident memory before the pass: its rise is measured
@@ -253,7 +274,8 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
     return PassResult(logits=z.detach(), classes=classes, acts=acts, grads=grad_by_key, grid=cap.grid, ctx=ctx,
                       deterministic=det, deterministic_settings=det_settings,
                       single_head=single_head_layers(model, adapter.attention_modules(model)),
-                      extra_grads=extra_grads, images=images)
+                      extra_grads=extra_grads, images=images,
+                      crops=int(ctx.facts[CROP_PIXELS].shape[0]) if crops and CROP_PIXELS in ctx.facts else 0)
 
 
 def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1,

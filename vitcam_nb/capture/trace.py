@@ -17,6 +17,7 @@ import xarray as xr
 
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import fit_budget
+from vitcam_nb.capture.crops import assemble_crops
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.prealloc import writes_arrays
@@ -88,10 +89,13 @@ def trace(
     # A family whose input is not one image (a video clip) prepares it itself.
     prepared = (plan.adapter.prepare_traced_input(model, image, processor, plan.target)
                 or prepare_input(model, image, processor))
-    fit_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes)
+    crops = plan.adapter.runs_crops(model)  # the tower runs on every crop the input holds, at most
+    fit_budget(plan, tuple(prepared.tensor.shape[-2:]), max_bytes, batch=int(prepared.tensor.shape[1]) if crops else 1)
     with exclusive(model), on_device(model, plan.run_device):
         # Narrower storage: the pass writes every activation and gradient into the Dataset's own arrays as it goes.
         run = run_pass(plan, prepared.tensor, arrays=writes_arrays(plan))
+    if run.crops:  # one image's crops: every crop kept, one row of the crop dim each
+        return assemble_crops(plan, prepared, run)
     image = run.image(0)
     # The image's views become the only references to the pass's tensors, so assembly frees each one as it
     # copies it into the Dataset: the peak holds one copy of the gradients, not two.

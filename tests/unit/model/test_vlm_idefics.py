@@ -242,16 +242,7 @@ def test_gradcam_at_lm_resid_equals_reference(trace, refs, layer, token):
 
 
 # --------------------------------------------------------------------------------------------------
-# (c) the tower's per-crop sites: written against the per-crop capture's contract (a leading dim ``crop`` with
-# coords crop and crop_tile on act, grad, attn, image); skipped until the capture lands
-
-
-def _crop_capture() -> bool:
-    return bool(getattr(HfVlmAdapter, "per_crop_capture", False))
-
-
-CROP_SKIP = pytest.mark.skipif(not _crop_capture(), reason="the tower-per-crop capture (VlmFamily.crops: one row "
-                               "per crop with dims crop/crop_tile) is not built on this branch (helper e1)")
+# (c) the tower's per-crop sites (a leading dim ``crop`` with coords crop and crop_tile on act, grad, attn, image)
 
 
 def tower_reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[dict, dict]:
@@ -276,7 +267,6 @@ def tower_reference(model: torch.nn.Module, x: torch.Tensor) -> tuple[dict, dict
     return acts, grads
 
 
-@CROP_SKIP
 def test_tower_gradients_per_crop_equal_autograd(model):
     x = make_x()
     tr = vc.trace(model, x, targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER), sites=["F1", "lm_resid"])
@@ -291,7 +281,6 @@ def test_tower_gradients_per_crop_equal_autograd(model):
                              f"F1 grad @{layer} crop {crop}")
 
 
-@CROP_SKIP
 def test_tower_gradcam_per_crop_equals_reference(model):
     x = make_x()
     tr = vc.trace(model, x, targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER), sites=["F1"])

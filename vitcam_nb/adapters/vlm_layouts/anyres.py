@@ -29,6 +29,7 @@ from vitcam_nb.core.errors import ArgumentError
 __all__ = [
     "LLAVA_NEXT_ANATOMY",
     "LLAVA_ONEVISION_ANATOMY",
+    "anyres_crops",
     "anyres_layout",
     "best_fit_resolution",
     "llava_next_layout",
@@ -136,6 +137,20 @@ def _pack_one(image_size: Sequence[int], side: int, pinpoints: list, tile_px: in
             f" ({cut} padding cells cut){resampled}, {out_r if newline else 0} newline tokens dropped; "
             f"base and tiles overlap and are mapped separately")
     return tiles, tile_of, rows, cols, keep, text
+
+
+def anyres_crops(image_size: Sequence[int], *, grid_pinpoints: Any, tile_px: int, patch_px: int) -> tuple[Tile, ...]:
+    """The base view and each crop of the best-fit grid as :class:`Tile` s, in the order the processor stacks them
+    (base, then row-major), boxes in the original image with the padding undone, whether or not OneVision then
+    resamples the crop grid (the crops the tower sees are the same).
+
+    Example:
+        >>> [(t.name, t.box) for t in anyres_crops((40, 90), grid_pinpoints=[(32, 96)], tile_px=32, patch_px=8)][1:3]
+        [('tile_r0_c0', (0.0, -0.1, 1.0, 0.3)), ('tile_r0_c1', (0.0, 0.3, 1.0, 0.7))]
+    """
+    pins = [tuple(int(v) for v in p) for p in grid_pinpoints]
+    side = int(tile_px) // int(patch_px)
+    return tuple(_pack_one(image_size, side, pins, int(tile_px), None, True, True, "")[0])
 
 
 def anyres_layout(input_ids: Any, image_size: Any, *, image_token_id: int, grid_pinpoints: Any,
