@@ -169,7 +169,7 @@ def test_prompt_off_the_template_is_refused_before_the_forward():
     bad = PROMPT[:6] + PROMPT[7:]  # one image token short in the first tile
     with pytest.raises(vc.TraceError, match="image-token runs of lengths"):
         vc.trace(m, make_x(), targets=vc.targets.answer(input_ids=bad, answer_ids=ANSWER), sites=list(LM))
-    with pytest.raises(vc.TraceError, match=r"pixel_values \(1, crops, 3, 32, 32\)"):
+    with pytest.raises(vc.TraceError, match=r"image: crops of 16x16 px, but the tower takes 32x32"):
         vc.trace(m, torch.zeros(1, 5, 3, 16, 16), targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER),
                  sites=list(LM))
 
