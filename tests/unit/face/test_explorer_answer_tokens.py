@@ -1,0 +1,144 @@
+"""The Explorer's answer-token picker (issue 55): on a generative VLM's answer trace (a tiny random LLaVA built in
+code) the class control lists the answer tokens by their decoded text and the sequence log-prob, never the
+logsumexp entries traced for prob/logprob nor a "topN" rank; the projector and LM-side sites are offered with the
+LM's own layers; and the map shown for a picked token is the map of that token, checked against Grad-CAM written
+here in NumPy from the stored attention and its gradient (which tests/unit/model/test_vlm_llava.py checks against
+torch.autograd)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import vitcam_nb as vc
+from vitcam_nb.widgets.controls import coerce_request, controls
+from vitcam_nb.widgets.facts import TraceFacts, default_recipe
+
+transformers = pytest.importorskip("transformers")
+
+IMAGE_ID, GRID = 63, 4  # the placeholder id (inside the 64-token vocabulary); 32 px / patch 8
+PROMPT = [1, 5, 6] + [IMAGE_ID] * GRID * GRID + [7, 8]
+ANSWER = [9, 10, 11]
+HOSTILE = "<img src=x onerror=alert(1)></script>"
+WORDS = {9: "red", 10: HOSTILE, 11: "&amp; circle"}
+
+
+class Tokenizer:
+    """What vc.targets.answer reads from a tokenizer: decode([id]) -> text."""
+
+    def decode(self, ids):
+        return " ".join(WORDS.get(int(i), f"w{int(i)}") for i in ids)
+
+
+def make_llava() -> torch.nn.Module:
+    """CLIP tower 3 layers width 32 on 32 px (patch 8), Llama 2 layers width 32, 64 tokens (as test_vlm_llava)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(0)
+    v = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                         image_size=32, patch_size=8, projection_dim=32)
+    t = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
+    cfg = LlavaConfig(vision_config=v, text_config=t, image_token_id=IMAGE_ID, vision_feature_layer=-2)
+    return LlavaForConditionalGeneration(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER, tokenizer=Tokenizer())
+    return vc.trace(make_llava(), x, targets=target, sites=["F1", "F6", "projector", "lm_resid", "lm_attn"])
+
+
+def test_the_class_control_lists_the_answer_tokens_and_the_sequence_score_only(trace):
+    # the trace holds 3 tokens, the sequence log-prob and 3 logsumexp entries (7 classes)
+    assert trace.sizes["class"] == 7
+    facts = TraceFacts.of(trace)
+    assert facts.answer and facts.classes == (0, 1, 2, 3) and facts.top_ranks() == []
+    field = next(f for f in controls(facts)["fields"] if f["name"] == "class_")
+    assert field["values"] == [[0, "answer token 0 · red"], [1, f"answer token 1 · {HOSTILE}"],
+                               [2, "answer token 2 · &amp; circle"],
+                               [3, "sequence log-prob (sum of the answer tokens' log-probs)"]]
+    # the Explorer starts on the first answer token, not on "top1" (which would rank unlike scores)
+    assert default_recipe(facts).class_ == 0
+    assert all(fields["class_"] == 0 for _, _, fields in controls(facts)["presets"])
+
+
+def test_the_lm_sites_are_offered_with_the_lm_layers(trace):
+    facts = TraceFacts.of(trace)
+    assert facts.sites == ("F1", "F6", "projector", "lm_resid", "lm_attn")
+    layer = next(f for f in controls(facts)["fields"] if f["name"] == "layer")
+    assert layer["layers"] == [0, 1, 2] and layer["num_layers"] == 3  # the tower's blocks
+    n_lm = len(make_llava().model.language_model.layers)
+    assert layer["by_site"] == {"projector": {"layers": [0], "num_layers": 1},
+                                "lm_resid": {"layers": list(range(n_lm)), "num_layers": n_lm},
+                                "lm_attn": {"layers": list(range(n_lm)), "num_layers": n_lm}}
+    # tower block 2 kept across a switch to the 2-layer LM becomes the LM's last layer, not a refusal
+    moved = coerce_request({**vc.Recipe(layer=2).to_dict(), "site": "lm_resid"}, ["site"], facts)
+    assert moved["layer"] == n_lm - 1
+    assert coerce_request({**vc.Recipe(layer=2).to_dict(), "site": "projector"}, ["site"], facts)["layer"] == 0
+    assert coerce_request({**vc.Recipe(layer=1).to_dict(), "site": "F6"}, ["site"], facts)["layer"] == 1
+
+
+def _gradcam_lm_attn(trace, token: int, layer: int) -> np.ndarray:
+    """Grad-CAM at lm_attn written here: heads are the channels, alpha_h = mean over the image tokens of the
+    gradient of answer token ``token``'s logit at the row predicting it; sum_h alpha_h A_h (no ReLU: on a random
+    model it may be negative everywhere), min-max."""
+    a = trace["lm_attn"].values[layer, :, token, :].astype(np.float64)  # (head, image token)
+    g = trace["lm_attn_grad"].values[token, layer, :, token, :].astype(np.float64)
+    m = (g.mean(axis=1)[:, None] * a).sum(axis=0)
+    m = (m - m.min()) / (m.max() - m.min())
+    rows, cols = trace["image_token_row"].values, trace["image_token_col"].values
+    out = np.zeros((GRID, GRID))
+    out[rows, cols] = m
+    return out
+
+
+def test_the_picked_answer_token_is_the_map_shown(trace):
+    ex = vc.Explorer(trace, vc.Recipe(site="F1", layer=1, relu="none"))
+    shown = {}
+    for token in (0, 1):
+        draft = {**ex.recipe.to_dict(), "site": "lm_attn", "class_": token}
+        ex.request = {"id": token + 1, "recipe": draft, "changed": ["site", "class_"]}
+        assert ex.error == ""
+        assert ex.recipe.site == "lm_attn" and ex.recipe.class_ == token and ex.recipe.layer == 1
+        # the kit sums in float32, the reference in float64; after min-max, within 1e-5 of the unit range
+        np.testing.assert_allclose(ex.map, _gradcam_lm_attn(trace, token, 1), rtol=0, atol=1e-5)
+        shown[token] = ex.map.copy()
+    assert not np.allclose(shown[0], shown[1])  # the picker changes the map: two tokens, two maps
+    # the sequence score (class 3) at lm_resid: the map vc.cam gives for it, on the LM's last layer
+    ex.request = {"id": 9, "recipe": {**ex.recipe.to_dict(), "site": "lm_resid", "class_": 3}, "changed": ["site"]}
+    assert ex.error == "" and ex.recipe.class_ == 3 and ex.recipe.layer == 1
+    np.testing.assert_array_equal(ex.map, vc.cam(trace, ex.recipe, grid=True).values)
+
+
+def test_the_exported_page_lists_the_answer_tokens_escaped(trace, tmp_path):
+    path = vc.export_html(trace, tmp_path / "vlm.html", axes={"site": ["F1", "lm_attn"], "layer": [0, 1],
+                                                               "weighting": ["gradcam"], "target": ["logit"]},
+                          progress=False)
+    page = path.read_text()
+    assert HOSTILE not in page and "<img" not in page  # the token's text is data, never markup
+    meta = json.loads(re.search(r"<script type='application/json' id='vc-meta'>(.*?)</script>", page,
+                                re.S).group(1))
+    field = next(f for f in meta["options"]["fields"] if f["name"] == "class_")
+    assert [v for v, _ in field["values"]] == [0, 1, 2, 3]
+    assert field["values"][1][1] == f"answer token 1 · {HOSTILE}"
+    assert "logsumexp" not in html.unescape(json.dumps(field))
+
+
+@pytest.mark.parametrize("site, words", [("lm_resid", "token activations x gradients: the LM decoder layer's input "
+                                                      "residual stream at the image-token positions (lm_resid)"),
+                                         ("projector", "token activations x gradients: the projector's output"),
+                                         ("lm_attn", "cross-modal interaction x gradients: the LM's attention")])
+def test_the_methods_text_shown_says_what_the_lm_site_map_is_made_of(trace, site, words):
+    ex = vc.Explorer(trace, vc.Recipe(site=site, layer=-1, class_=0))
+    checklist = json.loads(ex.recipe.checklist(trace).to_json())["feature representation"]
+    assert checklist["what the map shows"].startswith(words)
+    # the paragraph the Explorer shows says what its checklist says (it once called lm_resid an attention site)
+    assert f"What the map shows: {checklist['what the map shows']}." in ex.methods
+    assert f"Feature representation: {checklist['site']} at {checklist['layer']}" in ex.methods
