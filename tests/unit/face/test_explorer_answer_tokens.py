@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 
 import vitcam_nb as vc
 from vitcam_nb.widgets.controls import coerce_request, controls
@@ -21,38 +20,12 @@ from vitcam_nb.widgets.facts import TraceFacts, default_recipe
 
 transformers = pytest.importorskip("transformers")
 
-IMAGE_ID, GRID = 63, 4  # the placeholder id (inside the 64-token vocabulary); 32 px / patch 8
-PROMPT = [1, 5, 6] + [IMAGE_ID] * GRID * GRID + [7, 8]
-ANSWER = [9, 10, 11]
-HOSTILE = "<img src=x onerror=alert(1)></script>"
-WORDS = {9: "red", 10: HOSTILE, 11: "&amp; circle"}
-
-
-class Tokenizer:
-    """What vc.targets.answer reads from a tokenizer: decode([id]) -> text."""
-
-    def decode(self, ids):
-        return " ".join(WORDS.get(int(i), f"w{int(i)}") for i in ids)
-
-
-def make_llava() -> torch.nn.Module:
-    """CLIP tower 3 layers width 32 on 32 px (patch 8), Llama 2 layers width 32, 64 tokens (as test_vlm_llava)."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
-
-    torch.manual_seed(0)
-    v = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                         image_size=32, patch_size=8, projection_dim=32)
-    t = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
-    cfg = LlavaConfig(vision_config=v, text_config=t, image_token_id=IMAGE_ID, vision_feature_layer=-2)
-    return LlavaForConditionalGeneration(cfg).eval()
+from vlm_tiny import GRID, HOSTILE, LM_LAYERS, answer_trace, make_llava  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def trace():
-    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER, tokenizer=Tokenizer())
-    return vc.trace(make_llava(), x, targets=target, sites=["F1", "F6", "projector", "lm_resid", "lm_attn"])
+    return answer_trace()
 
 
 def test_the_class_control_lists_the_answer_tokens_and_the_sequence_score_only(trace):
@@ -75,6 +48,7 @@ def test_the_lm_sites_are_offered_with_the_lm_layers(trace):
     layer = next(f for f in controls(facts)["fields"] if f["name"] == "layer")
     assert layer["layers"] == [0, 1, 2] and layer["num_layers"] == 3  # the tower's blocks
     n_lm = len(make_llava().model.language_model.layers)
+    assert n_lm == LM_LAYERS
     assert layer["by_site"] == {"projector": {"layers": [0], "num_layers": 1},
                                 "lm_resid": {"layers": list(range(n_lm)), "num_layers": n_lm},
                                 "lm_attn": {"layers": list(range(n_lm)), "num_layers": n_lm}}
