@@ -116,3 +116,11 @@ def test_the_methods_text_shown_says_what_the_lm_site_map_is_made_of(trace, site
     # the paragraph the Explorer shows says what its checklist says (it once called lm_resid an attention site)
     assert f"What the map shows: {checklist['what the map shows']}." in ex.methods
     assert f"Feature representation: {checklist['site']} at {checklist['layer']}" in ex.methods
+
+
+def test_a_map_title_names_the_lm_layer_not_a_tower_block():
+    from vitcam_nb.plot import recipe_short
+
+    assert recipe_short(vc.Recipe(site="lm_attn", layer=1)) == "gradcam · lm_attn · LM layer 1 · logit"
+    assert recipe_short(vc.Recipe(site="projector", layer=0)) == "gradcam · projector · logit"  # one layer
+    assert recipe_short(vc.Recipe(site="F6", layer=-1)) == "gradcam · F6 · last block · logit"
