@@ -119,12 +119,22 @@ def draw_mask(ax: Any, mask: Any, shape: tuple[int, int] | None = None) -> None:
     ax.contour(xs, ys, mask.astype(float), levels=[0.5], colors=_MASK_COLOUR, linewidths=1.2)
 
 
+def _sequence_class(trace: xr.Dataset) -> int:
+    """The class index of an answer trace's sequence log-prob: right after its answer tokens."""
+    return len([v for v in str(trace.attrs.get("answer_ids", "")).split(",") if v.strip()])
+
+
 def _map_title(trace: xr.Dataset, m: xr.DataArray) -> str:
     recipe = m.attrs.get("recipe")
     title = recipe_short(recipe) if recipe else f"recipe {m.attrs.get('recipe_id', '?')}"
     name = class_name(trace, recipe) if recipe else None
     if name is not None:  # the model's own label: drawn as written
-        title += f"\nclass {escape_mathtext(name)}"
+        # a VLM answer trace's classes are the answer tokens (then the sequence log-prob, its own name)
+        word = "class "
+        if trace.attrs.get("target_kind") == "answer":
+            sequence = str(_recipe_dict(recipe).get("class_")) == str(_sequence_class(trace))
+            word = "" if sequence else "answer token "
+        title += f"\n{word}{escape_mathtext(name)}"
     if m.attrs.get("degenerate"):
         title += "\nDEGENERATE: map is all zeros"
     return title

@@ -124,3 +124,10 @@ def test_a_map_title_names_the_lm_layer_not_a_tower_block():
     assert recipe_short(vc.Recipe(site="lm_attn", layer=1)) == "gradcam · lm_attn · LM layer 1 · logit"
     assert recipe_short(vc.Recipe(site="projector", layer=0)) == "gradcam · projector · logit"  # one layer
     assert recipe_short(vc.Recipe(site="F6", layer=-1)) == "gradcam · F6 · last block · logit"
+
+
+def test_a_map_title_on_an_answer_trace_names_the_answer_token(trace):
+    from vitcam_nb.plot import _map_title
+
+    assert _map_title(trace, vc.cam(trace, vc.Recipe(site="lm_resid", class_=0))).endswith("\nanswer token red")
+    assert _map_title(trace, vc.cam(trace, vc.Recipe(site="lm_resid", class_=3))).endswith("\nsequence log-prob")
