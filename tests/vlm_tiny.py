@@ -24,21 +24,22 @@ class Tokenizer:
         return " ".join(WORDS.get(int(i), f"w{int(i)}") for i in ids)
 
 
-def make_llava() -> torch.nn.Module:
-    """The tiny random LLaVA (seed 0; sdpa attention, switched to eager by the trace)."""
+def make_llava(lm_layers: int = LM_LAYERS) -> torch.nn.Module:
+    """The tiny random LLaVA (seed 0; sdpa attention, switched to eager by the trace); ``lm_layers``: the Llama's
+    depth (4: deeper than the 3-block tower, as LLaVA-1.5's 32 LM layers over 24 tower blocks)."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     torch.manual_seed(0)
     v = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                          image_size=32, patch_size=8, projection_dim=32)
-    t = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=LM_LAYERS, num_attention_heads=4,
+    t = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=lm_layers, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
     cfg = LlavaConfig(vision_config=v, text_config=t, image_token_id=IMAGE_ID, vision_feature_layer=-2)
     return LlavaForConditionalGeneration(cfg).eval()
 
 
-def answer_trace(sites=("F1", "F6", "projector", "lm_resid", "lm_attn")):
+def answer_trace(sites=("F1", "F6", "projector", "lm_resid", "lm_attn"), lm_layers: int = LM_LAYERS):
     """The answer ANSWER to PROMPT, traced on a fixed random image at ``sites``."""
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER, tokenizer=Tokenizer())
-    return vc.trace(make_llava(), x, targets=target, sites=list(sites))
+    return vc.trace(make_llava(lm_layers), x, targets=target, sites=list(sites))

@@ -134,6 +134,27 @@ class TraceFacts:
                    num_heads=int(trace.attrs.get("num_heads", 1)), classes=classes, labels=labels,
                    ranked=ranked, image=image, text_tokens=text, clip=clip, site_layers=site_layers, answer=answer)
 
+    @property
+    def all_layers(self) -> tuple[int, ...]:
+        """Every layer index some site of the trace has: the tower's traced layers and a VLM's projector and LM
+        layers (an LM may be deeper than its tower: LLaVA-1.5-7B reads 24 tower blocks into 32 LM layers).
+
+        Example:
+            >>> TraceFacts.of(tr).all_layers  # doctest: +SKIP
+            (0, 1, 2, 3)
+        """
+        return tuple(sorted({*self.layers, *(i for _, n in self.site_layers for i in range(n))}))
+
+    @property
+    def max_layers(self) -> int:
+        """The largest layer count of any site (the tower's blocks without a VLM's LM sites).
+
+        Example:
+            >>> TraceFacts.of(tr).max_layers  # doctest: +SKIP
+            4
+        """
+        return max([self.num_layers, *(n for _, n in self.site_layers)])
+
     def layers_of(self, site: str) -> tuple[tuple[int, ...], int]:
         """The traced layers of ``site`` and its layer count: the LM's decoder layers at a VLM's LM sites, one
         at its ``projector``, the tower's (``layers``, ``num_layers``) elsewhere.

@@ -7,9 +7,11 @@ torch.autograd)."""
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
+import zlib
 
 import numpy as np
 import pytest
@@ -131,3 +133,24 @@ def test_a_map_title_on_an_answer_trace_names_the_answer_token(trace):
 
     assert _map_title(trace, vc.cam(trace, vc.Recipe(site="lm_resid", class_=0))).endswith("\nanswer token red")
     assert _map_title(trace, vc.cam(trace, vc.Recipe(site="lm_resid", class_=3))).endswith("\nsequence log-prob")
+
+
+def test_an_exported_page_holds_the_layers_of_an_lm_deeper_than_its_tower(tmp_path):
+    from vitcam_nb.widgets.bundle import build_bundle
+    from vitcam_nb.widgets.standalone import _check_start
+
+    deep = answer_trace(sites=("F1", "lm_resid"), lm_layers=4)  # tower 3 blocks, LM 4 layers
+    facts = TraceFacts.of(deep)
+    assert facts.layers == (0, 1, 2) and facts.all_layers == (0, 1, 2, 3) and facts.max_layers == 4
+    start = vc.Recipe(site="lm_resid", layer=3, class_=0, relu="none")
+    _check_start(deep, start, None)  # LM layer 3 exists: not refused as "out of range for 3 blocks"
+    bundle = build_bundle(deep, start, axes={"weighting": ["gradcam"], "target": ["logit"], "class_": [0]},
+                          progress=False)
+    assert dict(bundle.meta["axes"])["layer"] == [0, 1, 2, 3] and bundle.meta["num_layers"] == 4
+    layer = next(f for f in bundle.meta["options"]["fields"] if f["name"] == "layer")
+    assert layer["by_site"] == {"lm_resid": {"layers": [0, 1, 2, 3], "num_layers": 4}}
+    # the page opens on LM layer 3, the map vc.cam gives for it
+    entries = json.loads(zlib.decompress(base64.b64decode(bundle.texts)))
+    first = entries[bundle.meta["start"]]
+    assert vc.Recipe.from_json(first["r"]) == start
+    assert first["id"] == start.id
