@@ -199,6 +199,24 @@ def support_matrix(measured: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def _vlm_tables():
+    """``scripts/vlm_tables.py``, the generative-VLM tables of docs/vlm.md (a sibling script, loaded by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vitcam_vlm_tables", ROOT / "scripts" / "vlm_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def vlm_families_table() -> str:
+    return _vlm_tables().vlm_families_table()
+
+
+def vlm_presets_table() -> str:
+    return _vlm_tables().vlm_presets_table()
+
+
 def _presets_taxonomy() -> str:
     from vitcam_nb.presets import markdown_table
 
@@ -225,6 +243,8 @@ PARTS: tuple[tuple[str, str, Callable[[], str]], ...] = (
     ("docs/reference.md", "schema:start", _schema_table),
     ("docs/models.md", "support-matrix", support_matrix),
     ("README.md", "families", families_list),
+    ("docs/vlm.md", "vlm-families", vlm_families_table),
+    ("docs/vlm.md", "vlm-presets", vlm_presets_table),
 )
 
 

@@ -55,20 +55,25 @@ def recipe_short(recipe: Any) -> str:
         >>> from vitcam_nb.core.recipe import Recipe
         >>> recipe_short(Recipe(site="F4", layer=0, relu="none"))
         'gradcam · F4 · block 0 · logit · relu=none'
+        >>> recipe_short(Recipe(site="lm_resid", layer=-1, class_=0))
+        'gradcam · lm_resid · last LM layer · logit · class_=0'
     """
     from vitcam_nb.core.recipe import Recipe
 
     d = _recipe_dict(recipe)
-    layer = d.get("layer", -1)
+    layer, site = d.get("layer", -1), str(d.get("site", "F1"))
+    # a VLM's LM sites index the language model's decoder layers, not the tower's blocks; its projector has one
+    unit = "LM layer" if site in ("lm_resid", "lm_attn") else "block"
     if isinstance(layer, (list, tuple)):
-        layer = "blocks " + "+".join(map(str, layer))
+        layer = f"{unit}s " + "+".join(map(str, layer))
     elif layer == -1:
-        layer = "last block"
+        layer = f"last {unit}"
     elif isinstance(layer, int):
-        layer = f"block {layer}"
+        layer = f"{unit} {layer}"
     else:
-        layer = f"{layer} blocks"
-    parts = [str(d.get("weighting", "gradcam")), str(d.get("site", "F1")), layer, str(d.get("target", "logit"))]
+        layer = f"{layer} {unit}s"
+    parts = [str(d.get("weighting", "gradcam")), site, *([] if site == "projector" else [layer]),
+             str(d.get("target", "logit"))]
     default = Recipe().to_dict()
     shown = {"weighting", "site", "layer", "target"}
     parts += [f"{k}={v}" for k, v in d.items() if k not in shown and v != default.get(k)]
@@ -114,12 +119,22 @@ def draw_mask(ax: Any, mask: Any, shape: tuple[int, int] | None = None) -> None:
     ax.contour(xs, ys, mask.astype(float), levels=[0.5], colors=_MASK_COLOUR, linewidths=1.2)
 
 
+def _sequence_class(trace: xr.Dataset) -> int:
+    """The class index of an answer trace's sequence log-prob: right after its answer tokens."""
+    return len([v for v in str(trace.attrs.get("answer_ids", "")).split(",") if v.strip()])
+
+
 def _map_title(trace: xr.Dataset, m: xr.DataArray) -> str:
     recipe = m.attrs.get("recipe")
     title = recipe_short(recipe) if recipe else f"recipe {m.attrs.get('recipe_id', '?')}"
     name = class_name(trace, recipe) if recipe else None
     if name is not None:  # the model's own label: drawn as written
-        title += f"\nclass {escape_mathtext(name)}"
+        # a VLM answer trace's classes are the answer tokens (then the sequence log-prob, its own name)
+        word = "class "
+        if trace.attrs.get("target_kind") == "answer":
+            sequence = str(_recipe_dict(recipe).get("class_")) == str(_sequence_class(trace))
+            word = "" if sequence else "answer token "
+        title += f"\n{word}{escape_mathtext(name)}"
     if m.attrs.get("degenerate"):
         title += "\nDEGENERATE: map is all zeros"
     return title

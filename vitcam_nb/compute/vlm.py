@@ -171,7 +171,6 @@ def _report(trace: xr.Dataset, recipe: Recipe) -> tuple[Checklist, str]:
     shim = xr.Dataset(coords={"token_kind": ("token", view.kinds)}, attrs=attrs)
     checklist = build_checklist(recipe, shim)
     fr, th = checklist["feature representation"], checklist["token handling"]
-    old_site, old_layer = fr["site"], fr["layer"]
     fr["site"] = f"{site} ({_WHAT[site]})"
     if site == "projector":
         fr["layer"] = "the projector (one layer)"
@@ -191,7 +190,9 @@ def _report(trace: xr.Dataset, recipe: Recipe) -> tuple[Checklist, str]:
             + ("never averaged" if recipe.upsample != "none" else "never averaged; upsample='none': per-tile grids"))
     if site == "lm_attn":
         th["answer rows"] = _answer_rows(trace, recipe)[1]
-    methods = describe(recipe, shim).replace(f"{old_site} at {old_layer}", f"{fr['site']} at {fr['layer']}", 1)
+    # the paragraph from this checklist (its site, layer and map words), not one rebuilt from the shim, whose map
+    # words would call lm_resid an attention site
+    methods = describe(recipe, shim, checklist=checklist)
     methods += f" Image-token layout: {th['image tokens']}."
     return checklist, methods
 

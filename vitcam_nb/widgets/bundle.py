@@ -82,7 +82,7 @@ def _class_values(facts: TraceFacts) -> list:
 
 
 def _absolute_layer(value: Any, facts: TraceFacts) -> Any:
-    return value % facts.num_layers if is_int(value) else value
+    return value % facts.max_layers if is_int(value) else value
 
 
 _SCALARS = (str, int, float, type(None))
@@ -101,9 +101,9 @@ def _axis_values(name: str, values: Sequence, facts: TraceFacts) -> list:
             raise ArgumentTypeError(f"axes: {name!r} values must be strings, numbers or lists of them, got {value!r}")
         if name == "layer":
             for layer in (v for v in parts if is_int(v)):
-                if not -facts.num_layers <= layer < facts.num_layers:
-                    raise RecipeError(f"axes: layer {layer} is out of range for a model with {facts.num_layers} "
-                                      f"blocks (allowed {-facts.num_layers}..{facts.num_layers - 1})")
+                if not -facts.max_layers <= layer < facts.max_layers:
+                    raise RecipeError(f"axes: layer {layer} is out of range for a model with {facts.max_layers} "
+                                      f"blocks (allowed {-facts.max_layers}..{facts.max_layers - 1})")
         out.append(value)
     return out
 
@@ -117,7 +117,8 @@ def export_axes(facts: TraceFacts, axes: Mapping[str, Sequence] | None) -> dict[
         >>> export_axes(TraceFacts.of(tr), {"site": ["F4"]})["site"]  # doctest: +SKIP
         ['F4']
     """
-    defaults: dict[str, list] = {"site": list(facts.sites), "layer": list(facts.layers),
+    # the layers of every site (a VLM's LM may have more layers than its tower has blocks)
+    defaults: dict[str, list] = {"site": list(facts.sites), "layer": list(facts.all_layers),
                                  "weighting": list(channel_weighting_names()), "target": list(TARGETS),
                                  "class_": _class_values(facts)}
     if axes is not None and not isinstance(axes, Mapping):
@@ -196,6 +197,11 @@ def _restrict(options: dict[str, Any], values: Mapping[str, list], start: Mappin
         allowed = values.get(field["name"], [start[field["name"]]])
         if field["kind"] == "layer":
             field["layers"] = [v for v in allowed if is_int(v)] or [_absolute_layer(start["layer"], facts)]
+            # a VLM's projector and LM sites: their own layers, those the page holds
+            field["by_site"] = {s: {**spec, "layers": [v for v in spec["layers"] if v in field["layers"]]}
+                                for s, spec in field.get("by_site", {}).items()}
+            if not field["by_site"]:
+                del field["by_site"]
         else:
             labels = {json.dumps(v): text for v, text in field["values"]}
             field["values"] = [[v, labels.get(json.dumps(v), str(v))] for v in allowed]
@@ -270,7 +276,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     ranges_bytes = ranges.tobytes() if ranges is not None else b""
     opts = _restrict(controls(facts), values, start, facts)
     labels = {f["name"]: f["label"] for f in opts["fields"]}
-    opts["presets"], presets_left = shown_presets(opts["presets"], names, values, entries, start, facts.num_layers,
+    opts["presets"], presets_left = shown_presets(opts["presets"], names, values, entries, start, facts.max_layers,
                                                   left, labels)
     first = next((i for i, e in enumerate(entries) if "e" not in e), 0)
     want = [key(start[n]) for n in names]
@@ -285,7 +291,7 @@ def build_bundle(trace: xr.Dataset, recipe: Recipe | None = None, axes: Mapping[
     start_index = first if start_index is None else start_index
     meta = {
         "axes": [[n, values[n]] for n in names], "count": len(entries), "maps": len(grids), "start": start_index,
-        "grid_shape": shape, "image_shape": list(facts.image.shape[:2]), "num_layers": facts.num_layers,
+        "grid_shape": shape, "image_shape": list(facts.image.shape[:2]), "num_layers": facts.max_layers,
         "quantize": quantize, "image_bytes": len(image), "ranges_bytes": len(ranges_bytes),
         "frames": facts.frames, "frame_bytes": len(image) // max(facts.frames, 1),
         "options": opts, "model": str(trace.attrs.get("model_name", "?")),

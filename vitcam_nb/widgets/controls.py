@@ -33,13 +33,14 @@ from vitcam_nb.core.recipe import (
     UPSAMPLES,
     WEIGHT_TOKENS,
     Recipe,
+    is_int,
     pooled_weightings,
 )
 from vitcam_nb.core.weighting import channel_weighting_names
 from vitcam_nb.widgets.facts import TraceFacts
 
-__all__ = ["COLORMAPS", "DEBOUNCE_MS", "SITE_TEXT", "applies", "as_recipe", "coerce_request", "controls",
-           "diff_fields", "preset_menu"]
+__all__ = ["COLORMAPS", "DEBOUNCE_MS", "SITE_TEXT", "answer_choices", "applies", "as_recipe", "coerce_request",
+           "controls", "diff_fields", "preset_menu"]
 
 COLORMAPS = ("inferno", "viridis", "gray", "jet")  # inferno first: the perceptually uniform default
 DEBOUNCE_MS = 30
@@ -54,6 +55,9 @@ SITE_TEXT = {
     "attn_out": "attention output, after proj",
     "resid_mid": "residual after attention",
     "xattn": "cross-attention, text queries x image keys",
+    "projector": "VLM projector output per image token",
+    "lm_resid": "LM layer input (residual) at the image tokens",
+    "lm_attn": "LM attention, answer rows x image tokens",
 }
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
 
@@ -92,13 +96,17 @@ def controls(facts: TraceFacts) -> dict[str, Any]:
         ['site', 'layer']
     """
     classes = [[f"top{n}", f"top{n} · {facts.labels[facts.ranked[n - 1]]}"] for n in facts.top_ranks()]
-    classes += [[c, f"{facts.labels[c]} ({c})"] for c in facts.classes]
+    classes += answer_choices(facts) if facts.answer else [[c, f"{facts.labels[c]} ({c})"] for c in facts.classes]
     heads = [[h, h] for h in HEAD_RULES] + [[i, f"head {i}"] for i in range(facts.num_heads)]
     g = dict(zip(("feature", "target", "tokens", "aggregation", "spatial"), CATEGORIES))
     fields: list[dict[str, Any]] = [
         {"name": "site", "group": g["feature"], "kind": "select", "values": _pairs(facts.sites, SITE_TEXT)},
         {"name": "layer", "group": g["feature"], "kind": "layer", "layers": list(facts.layers),
-         "num_layers": facts.num_layers},
+         "num_layers": facts.num_layers,
+         # a VLM's projector and LM sites have layers of their own: the slider follows the chosen site
+         **({"by_site": {s: dict(zip(("layers", "num_layers"), (list(ls), n)))
+                         for s, ls, n in ((s, *facts.layers_of(s)) for s, _ in facts.site_layers)}}
+            if facts.site_layers else {})},
         {"name": "target", "group": g["target"], "kind": "select", "values": _pairs(TARGETS)},
         {"name": "class_", "label": "class", "group": g["target"], "kind": "select", "values": classes},
         {"name": "weight_tokens", "label": "weight tokens", "group": g["tokens"], "kind": "select",
@@ -131,6 +139,19 @@ def controls(facts: TraceFacts) -> dict[str, Any]:
             "degenerate_causes": [list(pair) for pair in DEGENERATE_CAUSES]}
 
 
+def answer_choices(facts: TraceFacts) -> list[list]:
+    """The class control of a generative VLM's answer trace: each answer token by its index and decoded text,
+    then the sequence log-prob (the last class). Plain text: the browser never parses it as HTML.
+
+    Example:
+        >>> answer_choices(facts)  # doctest: +SKIP
+        [[0, 'answer token 0 · red'], [1, 'sequence log-prob (sum of the answer tokens' log-probs)']]
+    """
+    last = max(facts.classes, default=-1)
+    return [[c, f"answer token {c} · {facts.labels[c]}" if c < last else
+             f"{facts.labels[c]} (sum of the answer tokens' log-probs)"] for c in facts.classes]
+
+
 def preset_menu(facts: TraceFacts) -> list[list]:
     """The Explorer's preset menu: ``[name, label, recipe fields]`` for every preset whose site the trace has
     (choosing one sets all its fields; presets that read ``vc.score`` outputs say so when they are missing).
@@ -143,7 +164,10 @@ def preset_menu(facts: TraceFacts) -> list[list]:
     for name in names():  # the taxonomy's order, whichever preset module the process imported first
         recipe = PRESETS[name]()
         if recipe.site in facts.sites:
-            menu.append([name, f"{name} · {CITATIONS[name].split(',')[0]}", recipe.to_dict()])
+            fields = recipe.to_dict()
+            if facts.answer and not is_int(fields["class_"]):
+                fields["class_"] = 0  # "topN" ranks unlike scores on an answer trace: its first answer token
+            menu.append([name, f"{name} · {CITATIONS[name].split(',')[0]}", fields])
     return menu
 
 
@@ -178,7 +202,14 @@ def coerce_request(values: Mapping[str, Any], changed: list[str] | tuple[str, ..
         if out.get("layer_fusion", "none") != "none" and single:
             out["layer"] = "all"
         elif out.get("layer_fusion", "none") == "none" and not single:
-            out["layer"] = facts.layers[-1] if facts.layers else -1
+            layers = facts.layers_of(str(out.get("site", _DEFAULTS["site"])))[0]
+            out["layer"] = layers[-1] if layers else -1
+    # a single layer kept across a site switch that lacks it (tower block 3 -> a 2-layer LM) moves to the new
+    # site's last layer rather than being refused (only where sites differ in layers: elsewhere a layer out of range
+    # is refused, naming the range)
+    if facts.site_layers:
+        out["layer"] = facts.fit_layer(str(out.get("site", _DEFAULTS["site"])),
+                                       out.get("layer", _DEFAULTS["layer"]))
     if isinstance(out.get("layer"), list):
         out["layer"] = tuple(out["layer"])
     return out

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.compute.vlm import VLM_SITES
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
-from vitcam_nb.core.recipe import SITES, Recipe
+from vitcam_nb.core.recipe import SITES, Recipe, is_int
 
 __all__ = ["TraceFacts", "default_recipe", "is_video"]
 
@@ -59,6 +60,11 @@ class TraceFacts:
     text_tokens: tuple[str, ...] = ()
     #: A video trace's frames (frame, y, x, 3) uint8 (``image`` is its first frame); None for an image trace.
     clip: np.ndarray | None = None
+    #: Sites whose layers are not the tower's, with their layer count: a generative VLM's ``projector`` (one) and
+    #: LM sites (the LM's decoder layers).
+    site_layers: tuple[tuple[str, int], ...] = ()
+    #: A generative VLM's answer trace: ``classes`` are its answer tokens, then the sequence log-prob (last).
+    answer: bool = False
 
     @classmethod
     def of(cls, trace: xr.Dataset, view: str | None = None) -> TraceFacts:
@@ -93,6 +99,10 @@ class TraceFacts:
             traced.add("F2")
         if "xattn" in trace.variables:
             traced.add("xattn")
+        # a generative VLM's projector and LM sites: their own variables, indexed by the LM's decoder layers
+        site_layers = tuple((s, 1 if s == "projector" else int(trace.sizes.get("lm_layer", 1))) for s in VLM_SITES
+                            if s in trace.variables and f"{s}_grad" in trace.variables)
+        traced |= {s for s, _ in site_layers}
         text = tuple(str(v) for v in trace["text_token_str"].values) if "text_token_str" in trace.variables else ()
         sites = tuple(s for s in SITES if s in traced)
         layers = tuple(int(v) for v in trace["layer"].values)
@@ -105,6 +115,14 @@ class TraceFacts:
             names = [str(i) for i in range(logits.size)]
         labels = {c: names[c] if c < len(names) else str(c) for c in classes}
         ranked = tuple(int(c) for c in np.argsort(-logits, kind="stable"))
+        answer = trace.attrs.get("target_kind") == "answer"
+        if answer:
+            # the answer tokens and the sequence log-prob; the entries after them (each answer position's
+            # logsumexp over the vocabulary, traced so prob/logprob are exact) are no answer a map explains. No
+            # "topN": ranking a token's logit against a log-prob sum and logsumexps would compare unlike scores.
+            n_answer = len([v for v in str(trace.attrs.get("answer_ids", "")).split(",") if v.strip()])
+            classes = tuple(c for c in classes if c <= n_answer)
+            ranked = ()
         image = np.asarray(trace["image"].values)
         if image.ndim != 3 or image.shape[-1] != 3:
             raise ArgumentError(f"trace: image has shape {image.shape}; expected (y, x, 3)")
@@ -114,7 +132,52 @@ class TraceFacts:
             clip = np.clip(clip, 0, 255).astype(np.uint8)
         return cls(sites=sites, layers=layers, num_layers=num_layers,
                    num_heads=int(trace.attrs.get("num_heads", 1)), classes=classes, labels=labels,
-                   ranked=ranked, image=image, text_tokens=text, clip=clip)
+                   ranked=ranked, image=image, text_tokens=text, clip=clip, site_layers=site_layers, answer=answer)
+
+    @property
+    def all_layers(self) -> tuple[int, ...]:
+        """Every layer index some site of the trace has: the tower's traced layers and a VLM's projector and LM
+        layers (an LM may be deeper than its tower: LLaVA-1.5-7B reads 24 tower blocks into 32 LM layers).
+
+        Example:
+            >>> TraceFacts.of(tr).all_layers  # doctest: +SKIP
+            (0, 1, 2, 3)
+        """
+        return tuple(sorted({*self.layers, *(i for _, n in self.site_layers for i in range(n))}))
+
+    @property
+    def max_layers(self) -> int:
+        """The largest layer count of any site (the tower's blocks without a VLM's LM sites).
+
+        Example:
+            >>> TraceFacts.of(tr).max_layers  # doctest: +SKIP
+            4
+        """
+        return max([self.num_layers, *(n for _, n in self.site_layers)])
+
+    def layers_of(self, site: str) -> tuple[tuple[int, ...], int]:
+        """The traced layers of ``site`` and its layer count: the LM's decoder layers at a VLM's LM sites, one
+        at its ``projector``, the tower's (``layers``, ``num_layers``) elsewhere.
+
+        Example:
+            >>> TraceFacts.of(tr).layers_of("lm_resid")  # doctest: +SKIP
+            ((0, 1), 2)
+        """
+        n = dict(self.site_layers).get(site)
+        return (self.layers, self.num_layers) if n is None else (tuple(range(n)), n)
+
+    def fit_layer(self, site: str, layer: object) -> object:
+        """``layer`` if ``site`` has it, else that site's last layer: a single layer chosen on the tower (4
+        blocks) names no layer of a 2-layer LM.
+
+        Example:
+            >>> TraceFacts.of(tr).fit_layer("lm_resid", 3)  # doctest: +SKIP
+            1
+        """
+        layers, n = self.layers_of(site)
+        if is_int(layer) and not -n <= int(layer) < n:
+            return layers[-1] if layers else -1
+        return layer
 
     @property
     def frames(self) -> int:

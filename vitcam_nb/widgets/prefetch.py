@@ -42,10 +42,11 @@ def neighbour_drafts(recipe: Recipe, facts: TraceFacts) -> list[tuple[dict, str]
     """
     base = json.loads(recipe.to_json())
     out: list[tuple[dict, str]] = []
-    layers = [int(v) for v in facts.layers]
+    site_layers, num_layers = facts.layers_of(recipe.site)  # a VLM's LM sites have the LM's layers
+    layers = [int(v) for v in site_layers]
     single = isinstance(recipe.layer, int) and not isinstance(recipe.layer, bool)
     if single and layers and recipe.layer_fusion == "none":
-        current = recipe.layer % facts.num_layers
+        current = recipe.layer % num_layers
         if current in layers:
             i = layers.index(current)
             out += [({**base, "layer": layers[j]}, "layer") for j in (i - 1, i + 1) if 0 <= j < len(layers)]

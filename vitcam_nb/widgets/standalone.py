@@ -28,6 +28,7 @@ from pathlib import Path
 
 import xarray as xr
 
+from vitcam_nb.compute.vlm import VLM_SITES
 from vitcam_nb.core.arguments import as_flag
 from vitcam_nb.core.errors import ArgumentTypeError, ExportError, OutputExistsError, RecipeError, TraceError
 from vitcam_nb.core.outfiles import check_output, write_atomic
@@ -229,6 +230,9 @@ def _check_start(trace: Traces, recipe: Recipe | None, axes: Mapping[str, Sequen
     for one in _traces_of(trace).values():
         n_classes = one.sizes.get("class")
         n_layers = int(one.attrs.get("num_layers", 0))
+        if start is not None and start.site in VLM_SITES and f"{start.site}_grad" in one.variables:
+            # a VLM's projector (one layer) and LM sites (the LM's layers), not the tower's blocks
+            n_layers = 1 if start.site == "projector" else int(one.sizes.get("lm_layer", 1))
         if n_classes and isinstance(classes, (list, tuple)):
             bad = [c for c in classes if is_int(c) and not 0 <= int(c) < n_classes]
             if bad:

@@ -338,8 +338,9 @@ function recipeControls(container, fields, onChange) {
       control = h("input", { type: "range", id, min: 0, max: Math.max(field.layers.length - 1, 0), step: 1 });
       readout = h("output", { className: "vc-readout" });
       control.addEventListener("input", () => {
-        const layer = field.layers[Number(control.value)];
-        readout.textContent = layerText(layer, field);
+        const spec = rows[field.name].spec || field;
+        const layer = spec.layers[Number(control.value)];
+        readout.textContent = layerText(layer, spec);
         onChange(field.name, layer);
       });
     } else {
@@ -368,14 +369,18 @@ function recipeControls(container, fields, onChange) {
       row.dataset.applies = String(ok);
       const value = draft[field.name];
       if (field.kind === "layer") {
+        // a VLM's projector and LM sites have layers of their own (`by_site`): the slider follows the site
+        const spec = layerSpec(field, draft);
+        rows[field.name].spec = spec;
+        control.max = String(Math.max(spec.layers.length - 1, 0));
         const single = Number.isInteger(value);
-        control.disabled = !single || field.layers.length < 2;
+        control.disabled = !single || spec.layers.length < 2;
         if (single) {
-          const n = field.num_layers;
-          const idx = field.layers.indexOf(((value % n) + n) % n);
+          const n = spec.num_layers;
+          const idx = spec.layers.indexOf(((value % n) + n) % n);
           if (idx >= 0) control.value = String(idx);
         }
-        readout.textContent = layerText(value, field);
+        readout.textContent = layerText(value, spec);
       } else {
         const text = JSON.stringify(value);
         if (![...control.options].some((o) => o.value === text)) {
@@ -386,6 +391,11 @@ function recipeControls(container, fields, onChange) {
     }
   }
   return { sync, rows };
+}
+
+/** The layers the layer slider offers for the draft's site: the site's own (`by_site`) or the tower's. */
+function layerSpec(field, draft) {
+  return (field.by_site && field.by_site[draft.site]) || field;
 }
 
 function layerText(value, field) {
