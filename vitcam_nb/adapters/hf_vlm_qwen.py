@@ -101,6 +101,8 @@ def _layout_fn(fn: Any) -> Any:
             f"{lay.description}; tower sites: one token per patch, no class token, the tower's merge-block{windows} "
             "order put in raster order of the patch grid by the tower's own cell map"))
 
+    layout.__doc__ = (f"Qwen's layout (``{fn.__name__}``) of the prompt ``ids`` for the image of the target's "
+                      "``image_grid_thw``: one token per 2x2 merged patch block, raster order over the merged grid.")
     return layout
 
 
