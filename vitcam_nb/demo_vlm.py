@@ -121,7 +121,7 @@ def run_vlm_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress: b
         rows.append({"recipe": label, "recipe_id": recipe.id, "degenerate": bool(m.attrs.get("degenerate", False)),
                      **question_scores(m, mask, other)})
 
-    fig, axes = plt.subplots(1, len(maps) + 1, figsize=(2.0 * (len(maps) + 1), 2.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(maps) + 1, figsize=(2.0 * (len(maps) + 1), 3.0), squeeze=False)
     axes[0, 0].imshow(image)
     plot.draw_mask(axes[0, 0], mask)
     axes[0, 0].set_title("image, asked-about\nobject outlined", fontsize=7)
@@ -134,8 +134,8 @@ def run_vlm_demo(out: str | Path = "vitcam-demo", model: str = NAME, progress: b
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"{model}: Q: {question}?  generated: {generated or '(empty)'}  (true: {true_answer}); maps of the "
-                 f"answer's first token", fontsize=8)
-    fig.tight_layout()
+                 f"answer's first token", fontsize=8, y=0.92)
+    fig.tight_layout(rect=(0, 0, 1, 0.86))  # room above for the title and the weights' origin line
     meta = png_metadata("vitcam_nb VLM demo", model, origin, [r.id for r in DEMO_RECIPES.values()])
     paths["maps"] = folder.write("answer_maps.png", lambda p: save_figure(fig, p, meta, origin))
 

@@ -69,7 +69,7 @@ CONFIG: dict = {
     "image_token_index": IMAGE_ID, "image_seq_length": IMAGE_TOKENS, "projector_hidden_act": "gelu",
     "vision_feature_select_strategy": "default", "vision_feature_layer": -2, "tie_word_embeddings": False,
 }
-TRAIN: dict = {"steps": 9000, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-5, "weight_decay": 0.01,
+TRAIN: dict = {"steps": 12_000, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-5, "weight_decay": 0.01,
                "warmup_steps": 200, "grad_clip": 1.0, "pool": 24_000, "n_test": 600, "log_every": 500,
                "train_seed": 30_000, "test_seed": 90_030, "aux_weight": 0.5}
 

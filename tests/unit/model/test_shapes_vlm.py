@@ -199,6 +199,29 @@ def test_held_out_accuracy_reproduces_the_card(model, card):
 
 
 @needs_model
+def test_it_answers_every_question_type_far_above_chance(model, card):
+    # 150 fresh questions: per type, the accuracy must exceed what a guesser reaches with probability < 1e-4 (chance
+    # + 4 binomial standard errors of a guesser, recomputed here from the answer counts), and be within 3 standard
+    # errors of the card's own per-type accuracy (so the card's numbers are what the file does)
+    images, questions, answers, _, kinds = sv.shapes_vqa(150, seed=card["data"]["test_seed"] + 2)
+    acc = train_vlm.accuracy_by_type(model, images, questions, answers, kinds)
+    for k, t in enumerate(sv.QUESTION_TYPES):
+        n, chance = int((kinds == k).sum()), 1 / len(sv.ANSWERS[t])
+        assert n >= 40
+        assert acc[t] > chance + 4 * math.sqrt(chance * (1 - chance) / n), (t, acc[t], chance)
+        p = card["test_accuracy_per_type"][t]
+        assert abs(acc[t] - p) <= 3 * math.sqrt(max(p * (1 - p), 0.05 * 0.95) / n) + 1 / n, (t, acc[t], p)
+
+
+@needs_model
+def test_the_card_text_is_the_training_codes(card):
+    texts = train_vlm.card_texts()
+    assert card["description"] == texts["description"] and card["training"]["loss"] == texts["loss"]
+    assert card["vocabulary"]["prompt"] == texts["prompt"] and card["hf_config"] == train_vlm.CONFIG
+    assert {k: card["training"][k] for k in train_vlm.TRAIN} == train_vlm.TRAIN
+
+
+@needs_model
 def test_the_card_records_its_training_and_versions(card):
     assert json.loads(json.dumps(card)) == card
     assert card["hf_class"] == "transformers.LlavaForConditionalGeneration"

@@ -29,10 +29,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from vitcam_nb.api import cam
 from vitcam_nb.capture.trace import trace
 from vitcam_nb.core import presets
 from vitcam_nb.core.errors import ArgumentError, DegenerateMapWarning
+from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.data.shapes_vlm import QUESTION_TYPES, answer_ids, prompt_ids, shapes_vqa
 from vitcam_nb.data.train_vlm import greedy_answers, normalise
@@ -134,7 +134,7 @@ def report_known_answer_vlm(model: object = "shapes-vlm", n_questions: int = 300
         for name, recipe in recipes.items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DegenerateMapWarning)
-                m = cam(tr, recipe)
+                m = kind_for(tr, recipe).cam(tr, recipe)  # the VLM trace's kind (vitcam_nb.compute registers it)
             scores[name].append(question_scores(m, masks[i], other[i]))
         if progress and (i + 1) % 50 == 0:
             print(f"[known_answer_vlm] {i + 1}/{n_questions} questions ({time.time() - t0:.0f}s)", flush=True)
