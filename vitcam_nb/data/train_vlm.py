@@ -202,9 +202,10 @@ def card_texts() -> dict[str, str]:
 
     Example:
         >>> sorted(card_texts())
-        ['description', 'loss', 'prompt']
+        ['command', 'description', 'loss', 'prompt']
     """
     return {
+        "command": "python -m vitcam_nb.data.train_vlm  (CPU, one thread; writes vitcam_nb/data/models/shapes-vlm.*)",
         "description": "tiny LLaVA (transformers LlavaForConditionalGeneration: a 4-layer CLIP vision tower of width "
                        "64 on 64x64 images with 16x16 patches (a 4x4 grid of image tokens), LLaVA's MLP projector "
                        "reading the tower's layer -2 without its class token, a 3-layer Llama decoder of width 64 "
@@ -347,7 +348,7 @@ def _train(cfg: dict, out: Path, log) -> dict:
                      "schedule": "linear warmup then cosine decay to min_lr, per step",
                      "init": "transformers' LLaVA/CLIP/Llama init (torch seed train_seed); every part trained "
                              "at the same learning rate",
-                     "loss": card_texts()["loss"],
+                     "loss": card_texts()["loss"], "command": card_texts()["command"],
                      **cfg, "seconds": round(seconds, 1),
                      "seconds_training_steps": round(time.time() - t1, 1),
                      "threads": torch.get_num_threads(), "history": history},

@@ -217,6 +217,7 @@ def test_it_answers_every_question_type_far_above_chance(model, card):
 def test_the_card_text_is_the_training_codes(card):
     texts = train_vlm.card_texts()
     assert card["description"] == texts["description"] and card["training"]["loss"] == texts["loss"]
+    assert card["training"]["command"] == texts["command"]
     assert card["vocabulary"]["prompt"] == texts["prompt"] and card["hf_config"] == train_vlm.CONFIG
     assert {k: card["training"][k] for k in train_vlm.TRAIN} == train_vlm.TRAIN
 

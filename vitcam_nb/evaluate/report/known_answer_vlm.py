@@ -50,8 +50,8 @@ def vlm_recipes(tower_layers: int = 4, lm_layers: int = 3) -> dict[str, Recipe]:
     al.'s generic attention over all LM layers and at the last).
 
     Example:
-        >>> len(vlm_recipes(4, 3))
-        27
+        >>> len(vlm_recipes(4, 3))  # 3 x 6 tower, projector, 3 lm_resid, 3 lm_attn, 3 presets
+        28
     """
     out: dict[str, Recipe] = {}
     for layer in range(tower_layers - 1):
