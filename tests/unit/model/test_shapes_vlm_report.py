@@ -76,7 +76,7 @@ def test_token_labels_are_the_majority_object_per_patch():
 
 @needs_model
 def test_the_report_rows_are_the_kits_metrics_on_our_own_traces():
-    recipes = {k: VLM_RECIPES[k] for k in ("gradcam tower F6 block 2", "gradcam lm_resid layer 2")}
+    recipes = {k: VLM_RECIPES[k] for k in ("gradcam tower F6 block 2", "gradcam lm_resid layer 1")}
     rows, settings = report_known_answer_vlm(n_questions=3, seed=321, recipes=recipes)
     model = vc.load_model("shapes-vlm")
     images, questions, answers, masks, kinds, obj = sv.shapes_vqa(3, seed=321, objects=True)
@@ -88,6 +88,7 @@ def test_the_report_rows_are_the_kits_metrics_on_our_own_traces():
         for name, recipe in recipes.items():
             got[name].append(vc.evaluate.pointing_game(vc.cam(tr, recipe).values, masks[i]))
     for row, name in zip(rows, recipes, strict=False):
+        assert not np.isnan(got[name]).all()
         assert row["recipe"] == name and row["pointing_game"] == pytest.approx(np.nanmean(got[name]))
     assert rows[-1]["recipe"] == "random peak"
     assert rows[-1]["pointing_game"] == pytest.approx(np.mean([random_peak(m) for m in masks]))

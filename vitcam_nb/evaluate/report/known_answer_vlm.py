@@ -145,7 +145,8 @@ def report_known_answer_vlm(model: object = "shapes-vlm", n_questions: int = 300
     rows.append(_row("random peak", "", base, kinds, right))
     settings = {"model": model if isinstance(model, str) else type(model).__name__,
                 "accuracy": float(right.mean()),
-                "accuracy_per_type": {t: float(right[kinds == k].mean()) for k, t in enumerate(QUESTION_TYPES)},
+                "accuracy_per_type": {t: _mean(right[kinds == k].astype(np.float64))
+                                      for k, t in enumerate(QUESTION_TYPES)},
                 "seed": seed, "n_questions": n_questions,
                 "n_per_type": {t: int((kinds == k).sum()) for k, t in enumerate(QUESTION_TYPES)},
                 "generator": f"vitcam_nb.data.shapes_vlm.shapes_vqa({n_questions}, {seed}, objects=True)",
