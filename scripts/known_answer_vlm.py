@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 OUTPUTS = ("known_answer_vlm.json", "known_answer_vlm.csv", "known_answer_vlm.md")
-COLUMNS = ("recipe", "recipe_id", "pointing_game", "auroc", "other_object", "pointing_game_colour",
+COLUMNS = ("recipe", "recipe_id", "pointing_game", "auroc", "other_object", "token_pointing", "token_other",
+           "pointing_game_colour",
            "pointing_game_where", "pointing_game_shape", "pointing_game_right", "n", "n_constant")
 
 
@@ -72,7 +73,7 @@ def write_report(model: str, n_questions: int, seed: int, out: Path, *, overwrit
     folder.write("known_answer_vlm.md", lambda p: p.write_text(md, encoding="utf-8"))
     for row in rows:
         print(f"{row['recipe']:45s} pointing {row['pointing_game']:.3f}  AUROC {row['auroc']:.3f}  "
-              f"other object {row['other_object']:.3f}")
+              f"other object {row['other_object']:.3f}  token {row['token_pointing']:.3f} / {row['token_other']:.3f}")
     return 0
 
 
@@ -87,15 +88,18 @@ def _markdown(rows: list[dict], settings: dict) -> str:
              f"Target: {settings['target']}. Pointing game: the map's peak within {settings['tolerance_px']:.1f} px "
              "of the asked-about object's mask; other object: the same on the object NOT asked about (a map that "
              "binds the question scores lower there); AUROC: the map as a detector of the asked-about mask's "
-             "pixels (0.5 is chance); 'right': the questions the model answers right. 'random peak': a map whose "
-             "peak is a uniformly random pixel (exact). A constant map (n_constant) has no peak and is left out of "
-             "the means.", "",
+             "pixels (0.5 is chance); token pointing / token other: the same recipe on the 4x4 grid of image tokens "
+             "(no upsampling): does the highest token's patch hold a pixel of the asked-about (other) object; "
+             "'right': the questions the model answers right. 'random peak': a map whose peak is a uniformly "
+             "random pixel (or token), exact. A constant map (n_constant) has no peak and is left out of the "
+             "means.", "",
              f"Regenerate: `{settings['command']}` ({settings['seconds']:.0f} s here).", "",
-             "| recipe | recipe id | pointing game | other object | AUROC | colour | where | shape | right "
-             "| constant |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| recipe | recipe id | pointing game | other object | AUROC | token pointing | token other | colour "
+             "| where | shape | right | constant |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['recipe']} | {r['recipe_id']} | {num(r['pointing_game'])} | {num(r['other_object'])} | "
-              f"{num(r['auroc'])} | {num(r['pointing_game_colour'])} | {num(r['pointing_game_where'])} | "
+              f"{num(r['auroc'])} | {num(r['token_pointing'])} | {num(r['token_other'])} | "
+              f"{num(r['pointing_game_colour'])} | {num(r['pointing_game_where'])} | "
               f"{num(r['pointing_game_shape'])} | {num(r['pointing_game_right'])} | {r['n_constant']} |"
               for r in rows]
     return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ from vitcam_nb.evaluate.report.known_answer_vlm import (
     question_scores,
     random_peak,
     report_known_answer_vlm,
+    token_pointing,
 )
 
 pytest.importorskip("transformers")
@@ -42,6 +43,19 @@ def test_question_scores_point_at_the_peaks_object():
     s = question_scores(m, a, b)
     assert (s["pointing_game"], s["other_object"], s["auroc"]) == (1.0, 0.0, 1.0)
     assert np.isnan(question_scores(np.ones((16, 16)), a, b)["pointing_game"])
+
+
+def test_token_pointing_asks_whether_the_highest_tokens_patch_holds_the_object():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        mask = rng.random((64, 64)) > 0.995
+        grid = rng.integers(0, 3, (4, 4)).astype(float)
+        hits = [mask[16 * r:16 * r + 16, 16 * c:16 * c + 16].any()
+                for r in range(4) for c in range(4) if grid[r, c] == grid.max()]  # each tied peak, by loops
+        assert token_pointing(grid, mask) == pytest.approx(np.mean(hits))
+    assert np.isnan(token_pointing(np.zeros((4, 4)), mask))
+    with pytest.raises(vc.ArgumentError, match="mask"):
+        token_pointing(np.ones((4, 4)), np.zeros((30, 30), bool))
 
 
 def test_the_objects_are_the_asked_about_one_and_the_other():
@@ -81,15 +95,18 @@ def test_the_report_rows_are_the_kits_metrics_on_our_own_traces():
     model = vc.load_model("shapes-vlm")
     images, questions, answers, masks, kinds, obj = sv.shapes_vqa(3, seed=321, objects=True)
     got = {name: [] for name in recipes}
+    tokens = {name: [] for name in recipes}
     for i in range(3):
         tr = vc.trace(model, train_vlm.normalise(images[i:i + 1]),
                       targets=vc.targets.answer(input_ids=sv.prompt_ids(questions[i]),
                                                 answer_ids=sv.answer_ids(answers[i])))
         for name, recipe in recipes.items():
             got[name].append(vc.evaluate.pointing_game(vc.cam(tr, recipe).values, masks[i]))
+            tokens[name].append(token_pointing(vc.cam(tr, recipe.replace(upsample="none")).values, masks[i]))
     for row, name in zip(rows, recipes, strict=False):
         assert not np.isnan(got[name]).all()
         assert row["recipe"] == name and row["pointing_game"] == pytest.approx(np.nanmean(got[name]))
+        assert row["token_pointing"] == pytest.approx(np.nanmean(tokens[name]))
     assert rows[-1]["recipe"] == "random peak"
     assert rows[-1]["pointing_game"] == pytest.approx(np.mean([random_peak(m) for m in masks]))
     right = [g == a for g, a in zip(train_vlm.greedy_answers(model, images, questions), answers)]

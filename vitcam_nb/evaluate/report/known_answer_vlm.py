@@ -14,6 +14,11 @@ the answer's first token (``class_=0``), scored against the mask in NumPy:
 * **AUROC** (:func:`vitcam_nb.evaluate.auroc`): the map as a detector of the mask's pixels; 0.5 is chance.
 * **other object**: the pointing game on the OTHER object's mask: a map that finds "an object" but not the one
   asked about scores here as well as above, a map that binds the question scores lower.
+* **token pointing** (:func:`token_pointing`): the same recipe with ``upsample="none"`` (the map on the 4x4 grid of
+  image tokens): does its highest token's patch hold a pixel of the asked-about object? With 16 tokens the pixel
+  pointing game also asks where bilinear upsampling puts the peak (a patch centre, which the object may miss even
+  when its patch is the highest); this one asks only which token is highest. Its random baseline is the share of
+  patches that hold a pixel of the object (``random peak`` row).
 
 Example:
     >>> rows, settings = report_known_answer_vlm(n_questions=3, seed=0)  # doctest: +SKIP
@@ -40,7 +45,7 @@ from vitcam_nb.evaluate.localisation.metrics import auroc, default_tolerance, po
 from vitcam_nb.models import load_model
 from vitcam_nb.targets.vlm_answer import answer
 
-__all__ = ["VLM_RECIPES", "question_scores", "random_peak", "report_known_answer_vlm", "vlm_recipes"]
+__all__ = ["VLM_RECIPES", "question_scores", "random_peak", "report_known_answer_vlm", "token_pointing", "vlm_recipes"]
 
 
 def vlm_recipes(tower_layers: int = 4, lm_layers: int = 3) -> dict[str, Recipe]:
@@ -88,9 +93,32 @@ def random_peak(mask: np.ndarray, tolerance: float | None = None) -> float:
     return float(np.mean(ndimage.distance_transform_edt(~mask) <= tol))
 
 
-def question_scores(cam_map: object, mask: np.ndarray, other: np.ndarray) -> dict[str, float]:
+def token_pointing(grid_map: object, mask: np.ndarray) -> float:
+    """Pointing game on the token grid: the share of the highest cells of ``grid_map`` (h, w) whose patch of
+    ``mask`` (H, W, a multiple of the grid) holds at least one True pixel; NaN for a constant map.
+
+    Example:
+        >>> mask = np.zeros((8, 8), bool); mask[0, 5] = True
+        >>> token_pointing(np.array([[0.0, 1.0], [0.0, 0.0]]), mask)
+        1.0
+    """
+    values = np.asarray(getattr(grid_map, "values", grid_map), dtype=np.float64)
+    mask = np.asarray(mask, dtype=bool)
+    (h, w), (ph, pw) = values.shape, (mask.shape[0] // values.shape[0], mask.shape[1] // values.shape[1])
+    if ph * h != mask.shape[0] or pw * w != mask.shape[1]:
+        raise ArgumentError(f"mask: expected a multiple of the map's grid {values.shape}, got {mask.shape}")
+    if np.ptp(values) == 0:
+        return float("nan")
+    touched = mask.reshape(h, ph, w, pw).any(axis=(1, 3))
+    peaks = values == values.max()
+    return float(touched[peaks].mean())
+
+
+def question_scores(cam_map: object, mask: np.ndarray, other: np.ndarray,
+                    grid_map: object | None = None) -> dict[str, float]:
     """Pointing game and AUROC of ``cam_map`` on ``mask``, and the pointing game on the ``other`` object's mask
-    (NaN where a map is constant: it points nowhere).
+    (NaN where a map is constant: it points nowhere); with ``grid_map`` (the map on the token grid), also
+    :func:`token_pointing` on both masks.
 
     Example:
         >>> m = np.zeros((8, 8), bool); m[:2, :2] = True
@@ -100,8 +128,11 @@ def question_scores(cam_map: object, mask: np.ndarray, other: np.ndarray) -> dic
     values = np.asarray(getattr(cam_map, "values", cam_map), dtype=np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a constant map: NaN, counted as such in the report
-        return {"pointing_game": pointing_game(values, mask), "auroc": auroc(values, mask),
-                "other_object": pointing_game(values, other)}
+        out = {"pointing_game": pointing_game(values, mask), "auroc": auroc(values, mask),
+               "other_object": pointing_game(values, other)}
+    if grid_map is not None:
+        out.update(token_pointing=token_pointing(grid_map, mask), token_other=token_pointing(grid_map, other))
+    return out
 
 
 def report_known_answer_vlm(model: object = "shapes-vlm", n_questions: int = 300, seed: int = 7_000,
@@ -135,12 +166,17 @@ def report_known_answer_vlm(model: object = "shapes-vlm", n_questions: int = 300
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DegenerateMapWarning)
                 m = kind_for(tr, recipe).cam(tr, recipe)  # the VLM trace's kind (vitcam_nb.compute registers it)
-            scores[name].append(question_scores(m, masks[i], other[i]))
+                grid = recipe.replace(upsample="none")
+                g = kind_for(tr, grid).cam(tr, grid)
+            scores[name].append(question_scores(m, masks[i], other[i], g))
         if progress and (i + 1) % 50 == 0:
             print(f"[known_answer_vlm] {i + 1}/{n_questions} questions ({time.time() - t0:.0f}s)", flush=True)
+    vision = net.config.vision_config
+    grid = int(vision.image_size) // int(vision.patch_size)
     rows = [_row(name, recipe.id, s, kinds, right) for (name, recipe), s in zip(recipes.items(), scores.values(),
                                                                                  strict=True)]
-    base = [{"pointing_game": random_peak(masks[i]), "auroc": 0.5, "other_object": random_peak(other[i])}
+    base = [{"pointing_game": random_peak(masks[i]), "auroc": 0.5, "other_object": random_peak(other[i]),
+             "token_pointing": _touched(masks[i], grid), "token_other": _touched(other[i], grid)}
             for i in range(n_questions)]
     rows.append(_row("random peak", "", base, kinds, right))
     settings = {"model": model if isinstance(model, str) else type(model).__name__,
@@ -159,10 +195,19 @@ def _row(name: str, recipe_id: str, s: list[dict], kinds: np.ndarray, right: np.
     pg = np.array([d["pointing_game"] for d in s])
     row = {"recipe": name, "recipe_id": recipe_id, "pointing_game": _mean(pg),
            "auroc": _mean(np.array([d["auroc"] for d in s])),
-           "other_object": _mean(np.array([d["other_object"] for d in s]))}
+           "other_object": _mean(np.array([d["other_object"] for d in s])),
+           "token_pointing": _mean(np.array([d["token_pointing"] for d in s])),
+           "token_other": _mean(np.array([d["token_other"] for d in s]))}
     row.update({f"pointing_game_{t}": _mean(pg[kinds == k]) for k, t in enumerate(QUESTION_TYPES)})
     row.update({"pointing_game_right": _mean(pg[right]), "n": len(s), "n_constant": int(np.isnan(pg).sum())})
     return row
+
+
+def _touched(mask: np.ndarray, grid: int) -> float:
+    """The token pointing game of a uniformly random peak token: the share of the grid's patches holding a pixel of
+    ``mask``."""
+    h, w = mask.shape
+    return float(mask.reshape(grid, h // grid, grid, w // grid).any(axis=(1, 3)).mean())
 
 
 def _mean(values: np.ndarray) -> float:
