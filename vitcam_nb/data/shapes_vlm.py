@@ -11,12 +11,12 @@ the answer should point at). Three question types (:data:`QUESTION_TYPES`):
 * ``shape``: "what shape is red" -> "circle" (2 answers; chance 1/2).
 
 The words form a fixed vocabulary :data:`VOCAB` defined here (no tokenizer): :func:`encode` / :func:`decode` map
-words to ids. :func:`prompt_ids` gives the model's input ids for a question in LLaVA's order: ``<bos>``, :data:`IMAGE_TOKENS`
-copies of the ``<image>`` placeholder (one per vision patch, as ``LlavaForConditionalGeneration`` expects them
-expanded), then the question's words; the last word's logits give the answer's first word (no separator token, so
-the word that names the asked-about object, its shape or its colour, is the query that reads the image tokens);
-:func:`answer_ids` the answer's words and ``<eos>``. ``?`` and ``<answer>`` stay in the vocabulary (their ids are
-unchanged) but no prompt holds them.
+words to ids. :func:`prompt_ids` gives the model's input ids for a question in LLaVA's order: ``<bos>``,
+:data:`IMAGE_TOKENS` copies of the ``<image>`` placeholder (one per vision patch, as
+``LlavaForConditionalGeneration`` expects them expanded), then the question's words; the last word's logits give the
+answer's first word (no separator token, so the word that names the asked-about object, its shape or its colour, is
+the query that reads the image tokens); :func:`answer_ids` the answer's words and ``<eos>``. ``?`` and ``<answer>``
+stay in the vocabulary (their ids are unchanged) but no prompt holds them.
 Everything is vectorised over the batch and driven by one ``numpy.random.Generator``, so a seed fixes the images,
 questions and masks exactly.
 
