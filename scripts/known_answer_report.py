@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.model == "shapes-yolos":
         return _detection(args)
+    if args.model == "shapes-vlm":  # the VLM's own report: scripts/known_answer_vlm.py, next to this script
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from known_answer_vlm import write_report
+
+        return write_report(args.model, args.n_images, args.seed, Path(args.out), overwrite=args.overwrite)
     if args.model in bundled_names() and "hf_config" in model_card(args.model):
         return _video(args)
     variants = {k: tuple(v) for k, v in (("sites", args.sites), ("weightings", args.weightings),

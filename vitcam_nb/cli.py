@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="vitcam-demo", help="output folder (default: vitcam-demo)")
     demo.add_argument("--model", default="shapes-vit",
                       help=f"{_MODEL_HELP} (default: shapes-vit; shapes-video: the video demo on a generated clip; "
-                           "shapes-yolos: the detection demo on a generated image)")
+                           "shapes-yolos: the detection demo on a generated image; shapes-vlm: the VLM demo, a "
+                           "generated question and the maps of the generated answer)")
     demo.add_argument("--image", default=None,
                       help="image file (default: a bundled sample image; needed for a timm model)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")

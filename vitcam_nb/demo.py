@@ -27,6 +27,7 @@ from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.version import __version__
 from vitcam_nb.data.segmenter import LinearSegmenter
 from vitcam_nb.data.shapes_detection import shapes_detection
+from vitcam_nb.data.train_vlm import NAME as _VLM_NAME
 from vitcam_nb.demo_video import VIDEO_DEMO_MODELS, png_metadata, recipes_listing, run_video_demo, save_figure
 from vitcam_nb.evaluate.audit.labels import rule_text
 from vitcam_nb.evaluate.report.card import card_scores
@@ -105,6 +106,9 @@ def _dense_target(net: object, model_name: str, mask: np.ndarray | None) -> obje
 #: The bundled detector, shown on a generated image with two or three objects (seed below).
 DETECTOR, DETECTION_SEED = "shapes-yolos", 4_321
 
+#: Bundled generative VLMs: the VLM demo (:func:`vitcam_nb.demo_vlm.run_vlm_demo`).
+VLM_DEMO_MODELS = (_VLM_NAME,)
+
 #: What the demo writes in its folder (and lists, with each file's SHA-256, in the folder's manifest).
 OUTPUTS = ("trace.nc", "gallery.png", "atlas.png", "report.html", "recipes.json")
 
@@ -119,7 +123,8 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
     in the folder's manifest (``.vitcam_nb-outputs.json``); a file of those names that an earlier demo did not
     write there, or that changed since, is refused before any work (:class:`~vitcam_nb.OutputExistsError`)
     unless ``overwrite=True``; a refused call (an output, an argument, the model) creates nothing. A bundled video
-    model (``shapes-video``) writes the video demo's outputs instead (:func:`vitcam_nb.demo_video.run_video_demo`).
+    model (``shapes-video``) writes the video demo's outputs instead (:func:`vitcam_nb.demo_video.run_video_demo`), the
+    bundled VLM (``shapes-vlm``) the VLM demo's (:func:`vitcam_nb.demo_vlm.run_vlm_demo`).
     ``pretrained`` and ``weights`` go to :func:`vitcam_nb.load_model`; ``announce`` is called with the weights'
     origin line once the model is loaded, before any result. The trace, both PNGs (a footer and their Title) and
     the report state that origin; random-init weights (or weights of unknown origin) put a red title line on both PNGs
@@ -137,6 +142,13 @@ def run_demo(out: str | Path = "vitcam-demo", model: str = "shapes-vit", image: 
             raise ArgumentError(f"image, pretrained, weights: the video demo of {model} traces its bundled weights on "
                                 f"a generated clip with known evidence frames; leave them out")
         return run_video_demo(out, model, progress=progress, overwrite=overwrite, announce=announce)
+    if model in VLM_DEMO_MODELS:  # the bundled VLM: a generated question whose asked-about object is known
+        if image is not None or pretrained or weights is not None:
+            raise ArgumentError(f"image, pretrained, weights: the VLM demo of {model} asks its bundled weights a "
+                                f"generated question whose asked-about object is known; leave them out")
+        from vitcam_nb.demo_vlm import run_vlm_demo
+
+        return run_vlm_demo(out, model, progress=progress, overwrite=overwrite, announce=announce)
     import matplotlib
 
     matplotlib.use("Agg")

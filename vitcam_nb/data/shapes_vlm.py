@@ -6,17 +6,17 @@ cross and none in a palette colour) over the textured background of :func:`vitca
 comes with one question about one of the two objects, its answer, and the pixel mask of that object (what a map of
 the answer should point at). Three question types (:data:`QUESTION_TYPES`):
 
-* ``colour``: "what colour is the cross ?" -> "red" (4 answers; chance 1/4);
-* ``where``: "where is red ?" -> "top left" (the quadrant of the object in that colour, two words; chance 1/4);
-* ``shape``: "what shape is red ?" -> "circle" (2 answers; chance 1/2).
+* ``colour``: "what colour is the cross" -> "red" (4 answers; chance 1/4);
+* ``where``: "where is red" -> "top left" (the quadrant of the object in that colour, two words; chance 1/4);
+* ``shape``: "what shape is red" -> "circle" (2 answers; chance 1/2).
 
 The words form a fixed vocabulary :data:`VOCAB` defined here (no tokenizer): :func:`encode` / :func:`decode` map
-words to ids. :func:`prompt_ids` gives the model's input ids for a question: ``<bos>``, the question's words, then
-:data:`IMAGE_TOKENS` copies of the ``<image>`` placeholder (one per vision patch, as ``LlavaForConditionalGeneration``
-expects them expanded) and ``<answer>``; :func:`answer_ids` the answer's words and ``<eos>``. The question comes
-before the image (as PaliGemma's prefix, not LLaVA-1.5's chat order) so every image token can read the question, a
-choice meant to ease binding; within the 10-minute CPU budget neither order learned binding well (the card says how
-well the bundled model answers).
+words to ids. :func:`prompt_ids` gives the model's input ids for a question in LLaVA's order: ``<bos>``,
+:data:`IMAGE_TOKENS` copies of the ``<image>`` placeholder (one per vision patch, as
+``LlavaForConditionalGeneration`` expects them expanded), then the question's words; the last word's logits give the
+answer's first word (no separator token, so the word that names the asked-about object, its shape or its colour, is
+the query that reads the image tokens); :func:`answer_ids` the answer's words and ``<eos>``. ``?`` and ``<answer>``
+stay in the vocabulary (their ids are unchanged) but no prompt holds them.
 Everything is vectorised over the batch and driven by one ``numpy.random.Generator``, so a seed fixes the images,
 questions and masks exactly.
 
@@ -53,8 +53,9 @@ VOCAB: tuple[str, ...] = (PAD, BOS, EOS, IMAGE, ANSWER, "what", "colour", "is", 
                           *COLOURS, "top", "bottom", "left", "right")
 _IDS = {w: i for i, w in enumerate(VOCAB)}
 PAD_ID, BOS_ID, EOS_ID, IMAGE_ID, ANSWER_ID = (_IDS[w] for w in (PAD, BOS, EOS, IMAGE, ANSWER))
-#: Image placeholder tokens per image: the 8x8 patches of a 64x64 image (the class token is not passed to the LM).
-IMAGE_TOKENS = 64
+#: Image placeholder tokens per image: the 16x16-pixel patches of a 64x64 image, a 4x4 grid (each quadrant 2x2
+#: patches; the class token is not passed to the LM).
+IMAGE_TOKENS = 16
 #: The answers of each question type.
 ANSWERS: dict[str, tuple[str, ...]] = {"colour": tuple(COLOURS), "where": QUADRANTS, "shape": OBJECTS}
 
@@ -69,16 +70,20 @@ _DISTRACTOR_GREY = (60.0, 200.0)  # distractors are grey (never a palette colour
 _DISTRACTOR_OFFSET = 70.0  # ... at least this much brighter or darker than the background mean
 
 
-def shapes_vqa(n: int, seed: int) -> tuple[np.ndarray, list[str], list[str], np.ndarray, np.ndarray]:
+def shapes_vqa(n: int, seed: int, *, objects: bool = False) -> tuple:
     """Generate ``n`` images with one question each.
 
     Returns
     -------
     images : uint8 ``(n, 64, 64, 3)`` RGB.
-    questions : ``n`` strings of space-separated :data:`VOCAB` words (e.g. ``"what colour is the cross ?"``).
+    questions : ``n`` strings of space-separated :data:`VOCAB` words (e.g. ``"what colour is the cross"``).
     answers : ``n`` strings (e.g. ``"red"``, ``"top left"``, ``"circle"``).
     masks : bool ``(n, 64, 64)``: the pixels of the object the question asks about.
     kinds : int64 ``(n,)``: the question type, an index into :data:`QUESTION_TYPES`.
+    objects : only with ``objects=True``, a sixth item: a dict of both objects per image, ``"masks"`` bool
+        ``(n, 2, 64, 64)``, ``"colour"`` and ``"quadrant"`` int64 ``(n, 2)`` (indices into :data:`COLOURS` and
+        :data:`QUADRANTS`; object 0 is the circle, 1 the cross) and ``"asked"`` int64 ``(n,)`` (the object each
+        question asks about); the same images and questions as without it.
 
     Example:
         >>> _, q, a, m, k = shapes_vqa(3, seed=1)
@@ -124,12 +129,15 @@ def shapes_vqa(n: int, seed: int) -> tuple[np.ndarray, list[str], list[str], np.
     rows = np.arange(n)
     names, colour_names = np.array(OBJECTS), np.array(list(COLOURS))
     obj, col, quad = names[asked], colour_names[colour[rows, asked]], np.array(QUADRANTS)[quadrant[rows, asked]]
-    questions = np.where(kinds == 0, np.char.add(np.char.add("what colour is the ", obj), " ?"),
-                         np.where(kinds == 1, np.char.add(np.char.add("where is ", col), " ?"),
-                                  np.char.add(np.char.add("what shape is ", col), " ?")))
+    questions = np.where(kinds == 0, np.char.add("what colour is the ", obj),
+                         np.where(kinds == 1, np.char.add("where is ", col), np.char.add("what shape is ", col)))
     answers = np.where(kinds == 0, col, np.where(kinds == 1, quad, obj))
     images = np.clip(np.rint(img), 0, 255).astype(np.uint8)
-    return images, questions.tolist(), answers.tolist(), masks[rows, asked], kinds.astype(np.int64)
+    out = (images, questions.tolist(), answers.tolist(), masks[rows, asked], kinds.astype(np.int64))
+    if objects:
+        return (*out, {"masks": masks, "colour": colour.astype(np.int64), "quadrant": quadrant.astype(np.int64),
+                      "asked": asked.astype(np.int64)})
+    return out
 
 
 def _distractors(rng: np.random.Generator, img: np.ndarray, bg_mean: np.ndarray) -> None:
@@ -160,8 +168,8 @@ def encode(text: str | Sequence[str]) -> list[int]:
     """Word ids of ``text`` (space-separated :data:`VOCAB` words, or a list of words).
 
     Example:
-        >>> decode(encode("where is red ?"))
-        'where is red ?'
+        >>> decode(encode("where is red"))
+        'where is red'
     """
     words = text.split() if isinstance(text, str) else text
     if not isinstance(words, Sequence) or not all(isinstance(w, str) for w in words):
@@ -188,21 +196,21 @@ def decode(ids: Sequence[int] | np.ndarray, skip_special: bool = True) -> str:
 
 
 def prompt_ids(question: str) -> list[int]:
-    """The model's input ids for ``question``: ``<bos>``, the question's words, :data:`IMAGE_TOKENS` ``<image>``
-    placeholders (already expanded, one per image token the projector emits, row-major over the 8x8 patch grid), then
-    ``<answer>``, whose logits give the answer's first word. The answer's ids (:func:`answer_ids`) follow when an
-    answer is scored by teacher forcing.
+    """The model's input ids for ``question``: ``<bos>``, :data:`IMAGE_TOKENS` ``<image>`` placeholders (already
+    expanded, one per image token the projector emits, row-major over the 4x4 patch grid), then the question's words;
+    the last word's logits give the answer's first word. The answer's ids (:func:`answer_ids`) follow when an answer
+    is scored by teacher forcing.
 
     Example:
-        >>> ids = prompt_ids("where is red ?")
+        >>> ids = prompt_ids("where is red")
         >>> len(ids), ids.count(VOCAB.index("<image>")), ids.index(VOCAB.index("<image>"))
-        (70, 64, 5)
+        (20, 16, 1)
     """
     if not isinstance(question, str):
         raise ArgumentTypeError(f"question: expected a string, got {type(question).__name__}")
     if not question.split():
         raise ArgumentError("question: empty")
-    return [BOS_ID] + encode(question) + [IMAGE_ID] * IMAGE_TOKENS + [ANSWER_ID]
+    return [BOS_ID] + [IMAGE_ID] * IMAGE_TOKENS + encode(question)
 
 
 def answer_ids(answer: str, eos: bool = True) -> list[int]:
@@ -238,8 +246,8 @@ def vqa_generator_settings() -> dict:
     """
     return {"objects": list(OBJECTS), "colours": {k: list(v) for k, v in COLOURS.items()},
             "colour_jitter": _JITTER, "quadrants": list(QUADRANTS), "question_types": list(QUESTION_TYPES),
-            "questions": {"colour": "what colour is the <object> ?", "where": "where is <colour> ?",
-                          "shape": "what shape is <colour> ?"},
+            "questions": {"colour": "what colour is the <object>", "where": "where is <colour>",
+                          "shape": "what shape is <colour>"},
             "object_radius": list(_RADIUS), "max_rotation_deg": _MAX_ROTATION_DEG,
             "placement": "circle and cross (arm half-width 0.3 r) in two different quadrants (uniform), "
                          "each inside its quadrant",

@@ -6,13 +6,18 @@ Usage::
     python -m vitcam_nb.data.train_vlm            # writes shapes-vlm.safetensors and shapes-vlm.json
 
 The model is a transformers ``LlavaForConditionalGeneration`` built from a tiny config (random init): a CLIP vision
-tower (4 layers, width 64, 8x8 patches on 64x64 images), LLaVA's two-layer MLP projector reading the tower's
-second-to-last layer without its class token (``vision_feature_layer=-2``, ``vision_feature_select_strategy=
-"default"``, as LLaVA-1.5), and a small Llama decoder over the word vocabulary of :mod:`vitcam_nb.data.shapes_vlm`.
-The loss is the cross-entropy of the answer's words and ``<eos>`` under teacher forcing (the prompt's positions carry
-no loss). The training images come from a fixed pool drawn once from ``train_seed`` (rendering is slower than a step
-here); the test accuracy (greedy answers, per question type) uses a seed never used in training. Runs are
-deterministic for a given torch build (one thread, deterministic algorithms).
+tower (4 layers, width 64, 16x16 patches on 64x64 images: a 4x4 grid of image tokens, each quadrant 2x2 of them),
+LLaVA's two-layer MLP projector reading the tower's second-to-last layer without its class token
+(``vision_feature_layer=-2``, ``vision_feature_select_strategy="default"``, as LLaVA-1.5), and a 3-layer Llama decoder
+over the word vocabulary of :mod:`vitcam_nb.data.shapes_vlm`, prompted in LLaVA's order (image tokens, then the
+question, whose last word predicts the answer). The loss is the cross-entropy of the answer's words and ``<eos>``
+under teacher forcing (the prompt's positions carry no loss) plus an auxiliary loss (weight ``aux_weight``): a linear
+head on the projector's output (what the LM reads) predicts each image token's colour, shape (of the object covering
+most of its patch, or none: :func:`token_labels`) and quadrant. Without it the answers stayed at chance for thousands
+of steps (the LM had no signal to read the image by); the head is dropped after training (not in the saved model,
+which is a plain LLaVA). The training images come from a fixed pool drawn once from ``train_seed`` (rendering is
+slower than a step here); the test accuracy (greedy answers, per question type) uses a seed never used in training.
+Runs are deterministic for a given torch build (one thread, deterministic algorithms).
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from vitcam_nb.core.errors import ArgumentError
-from vitcam_nb.core.provenance import file_sha256
 from vitcam_nb.data.shapes_vlm import (
     ANSWER_ID,
     BOS_ID,
@@ -56,18 +60,18 @@ MAX_ANSWER_TOKENS = 3
 
 CONFIG: dict = {
     "vision_config": {"model_type": "clip_vision_model", "hidden_size": 64, "intermediate_size": 256,
-                      "num_hidden_layers": 4, "num_attention_heads": 4, "image_size": 64, "patch_size": 8,
+                      "num_hidden_layers": 4, "num_attention_heads": 4, "image_size": 64, "patch_size": 16,
                       "num_channels": 3, "hidden_act": "gelu", "layer_norm_eps": 1e-6, "attention_dropout": 0.0},
     "text_config": {"model_type": "llama", "vocab_size": len(VOCAB), "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
                     "max_position_embeddings": 128, "pad_token_id": PAD_ID, "bos_token_id": BOS_ID,
                     "eos_token_id": EOS_ID, "tie_word_embeddings": False, "attention_dropout": 0.0},
     "image_token_index": IMAGE_ID, "image_seq_length": IMAGE_TOKENS, "projector_hidden_act": "gelu",
     "vision_feature_select_strategy": "default", "vision_feature_layer": -2, "tie_word_embeddings": False,
 }
-TRAIN: dict = {"steps": 900, "batch_size": 32, "lr": 1e-3, "tower_lr_mult": 1.0, "min_lr": 1e-5,
-               "weight_decay": 0.01, "warmup_steps": 50, "grad_clip": 1.0, "pool": 8000, "n_test": 600,
-               "log_every": 150, "train_seed": 30_000, "test_seed": 90_030, "init_from": "shapes-vit"}
+TRAIN: dict = {"steps": 12_000, "batch_size": 32, "lr": 2e-3, "min_lr": 2e-5, "weight_decay": 0.01,
+               "warmup_steps": 200, "grad_clip": 1.0, "pool": 24_000, "n_test": 600, "log_every": 500,
+               "train_seed": 30_000, "test_seed": 90_030, "aux_weight": 0.5}
 
 
 def build_vlm(config: dict | None = None) -> torch.nn.Module:
@@ -85,43 +89,6 @@ def build_vlm(config: dict | None = None) -> torch.nn.Module:
     cfg.vision_config._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
     return transformers.LlavaForConditionalGeneration(cfg)
-
-
-def _from_shapes_vit(model: torch.nn.Module, weights: Path) -> dict:
-    """Start the CLIP tower from the bundled classifier ``shapes-vit`` (a timm ViT of the same width, heads, MLP and
-    patch size, trained on single shapes): patch embedding (its bias folded into the patch positions, CLIP's patch
-    convolution has none), class token, positions, and the first blocks (timm's fused qkv split into q, k, v). CLIP
-    normalises the embeddings (``pre_layrnorm``) where timm does not: it starts with weight = the mean per-token
-    standard deviation of the embeddings on shapes images and bias 0, so the residual stream keeps about its scale;
-    the copy is therefore a start, not the classifier (every pre-norm consumer removes the per-token mean anyway)."""
-    from safetensors.torch import load_file
-
-    from vitcam_nb.data.shapes import shapes
-
-    src, tower = load_file(str(weights)), model.model.vision_tower
-    d, state = int(src["cls_token"].shape[-1]), tower.state_dict()
-    state["embeddings.patch_embedding.weight"] = src["patch_embed.proj.weight"]
-    state["embeddings.class_embedding"] = src["cls_token"].reshape(d)
-    pos = src["pos_embed"][0].clone()
-    pos[1:] += src["patch_embed.proj.bias"]
-    state["embeddings.position_embedding.weight"] = pos
-    for i in range(int(model.config.vision_config.num_hidden_layers)):
-        cl, tb = f"encoder.layers.{i}.", f"blocks.{i}."
-        for a, b in (("layer_norm1", "norm1"), ("layer_norm2", "norm2"), ("self_attn.out_proj", "attn.proj"),
-                     ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
-            for p in ("weight", "bias"):
-                state[f"{cl}{a}.{p}"] = src[f"{tb}{b}.{p}"]
-        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            for p in ("weight", "bias"):
-                state[f"{cl}self_attn.{name}.{p}"] = src[f"{tb}attn.qkv.{p}"][j * d:(j + 1) * d]
-    tower.load_state_dict(state)
-    with torch.no_grad():
-        emb = tower.embeddings(normalise(shapes(64, seed=0)[0]))
-        tower.pre_layrnorm.weight.fill_(float(emb.std(-1).mean()))
-        tower.pre_layrnorm.bias.zero_()
-    return {"name": weights.stem, "weights_sha256": file_sha256(weights),
-            "copied": "patch embedding (bias folded into positions), class token, positions, blocks 0-3",
-            "pre_layrnorm": "weight = mean per-token std of the embeddings of shapes(64, seed=0), bias = 0"}
 
 
 def normalise(images: np.ndarray) -> torch.Tensor:
@@ -210,15 +177,63 @@ def accuracy_by_type(model: torch.nn.Module, images: np.ndarray, questions: list
     return acc
 
 
-def _pool(cfg: dict) -> tuple[np.ndarray, list[str], list[str]]:
-    """The training pool: ``cfg["pool"]`` images in chunks of 512, chunk c from seed ``train_seed + c``."""
-    images, questions, answers = [], [], []
+def token_labels(objects: dict, grid: int = 4, min_pixels: int = 12) -> np.ndarray:
+    """Per image token (``grid`` x ``grid`` patches, row-major) the auxiliary labels: column 0 the colour of the
+    object covering the patch most (1 + its :data:`COLOURS` index; 0 where no object covers ``min_pixels``), column 1
+    its shape (1 circle, 2 cross, 0 none). Used only by the training's auxiliary loss (see :func:`train`).
+
+    Example:
+        >>> token_labels(shapes_vqa(2, seed=0, objects=True)[5]).shape
+        (2, 16, 2)
+    """
+    masks = objects["masks"]
+    n, _, size, _ = masks.shape
+    p = size // grid
+    cover = masks.reshape(n, 2, grid, p, grid, p).sum(axis=(3, 5)).reshape(n, 2, grid * grid)
+    top = cover.argmax(axis=1)  # (n, tokens): the object covering most
+    present = cover.max(axis=1) >= min_pixels
+    colour = np.take_along_axis(objects["colour"], top, axis=1) + 1
+    return np.stack([np.where(present, colour, 0), np.where(present, top + 1, 0)], axis=-1).astype(np.int64)
+
+
+def card_texts() -> dict[str, str]:
+    """The card's descriptions of the model, its prompt and its loss (one place, so a card's text can be checked
+    against the code that trained it).
+
+    Example:
+        >>> sorted(card_texts())
+        ['command', 'description', 'loss', 'prompt']
+    """
+    return {
+        "command": "python -m vitcam_nb.data.train_vlm  (CPU, one thread; writes vitcam_nb/data/models/shapes-vlm.*)",
+        "description": "tiny LLaVA (transformers LlavaForConditionalGeneration: a 4-layer CLIP vision tower of width "
+                       "64 on 64x64 images with 16x16 patches (a 4x4 grid of image tokens), LLaVA's MLP projector "
+                       "reading the tower's layer -2 without its class token, a 3-layer Llama decoder of width 64 "
+                       f"over a {len(VOCAB)}-word vocabulary, the image tokens before the question), trained from "
+                       "random init with teacher forcing on the answer words (and an auxiliary image-token loss, "
+                       "see training.loss). The mask of the object a question asks about is the known answer of a "
+                       "map of the answer.",
+        "prompt": f"<bos> + {IMAGE_TOKENS} x <image> (expanded: one per 16x16 patch, row-major, the tower's class "
+                  "token dropped) + the question's words (no '?'); the last word's logits give the answer's first "
+                  "word; the answer's words and <eos> follow",
+        "loss": "cross-entropy of the answer words and <eos> under teacher forcing (prompt positions carry no loss) "
+                "+ aux_weight x (cross-entropy of a linear head on the projector's output predicting each image "
+                "token's colour (5 classes, none included), shape (3) and quadrant (4); labels from token_labels, "
+                "the head is not saved); history's train_loss is that sum",
+    }
+
+
+def _pool(cfg: dict) -> tuple[np.ndarray, list[str], list[str], np.ndarray]:
+    """The training pool: ``cfg["pool"]`` images in chunks of 512, chunk c from seed ``train_seed + c``, with the
+    image tokens' auxiliary labels (:func:`token_labels`)."""
+    images, questions, answers, labels = [], [], [], []
     for c, start in enumerate(range(0, cfg["pool"], 512)):
-        im, q, a, _, _ = shapes_vqa(min(512, cfg["pool"] - start), seed=cfg["train_seed"] + c)
+        im, q, a, _, _, obj = shapes_vqa(min(512, cfg["pool"] - start), seed=cfg["train_seed"] + c, objects=True)
         images.append(im)
         questions += q
         answers += a
-    return np.concatenate(images), questions, answers
+        labels.append(token_labels(obj))
+    return np.concatenate(images), questions, answers, np.concatenate(labels)
 
 
 def train(out: str | Path = MODELS_DIR, log=print, **overrides) -> dict:
@@ -245,18 +260,20 @@ def _train(cfg: dict, out: Path, log) -> dict:
 
     torch.set_num_threads(1)
     t0 = time.time()
-    images, questions, answers = _pool(cfg)
+    images, questions, answers, labels = _pool(cfg)
     test_images, test_q, test_a, _, test_kinds = shapes_vqa(cfg["n_test"], seed=cfg["test_seed"])
     log(f"[{NAME}] pool of {len(images)} training and {cfg['n_test']} test questions ({time.time() - t0:.0f}s)")
     torch.manual_seed(cfg["train_seed"])
     model = build_vlm()
-    init_from = _from_shapes_vit(model, MODELS_DIR / f"{cfg['init_from']}.safetensors") if cfg["init_from"] else None
     model.train()
-    groups = []
-    for n, p in model.named_parameters():
-        copied = init_from is not None and n.startswith("model.vision_tower.")
-        groups.append({"params": [p], "weight_decay": cfg["weight_decay"] if p.ndim > 1 and "embed" not in n else 0.0,
-                       "lr_mult": cfg["tower_lr_mult"] if copied else 1.0})
+    # the auxiliary head: image-token colour (5), shape (3) and quadrant (4) from what the LM reads (the projector's
+    # output); it gives the tower and projector a dense signal from the first step and is not part of the saved model
+    aux = torch.nn.Linear(int(CONFIG["text_config"]["hidden_size"]), 12)
+    quadrant = torch.tensor([(r // 2) * 2 + c // 2 for r in range(4) for c in range(4)])
+    kept = {}
+    model.model.multi_modal_projector.register_forward_hook(lambda _m, _i, o: kept.__setitem__("img", o))
+    groups = [{"params": [p], "weight_decay": cfg["weight_decay"] if p.ndim > 1 and "embed" not in n else 0.0}
+              for n, p in [*model.named_parameters(), *(("aux." + n, p) for n, p in aux.named_parameters())]]
     opt = torch.optim.AdamW(groups, lr=cfg["lr"])
     order = np.random.default_rng(cfg["train_seed"])
     perm, pos = order.permutation(len(images)), 0
@@ -269,12 +286,18 @@ def _train(cfg: dict, out: Path, log) -> dict:
         pos += cfg["batch_size"]
         ids, mask, targets = teacher_forcing_batch([questions[i] for i in sel], [answers[i] for i in sel])
         for group in opt.param_groups:
-            group["lr"] = learning_rate(step, total, cfg) * group["lr_mult"]
+            group["lr"] = learning_rate(step, total, cfg)
         logits = model(input_ids=ids, attention_mask=mask, pixel_values=normalise(images[sel])).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        if cfg["aux_weight"]:
+            head, lab = aux(kept["img"]), torch.from_numpy(labels[sel])
+            loss = loss + cfg["aux_weight"] * (
+                F.cross_entropy(head[..., :5].reshape(-1, 5), lab[..., 0].reshape(-1))
+                + F.cross_entropy(head[..., 5:8].reshape(-1, 3), lab[..., 1].reshape(-1))
+                + F.cross_entropy(head[..., 8:].reshape(-1, 4), quadrant.repeat(len(sel))))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), *aux.parameters()], cfg["grad_clip"])
         opt.step()
         running += loss.item()
         if (step + 1) % cfg["log_every"] == 0 or step + 1 == total:
@@ -292,12 +315,7 @@ def _train(cfg: dict, out: Path, log) -> dict:
         "name": NAME,
         "task": "visual question answering about a circle and a cross in named colours (colour, where, shape); "
                 "the asked-about object's mask known",
-        "description": "tiny LLaVA (transformers LlavaForConditionalGeneration: a 4-layer CLIP vision tower of width "
-                       "64 on 64x64 images with 8x8 patches, LLaVA's MLP projector reading the tower's layer -2 "
-                       f"without its class token, a 2-layer Llama decoder of width 64 over a {len(VOCAB)}-word "
-                       "vocabulary, the question before the image), tower started from shapes-vit, trained with "
-                       "teacher forcing on the answer words. The mask of the object a question asks about is the "
-                       "known answer of a map of the answer.",
+        "description": card_texts()["description"],
         "classes": list(VOCAB),
         "hf_class": HF_CLASS,
         "hf_config": CONFIG,
@@ -305,8 +323,7 @@ def _train(cfg: dict, out: Path, log) -> dict:
         "vocabulary": {"words": list(VOCAB), "pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
                        "image_id": IMAGE_ID, "image_tokens": IMAGE_TOKENS,
                        "answer_id": ANSWER_ID,
-                       "prompt": "<bos> + the question's words + 64 x <image> (expanded: one per 8x8 patch, row-major, "
-                                 "the tower's class token dropped) + <answer>; the answer's words and <eos> follow",
+                       "prompt": card_texts()["prompt"],
                        "code": "vitcam_nb.data.shapes_vlm: prompt_ids, answer_ids, encode, decode"},
         "vision_feature_layer": CONFIG["vision_feature_layer"],
         "vision_feature_select_strategy": CONFIG["vision_feature_select_strategy"],
@@ -329,12 +346,10 @@ def _train(cfg: dict, out: Path, log) -> dict:
                        "equal the answer (vitcam_nb.data.train_vlm.greedy_answers)",
         "training": {"optimizer": "AdamW (betas 0.9, 0.999; no weight decay on biases, norms, embeddings)",
                      "schedule": "linear warmup then cosine decay to min_lr, per step",
-                     "init": "transformers' LLaVA/CLIP/Llama init (torch seed train_seed), then the CLIP tower "
-                             "copied from init_from (see init_from)",
-                     "tower": "the vision tower (copied from init_from) learns at tower_lr_mult x lr",
-                     "loss": "cross-entropy of the answer words and <eos> under teacher forcing; prompt positions "
-                             "carry no loss",
-                     **cfg, "init_from": init_from, "seconds": round(seconds, 1),
+                     "init": "transformers' LLaVA/CLIP/Llama init (torch seed train_seed); every part trained "
+                             "at the same learning rate",
+                     "loss": card_texts()["loss"], "command": card_texts()["command"],
+                     **cfg, "seconds": round(seconds, 1),
                      "seconds_training_steps": round(time.time() - t1, 1),
                      "threads": torch.get_num_threads(), "history": history},
         "versions": library_versions(transformers),

@@ -67,11 +67,11 @@ def test_masks_are_the_asked_about_object():
         quadrant = sv.QUADRANTS[int(cy > 32) * 2 + int(cx > 32)]
         colour = list(sv.COLOURS)[int(np.argmin(np.linalg.norm(palette - img[m].mean(0), axis=1)))]
         words = q.split()
-        if sv.QUESTION_TYPES[k] == "colour":  # "what colour is the <shape> ?"
+        if sv.QUESTION_TYPES[k] == "colour":  # "what colour is the <shape>"
             assert (ans, shape) == (colour, words[4])
-        elif sv.QUESTION_TYPES[k] == "where":  # "where is <colour> ?"
+        elif sv.QUESTION_TYPES[k] == "where":  # "where is <colour>"
             assert (ans, colour) == (quadrant, words[2])
-        else:  # "what shape is <colour> ?"
+        else:  # "what shape is <colour>"
             assert (ans, colour) == (shape, words[3])
 
 
@@ -88,10 +88,11 @@ def test_encode_decode_round_trip_and_prompt_layout():
     assert ids == list(range(len(sv.VOCAB)))
     assert sv.decode(ids, skip_special=False) == " ".join(words)
     assert sv.decode(torch.tensor(ids)) == " ".join(w for w in words if not w.startswith("<"))
-    p = sv.prompt_ids("what colour is the cross ?")
-    assert p[0] == sv.BOS_ID and sv.decode(p[1:7]) == "what colour is the cross ?" and p[-1] == sv.ANSWER_ID
-    assert p[7:7 + sv.IMAGE_TOKENS] == [sv.IMAGE_ID] * sv.IMAGE_TOKENS and p.count(sv.IMAGE_ID) == 64
-    assert len(p) == 1 + 6 + 64 + 1 and sv.decode(p) == "what colour is the cross ?"
+    # LLaVA's order: the image placeholders after <bos>, then the question; its last word predicts the answer
+    p = sv.prompt_ids("what colour is the cross")
+    assert p[0] == sv.BOS_ID and p[1:1 + sv.IMAGE_TOKENS] == [sv.IMAGE_ID] * sv.IMAGE_TOKENS
+    assert sv.decode(p[1 + sv.IMAGE_TOKENS:], skip_special=False) == "what colour is the cross"
+    assert p.count(sv.IMAGE_ID) == sv.IMAGE_TOKENS == 16 and len(p) == 1 + 16 + 5
     assert sv.answer_ids("top left") == [sv.VOCAB.index("top"), sv.VOCAB.index("left"), sv.EOS_ID]
     assert sv.answer_ids("red", eos=False) == [sv.VOCAB.index("red")]
 
@@ -145,11 +146,11 @@ def test_the_config_matches_the_vocabulary_and_the_prompt(model, card):
     # LLaVA itself checks the placeholders: as many <image> ids as the projector emits image features
     images = sv.shapes_vqa(1, seed=0)[0]
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([sv.prompt_ids("where is red ?")]),
+        out = model(input_ids=torch.tensor([sv.prompt_ids("where is red")]),
                     pixel_values=train_vlm.normalise(images))
-    assert out.logits.shape == (1, 1 + 4 + sv.IMAGE_TOKENS + 1, len(sv.VOCAB))
+    assert out.logits.shape == (1, 1 + sv.IMAGE_TOKENS + 3, len(sv.VOCAB))
     with pytest.raises(ValueError):  # transformers' own check (not the kit's): one placeholder too few
-        model(input_ids=torch.tensor([sv.prompt_ids("where is red ?")[:-2] + [sv.ANSWER_ID]]),
+        model(input_ids=torch.tensor([sv.prompt_ids("where is red")[:-4] + sv.encode("where is red")]),
               pixel_values=train_vlm.normalise(images))
 
 
@@ -195,6 +196,30 @@ def test_held_out_accuracy_reproduces_the_card(model, card):
     assert abs(acc["all"] - p) <= 3 * math.sqrt(p * (1 - p) / n) + 1 / n, (acc, p)
     assert card["chance_accuracy_per_type"] == sv.chance_levels()
     assert set(card["test_accuracy_per_type"]) == set(sv.QUESTION_TYPES)
+
+
+@needs_model
+def test_it_answers_every_question_type_far_above_chance(model, card):
+    # 150 fresh questions: per type, the accuracy must exceed what a guesser reaches with probability < 1e-4 (chance
+    # + 4 binomial standard errors of a guesser, recomputed here from the answer counts), and be within 3 standard
+    # errors of the card's own per-type accuracy (so the card's numbers are what the file does)
+    images, questions, answers, _, kinds = sv.shapes_vqa(150, seed=card["data"]["test_seed"] + 2)
+    acc = train_vlm.accuracy_by_type(model, images, questions, answers, kinds)
+    for k, t in enumerate(sv.QUESTION_TYPES):
+        n, chance = int((kinds == k).sum()), 1 / len(sv.ANSWERS[t])
+        assert n >= 40
+        assert acc[t] > chance + 4 * math.sqrt(chance * (1 - chance) / n), (t, acc[t], chance)
+        p = card["test_accuracy_per_type"][t]
+        assert abs(acc[t] - p) <= 3 * math.sqrt(max(p * (1 - p), 0.05 * 0.95) / n) + 1 / n, (t, acc[t], p)
+
+
+@needs_model
+def test_the_card_text_is_the_training_codes(card):
+    texts = train_vlm.card_texts()
+    assert card["description"] == texts["description"] and card["training"]["loss"] == texts["loss"]
+    assert card["training"]["command"] == texts["command"]
+    assert card["vocabulary"]["prompt"] == texts["prompt"] and card["hf_config"] == train_vlm.CONFIG
+    assert {k: card["training"][k] for k in train_vlm.TRAIN} == train_vlm.TRAIN
 
 
 @needs_model
