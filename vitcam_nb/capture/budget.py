@@ -30,6 +30,7 @@ import torch
 
 from vitcam_nb.capture.budget_peak import estimate_plan, n_targets
 from vitcam_nb.capture.budget_shapes import model_shapes
+from vitcam_nb.capture.budget_vlm import is_vlm, vlm_shape
 from vitcam_nb.capture.plan import TracePlan, memory_mode, paired_groups
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.core.errors import TraceError
@@ -167,7 +168,8 @@ def check_max_bytes(max_bytes: object, plan: TracePlan | None = None) -> None:
         raise TraceError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
     if max_bytes is not None and plan is not None:
         try:
-            model_shapes(plan, (224, 224))  # coverage does not depend on the input size
+            # coverage does not depend on the input size
+            vlm_shape(plan) if is_vlm(plan) else model_shapes(plan, (224, 224))
         except TraceError as exc:
             raise _uncovered(plan, max_bytes, exc) from exc
 
