@@ -73,7 +73,11 @@ def _input_hw(plan: TracePlan, image: object) -> tuple[int, int]:
     if image is None:
         size = data_config(plan.model)["input_size"]
         return int(size[-2]), int(size[-1])
-    shape = prepare_input(plan.model, image).tensor.shape
+    # A family whose input is read with its target's forward arguments prepares it as the trace does (Qwen2-VL's
+    # packed pixel_values with the answer's image_grid_thw)
+    traced = getattr(plan.adapter, "prepare_traced_input", None) if is_vlm(plan) else None
+    prepared = traced(plan.model, image, None, plan.target) if traced is not None else None
+    shape = (prepared or prepare_input(plan.model, image)).tensor.shape
     return int(shape[-2]), int(shape[-1])
 
 

@@ -91,6 +91,8 @@ class VlmShape:
     lm_hidden: int
     vocab: int
     dropped: int  # tokens the projector gives that the layout drops (a class token), still in the pass
+    #: the displayed image's size when the input is not one (Qwen2-VL's packed patches): from the patch grid
+    image_hw: tuple[int, int] | None = None
 
 
 def vlm_shape(plan: TracePlan) -> VlmShape:
@@ -112,19 +114,36 @@ def vlm_shape(plan: TracePlan) -> VlmShape:
     layout = adapter.layout(model, ids, extra)
     fam = vlm_family_of(model)
     crops = len(fam.crop_tiles(model, ids, extra)) if fam.crops and fam.crop_tiles is not None else 1
-    vcfg, tcfg = adapter.vision_config(model), model.config.text_config
+    tcfg = model.config.text_config
     gh, gw = adapter.tower_grid(model)
-    width, heads = int(vcfg.hidden_size), int(vcfg.num_attention_heads)
-    head_dim = int(getattr(vcfg, "head_dim", None) or width // heads)
+    tokens, image_hw = len(adapter.prefix_kinds(model)) + gh * gw, None
+    if not gh * gw:
+        # A tower whose grid is the image's own (Qwen2-VL: its patches packed, image_grid_thw rows of (t, h, w))
+        thw = extra.get("image_grid_thw")
+        if thw is None:
+            raise TraceError(f"model: the {fam.name} tower's token grid is not fixed by its config and the target's "
+                             "model_kwargs do not state it (image_grid_thw); this trace is not estimated")
+        rows = np.asarray(thw, dtype=np.int64).reshape(-1, 3)
+        tokens = int(np.prod(rows, axis=1).sum())
+        patch = int(getattr(adapter.vision_config(model), "patch_size", 1))
+        image_hw = (int(rows[0, 1]) * patch, int(rows[0, 2]) * patch)
+    # The tower's width and heads as its adapter states them (each family's config names them its own way)
+    facts = adapter.describe(model)
+    width, heads = int(facts["embed_dim"]), int(facts["num_heads"])
+    head_dim = int(facts.get("head_dim") or width // heads)
+    mlp = adapter.blocks(model)[0].get_submodule("mlp")
+    first = next((m for name in ("fc1", "gate_proj", "up_proj") if isinstance(m := getattr(mlp, name, None),
+                                                                                 torch.nn.Linear)), None)
+    hidden = int(first.out_features) if first is not None else 4 * width
     lm_width, lm_heads = int(tcfg.hidden_size), int(tcfg.num_attention_heads)
-    return VlmShape(crops=crops, tower_tokens=len(adapter.prefix_kinds(model)) + gh * gw, tower_width=width,
+    return VlmShape(crops=crops, tower_tokens=tokens, tower_width=width,
                     tower_heads=heads, tower_head_width=heads * head_dim,
-                    tower_hidden=int(getattr(vcfg, "intermediate_size", 4 * width)),
+                    tower_hidden=hidden,
                     tower_blocks=len(adapter.blocks(model)),
                     seq=int(ids.size), answer=int(len(answer)), image_tokens=int(layout.positions.size),
                     lm_layers=len(adapter.lm_layers(model)), lm_width=lm_width, lm_heads=lm_heads,
                     lm_hidden=int(getattr(tcfg, "intermediate_size", 4 * lm_width)), vocab=int(tcfg.vocab_size),
-                    dropped=int(sum(layout.dropped.values())))
+                    dropped=int(sum(layout.dropped.values())), image_hw=image_hw)
 
 
 def _n_entries(plan: TracePlan) -> int:
@@ -141,6 +160,7 @@ def vlm_estimate(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         1536
     """
     s = vlm_shape(plan)
+    hw = s.image_hw or hw
     store = 2 if plan.dtype == "float16" else 4
     compute = torch.finfo(plan.compute_dtype).bits // 8
     k = _n_entries(plan) + 1

@@ -83,3 +83,18 @@ def test_a_vlm_trace_over_its_budget_is_refused_and_one_within_it_runs(llava):
 def test_a_vlm_estimate_needs_the_answer_target(llava):
     with pytest.raises(vc.VitcamError, match="is a generative VLM"):
         vc.estimate(llava, make_x(), targets="top1")
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2_5"])
+def test_qwen_estimate_is_the_size_of_its_trace(kind):
+    """Qwen2-VL / 2.5-VL (a tower over the image's own packed patch grid, image_grid_thw): runs once the family is
+    registered and its tiny builder (tests/vlm_qwen_tiny.py) exists."""
+    from vitcam_nb.adapters.hf_vlm import VLM_FAMILIES
+
+    if not any("Qwen2VLForConditionalGeneration" in f.classes for f in VLM_FAMILIES.values()):
+        pytest.skip("the Qwen2-VL family is not registered in this checkout")
+    tiny = pytest.importorskip("vlm_qwen_tiny")
+    model, pixel_values, target = tiny.tiny_qwen(kind)
+    est = vc.estimate(model, pixel_values, targets=target)
+    _check_parts(est, vc.trace(model, pixel_values, targets=target))
+    assert est["input_size"] == list(tiny.SIZE)
