@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vitcam_nb.adapters.hf_vlm import HfVlmAdapter, vlm_family_of
+from vitcam_nb.adapters.hf_vlm import LM_SITES, HfVlmAdapter, vlm_family_of
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.core.errors import TraceError
@@ -127,10 +127,12 @@ def vlm_shape(plan: TracePlan) -> VlmShape:
         tokens = int(np.prod(rows, axis=1).sum())
         patch = int(getattr(adapter.vision_config(model), "patch_size", 1))
         image_hw = (int(rows[0, 1]) * patch, int(rows[0, 2]) * patch)
-    # The tower's width and heads as its adapter states them (each family's config names them its own way)
-    facts = adapter.describe(model)
-    width, heads = int(facts["embed_dim"]), int(facts["num_heads"])
-    head_dim = int(facts.get("head_dim") or width // heads)
+    # The tower's width and heads under either name a family's vision config gives them (CLIP/SigLIP: hidden_size,
+    # num_attention_heads; Qwen2-VL: embed_dim, num_heads, its hidden_size being the LM's)
+    vcfg = adapter.vision_config(model)
+    width = int(getattr(vcfg, "embed_dim", None) or vcfg.hidden_size)
+    heads = int(getattr(vcfg, "num_heads", None) or vcfg.num_attention_heads)
+    head_dim = int(getattr(vcfg, "head_dim", None) or width // heads)
     mlp = adapter.blocks(model)[0].get_submodule("mlp")
     first = next((m for name in ("fc1", "gate_proj", "up_proj") if isinstance(m := getattr(mlp, name, None),
                                                                                  torch.nn.Linear)), None)
@@ -165,8 +167,8 @@ def vlm_estimate(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     compute = torch.finfo(plan.compute_dtype).bits // 8
     k = _n_entries(plan) + 1
     sites, n_traced = plan.site_ids, len(plan.layer_ids)
-    extra = plan.extra_sites
-    token_sites = [x for x in sites if x not in (ATTENTION_SITE, SCORES_SITE) and x not in extra]
+    # the adapter's extra sites are the LM sites (reading plan.extra_sites finds their modules: slower)
+    token_sites = [x for x in sites if x not in (ATTENTION_SITE, SCORES_SITE) and x not in LM_SITES]
     channels = sum(s.tower_head_width if x == "F3" else s.tower_width for x in token_sites)
     t, crops = s.tower_tokens, s.crops
     act = batch * crops * n_traced * t * channels
