@@ -39,7 +39,8 @@ from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan
 from vitcam_nb.compute.map_sizes import check_sizes, check_table, recipe_row
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
-from vitcam_nb.compute.map_vlm import answer_settings, answer_store_plan, answer_targets, stored_report
+from vitcam_nb.compute.map_vlm import answer_settings, answer_store_plan, answer_targets
+from vitcam_nb.compute.map_vlm_maps import stored_report
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
 from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.core.arguments import as_flag, as_store_path

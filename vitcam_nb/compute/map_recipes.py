@@ -30,6 +30,7 @@ from vitcam_nb.capture.store_targets import IMAGE_TARGET_ATTRS
 from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
 from vitcam_nb.compute.map_table import blocks as _blocks
+from vitcam_nb.compute.map_vlm_maps import ANSWER_TARGET_ATTRS, lm_reports, vlm_grid_parts
 from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.video import stacked_frames
@@ -210,8 +211,6 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
     out = empty_image(entries, n_parts, (view.gh, view.gw))
     for i, e in enumerate(entries):
         if e.recipe.site in LM_SITES:  # a generative VLM's LM site: the vlm kind's maps (compute.map_vlm)
-            from vitcam_nb.compute.map_vlm import vlm_grid_parts
-
             parts, reasons, scale = vlm_grid_parts(trace, e.recipe)
         else:
             parts, reasons, scale = grid_parts(view, e)
@@ -286,8 +285,6 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
         raise TraceError(f"images: a map store holds images of one input size; this batch has {sorted(shapes)}")
     run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
     # A detection target's attributes describe the image's own detections: per image, in its provenance.
-    from vitcam_nb.compute.map_vlm import ANSWER_TARGET_ATTRS, lm_reports
-
     own = (*PER_IMAGE_ATTRS, *IMAGE_TARGET_ATTRS) if isinstance(plan.target, Detection) else \
         (*PER_IMAGE_ATTRS, *ANSWER_TARGET_ATTRS) if isinstance(plan.target, AnswerTarget) else PER_IMAGE_ATTRS
     per, first = [], None

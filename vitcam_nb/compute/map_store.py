@@ -36,6 +36,7 @@ from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.map_checksum import CHECKSUM_VAR, CHECKSUMS_ATTR, UNVERIFIED, VERIFIED, verify_image
 from vitcam_nb.compute.map_table import Found, find, read_table
+from vitcam_nb.compute.map_vlm_maps import stored_report
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
@@ -145,12 +146,6 @@ def _values(one: xr.Dataset, found: Found) -> MapValues:
     return normalise(clip.reshape(1, -1, size[1]), recipe.normalize).reshape(clip_size), notes, partial
 
 
-def _stored(report: xr.Dataset, recipe_id: str) -> tuple[str, str] | None:
-    from vitcam_nb.compute.map_vlm import stored_report  # it computes maps with the vlm kind, which imports more
-
-    return stored_report(report, recipe_id)
-
-
 def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray:
     found = find(one, recipe)
     values, notes, partial = _values(one, found)
@@ -159,7 +154,7 @@ def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray
     report = report_trace(one, found.layers)
     if "grid_t" not in one.attrs:
         # an answer store's LM-site recipe: the checklist written with the image's maps (compute.map_vlm)
-        checklist, methods = _stored(report, found.row["id"]) or cached_report(recipe, report)
+        checklist, methods = stored_report(report, found.row["id"]) or cached_report(recipe, report)
         return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
     # a clip's map: the video kind's dims and report, as vc.cam gives them on the clip's trace
     flat = map_array(values[0], recipe, str(one["trace_id"].values), VIDEO.checklist(recipe, report).to_json(),
