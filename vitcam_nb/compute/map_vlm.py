@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from vitcam_nb.adapters.hf_vlm import LM_SITES
+from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.adapters.hf_vlm import LM_SITES, vlm_family_of
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.trace_many import store_settings
 from vitcam_nb.compute.map_recipes import Entry, plan_entries
@@ -69,7 +70,7 @@ def answer_targets(targets: Any, n: int | None) -> list[AnswerTarget] | None:
 def _grid(plan: TracePlan, target: AnswerTarget, i: int) -> None:
     """Refuse an image whose LM sites a store's one token grid cannot hold: several tiles, or not the tower's grid."""
     lay = plan.adapter.layout(plan.model, target.sequence.numpy(), target.model_kwargs)
-    tower = plan.adapter.tower_grid(plan.model)
+    tower = plan.adapter.tower_grid(plan.model)  # (0, 0): the tower's grid is each image's own
     grid = (int(lay.rows.max()) + 1, int(lay.cols.max()) + 1) if lay.positions.size else (0, 0)
     if len(lay.tiles) != 1 or grid != tower:
         raise TraceError(f"targets: the answer target of image {i} lays its image tokens out as {lay.description!r}; "
@@ -87,6 +88,18 @@ def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: li
         >>> answer_plan(llava, [target], [Recipe(site="lm_resid")], sites=["lm_resid"])  # doctest: +SKIP
     """
     plan = TracePlan.for_trace(model, targets[0], **plan_args)
+    # A family whose input is read with its target's forward arguments (Qwen2-VL: packed pixel_values with each
+    # answer's image_grid_thw) overrides prepare_traced_input; a store prepares its images without a target.
+    own = getattr(type(plan.adapter), "prepare_traced_input", None)
+    if own is not None and own is not getattr(Adapter, "prepare_traced_input", None):
+        raise TraceError(f"images: {type(plan.model).__name__}'s input is prepared with each answer target's forward "
+                         "arguments (e.g. image_grid_thw), which vc.map_many does not pass to its images yet; trace "
+                         "each image with vc.trace and read its maps with vc.cam")
+    fam = vlm_family_of(plan.model)
+    if fam.crops:  # its tower sites hold one row per crop; a store holds one grid per image
+        raise TraceError(f"model: the {fam.name} family's tower runs on several crops of each image, whose maps a "
+                         "map store (one token grid per image) does not hold yet; trace each image with vc.trace and "
+                         "read its maps with vc.cam")
     counts = []
     for t in targets:
         t.check(plan.model)
