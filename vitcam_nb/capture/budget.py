@@ -30,6 +30,7 @@ import torch
 
 from vitcam_nb.capture.budget_peak import estimate_plan, n_targets
 from vitcam_nb.capture.budget_shapes import model_shapes
+from vitcam_nb.capture.budget_vlm import is_vlm, vlm_shape
 from vitcam_nb.capture.plan import TracePlan, memory_mode, paired_groups
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.core.errors import TraceError
@@ -72,7 +73,11 @@ def _input_hw(plan: TracePlan, image: object) -> tuple[int, int]:
     if image is None:
         size = data_config(plan.model)["input_size"]
         return int(size[-2]), int(size[-1])
-    shape = prepare_input(plan.model, image).tensor.shape
+    # A family whose input is read with its target's forward arguments prepares it as the trace does (Qwen2-VL's
+    # packed pixel_values with the answer's image_grid_thw)
+    traced = getattr(plan.adapter, "prepare_traced_input", None) if is_vlm(plan) else None
+    prepared = traced(plan.model, image, None, plan.target) if traced is not None else None
+    shape = (prepared or prepare_input(plan.model, image)).tensor.shape
     return int(shape[-2]), int(shape[-1])
 
 
@@ -167,7 +172,8 @@ def check_max_bytes(max_bytes: object, plan: TracePlan | None = None) -> None:
         raise TraceError(f"max_bytes: expected a positive number of bytes or None, got {max_bytes!r}")
     if max_bytes is not None and plan is not None:
         try:
-            model_shapes(plan, (224, 224))  # coverage does not depend on the input size
+            # coverage does not depend on the input size
+            vlm_shape(plan) if is_vlm(plan) else model_shapes(plan, (224, 224))
         except TraceError as exc:
             raise _uncovered(plan, max_bytes, exc) from exc
 

@@ -25,8 +25,9 @@ per window (``attn_window``, its gradients and the int64 ``attn_window_key``; th
 and putting a windowed site back in raster order copies it while the windowed original is still held); BLIP, the
 vision tower plus the text encoder and the cross-attention ``xattn`` over the text the target names
 (:func:`vitcam_nb.targets.itm`); the video families (VideoMAE, ViViT, TimeSformer), one clip's (t, y, x) token
-grid with its frames and TimeSformer's ``attn_time`` and ``attn_space``. Any other model, or a BLIP target that
-does not state its text, is not estimated (:func:`estimate_plan` raises).
+grid with its frames and TimeSformer's ``attn_time`` and ``attn_space``; a generative VLM's answer trace (every
+registered family) from :mod:`vitcam_nb.capture.budget_vlm`. Any other model, a BLIP target that does not state its
+text, or a VLM target that does not state its sequence, is not estimated (:func:`estimate_plan` raises).
 
 Example:
     >>> import timm
@@ -43,6 +44,7 @@ import torch
 
 from vitcam_nb.adapters.swin import WINDOWED
 from vitcam_nb.capture.budget_shapes import BlockShape, Shapes, TextShape, model_shapes
+from vitcam_nb.capture.budget_vlm import is_vlm, vlm_estimate
 from vitcam_nb.capture.plan import TracePlan, group_bounds
 from vitcam_nb.capture.prealloc import writes_arrays
 from vitcam_nb.capture.rules import rule_extra_names
@@ -93,6 +95,8 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
         >>> estimate_plan(TracePlan.for_trace(m, "top1", sites=["F2"], layers=[0]), (224, 224))["parts"]["attn"]
         465708
     """
+    if is_vlm(plan):  # a generative VLM's answer: the tower, and the LM sites at the image tokens (budget_vlm)
+        return vlm_estimate(plan, hw, batch)
     shapes = model_shapes(plan, hw)
     store = 2 if plan.dtype == "float16" else 4
     compute = torch.finfo(plan.compute_dtype).bits // 8

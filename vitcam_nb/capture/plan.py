@@ -225,13 +225,13 @@ class TracePlan:
     @classmethod
     def _make(cls, model: torch.nn.Module, adapter: Adapter, target: Target, class_labels: list[str] | None,
               layer_ids: list[int], site_ids: list[str], dtype: str, device: object) -> TracePlan:
-        params = list(model.parameters())
-        model_device = params[0].device if params else torch.device("cpu")
+        first = next(iter(model.parameters()), None)  # the first parameter only (listing them all: per trace)
+        model_device = first.device if first is not None else torch.device("cpu")
         run_device = check_device(device, model_device)
         check_autocast()
         return cls(model=model, adapter=adapter, target=target, class_labels=class_labels, layer_ids=layer_ids,
                    site_ids=site_ids, dtype=dtype, run_device=run_device,
-                   compute_dtype=params[0].dtype if params else torch.float32)
+                   compute_dtype=first.dtype if first is not None else torch.float32)
 
     @classmethod
     def for_trace(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,

@@ -137,15 +137,17 @@ def lowest_tensors(tensors: Sequence[torch.Tensor | GradientEdge]) -> list[int]:
     nodes = [t if isinstance(t, GradientEdge) else get_gradient_edge(t) for t in tensors]
     edges = {(e.node, e.output_nr) for e in nodes}
     below: dict[object, bool] = {}
+    # Each node's children are read once (next_functions builds a new tuple on every access: most of the walk's time)
+    children: dict[object, list[tuple[object, int]]] = {}
     stack = [(e.node, False) for e in nodes]
     while stack:  # post-order without recursion: a deep model's graph is thousands of nodes long
         node, expanded = stack.pop()
         if node in below:
             continue
-        nexts = [(n, nr) for n, nr in node.next_functions if n is not None]
         if expanded:
-            below[node] = any((n, nr) in edges or below.get(n, False) for n, nr in nexts)
+            below[node] = any((n, nr) in edges or below.get(n, False) for n, nr in children.pop(node))
         else:
+            nexts = children[node] = [(n, nr) for n, nr in node.next_functions if n is not None]
             stack.append((node, True))
             stack.extend((n, False) for n, _ in nexts if n not in below)
     return [i for i, e in enumerate(nodes) if not below[e.node]]

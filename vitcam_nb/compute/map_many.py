@@ -39,6 +39,8 @@ from vitcam_nb.compute.map_recipes import Entry, as_recipes, compute_batch, plan
 from vitcam_nb.compute.map_sizes import check_sizes, check_table, recipe_row
 from vitcam_nb.compute.map_store import MAPS_STORE_KIND, MAPS_STORE_VERSION, report_of
 from vitcam_nb.compute.map_torch import BACKENDS, compute_batch_torch, torch_refusals
+from vitcam_nb.compute.map_vlm import answer_settings, answer_store_plan, answer_targets
+from vitcam_nb.compute.map_vlm_maps import stored_report
 from vitcam_nb.compute.map_writer import MapWriter, check_store, write_region
 from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.core.arguments import as_flag, as_store_path
@@ -164,7 +166,10 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         device, labels, image_labels: as in :func:`vitcam_nb.trace_many`.
         dtype: the storage dtype of the traces the maps are computed from, as in :func:`vitcam_nb.trace` (the
             maps themselves are float32, as ``vc.cam`` returns them).
-        targets: the classes traced; default: ``"topK"`` for the recipes' largest ``class_="topK"``.
+        targets: the classes traced; default: ``"topK"`` for the recipes' largest ``class_="topK"``. A generative
+            VLM's answers: one :func:`vitcam_nb.targets.answer` for every image, or a list of them, one per image
+            (each image in a pass of its own; recipes at the tower's and the LM's sites, ``class_`` an answer token;
+            what such a store cannot hold is refused by name: :mod:`vitcam_nb.compute.map_vlm`).
         overwrite, verify, progress, max_bytes: as in :func:`vitcam_nb.trace_many` (an old store is kept, whole,
             until this call's first batch is ready to be written).
         backend: ``"numpy"`` (default): each image's maps by the NumPy pipeline of ``vc.cam`` on its trace, bitwise
@@ -208,21 +213,28 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         torch_refusals(recipes)
     targets = _targets(recipes, targets)
     dets = detection_targets(targets, image_count(images))
-    plan, entries, n_parts = store_plan(model, recipes, targets, dtype, device, labels, dets)
+    # A generative VLM's answers (compute.map_vlm): like detections, each image in a pass of its own, its own target.
+    answers = answer_targets(targets, image_count(images)) if dets is None else None
+    if answers:
+        plan, entries, n_parts = answer_store_plan(model, recipes, answers, dtype, device, labels)
+    else:
+        plan, entries, n_parts = store_plan(model, recipes, targets, dtype, device, labels, dets)
+    own = dets or answers  # targets of each image's own pass
+    what = "detection targets are matched" if dets else "an answer target's sequence is scored"
     model = plan.model
     video = getattr(plan.adapter, "video", False)
     if video and backend == "torch":
         raise TraceError(f"backend: the torch kernels compute maps on one image's grid; the {plan.adapter.family} "
                          "family's clips are mapped with backend='numpy' (the video kind's (t, y, x) grid)")
-    if dets and backend == "torch":
-        raise TraceError("backend: detection targets are matched per image, each image in a pass of its own; map "
-                         "them with backend='numpy'")
+    if own and backend == "torch":
+        raise TraceError(f"backend: {what} per image, each image in a pass of its own; map them with "
+                         "backend='numpy'")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise TraceError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     batch_size = int(batch_size)
     check_max_bytes(max_bytes, plan)
-    settings = {**store_settings(plan, None, dets), "recipes": [e.recipe.to_json() for e in entries],
-                "batch_size": batch_size}
+    base = answer_settings(plan, answers) if answers else store_settings(plan, None, dets)
+    settings = {**base, "recipes": [e.recipe.to_json() for e in entries], "batch_size": batch_size}
     if backend != "numpy":  # a NumPy store keeps the settings (and id) it had before backends existed
         settings["backend"] = backend
     client = map_shard.active_client()
@@ -230,9 +242,9 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         warnings.warn("worker_model: no dask.distributed Client is active, so no worker builds a model and "
                       "worker_model is not used; the batches run in this process on the model given",
                       UserWarning, stacklevel=2)
-    if client is not None and dets:
-        raise TraceError("targets: detection targets are mapped in this process (each image in its own pass); "
-                         "close the dask.distributed Client, or map class targets")
+    if client is not None and own:
+        raise TraceError(f"targets: {'detection' if dets else 'answer'} targets are mapped in this process (each "
+                         "image in its own pass); close the dask.distributed Client, or map class targets")
     images = clip_list(images, plan.adapter)
     items, n = iter_items(images, image_labels, None)
     if client is not None and n is None:
@@ -240,7 +252,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                          "(its length known), not an iterator")
     # Everything that needs no pass is checked now: a refused call has run no pass and touched no store.
     check_items(images, image_labels, None, lambda item, i: check_item(model, plan.adapter, item.image, None, i),
-                None if dets else head_size(model))
+                None if own else head_size(model))
     if overwrite or not path.exists():  # the new store is made in a temporary folder beside it, then renamed
         check_writable(path.parent, path)
     lock = StoreLock(path, writer="map_many")
@@ -303,8 +315,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         if shard is not None:
             shard.submit(start, [p for _, p, _ in batch], labels_, sources)
             return
-        if dets:  # each image in its own pass, with its own target (a box matched on that image)
-            outs = [compute_batch(image_target(plan, dets, i), entries, n_parts, [p]) for i, p, _ in batch]
+        if own:  # each image in its own pass, with its own target (a box matched on that image, its question)
+            outs = [compute_batch(image_target(plan, own, i), entries, n_parts, [p]) for i, p, _ in batch]
             arrays = {k: np.concatenate([o[0][k] for o in outs]) for k in outs[0][0]}
             attrs, kinds = outs[0][1], outs[0][2]
         else:
@@ -341,7 +353,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                                                  f"{str(w.hashes[i])[:12]}…, this call's {digest[:12]}…); resume "
                                                  "with the same images in the same order, or use a new path")
                     continue
-                if not dets:  # the label an item of a folder, iterator or DataLoader carries
+                if not own:  # the label an item of a folder, iterator or DataLoader carries
                     check_label(item.label, i, head_size(model))
                 pending.append((i, prepare_item(model, plan.adapter, item.image, None, i), (item.label, item.source)))
             if pending:
@@ -372,5 +384,7 @@ def _info(e: Entry, report: xr.Dataset) -> dict:
     """A recipe's row of the store's table; its checklist is the one on the store's first image (each image's
     own, with its trace id, is what ``vc.cam`` gives on read)."""
     row = recipe_row(e)
-    checklist = cached_report(e.recipe, report.assign_coords(layer=("layer", list(e.layers))))[0]
+    stored = stored_report(report, row["id"])  # an answer store's LM-site recipe: the image's own (map_vlm)
+    checklist = stored[0] if stored else cached_report(e.recipe, report.assign_coords(layer=("layer",
+                                                                                               list(e.layers))))[0]
     return {**{k: row[k] for k in ("key", "id", "json", "text")}, "checklist": checklist, **row}

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.adapters.hf_vlm import LM_SITES
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
@@ -29,6 +30,7 @@ from vitcam_nb.capture.store_targets import IMAGE_TARGET_ATTRS
 from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
 from vitcam_nb.compute.map_table import blocks as _blocks
+from vitcam_nb.compute.map_vlm_maps import ANSWER_TARGET_ATTRS, lm_reports, vlm_grid_parts
 from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.video import stacked_frames
@@ -43,6 +45,7 @@ from vitcam_nb.core.schema import ATTENTION_SITE, EXTRA_SITES, PER_IMAGE_ATTRS
 from vitcam_nb.core.weighting import WEIGHTINGS
 from vitcam_nb.preprocess import PreparedInput
 from vitcam_nb.targets.detection import Detection
+from vitcam_nb.targets.vlm_answer import AnswerTarget
 
 __all__ = ["Entry", "as_recipes", "compute_batch", "empty_image", "grid_parts", "image_maps_of", "plan_entries",
            "store_entry"]
@@ -207,7 +210,10 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
     view = TraceView.of(stacked_frames(trace) if gt else trace)
     out = empty_image(entries, n_parts, (view.gh, view.gw))
     for i, e in enumerate(entries):
-        parts, reasons, scale = grid_parts(view, e)
+        if e.recipe.site in LM_SITES:  # a generative VLM's LM site: the vlm kind's maps (compute.map_vlm)
+            parts, reasons, scale = vlm_grid_parts(trace, e.recipe)
+        else:
+            parts, reasons, scale = grid_parts(view, e)
         store_entry(out, i, e, parts, [str(r) for r in reasons], scale, (view.height, view.width), view.pad)
     if gt:
         for name in ("maps", "parts"):
@@ -279,7 +285,8 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
         raise TraceError(f"images: a map store holds images of one input size; this batch has {sorted(shapes)}")
     run = run_pass(plan, torch.cat([p.tensor for p in prepared]))
     # A detection target's attributes describe the image's own detections: per image, in its provenance.
-    own = (*PER_IMAGE_ATTRS, *IMAGE_TARGET_ATTRS) if isinstance(plan.target, Detection) else PER_IMAGE_ATTRS
+    own = (*PER_IMAGE_ATTRS, *IMAGE_TARGET_ATTRS) if isinstance(plan.target, Detection) else \
+        (*PER_IMAGE_ATTRS, *ANSWER_TARGET_ATTRS) if isinstance(plan.target, AnswerTarget) else PER_IMAGE_ATTRS
     per, first = [], None
     for b, p in enumerate(prepared):
         trace = assemble(plan, p, run.image(b), run)
@@ -287,6 +294,7 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
             first = trace
         out = image_maps_of(trace, entries, n_parts)
         facts = {k: trace.attrs[k] for k in own if k in trace.attrs}
+        facts.update(lm_reports(trace, [e.recipe for e in entries]))  # an answer's LM-site checklists, per image
         out.update(trace_id=str(trace.attrs["trace_id"]), input_sha256=str(trace.attrs["input_sha256"]),
                    provenance=json.dumps(facts, sort_keys=True, default=str),
                    target_class=trace["target_class"].values, target_label=trace["target_label"].values.astype(object),

@@ -31,10 +31,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from vitcam_nb.adapters.hf_vlm import LM_SITES
 from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.map_checksum import CHECKSUM_VAR, CHECKSUMS_ATTR, UNVERIFIED, VERIFIED, verify_image
 from vitcam_nb.compute.map_table import Found, find, read_table
+from vitcam_nb.compute.map_vlm_maps import stored_report
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
@@ -81,8 +83,9 @@ def replay(parts: np.ndarray, reasons: Sequence[str], layer_ids: list[int], reci
     if rollout:
         out = upsample(parts[0], size, recipe.upsample, pad)
         return normalise(out, recipe.normalize), [r for r in reasons if r], []
+    # an LM site's layers are named as the vlm kind names them ("lm_resid layer 1: ...")
     return fuse_layers(upsample(parts, size, recipe.upsample, pad), np.asarray(reasons, dtype=object), layer_ids,
-                       recipe)
+                       recipe, label=f"{recipe.site} layer" if recipe.site in LM_SITES else "layer")
 
 
 def report_trace(one: xr.Dataset, layers: Sequence[int] | None = None) -> xr.Dataset:
@@ -150,7 +153,8 @@ def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray
     blocks = {"blocks": ",".join(str(v) for v in found.layers), "blocks_of": str(one.attrs["num_layers"])}
     report = report_trace(one, found.layers)
     if "grid_t" not in one.attrs:
-        checklist, methods = cached_report(recipe, report)
+        # an answer store's LM-site recipe: the checklist written with the image's maps (compute.map_vlm)
+        checklist, methods = stored_report(report, found.row["id"]) or cached_report(recipe, report)
         return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
     # a clip's map: the video kind's dims and report, as vc.cam gives them on the clip's trace
     flat = map_array(values[0], recipe, str(one["trace_id"].values), VIDEO.checklist(recipe, report).to_json(),

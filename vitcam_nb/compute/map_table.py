@@ -79,10 +79,26 @@ class _Table:
     by_canonical: dict[str, int]
 
 
+def _count(recipe: Recipe, n: int, n_lm: int) -> int:
+    """The layers ``recipe``'s site has: the model's ``n`` blocks, or a generative VLM's LM sites' own (``n_lm``
+    decoder layers; the projector one), as the vlm kind counts them (an answer store: compute.map_vlm)."""
+    if recipe.site == "projector" and n_lm:
+        return 1
+    return n_lm if recipe.site in ("lm_resid", "lm_attn") and n_lm else n
+
+
+def _lm_layers(ds: xr.Dataset) -> int:
+    """A generative VLM store's LM decoder layers (0 for any other store)."""
+    try:
+        return int(json.loads(str(ds.attrs.get("trace_attrs", "{}"))).get("lm_num_layers", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 @functools.lru_cache(maxsize=16)
-def _parse(text: str, n: int) -> _Table | str:
-    """The table ``text`` of a store of ``n`` blocks, or what is wrong with it (cached: a table is checked once per
-    process, however many images are read)."""
+def _parse(text: str, n: int, n_lm: int = 0) -> _Table | str:
+    """The table ``text`` of a store of ``n`` blocks (and ``n_lm`` LM layers), or what is wrong with it (cached: a
+    table is checked once per process, however many images are read)."""
     try:
         rows = json.loads(text)
     except (TypeError, ValueError):
@@ -107,7 +123,7 @@ def _parse(text: str, n: int) -> _Table | str:
         found = {"id": r.id, "key": r.replace(upsample="none").id}
         bad = [k for k, v in found.items() if row.get(k, v) != v]
         try:
-            read = list(blocks(r, n))
+            read = list(blocks(r, _count(r, n, n_lm)))
         except RecipeError:
             read = None
         if layers != read:
@@ -121,7 +137,7 @@ def _parse(text: str, n: int) -> _Table | str:
     by_canonical: dict[str, int] = {}
     for i, (row, r) in enumerate(zip(rows, recipes)):
         by_key.setdefault(row["key"], i)
-        key = canonical_key(r, n)
+        key = canonical_key(r, _count(r, n, n_lm))
         if key is not None:
             by_canonical.setdefault(key, i)
     return _Table(rows, recipes, by_key, by_canonical)
@@ -134,7 +150,7 @@ def _table(ds: xr.Dataset, where: str) -> _Table:
     if not isinstance(text, str):  # a list or dict edited in (unhashable for the cache): no table vc.map_many writes
         problem = "its attribute 'recipes' is not the recipe table vc.map_many writes"
     elif isinstance(n, int) and not isinstance(n, bool) and n > 0:
-        problem = _parse(text, n)
+        problem = _parse(text, n, _lm_layers(ds))
         if isinstance(problem, _Table):
             return problem
     raise TraceFileError(f"path: {where} is a damaged map store: {problem}; {_AGAIN}")
@@ -179,7 +195,7 @@ def find(ds: xr.Dataset, recipe: Any) -> Found:
     if not isinstance(recipe, Recipe):
         raise ArgumentTypeError(f"recipe: expected a vitcam_nb.Recipe, got {type(recipe).__name__}")
     table = _table(ds, ds.encoding.get("source", "the map store"))
-    n = int(ds.attrs["num_layers"])
+    n = _count(recipe, int(ds.attrs["num_layers"]), _lm_layers(ds))
     pos = table.by_key.get(recipe.replace(upsample="none").id)
     if pos is None:
         pos = table.by_canonical.get(canonical_key(recipe, n) or "")

@@ -271,3 +271,6 @@ class VlmKind(TraceKind):
 VLM = VlmKind()
 # Lookup priority: after flat.
 TRACE_KINDS.register(VLM.name, VLM, replace=True, priority=130)
+
+# For the map store of answers (compute.map_vlm_maps), which computes these maps' per-layer steps as _values does.
+check_recipe, trace_view, lm_layer_positions, answer_rows = _check, _view, _layers, _answer_rows

@@ -1,0 +1,218 @@
+"""A :func:`vitcam_nb.map_many` store of a generative VLM's answers: one answer target for every image
+(``vitcam_nb.targets.answer``) or a list of them, one per image (each image's own question and answer), each image
+traced in a pass of its own with its own target, exactly as :func:`vitcam_nb.trace` traces it; recipes at the
+vision tower's sites (computed as on any trace) and at the LM sites ``projector``, ``lm_resid`` and ``lm_attn``
+(computed as the ``vlm`` trace kind computes them, :mod:`vitcam_nb.compute.vlm`), every map on the tower's token
+grid.
+
+What a store cannot hold is refused by name before any pass: answer targets with different numbers of traced
+entries (the store's arrays have one length), a layout with several tiles or whose grid is not the tower's (the
+store has one grid: Gemma 3's pooled tokens, any-resolution tiles), a ranked ``class_`` ("topK" ranks the traced
+entries, not the answer tokens: name an answer token), and what a map store refuses for every model.
+
+Each image's checklist and methods of an LM-site recipe are written with its maps (they name that image's
+answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace.
+
+Example:
+    >>> p = vc.map_many(llava, images, ["lm_resid@-1"], "m.zarr", targets=[t0, t1])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from vitcam_nb.adapters.base import Adapter
+from vitcam_nb.adapters.hf_vlm import LM_SITES, vlm_family_of
+from vitcam_nb.capture.plan import TracePlan
+from vitcam_nb.capture.trace_many import store_settings
+from vitcam_nb.compute.map_recipes import Entry, plan_entries
+from vitcam_nb.compute.vlm import lm_layer_positions
+from vitcam_nb.core.errors import RecipeError, TraceError
+from vitcam_nb.core.provenance import settings_id
+from vitcam_nb.core.recipe import ROLLOUTS, Recipe
+from vitcam_nb.core.weighting import WEIGHTINGS
+from vitcam_nb.targets.classes import ClassTargets
+from vitcam_nb.targets.vlm_answer import AnswerTarget
+
+__all__ = ["answer_entries", "answer_plan", "answer_settings", "answer_store_plan", "answer_targets", "check_class",
+           "lm_entry"]
+
+
+
+def answer_targets(targets: Any, n: int | None) -> list[AnswerTarget] | None:
+    """The answer targets of a store (one for every image, or one per image), None for any other targets; a list
+    that mixes kinds, or whose length is not the number of images, is refused naming both.
+
+    Example:
+        >>> from vitcam_nb.targets.vlm_answer import answer
+        >>> len(answer_targets([answer(input_ids=[1, 9], answer_ids=[5])] * 2, 2)), answer_targets("top1", 2)
+        (2, None)
+    """
+    if isinstance(targets, AnswerTarget):
+        return [targets]
+    if not isinstance(targets, Sequence) or isinstance(targets, str) or not targets:
+        return None
+    if not any(isinstance(t, AnswerTarget) for t in targets):
+        return None
+    if not all(isinstance(t, AnswerTarget) for t in targets):
+        raise TraceError("targets: a list of answer targets holds one vitcam_nb.targets.answer per image; this one "
+                         f"also holds {sorted({type(t).__name__ for t in targets} - {'AnswerTarget'})}")
+    if n is None or len(targets) != n:
+        raise TraceError(f"targets: {len(targets)} answer targets (one per image) for "
+                         f"{'an iterator of images' if n is None else f'{n} images'}; give a list of images and one "
+                         "target per image, or one target for every image")
+    return list(targets)
+
+
+def _grid(plan: TracePlan, target: AnswerTarget, i: int) -> None:
+    """Refuse an image whose LM sites a store's one token grid cannot hold: several tiles, or not the tower's grid."""
+    lay = plan.adapter.layout(plan.model, target.sequence.numpy(), target.model_kwargs)
+    tower = plan.adapter.tower_grid(plan.model)  # (0, 0): the tower's grid is each image's own
+    grid = (int(lay.rows.max()) + 1, int(lay.cols.max()) + 1) if lay.positions.size else (0, 0)
+    if len(lay.tiles) != 1 or grid != tower:
+        raise TraceError(f"targets: the answer target of image {i} lays its image tokens out as {lay.description!r}; "
+                         f"a map store holds maps on the tower's {tower[0]}x{tower[1]} token grid, so its LM-site "
+                         "recipes need one tile of that grid. Map the tower's sites only, or trace the image with "
+                         "vc.trace and read its maps with vc.cam")
+
+
+def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: list[Recipe], **plan_args: Any
+                ) -> TracePlan:
+    """The plan of an answer store: every target checked against the model before any pass, all with the same
+    number of traced entries, and, when a recipe reads an LM site, each image's layout on the tower's grid.
+
+    Example:
+        >>> answer_plan(llava, [target], [Recipe(site="lm_resid")], sites=["lm_resid"])  # doctest: +SKIP
+    """
+    plan = TracePlan.for_trace(model, targets[0], **plan_args)
+    # A family whose input is read with its target's forward arguments (Qwen2-VL: packed pixel_values with each
+    # answer's image_grid_thw) overrides prepare_traced_input; a store prepares its images without a target.
+    own = getattr(type(plan.adapter), "prepare_traced_input", None)
+    if own is not None and own is not getattr(Adapter, "prepare_traced_input", None):
+        raise TraceError(f"images: {type(plan.model).__name__}'s input is prepared with each answer target's forward "
+                         "arguments (e.g. image_grid_thw), which vc.map_many does not pass to its images yet; trace "
+                         "each image with vc.trace and read its maps with vc.cam")
+    fam = vlm_family_of(plan.model)
+    if fam.crops:  # its tower sites hold one row per crop; a store holds one grid per image
+        raise TraceError(f"model: the {fam.name} family's tower runs on several crops of each image, whose maps a "
+                         "map store (one token grid per image) does not hold yet; trace each image with vc.trace and "
+                         "read its maps with vc.cam")
+    counts = []
+    for t in targets:
+        t.check(plan.model)
+        counts.append(len(t.labels))
+    if len(set(counts)) > 1:
+        first = next(i for i, c in enumerate(counts) if c != counts[0])
+        raise TraceError(f"targets: image {first}'s answer target traces {counts[first]} entries, image 0's "
+                         f"{counts[0]} (answer tokens, the sequence log-prob and one logsumexp per token); a map "
+                         "store holds the same number per image: give answers of the same number of tokens")
+    if any(r.site in LM_SITES for r in recipes):
+        for i, t in enumerate(targets):
+            _grid(plan, t, i)
+    return plan
+
+
+def lm_entry(r: Recipe, n_lm: int) -> tuple[int, ...]:
+    """Check an LM-site recipe against what a store computes (before any model call) and return its layers: the
+    LM layers it reads (``projector`` has one).
+
+    Example:
+        >>> lm_entry(Recipe(site="lm_resid", layer=-1), 2)
+        (1,)
+    """
+    text = r.to_string()
+    if r.layer_fusion in ROLLOUTS:
+        raise RecipeError(f"recipe {text}: layer_fusion {r.layer_fusion!r} multiplies self-attention matrices; "
+                          f"site {r.site!r} fuses layers with 'mean', 'sum' or 'max'")
+    if WEIGHTINGS.get(r.weighting).scores:
+        raise RecipeError(f"recipe {text}: weighting {r.weighting!r} reads model outputs of perturbed inputs "
+                          "(vc.score), which map_many does not compute")
+    n = 1 if r.site == "projector" else n_lm
+    return tuple(lm_layer_positions(r.layer, n, r.site))
+
+
+def check_class(r: Recipe, n_entries: int) -> None:
+    """An answer store's recipe names one traced entry by its index (``class_=0`` the first answer token).
+
+    Example:
+        >>> check_class(Recipe(class_="top1"), 7)  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        RecipeError: recipe ...: class 'top1' ranks ...
+    """
+    if isinstance(r.class_, str) or not 0 <= int(r.class_) < n_entries:
+        raise RecipeError(f"recipe {r.to_string()}: class {r.class_!r} ranks or names no traced entry of the answer "
+                          f"targets (0..{n_entries - 1}: the answer tokens, the sequence log-prob, the logsumexps); "
+                          "name an entry by its index (class_=0: the first answer token)")
+
+
+def answer_entries(recipes: list[Recipe], plan: TracePlan, n_entries: int
+                   ) -> tuple[list[Entry], list[str], list[int], int]:
+    """Check every recipe (before any model call) and lay out an answer store, in the recipes' order: the entries,
+    the sites and tower blocks the pass captures, and the number of parts. A tower recipe is checked as a class
+    store checks it; an LM-site recipe by :func:`lm_entry`.
+
+    Example:
+        >>> entries, sites, layers, n_parts = answer_entries([Recipe(site="lm_resid")], plan, 7)  # doctest: +SKIP
+    """
+    adapter, model = plan.adapter, plan.model
+    n_tower, tower_sites = len(adapter.blocks(model)), list(adapter.site_table(model))
+    n_lm = len(adapter.lm_layers(model))
+    entries: list[Entry] = []
+    sites: set[str] = set()
+    layers: set[int] = set()
+    part = slot = 0
+    for r in recipes:
+        check_class(r, n_entries)
+        if r.site in LM_SITES:
+            blocks, rollout, sites_r, layers_r = lm_entry(r, n_lm), False, [r.site], []
+        else:
+            (one,), sites_r, layers_r, _ = plan_entries([r], n_tower, tower_sites, list(range(n_entries)))
+            blocks, rollout = one.layers, one.rollout
+        sites.update(sites_r)
+        layers.update(layers_r)
+        parts = 1 if rollout else len(blocks)
+        entries.append(Entry(r, blocks, rollout, (part, parts) if parts > 1 else None, (slot, parts)))
+        part += parts if parts > 1 else 0
+        slot += parts
+    if not layers:
+        # LM-site recipes only: the pass still captures the tower's F1 at its last block, whose token axis gives the
+        # store its grid and token kinds (a trace of the LM sites alone has none)
+        sites.add("F1")
+        layers.add(n_tower - 1)
+    order = [*tower_sites, *LM_SITES]
+    return entries, [x for x in order if x in sites], sorted(layers), part
+
+
+def answer_store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: list[AnswerTarget], dtype: str,
+                      device: Any, labels: Sequence[str] | None) -> tuple[TracePlan, list[Entry], int]:
+    """:func:`~vitcam_nb.compute.map_many.store_plan` of an answer store: the pass's plan (the sites and tower
+    blocks the recipes read; the LM sites are captured at every LM layer), the entries and the part count.
+
+    Example:
+        >>> plan, entries, n_parts = answer_store_plan(llava, [Recipe(site="lm_resid")], [t], "float32", None, None)
+        ... # doctest: +SKIP
+    """
+    full = answer_plan(model, targets, recipes, dtype=dtype, device=device, labels=labels)
+    entries, sites, layers, n_parts = answer_entries(recipes, full, len(targets[0].labels))
+    plan = TracePlan.for_trace(full.model, targets[0], sites=sites, layers=layers, dtype=dtype, device=device,
+                               labels=labels)
+    return plan, entries, n_parts
+
+
+def answer_settings(plan: TracePlan, targets: list[AnswerTarget]) -> dict:
+    """What an answer store holds maps of: the model's store settings (as a class store's, without class labels)
+    and its targets' settings (the one target's, or a digest of every image's: other questions are another store).
+
+    Example:
+        >>> answer_settings(plan, [target])["targets"]["kind"]  # doctest: +SKIP
+        'answer'
+    """
+    base = store_settings(TracePlan(**{**plan.__dict__, "target": ClassTargets("top1"), "class_labels": []}))
+    base.pop("class_labels_sha256")
+    one = targets[0].settings() if len(targets) == 1 else {
+        "kind": "answer", "per_image": len(targets),
+        "settings_id": settings_id({"targets": [t.settings() for t in targets]})}
+    return {**base, "targets": one}
