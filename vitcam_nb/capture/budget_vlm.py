@@ -229,8 +229,15 @@ def _coordinates(plan: TracePlan, s: VlmShape, hw: tuple[int, int], batch: int, 
     n_labels = len(labels)
     sites = plan.site_ids
     matrices = ATTENTION_SITE in sites or SCORES_SITE in sites
-    tokens = s.crops * s.tower_tokens
-    out = batch * (n_labels * 4 + hw[0] * hw[1] * 3) + 8 * (hw[0] + hw[1]) + 12
+    # A crops family's tower arrays share one token axis (tokens per crop) under their leading ``crop`` dim; its
+    # image is each crop as the tower saw it, and each crop has its coordinates (index, tile and group names, box).
+    tokens, crop_coords = s.tower_tokens, 0
+    if vlm_family_of(plan.model).crops:
+        names = plan.adapter.crop_tiles(plan.model, plan.target)
+        groups = [t.group_name if t is not None else "" for t in plan.adapter.crop_geometry(plan.model, plan.target)]
+        crop_coords = s.crops * (8 + 4 * 8 + 4 * max(map(len, names), default=0) + 4 * max(map(len, groups),
+                                                                                         default=0))
+    out = batch * (n_labels * 4 + s.crops * hw[0] * hw[1] * 3) + 8 * (hw[0] + hw[1]) + 12 + crop_coords
     out += n_labels * (8 + 4 * chars) + k * (8 + 8 * chars)
     out += (3 if matrices else 1) * tokens * 44 + 8 * len(plan.layer_ids) + 8 * n_token_sites
     out += 8 * s.tower_width if n_token_sites else 0
