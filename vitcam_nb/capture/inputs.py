@@ -192,10 +192,13 @@ def _indexed(exc: TraceError | ArgumentTypeError, index: int, video: bool) -> Tr
     return type(exc)(f"images: clip {index}: {rest}" if video else f"images[{index}]: {rest}")
 
 
-def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> PreparedInput:
+def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int,
+                 target: Any = None) -> PreparedInput:
     """One item prepared as the pass takes it: a video family's clip by its adapter (a clip that does not fit
     the model is refused naming the clip and both frame counts or sizes), an image by the model's data config
-    (a bad one refused naming it, ``images[index]``).
+    (a bad one refused naming it, ``images[index]``). With the item's ``target`` (an answer target), as
+    :func:`vitcam_nb.trace` prepares it: by the adapter's ``prepare_traced_input`` first (Qwen2-VL's packed
+    ``pixel_values`` are read with the target's ``image_grid_thw``).
 
     Example:
         >>> import timm
@@ -206,14 +209,20 @@ def prepare_item(model: torch.nn.Module, adapter: Any, image: Any, processor: An
     """
     video = getattr(adapter, "video", False)
     try:
+        if target is not None:
+            prepared = adapter.prepare_traced_input(model, image, processor, target)
+            if prepared is not None:
+                return prepared
         return adapter.prepare_input(model, image, processor) if video else prepare_input(model, image, processor)
     except (TraceError, ArgumentTypeError) as exc:
         raise _indexed(exc, index, video) from exc
 
 
-def check_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int) -> None:
+def check_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any, index: int,
+               target: Any = None) -> None:
     """Refuse, before any pass, an item :func:`prepare_item` would refuse: an image by its type, shape, dtype and
-    values, without resizing it; a video family's clip by preparing it (one copy of the clip).
+    values, without resizing it; a video family's clip, or an item its ``target`` reads (a family whose adapter
+    overrides ``prepare_traced_input``), by preparing it (one copy).
 
     Example:
         >>> import timm
@@ -223,13 +232,20 @@ def check_item(model: torch.nn.Module, adapter: Any, image: Any, processor: Any,
         Traceback (most recent call last):
         ArgumentTypeError: images[2]: expected a PIL image, a numpy array (HxW or HxWxC), ... got str
     """
-    if getattr(adapter, "video", False):
-        prepare_item(model, adapter, image, processor, index)
+    if getattr(adapter, "video", False) or (target is not None and _reads_target(adapter)):
+        prepare_item(model, adapter, image, processor, index, target)
         return
     try:
         check_image(image, processor)
     except (TraceError, ArgumentTypeError) as exc:
         raise _indexed(exc, index, False) from exc
+
+
+def _reads_target(adapter: Any) -> bool:
+    """Whether ``adapter`` prepares its input with the trace's target (overrides ``prepare_traced_input``)."""
+    from vitcam_nb.adapters.base import Adapter
+
+    return getattr(type(adapter), "prepare_traced_input", None) is not Adapter.prepare_traced_input
 
 
 def check_label(label: int, index: int, classes: int) -> None:

@@ -251,7 +251,11 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         raise TraceError("images: a map_many sharded over a dask.distributed Client needs a list or array of images "
                          "(its length known), not an iterator")
     # Everything that needs no pass is checked now: a refused call has run no pass and touched no store.
-    check_items(images, image_labels, None, lambda item, i: check_item(model, plan.adapter, item.image, None, i),
+    def answer(i: int) -> Any:  # an answer store's image i's target: its input may be read with it (Qwen2-VL)
+        return (answers[i] if len(answers) > 1 else answers[0]) if answers else None
+
+    check_items(images, image_labels, None,
+                lambda item, i: check_item(model, plan.adapter, item.image, None, i, answer(i)),
                 None if own else head_size(model))
     if overwrite or not path.exists():  # the new store is made in a temporary folder beside it, then renamed
         check_writable(path.parent, path)
@@ -347,7 +351,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                 chunk_done = w is not None and i < len(w.done) and bool(w.done[i])
                 if chunk_done:
                     if verify:
-                        digest = array_sha256(prepare_item(model, plan.adapter, item.image, None, i).tensor)
+                        digest = array_sha256(prepare_item(model, plan.adapter, item.image, None, i, answer(i)).tensor)
                         if digest != w.hashes[i]:
                             raise TraceFileError(f"path: {path} holds another image at index {i} (input hash "
                                                  f"{str(w.hashes[i])[:12]}…, this call's {digest[:12]}…); resume "
@@ -355,7 +359,8 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
                     continue
                 if not own:  # the label an item of a folder, iterator or DataLoader carries
                     check_label(item.label, i, head_size(model))
-                pending.append((i, prepare_item(model, plan.adapter, item.image, None, i), (item.label, item.source)))
+                pending.append((i, prepare_item(model, plan.adapter, item.image, None, i, answer(i)),
+                                (item.label, item.source)))
             if pending:
                 flush(start, pending)
             if shard is not None:

@@ -3,12 +3,16 @@
 traced in a pass of its own with its own target, exactly as :func:`vitcam_nb.trace` traces it; recipes at the
 vision tower's sites (computed as on any trace) and at the LM sites ``projector``, ``lm_resid`` and ``lm_attn``
 (computed as the ``vlm`` trace kind computes them, :mod:`vitcam_nb.compute.vlm`), every map on the tower's token
-grid.
+grid. A family whose input is read with its target (Qwen2-VL / 2.5-VL: packed ``pixel_values`` with each
+target's ``image_grid_thw``) has each image prepared with its own target, as :func:`vitcam_nb.trace` prepares it.
 
 What a store cannot hold is refused by name before any pass: answer targets with different numbers of traced
 entries (the store's arrays have one length), a layout with several tiles or whose grid is not the tower's (the
-store has one grid: Gemma 3's pooled tokens, any-resolution tiles), a ranked ``class_`` ("topK" ranks the traced
-entries, not the answer tokens: name an answer token), and what a map store refuses for every model.
+store has one grid: Gemma 3's pooled tokens, Qwen2-VL's 2x2-merged tokens, any-resolution tiles), images whose
+tower grids differ (Qwen2-VL's ``image_grid_thw``), every recipe of a family whose tower runs on crops (LLaVA-NeXT /
+OneVision, Idefics3 / SmolVLM: ``vc.cam`` gives them one map per crop or per tile group, a store one grid per image
+and recipe), a ranked ``class_`` ("topK" ranks the traced entries, not the answer tokens: name an answer token),
+and what a map store refuses for every model.
 
 Each image's checklist and methods of an LM-site recipe are written with its maps (they name that image's
 answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace.
@@ -22,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.hf_vlm import LM_SITES, vlm_family_of
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.trace_many import store_settings
@@ -67,16 +71,52 @@ def answer_targets(targets: Any, n: int | None) -> list[AnswerTarget] | None:
     return list(targets)
 
 
+def _tower_grid(plan: TracePlan, target: AnswerTarget) -> tuple[int, int]:
+    """The tower's token grid on this target's image: the configured one, or (a tower whose grid is the image's
+    own: Qwen2-VL) the patch grid the target's ``image_grid_thw`` states ((0, 0) when it states none)."""
+    tower = plan.adapter.tower_grid(plan.model)
+    thw = (target.model_kwargs or {}).get("image_grid_thw")
+    if tower == (0, 0) and thw is not None:
+        row = np.asarray(thw, dtype=np.int64).reshape(-1, 3)[0]
+        tower = (int(row[1]), int(row[2]))
+    return tower
+
+
+def _same_grid(plan: TracePlan, targets: list[AnswerTarget]) -> None:
+    """Refuse answer targets whose images the tower reads on different token grids (Qwen2-VL: each image's patch
+    grid is its own, stated by its target): a store holds one grid (packed inputs of one length may still differ)."""
+    grids = [_tower_grid(plan, t) for t in targets]
+    bad = next((i for i, g in enumerate(grids) if g != grids[0]), None)
+    if bad is not None:
+        raise TraceError(f"targets: image {bad}'s answer target states a {grids[bad][0]}x{grids[bad][1]} patch grid "
+                         f"(image_grid_thw), image 0's {grids[0][0]}x{grids[0][1]}; a map store holds maps on one "
+                         "token grid: resize the images to one size, or trace each with vc.trace and read its maps "
+                         "with vc.cam")
+
+
 def _grid(plan: TracePlan, target: AnswerTarget, i: int) -> None:
     """Refuse an image whose LM sites a store's one token grid cannot hold: several tiles, or not the tower's grid."""
     lay = plan.adapter.layout(plan.model, target.sequence.numpy(), target.model_kwargs)
-    tower = plan.adapter.tower_grid(plan.model)  # (0, 0): the tower's grid is each image's own
+    tower = _tower_grid(plan, target)
     grid = (int(lay.rows.max()) + 1, int(lay.cols.max()) + 1) if lay.positions.size else (0, 0)
     if len(lay.tiles) != 1 or grid != tower:
         raise TraceError(f"targets: the answer target of image {i} lays its image tokens out as {lay.description!r}; "
                          f"a map store holds maps on the tower's {tower[0]}x{tower[1]} token grid, so its LM-site "
                          "recipes need one tile of that grid. Map the tower's sites only, or trace the image with "
                          "vc.trace and read its maps with vc.cam")
+
+
+def _refuse_crops(family: str, recipes: list[Recipe]) -> None:
+    """Refuse, naming the first recipe, a store of a family whose tower runs on crops: a store holds one (y, x)
+    token grid per image and recipe, where ``vc.cam`` on such a trace gives one map per crop (crop, y, x) at a tower
+    site and one per tile group (view, y, x) at an LM site (and an LM-only store's pass still reads the tower's
+    grid); holding them needs a crop or view dim in the store's arrays (a schema change not made)."""
+    r = recipes[0]
+    what = (f"at LM site {r.site!r} gives one map per tile group (view, y, x)" if r.site in LM_SITES else
+            f"at tower site {r.site!r} gives one map per crop (crop, y, x)")
+    raise TraceError(f"recipes_or_space: recipe {r.to_string()} {what}: the {family} family's tower runs on several "
+                     "crops of each image, and a map store holds one (y, x) token grid per image and recipe; "
+                     "trace each image with vc.trace and read its maps with vc.cam")
 
 
 def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: list[Recipe], **plan_args: Any
@@ -88,18 +128,9 @@ def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: li
         >>> answer_plan(llava, [target], [Recipe(site="lm_resid")], sites=["lm_resid"])  # doctest: +SKIP
     """
     plan = TracePlan.for_trace(model, targets[0], **plan_args)
-    # A family whose input is read with its target's forward arguments (Qwen2-VL: packed pixel_values with each
-    # answer's image_grid_thw) overrides prepare_traced_input; a store prepares its images without a target.
-    own = getattr(type(plan.adapter), "prepare_traced_input", None)
-    if own is not None and own is not getattr(Adapter, "prepare_traced_input", None):
-        raise TraceError(f"images: {type(plan.model).__name__}'s input is prepared with each answer target's forward "
-                         "arguments (e.g. image_grid_thw), which vc.map_many does not pass to its images yet; trace "
-                         "each image with vc.trace and read its maps with vc.cam")
     fam = vlm_family_of(plan.model)
-    if fam.crops:  # its tower sites hold one row per crop; a store holds one grid per image
-        raise TraceError(f"model: the {fam.name} family's tower runs on several crops of each image, whose maps a "
-                         "map store (one token grid per image) does not hold yet; trace each image with vc.trace and "
-                         "read its maps with vc.cam")
+    if fam.crops:
+        _refuse_crops(fam.name, recipes)
     counts = []
     for t in targets:
         t.check(plan.model)
@@ -109,6 +140,7 @@ def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: li
         raise TraceError(f"targets: image {first}'s answer target traces {counts[first]} entries, image 0's "
                          f"{counts[0]} (answer tokens, the sequence log-prob and one logsumexp per token); a map "
                          "store holds the same number per image: give answers of the same number of tokens")
+    _same_grid(plan, targets)
     if any(r.site in LM_SITES for r in recipes):
         for i, t in enumerate(targets):
             _grid(plan, t, i)

@@ -4,7 +4,7 @@ sites; each map read back from the store is bitwise ``vc.cam`` on ``vc.trace`` o
 the sites and blocks the store's pass captured (the same pass, a batch of one: structural), with the same
 checklist, methods, degeneracy and trace id; within 1e-6 of a trace of every site (another set of hooks, the same
 kernels). The per-image checksums cover the stored maps and checklists; what a store cannot hold is refused by
-name before any pass or write."""
+name before any pass or write. Qwen2-VL / 2.5-VL and the crops families: test_vlm_map_many_qwen.py."""
 
 from __future__ import annotations
 
@@ -192,21 +192,6 @@ def test_lm_sites_on_another_grid_than_the_towers_are_refused_by_name(tmp_path):
     _same(vc.cam(tr, r), vc.cam(vc.image_maps(vc.open_maps(path), 0), r))
 
 
-def test_a_family_whose_input_needs_its_target_is_refused_by_name(tmp_path):
-    """Qwen2-VL's packed pixel_values are read with each answer's image_grid_thw: runs once the family is
-    registered and its tiny builder (tests/vlm_qwen_tiny.py) exists."""
-    from vitcam_nb.adapters.hf_vlm import VLM_FAMILIES
-
-    if not any("Qwen2VLForConditionalGeneration" in f.classes for f in VLM_FAMILIES.values()):
-        pytest.skip("the Qwen2-VL family is not registered in this checkout")
-    tiny = pytest.importorskip("vlm_qwen_tiny")
-    model, pixel_values, target = tiny.tiny_qwen("qwen2")
-    with pytest.raises(vc.TraceError, match=r"Qwen2VLForConditionalGeneration's input is prepared with each answer"):
-        vc.map_many(model, [pixel_values], [vc.Recipe(site="F1", layer=1, class_=0)], tmp_path / "q.zarr",
-                    targets=target, progress=False)
-    assert not (tmp_path / "q.zarr").exists()
-
-
 def test_a_family_whose_tower_runs_on_crops_is_refused_by_name(llava, images, targets, tmp_path):
     """Any-resolution and image-splitting families (VlmFamily.crops): the LLaVA row marked so for this test."""
     from dataclasses import replace
@@ -216,7 +201,8 @@ def test_a_family_whose_tower_runs_on_crops_is_refused_by_name(llava, images, ta
     row = VLM_FAMILIES["llava"]
     register_vlm_family(replace(row, crops=True), replace=True)
     try:
-        with pytest.raises(vc.TraceError, match=r"the llava family's tower runs on several crops"):
+        with pytest.raises(vc.TraceError, match=r"recipe .* at tower site 'F1' gives one map per crop \(crop, y, x\): "
+                                                r"the llava family's tower runs on several crops"):
             vc.map_many(llava, images, RECIPES[:1], tmp_path / "c.zarr", targets=targets, progress=False)
     finally:
         register_vlm_family(row, replace=True)
