@@ -54,9 +54,10 @@ def test_crops_estimate_is_the_size_of_its_trace(kind, sites, dtype):
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen2_5"])
-def test_qwen_estimate_parts_and_coordinates(kind):
+@pytest.mark.parametrize("sites, dtype", [(None, "float32"), (["F3", "projector", "lm_attn"], "float16")])
+def test_qwen_estimate_parts_and_coordinates(kind, sites, dtype):
     model, x, target = _case(kind)
-    est = vc.estimate(model, x, targets=target)
-    tr = vc.trace(model, x, targets=target)
+    est = vc.estimate(model, x, targets=target, sites=sites, dtype=dtype)
+    tr = vc.trace(model, x, targets=target, sites=sites, dtype=dtype)
     assert "crop" not in tr.dims and est["tokens"] == tr.sizes["token"]
     _check(est, tr)
