@@ -161,3 +161,32 @@ def test_tam_joins_on_a_crops_trace_when_the_weighting_is_open(anyres):
 def test_a_mask_is_refused_by_name_on_a_per_group_comparison(lm_only):
     with pytest.raises(vc.ArgumentError, match="mask"):
         vc.ambiguity(lm_only, reported=FIXED, mask=np.ones((32, 32), bool))
+
+
+def test_qwen_lm_maps_of_another_grid_are_compared_on_the_image():
+    """Qwen2-VL: 6x10 tower patches, 3x5 merged image tokens; the LM site joins, compared on the 84x140 image at
+    its sampling stride (2), where a 3x5 grid drawn as nearest blocks covers 28 px per token."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from vlm_qwen_tiny import tiny_qwen
+
+    model, pv, tgt = tiny_qwen()
+    tr = vc.trace(model, pv, targets=tgt, sites=["F1", "lm_resid"])
+    amb = vc.ambiguity(tr, reported={**FIXED, "class_": 1})
+    assert amb.space["site"] == ("F1", "lm_resid") and amb.maps.attrs["stride"] == 2
+    assert {(r.site, r.layer) for r in amb.recipes} == {("F1", 0), ("F1", 1), ("F1", 2), ("lm_resid", 0),
+                                                         ("lm_resid", 1)}
+    for recipe, values in zip(amb.recipes, amb.maps.values):
+        if recipe.site != "lm_resid":
+            continue
+        v = gradcam(tr["lm_resid"].values[recipe.layer], tr["lm_resid_grad"].values[1, recipe.layer])
+        cells = np.zeros((3, 5))
+        cells[tr["image_token_row"].values, tr["image_token_col"].values] = v
+        ref = np.kron(cells, np.ones((28, 28)))[1::2, 1::2]
+        np.testing.assert_allclose(values, ref, atol=1e-5, err_msg=recipe.id)
+
+
+def test_the_report_states_the_comparison_and_the_skipped_sites(lm_only):
+    a = vc.ambiguity(lm_only, reported={**FIXED, "class_": 0}, space={"site": ["F6", "lm_resid"]})
+    text = a.report()
+    assert "per tile group and compared on the groups every map has (image)" in text
+    assert "Site F6 skipped: an LM-only trace (no tower site)" in text

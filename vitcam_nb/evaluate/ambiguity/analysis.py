@@ -202,6 +202,10 @@ class Ambiguity:
             sampled = f" (one pixel in {stride} along each axis)" if stride > 1 else ""
             text += (f"Maps were compared on the image grid{sampled}, where the upsampling shows (upsample 'none' "
                      "is the token grid drawn as blocks).")
+        if self.maps.attrs.get("comparison"):  # a VLM answer trace: per tile group (vlm_maps)
+            absent = json.loads(self.maps.attrs.get("absent_sites") or "{}")
+            text += f" The {self.maps.attrs['comparison']}." + "".join(
+                f" Site {s} skipped: {why}." for s, why in absent.items())
         return text.strip()
 
     def plot(self, cmap: str = DEFAULT_CMAP) -> Any:
@@ -402,6 +406,9 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     factor of ``L`` levels (more for categories, whose levels are joint), the remainder downward; the bootstrap
     intervals do not correct this (:mod:`vitcam_nb.evaluate.ambiguity.sensitivity`).
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
+    A generative VLM's answer trace opens the sites, layers and answer tokens it holds (TAM where it holds
+    ``lm_logit``); one with crops, several tiles, another grid or no tower site is compared on the image per tile
+    group (:mod:`~vitcam_nb.evaluate.ambiguity.vlm_maps`; no ``mask`` there yet).
 
     ``trace`` may also be one image of a map store (``vc.image_maps``; the analysis over the recipes the store
     holds, :mod:`~vitcam_nb.evaluate.ambiguity.stored`), or a list of traces, an ``open_traces`` store or an

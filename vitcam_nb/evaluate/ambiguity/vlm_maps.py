@@ -152,8 +152,8 @@ def special_maps(trace: xr.Dataset, recipes: Sequence[Recipe], cut: tuple[slice,
     holes = np.isnan(stack).any(axis=0)
     stack[:, holes] = 0.0
     words = (f"maps placed on the image canvas ({size[0]}x{size[1]}) per tile group and compared on the groups "
-             f"every map has ({', '.join(common)}), stacked top to bottom, never averaged; tower maps on crops "
-             "stitched per group (each crop in its box)")
+             f"every map has ({', '.join(common)}), stacked top to bottom, never averaged" + (
+                 "; tower maps on crops stitched per group (each crop in its box)" if "crop" in trace.dims else ""))
     if holes.any():
         words += f"; {int(holes.sum())} pixel(s) some map leaves uncovered set to 0 in every map"
     maps = iter(stack)
