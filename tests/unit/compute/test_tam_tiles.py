@@ -132,3 +132,38 @@ def test_a_tile_with_a_hole_is_refused_by_name(tiled):
     with pytest.raises(vc.TraceError, match="tile 'left'"):
         vc.cam(relaid(tiled, cells, TILES), vc.presets.tam(token=0))
     assert filter_tiles  # imported for its doctest's sake: the module is the one under test
+
+
+def test_llava_next_tam_filters_each_unpadded_tile_alone():
+    """A real any-resolution layout (base 4x4, four crops unpadded to 6x8 cells in all): each crop holds a 3x4
+    rectangle of its 4x4 grid; the filter runs on that rectangle alone (loops here), after steps 1-3 over all 64
+    tokens (the kit's tam_scores, tested against the equations in test_tam)."""
+    from anyres_cases import make as make_anyres
+    from anyres_cases import pixels, target
+
+    from vitcam_nb.compute.tam import tam_tokens
+    from vitcam_nb.compute.tam_formula import tam_scores
+
+    tr = vc.trace(make_anyres("next"), pixels(), targets=target("next"), sites=["lm_logit"])
+    tiles = json.loads(tr["lm_logit"].attrs["layout_tile_boxes"])
+    assert len(tiles) == 5
+    scores = tam_scores(tr["lm_logit"].values, tr["lm_logit_text"].values, tr["lm_slot_class"].values,
+                        int((tr["lm_slot_kind"].values == "prompt").sum()), 1)[0]
+    tile_of, rows, cols = (tr[f"image_token_{k}"].values for k in ("tile", "row", "col"))
+    expected = np.empty_like(scores)
+    shapes = []
+    for t in range(len(tiles)):
+        sel = tile_of == t
+        r0, c0 = rows[sel].min(), cols[sel].min()
+        h, w = rows[sel].max() - r0 + 1, cols[sel].max() - c0 + 1
+        shapes.append((int(h), int(w)))
+        grid = np.full((h, w), np.nan)
+        grid[rows[sel] - r0, cols[sel] - c0] = scores[sel]
+        assert not np.isnan(grid).any()
+        expected[sel] = filter_reference(grid)[rows[sel] - r0, cols[sel] - c0]
+    assert shapes == [(4, 4), (3, 4), (3, 4), (3, 4), (3, 4)]
+    got, info = tam_tokens(tr, vc.presets.tam(token=1))
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert info["tiles"] == []
+    m = vc.cam(tr, vc.presets.tam(token=1))
+    assert m.dims == ("view", "y", "x") and list(m["view"].values) == ["base", "tiles"]
