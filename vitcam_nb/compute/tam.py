@@ -3,8 +3,9 @@ a trace's ``lm_logit`` site (:mod:`vitcam_nb.adapters.vlm_logit`) with no model 
 method weighting ``tam`` (the recipe is :func:`vitcam_nb.core.presets_tam.tam`; the formula is
 :mod:`vitcam_nb.compute.tam_formula`).
 
-The map is on the trace's image-token layout (one tile; a tiled layout is refused, as the other LM-side sites do),
-then upsampled and normalised as the recipe says. TAM is not Transition Attention Maps (Yuan et al. 2021, the
+The map is on the trace's image-token layout, then upsampled and normalised as the recipe says; over a multi-tile
+layout the filter runs per tile and the map is one per tile group, (view, y, x), as the other LM-side sites give
+it (:mod:`vitcam_nb.compute.tam_tiles`). TAM is not Transition Attention Maps (Yuan et al. 2021, the
 ``layer_fusion="transition"`` of :func:`vitcam_nb.presets.transition_attention_maps`), which shares its acronym.
 
 Example:
@@ -25,6 +26,8 @@ from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.tam_formula import FILTER_SIZE, rank_gaussian_filter, tam_scores
+from vitcam_nb.compute.tam_tiles import SEAM_WORDS, filter_tiles
+from vitcam_nb.compute.vlm_tiles import is_tiled, place, stacked, trace_layout
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.kinds import TRACE_FORMS, MapValues, TraceForm
@@ -32,7 +35,7 @@ from vitcam_nb.core.presets_tam import TAM_CITATION, TAM_TITLE
 from vitcam_nb.core.recipe import Recipe, is_int
 from vitcam_nb.core.weighting import Weighting, register_weighting
 
-__all__ = ["FORMULA", "TAM_FORM", "TamForm", "tam_grid"]
+__all__ = ["FORMULA", "TAM_FORM", "TamForm", "tam_grid", "tam_tokens"]
 
 SITE = "lm_logit"
 FORMULA = ("M_s = relu(logit lens of slot s's token at the image tokens); for answer token k: w_s = t_k[s] / "
@@ -75,10 +78,6 @@ def _check(trace: xr.Dataset, recipe: Recipe) -> int:
     if not is_int(recipe.class_) or not 0 <= int(recipe.class_) < len(labels):
         raise RecipeError(f"class_: TAM explains one answer token: an index in 0..{len(labels) - 1} of {labels}, "
                           f"got {recipe.class_!r} (the sequence score and ranked classes have no token)")
-    tiles = np.unique(trace["image_token_tile"].values)
-    if tiles.size != 1:
-        raise TraceError(f"trace: its image tokens cover {tiles.size} tiles; site {SITE!r} maps one-tile layouts "
-                         "only so far")
     return int(recipe.class_)
 
 
@@ -89,6 +88,31 @@ def _grid_shape(trace: xr.Dataset) -> tuple[np.ndarray, np.ndarray, int, int]:
         raise TraceError(f"trace: its {rows.size} image tokens do not fill their {gh}x{gw} layout grid once each; "
                          "TAM's filter needs a full grid")
     return rows, cols, gh, gw
+
+
+def _scores(trace: xr.Dataset, token: int) -> tuple[np.ndarray, dict[str, object]]:
+    """Steps 1-3 over every image token (all tiles as one set), in the trace's image-token order."""
+    n_prompt = int((trace["lm_slot_kind"].values == "prompt").sum())
+    return tam_scores(trace["lm_logit"].values, trace["lm_logit_text"].values, trace["lm_slot_class"].values,
+                      n_prompt, token)
+
+
+def tam_tokens(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, dict[str, object]]:
+    """The TAM of the recipe's answer token per image token (trace order), filtered per tile of a multi-tile
+    layout (:func:`~vitcam_nb.compute.tam_tiles.filter_tiles`; a one-tile layout is one tile), float64, and what
+    the estimated causal inference did, with ``"tiles"``: the notes of tiles left unfiltered.
+
+    Example:
+        >>> import vitcam_nb as vc
+        >>> tam_tokens(xr.Dataset(), vc.presets.tam())  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        vitcam_nb.core.errors.RecipeError: site: 'lm_logit' is not in this trace ...
+    """
+    token = _check(trace, recipe)
+    lay = trace_layout(trace, SITE)
+    scores, info = _scores(trace, token)
+    values, notes = filter_tiles(lay, scores)
+    return values, {**info, "tiles": notes}
 
 
 def tam_grid(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, dict[str, object]]:
@@ -102,17 +126,40 @@ def tam_grid(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, dict[str, o
         vitcam_nb.core.errors.RecipeError: site: 'lm_logit' is not in this trace ...
     """
     token = _check(trace, recipe)
+    if is_tiled(trace):
+        raise TraceError(f"trace: its image tokens cover {np.unique(trace['image_token_tile'].values).size} tiles, "
+                         "one grid each: read the per-token map with tam_tokens, or the placed maps with vc.cam")
     rows, cols, gh, gw = _grid_shape(trace)
-    kinds = trace["lm_slot_kind"].values
-    n_prompt = int((kinds == "prompt").sum())
-    scores, info = tam_scores(trace["lm_logit"].values, trace["lm_logit_text"].values,
-                              trace["lm_slot_class"].values, n_prompt, token)
+    scores, info = _scores(trace, token)
     grid = np.zeros((gh, gw), np.float64)
     grid[rows, cols] = scores
     return rank_gaussian_filter(grid, FILTER_SIZE), info
 
 
+def _placed(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, tuple[str, ...], dict, list[str]]:
+    """A multi-tile trace's TAM: (maps with a leading view/tile dim, that dim, its coords, degeneracy notes)."""
+    values, info = tam_tokens(trace, recipe)
+    notes = []
+    if info["constant"] or np.ptp(values) <= 0:
+        notes.append("the map is constant (the token's image and context activations, after the estimated causal "
+                     "inference, have no range)")
+        values = np.zeros_like(values)
+    else:  # one set over every tile before placement, as the other multi-tile LM maps are normalised
+        values = normalise(values[None].astype(np.float32), recipe.normalize)[0]
+    lay = trace_layout(trace, SITE)
+    size = (int(trace.sizes.get("y", 1)), int(trace.sizes.get("x", 1)))
+    names, maps = place(lay, values, size, recipe.upsample)
+    out, dim, coords = stacked(names, maps, lay, recipe.upsample)
+    if recipe.relu == "after":
+        out = np.where(np.isnan(out), out, np.maximum(out, 0))  # a no-op on the non-negative map, NaN kept
+    return out, dim, coords, notes
+
+
 def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
+    if is_tiled(trace):
+        _check(trace, recipe)
+        out, _, _, notes = _placed(trace, recipe)
+        return out, notes, []
     grid, info = tam_grid(trace, recipe)
     notes = []
     if info["constant"] or np.ptp(grid) <= 0:
@@ -130,7 +177,8 @@ def _report(recipe: Recipe, trace: Any) -> tuple[Checklist, str]:
     """The checklist and methods paragraph (trace facts where a trace is given)."""
     out = build_checklist(recipe, None)
     token = f"answer token {recipe.class_}" if is_int(recipe.class_) else f"class_ {recipe.class_!r}"
-    layout, lam = "the trace's image-token layout", ""
+    layout, lam, unfiltered = "the trace's image-token layout", "", ""
+    tiled = isinstance(trace, xr.Dataset) and "image_token_tile" in trace.variables and is_tiled(trace)
     if isinstance(trace, xr.Dataset) and "lm_logit" in trace.variables:
         attrs = trace["lm_logit"].attrs
         layout = str(attrs.get("layout", layout))
@@ -138,9 +186,10 @@ def _report(recipe: Recipe, trace: Any) -> tuple[Checklist, str]:
         if is_int(recipe.class_) and 0 <= int(recipe.class_) < len(labels):
             token += f" ({labels[int(recipe.class_)]!r})"
             try:
-                info = tam_grid(trace, recipe)[1]
+                info = tam_tokens(trace, recipe)[1]
                 lam = (f"; on this trace: lambda = {info['lambda']:.6g}, {info['weighed']} of {info['context']} "
                        f"context slots weighed, {info['repeats']} left out as repeats of the token")
+                unfiltered = "; ".join(info["tiles"])
             except (RecipeError, TraceError):
                 lam = ""
         hook, head = str(attrs.get("hook", "")), str(attrs.get("head", ""))
@@ -174,7 +223,11 @@ def _report(recipe: Recipe, trace: Any) -> tuple[Checklist, str]:
     sr["reshape"] = "the image-token layout's cells (row, col per image token)"
     sr["raster order"] = ("the layout's cells; the rank Gaussian filter (3x3, reflected borders) runs on that grid "
                           "after the joint min-max with the context's text scores")
-    sr["normalisation"] = (f"{recipe.normalize} after upsampling (the joint min-max of step 3 already maps to "
+    if tiled:
+        sr["raster order"] = f"the layout's cells per tile; {SEAM_WORDS}" + (f" ({unfiltered})" if unfiltered else "")
+    sr["normalisation"] = (f"{recipe.normalize} over every image token as one set before placing"
+                           if tiled and recipe.normalize != "none" else
+                           f"{recipe.normalize} after upsampling (the joint min-max of step 3 already maps to "
                            "[0, 1])" if recipe.normalize != "none" else
                            "none after upsampling: the joint min-max of image and context scores, then the filter "
                            "(values in [0, 1], the authors' map / 255)")
@@ -220,12 +273,23 @@ class TamForm(TraceForm):
 
     def cam(self, trace: xr.Dataset, recipe: Recipe) -> xr.DataArray:
         """A DataArray (y, x) at the input size, or (patch_row, patch_col) on the layout's grid with
-        ``upsample="none"``, with the recipe, ids, checklist, methods and degeneracy in its attrs."""
-        values, notes, partial = _values(trace, recipe)
+        ``upsample="none"``, with the recipe, ids, checklist, methods and degeneracy in its attrs; over a
+        multi-tile layout (view, y, x), one map per tile group, or (tile, patch_row, patch_col)."""
+        _check(trace, recipe)
+        dim: tuple[str, ...] = ()
+        if is_tiled(trace):
+            values, dim, coords, notes = _placed(trace, recipe)
+            partial: list[str] = []
+        else:
+            values, notes, partial = _values(trace, recipe)
         reason = warn_degenerate(recipe, notes) if notes else ""
         checklist, methods = _report(recipe, trace)
-        return map_array(values, recipe, str(trace.attrs.get("trace_id", "")), checklist.to_json(), methods, reason,
-                         partial)
+        out = map_array(values if not dim else values[0], recipe, str(trace.attrs.get("trace_id", "")),
+                        checklist.to_json(), methods, reason, partial)
+        if dim:  # one map per tile group (or per tile on the token grids), with the report of the whole
+            out = xr.DataArray(values.astype(np.float32, copy=False), dims=(*dim, *out.dims), coords=coords,
+                               name=out.name, attrs=out.attrs)
+        return out
 
     def gallery(self, trace: Any, recipe: Any, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         raise RecipeError("vary: tam is a fixed published method; compute each answer token's map with vc.cam")

@@ -37,7 +37,7 @@ from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["CROPS", "CropsKind", "stitch_crops"]
 
-_LM_SITES = ("projector", "lm_resid", "lm_attn")
+_LM_SITES = ("projector", "lm_resid", "lm_attn", "lm_logit")  # no crop dim (lm_logit: TAM, compute.tam)
 _SIDES = ("top", "left", "bottom", "right")
 _CROP_COORDS = ("crop_tile", "crop_group", *(f"crop_box_{s}" for s in _SIDES))
 

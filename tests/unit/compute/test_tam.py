@@ -75,6 +75,11 @@ def filter_reference(img: np.ndarray, size: int = 3) -> np.ndarray:
 
 def tam_reference(logits: np.ndarray, token: int) -> np.ndarray:
     """TAM of answer token ``token`` on the 4x4 grid, from the full logits (position, vocabulary)."""
+    return filter_reference(scores_reference(logits, token).reshape(GRID, GRID))
+
+
+def scores_reference(logits: np.ndarray, token: int) -> np.ndarray:
+    """Steps 1-3 (before the filter) of answer token ``token`` per image token, from the full logits."""
     n_prompt_seq = len(PROMPT)
     answer_pos = np.arange(n_prompt_seq, len(SEQ))
     # context slots: prompt text after the image but its last token (own id, read at its position), then each
@@ -95,8 +100,7 @@ def tam_reference(logits: np.ndarray, token: int) -> np.ndarray:
         lam = np.linalg.lstsq(interference[:, None], m, rcond=None)[0][0]
         m = relu(m - lam * interference)
     joint = np.concatenate([m, text[:own]])
-    m = (m - joint.min()) / (joint.max() - joint.min())
-    return filter_reference(m.reshape(GRID, GRID))
+    return (m - joint.min()) / (joint.max() - joint.min())
 
 
 # --------------------------------------------------------------------------------------------------

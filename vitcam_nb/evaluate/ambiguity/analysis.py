@@ -47,7 +47,8 @@ from vitcam_nb.evaluate.ambiguity.space import (
 )
 from vitcam_nb.evaluate.ambiguity.spread import Spread, localising_share, spread_of
 from vitcam_nb.evaluate.ambiguity.stored import geometry, store_maps, store_space, trace_id
-from vitcam_nb.evaluate.ambiguity.vlm_space import vlm_axes
+from vitcam_nb.evaluate.ambiguity.vlm_maps import absent_sites, is_special, special_maps
+from vitcam_nb.evaluate.ambiguity.vlm_space import special_space, vlm_axes
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
 __all__ = ["Ambiguity", "Sensitivity", "ambiguity"]
@@ -201,6 +202,10 @@ class Ambiguity:
             sampled = f" (one pixel in {stride} along each axis)" if stride > 1 else ""
             text += (f"Maps were compared on the image grid{sampled}, where the upsampling shows (upsample 'none' "
                      "is the token grid drawn as blocks).")
+        if self.maps.attrs.get("comparison"):  # a VLM answer trace: per tile group (vlm_maps)
+            absent = json.loads(self.maps.attrs.get("absent_sites") or "{}")
+            text += f" The {self.maps.attrs['comparison']}." + "".join(
+                f" Site {s} skipped: {why}." for s, why in absent.items())
         return text.strip()
 
     def plot(self, cmap: str = DEFAULT_CMAP) -> Any:
@@ -242,6 +247,8 @@ def _space(trace: xr.Dataset, fixed: dict, opened: list[str], space: Mapping[str
     check_space(space, "space")  # a typo ("f4") is refused, not skipped as a combination no recipe expresses
     if is_map_store(trace):  # the store's recipes are the space
         return {**store_space(trace, fixed, open_fields(fixed)), **{f: tuple(v) for f, v in space.items()}}
+    if is_special(trace):  # a VLM answer trace compared per tile group (vlm_maps): absent layers only skipped
+        return special_space(trace, open_fields(fixed), space)
     view = TraceView.of(trace)
     traced, n = [int(v) for v in view.layers], int(view.num_layers)
     absent = [v for v in space.get("layer", ()) if isinstance(v, (int, np.integer)) and not isinstance(v, bool)
@@ -289,17 +296,21 @@ def _check_memory(trace: xr.Dataset, values: dict, mask: np.ndarray | None, max_
 
 def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[str, Sequence] | None,
          mask: Any, max_cells: int, max_recipes: int, n_samples: int, seed: int, n_boot: int) -> Ambiguity:
+    special = is_special(trace)
     if (not isinstance(trace, xr.Dataset) or "image" in trace.dims
-            or (not is_map_store(trace) and TraceView.of(trace).sites == [])):
+            or (not is_map_store(trace) and not special and TraceView.of(trace).sites == [])):
         raise ArgumentTypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
+    if special and mask is not None:
+        raise ArgumentError("mask: this answer trace's maps are compared per tile group (vlm_maps), where the "
+                            "pointing game is not defined yet; leave mask out")
     fixed, opened = parse_reported(reported)
     values = _space(trace, fixed, opened, space)
-    mask = _mask(trace, mask)
+    mask = None if special else _mask(trace, mask)
     _check_memory(trace, values, mask, max_cells, max_recipes, n_samples, n_boot)
     factors = all_factors = [f for f, v in values.items() if len(v) > 1]
     single = {f: v[0] for f, v in values.items() if len(v) == 1}
     # Open upsample: maps compared on the image grid; else on the token grid, where upsampling adds nothing.
-    image_grid = "upsample" in factors
+    image_grid = "upsample" in factors or special
     grid = {**fixed, **single} if image_grid else {**fixed, **single, "upsample": "none"}
     cells, design = enumerate_cells({f: values[f] for f in factors}, max_cells, n_samples, seed)
     keys: dict[tuple, int] = {}
@@ -322,6 +333,8 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
         warnings.simplefilter("ignore", DegenerateMapWarning)
         if is_map_store(trace):  # read, not computed: a requested recipe the store lacks is refused
             computed = store_maps(trace, candidates, cut if image_grid else None, requested=bool(space))
+        elif special:  # each map on the image per tile group, the groups all maps have stacked (vlm_maps)
+            computed, compared = special_maps(trace, candidates, cut)
         elif image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
             computed = [m for i in range(0, len(candidates), 1024)
                         for m in image_maps(trace, candidates[i:i + 1024], cut)]
@@ -359,6 +372,8 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
                        attrs={"trace_id": trace_id(trace),
                               "grid": "image grid" if image_grid else "token grid", "stride": stride,
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
+    if special:
+        arr.attrs.update(comparison=compared, absent_sites=json.dumps(absent_sites(trace, values.get("site", ()))))
     if mask is not None:  # on a sampled image grid the pointing game reads the mask at the same pixels
         sampled = mask[cut] if image_grid and mask.shape == (height, width) else mask
     localises = None if mask is None else localising_share(stack, sampled)
@@ -367,7 +382,8 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
                      sensitivity=sens, skipped=skipped, degenerate=degenerate, localises=localises,
                      trace_id=trace_id(trace),
-                     image=None if is_map_store(trace) or "image" not in trace.variables else trace["image"].values,
+                     image=None if is_map_store(trace) or "image" not in trace.variables or "crop" in trace.dims
+                     else trace["image"].values,
                      mask=None if mask is None else np.asarray(mask, bool))
 
 
@@ -390,6 +406,9 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     factor of ``L`` levels (more for categories, whose levels are joint), the remainder downward; the bootstrap
     intervals do not correct this (:mod:`vitcam_nb.evaluate.ambiguity.sensitivity`).
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
+    A generative VLM's answer trace opens the sites, layers and answer tokens it holds (TAM where it holds
+    ``lm_logit``); one with crops, several tiles, another grid or no tower site is compared on the image per tile
+    group (:mod:`~vitcam_nb.evaluate.ambiguity.vlm_maps`; no ``mask`` there yet).
 
     ``trace`` may also be one image of a map store (``vc.image_maps``; the analysis over the recipes the store
     holds, :mod:`~vitcam_nb.evaluate.ambiguity.stored`), or a list of traces, an ``open_traces`` store or an

@@ -146,7 +146,7 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
     that do not apply take their default (heads off F2/F3 or with a weighting that projects all channels,
     attn_rows off F2, weight_tokens with a per-token weighting or at a VLM's LM sites, text_tokens off xattn, the
     layer of the projector (it has one) and of a fused recipe: every block; a rollout's weighting, heads and
-    target). Fields in ``keep`` (those the description
+    target; TAM's weighting, target and layer at ``lm_logit``). Fields in ``keep`` (those the description
     states) are never changed: a combination that contradicts them is no recipe. None if no recipe expresses it.
 
     Example:
@@ -175,6 +175,10 @@ def canonical(choice: Mapping[str, Any], keep: Sequence[str] = ()) -> tuple | No
         c["weight_tokens"] = "patch"
     if c["site"] == "projector" and c["layer_fusion"] == "none":  # one layer: the layer is no choice
         c["layer"] = _DEFAULTS["layer"]
+    if c["site"] == "lm_logit":  # TAM: a fixed method on the LM head's logits of the last layer, no gradient
+        if c["layer_fusion"] != "none":
+            return None
+        c.update(weighting="tam", target="logit", layer=-1, heads="channels", weight_tokens="patch")
     if any(c[f] != v for f, v in stated.items()):
         return None
     key = tuple(c[f] for f in _FIELDS)

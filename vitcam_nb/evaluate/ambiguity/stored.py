@@ -32,6 +32,7 @@ from vitcam_nb.core.errors import RecipeError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.evaluate.ambiguity.grid import patch_index
 from vitcam_nb.evaluate.ambiguity.space import canonical
+from vitcam_nb.evaluate.ambiguity.vlm_maps import canvas, is_special
 
 __all__ = ["geometry", "store_maps", "store_recipes", "store_space", "trace_id"]
 
@@ -139,6 +140,9 @@ def geometry(trace: xr.Dataset) -> tuple[int, int, tuple[int, int], tuple[int, i
         a = trace.attrs
         pad = tuple(int(v) for v in json.loads(a["pad"]))
         return int(a["img_height"]), int(a["img_width"]), (int(a["grid_h"]), int(a["grid_w"])), pad
+    if is_special(trace):  # compared on the image canvas per tile group (vlm_maps)
+        height, width = canvas(trace)
+        return height, width, (height, width), (0, 0)
     view = TraceView.of(trace)
     return view.height, view.width, (view.gh, view.gw), view.pad
 

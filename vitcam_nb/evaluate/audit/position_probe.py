@@ -24,7 +24,15 @@ A generative VLM's answer trace (``vc.targets.answer``) adds its LM-side token s
 ``lm_resid``: their image tokens are the tokens and each one's cell in the trace's image-token layout
 (``image_token_row``, ``image_token_col``, the family's own layout code, not an assumed raster) is its position; their
 ``layer`` is the LM decoder layer (the projector has one, 0). So the raster assumption of the LM-side maps is
-measured, site by site, as the tower's is. Layouts of several tiles are refused for now (one grid per probe).
+measured, site by site, as the tower's is. On a layout of several tiles (LLaVA-NeXT/OneVision, Idefics3/SmolVLM) the
+position is the token's cell centre on the image through its tile's box (``frame="image"``, where the map draws it)
+or within its tile (``frame="tile"``): :mod:`vitcam_nb.evaluate.audit.probe_cells`.
+
+A trace whose tower ran on several crops (a ``crop`` dim) is probed per crop at its tower sites: crop k's patch
+tokens for their grid in crop k, exactly the probe of ``trace.isel(crop=k)``; the answer gets a leading ``crop``
+dim (coords ``crop_tile``, ``crop_group``) where the LM-side sites, which have no crop, repeat one value. Stored in
+the trace, ``trace.isel(crop=k)`` holds crop k's ``(site, layer)`` values, which a checklist of a map on that crop's
+trace quotes.
 
 The probe is linear and sees as many tokens as the grid has: features may still carry the positions in a way no
 linear map of row and column reads (a learned position embedding need not be linear in them), and a wide site on
@@ -51,6 +59,7 @@ import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 from vitcam_nb.core.schema import POSITION_R2
+from vitcam_nb.evaluate.audit.probe_cells import lm_positions
 
 __all__ = ["LM_TOKEN_SITES", "RELATIVE_ALPHAS", "position_probe"]
 
@@ -167,17 +176,19 @@ def _chosen(name: str, asked: Sequence | None, have: list) -> list:
 
 def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = None,
                    layers: Sequence[int] | int | None = None, folds: int = 5, seed: int = 0,
-                   alpha: float | None = None) -> xr.DataArray:
+                   alpha: float | None = None, frame: str = "image") -> xr.DataArray:
     """For each token site and traced block, the cross-validated R^2 with which a ridge probe predicts a patch
     token's grid position (patch_row, patch_col) from its stored activations (see the module docstring).
 
     ``sites`` / ``layers`` default to every token site and traced block (global block indices); on a generative
     VLM's answer trace ``projector`` and ``lm_resid`` too, over their image tokens at the layout's cells, their
-    layers the LM's (NaN where a site has no such layer). ``alpha`` None
+    layers the LM's (NaN where a site has no such layer); on a multi-tile layout at the position ``frame`` names
+    (``"image"``: the cell's centre on the image through its tile's box; ``"tile"``: within its tile). ``alpha`` None
     chooses the penalty per fold by leave-one-out on the training tokens; a number fixes it (on standardised
-    features). Returns a DataArray ``(site, layer)`` named ``position_r2``, with the probe's settings and the
-    trace id in its attrs; store it in the trace (``tr["position_r2"] = ...``) and every checklist and methods
-    paragraph of a map on that trace quotes it.
+    features). Returns a DataArray ``(site, layer)`` named ``position_r2`` (``(crop, site, layer)`` on a trace whose
+    tower ran on crops, the tower sites probed per crop), with the probe's settings and the trace id in its attrs;
+    store it in the trace (``tr["position_r2"] = ...``) and every checklist and methods paragraph of a map on that
+    trace quotes it.
 
     Example:
         >>> import numpy as np, xarray as xr
@@ -190,6 +201,8 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
         True
     """
     trace = _check(trace, folds, alpha, seed)
+    if frame not in ("image", "tile"):
+        raise ArgumentError(f"frame: expected 'image' or 'tile', got {frame!r:.80}")
     lm = _lm_sites(trace)
     tower = "act" in trace.variables and all(k in trace.variables for k in ("token_kind", "patch_row", "patch_col"))
     have_sites = ([str(s) for s in trace["act"]["site"].values] if tower else []) + lm
@@ -197,52 +210,84 @@ def position_probe(trace: xr.Dataset, *, sites: Sequence[str] | str | None = Non
                          | {v for s in lm for v in range(1 if s == "projector" else trace[s].shape[0])})
     sites = _chosen("sites", sites, have_sites)
     layers = _chosen("layers", layers, have_layers)
-    positions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    if tower:
-        patch = np.flatnonzero(np.asarray(trace["token_kind"].values) == "patch")
-        positions = {"tower": (patch, np.stack([trace["patch_row"].values[patch], trace["patch_col"].values[patch]],
-                                               -1))}
-    if lm:
-        tiles = np.unique(trace["image_token_tile"].values)
-        if tiles.size != 1 and any(s in lm for s in sites):
-            raise ArgumentError(f"sites: the image tokens cover {tiles.size} tiles; the probe of {lm} predicts a "
-                                "position on one grid, so it reads one-tile layouts only so far")
-        n = int(trace.sizes["image_token"])
-        positions["lm"] = (np.arange(n), np.stack([trace["image_token_row"].values,
-                                                    trace["image_token_col"].values], -1))
-    out = np.full((len(sites), len(layers)), np.nan)
-    values = trace["act"].transpose("layer", "site", "token", "channel") if tower else None
+    fixed = None if alpha is None else float(alpha)
+    crops = tower and "crop" in trace["act"].dims
+    words = ""
+    lm_out = np.full((len(sites), len(layers)), np.nan)
     for i, site in enumerate(sites):
-        rows, y = positions["lm" if site in lm else "tower"]
-        y = np.asarray(y, np.float64)
-        y = y[:, y.std(0) > 0]  # a one-row (or one-column) grid has no row (column) to predict
-        if y.shape[1] == 0 or len(rows) < 2 * folds:
-            raise ArgumentError(f"trace: {len(rows)} {'image' if site in lm else 'patch'} tokens on a "
-                                f"{'constant' if y.shape[1] == 0 else 'small'} grid; the probe needs positions that "
-                                f"vary and at least 2 tokens per fold (folds={folds})")
-        parts = np.array_split(np.random.default_rng(seed).permutation(len(rows)), folds)
+        if site not in lm:
+            continue
+        y, words = lm_positions(trace, site, frame)
+        fit = _fitter(np.arange(len(y)), y, "image", folds, seed, fixed)
         for j, layer in enumerate(layers):
-            if site in lm:
-                x = _lm_features(trace, site, layer)
-                if x is None:  # the LM has no such layer (projector: one): no value, not a zero
-                    continue
-                x = np.asarray(x, np.float64)
-            elif layer in trace["act"]["layer"].values:
-                x = np.asarray(values.sel(site=site, layer=layer).values, np.float64)[rows]
-            else:
-                continue
-            x = x[:, ~np.isnan(x).all(0)]  # channels this site does not have (padding) are not features
-            if x.size == 0 or np.isnan(x).any():
-                raise ArgumentError(f"trace: act at site {site}, layer {layer} has missing values; cannot probe it")
-            out[i, j] = _probe_r2(x, y, parts, None if alpha is None else float(alpha))
+            x = _lm_features(trace, site, layer)
+            if x is not None:  # the LM has no such layer (projector: one): no value, not a zero
+                lm_out[i, j] = fit(np.asarray(x, np.float64), site, layer)
+    if crops:
+        out = np.stack([_tower_r2(trace.isel(crop=k), sites, layers, lm, lm_out, folds, seed, fixed)
+                        for k in range(int(trace.sizes["crop"]))])
+    else:
+        out = _tower_r2(trace, sites, layers, lm, lm_out, folds, seed, fixed) if tower else lm_out
     attrs = {"method": "ridge probe from patch-token activations (standardised per fold) to (patch_row, "
                        "patch_col); R^2 of out-of-fold predictions, averaged over row and column",
              "alpha": "per fold by exact leave-one-out over " + ", ".join(f"{a:g}" for a in RELATIVE_ALPHAS)
                       + " x mean squared singular value" if alpha is None else float(alpha),
              "folds": int(folds), "seed": int(seed), "trace_id": str(trace.attrs.get("trace_id", ""))}
     if lm:
-        attrs["lm_sites"] = (f"{', '.join(s for s in lm if s in sites)}: image tokens at their layout cells "
-                             "(image_token_row, image_token_col); their layer is the LM decoder layer (projector: 0), "
-                             "not a tower block; NaN where the site has no such layer")
-    return xr.DataArray(out, dims=("site", "layer"), coords={"site": sites, "layer": layers}, name=POSITION_R2,
-                        attrs=attrs)
+        where = words or "image tokens at their layout cells"
+        attrs["lm_sites"] = (f"{', '.join(s for s in lm if s in sites)}: {where}; their layer is the LM decoder "
+                             "layer (projector: 0), not a tower block; NaN where the "
+                             "site has no such layer")
+        attrs["frame"] = frame
+    coords: dict = {"site": sites, "layer": layers}
+    dims: tuple[str, ...] = ("site", "layer")
+    if crops:
+        dims = ("crop", *dims)
+        coords["crop"] = trace["crop"].values if "crop" in trace.coords else np.arange(out.shape[0])
+        for name in ("crop_tile", "crop_group"):
+            if name in trace.coords:
+                coords[name] = ("crop", trace[name].values)
+        attrs["crops"] = ("tower sites probed per crop (each crop's patch tokens for their grid in that crop, the "
+                          "probe of trace.isel(crop=k)); LM-side sites have no crop and repeat one value per crop")
+    return xr.DataArray(out, dims=dims, coords=coords, name=POSITION_R2, attrs=attrs)
+
+
+def _fitter(rows: np.ndarray, y: np.ndarray, kind: str, folds: int, seed: int, alpha: float | None):
+    """The R^2 of features (tokens ``rows`` x channels) for positions ``y``, after the refusals of a grid too
+    small or constant (a one-row grid has no row to predict: that coordinate is left out)."""
+    y = np.asarray(y, np.float64)
+    y = y[:, y.std(0) > 0]
+    if y.shape[1] == 0 or len(rows) < 2 * folds:
+        raise ArgumentError(f"trace: {len(rows)} {kind} tokens on a {'constant' if y.shape[1] == 0 else 'small'} "
+                            f"grid; the probe needs positions that vary and at least 2 tokens per fold "
+                            f"(folds={folds})")
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(rows)), folds)
+
+    def fit(x: np.ndarray, site: str, layer: int) -> float:
+        x = x[:, ~np.isnan(x).all(0)]  # channels this site does not have (padding) are not features
+        if x.size == 0 or np.isnan(x).any():
+            raise ArgumentError(f"trace: act at site {site}, layer {layer} has missing values; cannot probe it")
+        return _probe_r2(x, y, parts, alpha)
+    return fit
+
+
+def _tower_r2(trace: xr.Dataset, sites: list, layers: list, lm: list, lm_out: np.ndarray, folds: int, seed: int,
+              alpha: float | None) -> np.ndarray:
+    """(sites, layers): the LM rows as given, the tower rows probed on this (one crop's) trace."""
+    out = lm_out.copy()
+    tower = [s for s in sites if s not in lm]
+    if not tower:
+        return out
+    patch = np.flatnonzero(np.asarray(trace["token_kind"].values) == "patch")
+    y = np.stack([trace["patch_row"].values[patch], trace["patch_col"].values[patch]], -1)
+    fit = _fitter(patch, y, "patch", folds, seed, alpha)
+    values = trace["act"].transpose("layer", "site", "token", "channel")
+    have = [int(v) for v in trace["act"]["layer"].values]
+    for i, site in enumerate(sites):
+        if site in lm:
+            continue
+        for j, layer in enumerate(layers):
+            if layer in have:
+                out[i, j] = fit(np.asarray(values.sel(site=site, layer=layer).values, np.float64)[patch], site,
+                                layer)
+    return out
