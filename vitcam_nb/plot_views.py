@@ -173,6 +173,7 @@ def views(trace: xr.Dataset, cam_map: Any, *, image: Any = None, alpha: float = 
     fig.suptitle("\n".join([head, *notes]), fontsize=8.5)
     fig.tight_layout(rect=(0, 0, 0.92, 1))
     cax = fig.add_axes((0.935, 0.15, 0.012, 0.6))
-    label = "map value (each crop min-max on its own)" if dim == "crop" and minmax else "map value"
+    per_crop = dim == "crop" or bool(attrs.get("stitched_crops"))  # stitch_crops keeps each crop's own scale
+    label = "map value (each crop min-max on its own)" if per_crop and minmax else "map value"
     fig.colorbar(ScalarMappable(Normalize(lo, hi), cmap=colours), cax=cax, label=label)
     return fig

@@ -92,6 +92,7 @@ def test_stitched_crops_are_one_panel_per_group(trace):
         (drawn,) = ax.get_images()
         np.testing.assert_array_equal(np.asarray(drawn.get_array()), stitched[group].values)
         assert drawn.get_extent() == [-0.5, SIZE[1] - 0.5, SIZE[0] - 0.5, -0.5]
+    assert fig.axes[-1].get_ylabel() == "map value (each crop min-max on its own)"
 
 
 def test_tile_grids_mask_their_nan_cells(trace):
