@@ -221,6 +221,10 @@ def vlm_schema_table() -> str:
     return _vlm_tables().vlm_schema_table()
 
 
+def shapes_vlm_summary() -> str:
+    return _vlm_tables().shapes_vlm_summary()
+
+
 def _presets_taxonomy() -> str:
     from vitcam_nb.presets import markdown_table
 
@@ -250,6 +254,7 @@ PARTS: tuple[tuple[str, str, Callable[[], str]], ...] = (
     ("docs/vlm.md", "vlm-families", vlm_families_table),
     ("docs/vlm.md", "vlm-presets", vlm_presets_table),
     ("docs/reference.md", "vlm-schema", vlm_schema_table),
+    ("docs/vlm.md", "shapes-vlm", shapes_vlm_summary),
 )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import re
 
-__all__ = ["vlm_families_table", "vlm_presets_table", "vlm_schema_table"]
+__all__ = ["shapes_vlm_summary", "vlm_families_table", "vlm_presets_table", "vlm_schema_table"]
 
 _ROLE = re.compile(r":\w+:`~?([^`]+)`")  # a Sphinx role (:func:`~a.b.c`) -> its target, shortened below
 
@@ -135,3 +135,42 @@ def vlm_schema_table() -> str:
     for name, (kind, dims, holds) in (_CROP_ROWS | _ANSWER_ROWS).items():
         rows.append(f"| `{name}` | {kind} | {dims} | {_cell(holds)} |")
     return "\n".join(rows)
+
+
+def shapes_vlm_summary() -> str:
+    """``shapes-vlm``'s card numbers (test accuracy per question type beside chance, its weights' hash) and the
+    committed known-answer report's rows, best pointing first, down to the random peak, read from the files.
+
+    Example:
+        >>> "random peak" in shapes_vlm_summary()
+        True
+    """
+    import json
+    import math
+    from pathlib import Path
+
+    from vitcam_nb.models import model_card
+
+    card = model_card("shapes-vlm")
+    acc, chance = card["test_accuracy_per_type"], card["chance_accuracy_per_type"]
+    root = Path(__file__).resolve().parents[1] / "reports" / "known_answer" / "vlm"
+    report = json.loads((root / "known_answer_vlm.json").read_text(encoding="utf-8"))
+    s = report["settings"]
+    lines = [f"- **The model** (its card): {_cell(card['description'])}",
+             f"- **Test accuracy** (greedy answers, card): {card['test_accuracy']:.2f} overall; per question type "
+             + ", ".join(f"{k} {v:.2f} (chance {chance.get(k, float('nan')):.2f})" for k, v in acc.items())
+             + f". Weights sha256 `{card['weights_sha256'][:12]}…`.",
+             f"- **Known-answer report** (`reports/known_answer/vlm/known_answer_vlm.md`): {s['n_questions']} "
+             f"questions (seed {s['seed']}), target {_cell(s['target'])}; regenerate with `{s['command']}`. "
+             "Pointing game (the map's peak on the asked-about object), beside the same on the other object and "
+             "the AUROC; the rows down to the random peak, best first:", "",
+             "| recipe | pointing game | other object | AUROC | constant maps (left out of the means) |",
+             "|---|---|---|---|---|"]
+    rows = sorted((r for r in report["rows"] if math.isfinite(float(r.get("pointing_game") or "nan"))),
+                  key=lambda r: -float(r["pointing_game"]))
+    for r in rows:
+        lines.append(f"| {_cell(r['recipe'])} | {r['pointing_game']:.3f} | {r['other_object']:.3f} | "
+                     f"{r['auroc']:.3f} | {r['n_constant']} of {r['n']} |")
+        if r["recipe"] == "random peak":
+            break
+    return "\n".join(lines)
