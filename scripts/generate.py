@@ -217,6 +217,14 @@ def vlm_presets_table() -> str:
     return _vlm_tables().vlm_presets_table()
 
 
+def vlm_schema_table() -> str:
+    return _vlm_tables().vlm_schema_table()
+
+
+def shapes_vlm_summary() -> str:
+    return _vlm_tables().shapes_vlm_summary()
+
+
 def _presets_taxonomy() -> str:
     from vitcam_nb.presets import markdown_table
 
@@ -245,6 +253,8 @@ PARTS: tuple[tuple[str, str, Callable[[], str]], ...] = (
     ("README.md", "families", families_list),
     ("docs/vlm.md", "vlm-families", vlm_families_table),
     ("docs/vlm.md", "vlm-presets", vlm_presets_table),
+    ("docs/reference.md", "vlm-schema", vlm_schema_table),
+    ("docs/vlm.md", "shapes-vlm", shapes_vlm_summary),
 )
 
 

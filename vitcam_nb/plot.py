@@ -7,7 +7,6 @@ bar, draws the object's outline when a mask is given, and uses a perceptually un
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 from typing import Any
@@ -17,88 +16,40 @@ import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentError
 from vitcam_nb.core.escape import escape_mathtext
+from vitcam_nb.plot_views import views
+from vitcam_nb.plot_words import class_name, map_title, recipe_dict, recipe_short
 
-__all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "frame_strip", "grid", "overlay", "recipe_short"]
+__all__ = ["DEFAULT_CMAP", "class_name", "draw_mask", "frame_strip", "grid", "overlay", "recipe_short", "views"]
 
 DEFAULT_CMAP = "inferno"
 _MASK_COLOUR = "cyan"
+_map_title = map_title  # the name this module used before plot_words held it (tests and callers import it)
 
 
-def _image(trace: xr.Dataset) -> np.ndarray:
+def _image(trace: xr.Dataset, cam_map: Any = None) -> np.ndarray:
+    """The image a map is drawn over: the trace's one image, or the crop a crop's map was selected from."""
     if "image" not in getattr(trace, "variables", {}) and "clip" in getattr(trace, "variables", {}):
         raise ArgumentError("trace: a video trace (its frames in 'clip'); overlay() and grid() draw one image. Draw a "
                             "video map with vc.plot.frame_strip(trace, cam_map)")
-    return np.asarray(trace["image"].values)
+    image = trace["image"]
+    if "crop" not in image.dims:
+        return np.asarray(image.values)
+    coords = getattr(cam_map, "coords", {})
+    if "crop" in coords and np.ndim(coords["crop"].values) == 0:  # one crop's map: drawn on that crop's pixels
+        return np.asarray(image.isel(crop=int(coords["crop"].values)).values)
+    raise ArgumentError("trace: its tower ran on several crops (image dims crop, y, x, rgb), so there is no one image "
+                        "to draw over; draw every crop or view with vc.plot.views(trace, cam_map), or one crop's map "
+                        "with overlay(trace, cam_map.isel(crop=k))")
 
 
 def _check_image_map(cam_map: xr.DataArray) -> None:
     dims = tuple(getattr(cam_map, "dims", ()))
     if len(dims) != 2:
         hint = "; a video map: draw it with vc.plot.frame_strip(trace, cam_map)" if len(dims) == 3 else ""
+        if len(dims) == 3 and dims[0] in ("crop", "view", "tile"):
+            hint = (f"; a map with one panel per {dims[0]}: draw them all with vc.plot.views(trace, cam_map), or "
+                    f"one with overlay(trace, cam_map.isel({dims[0]}=k))")
         raise ArgumentError(f"cam_map: overlay() draws a 2-D map (y, x), got dims {dims}{hint}")
-
-
-def _recipe_dict(recipe: Any) -> dict:
-    if isinstance(recipe, dict):
-        return recipe
-    if isinstance(recipe, str):
-        return json.loads(recipe)
-    return recipe.to_dict()
-
-
-def recipe_short(recipe: Any) -> str:
-    """The recipe in a few words: weighting, site, block and target, then any other field off its default.
-
-    ``recipe``: a Recipe, its dict or its JSON (a map's ``attrs["recipe"]``).
-
-    Example:
-        >>> from vitcam_nb.core.recipe import Recipe
-        >>> recipe_short(Recipe(site="F4", layer=0, relu="none"))
-        'gradcam · F4 · block 0 · logit · relu=none'
-        >>> recipe_short(Recipe(site="lm_resid", layer=-1, class_=0))
-        'gradcam · lm_resid · last LM layer · logit · class_=0'
-    """
-    from vitcam_nb.core.recipe import Recipe
-
-    d = _recipe_dict(recipe)
-    layer, site = d.get("layer", -1), str(d.get("site", "F1"))
-    # a VLM's LM sites index the language model's decoder layers, not the tower's blocks; its projector has one
-    unit = "LM layer" if site in ("lm_resid", "lm_attn") else "block"
-    if isinstance(layer, (list, tuple)):
-        layer = f"{unit}s " + "+".join(map(str, layer))
-    elif layer == -1:
-        layer = f"last {unit}"
-    elif isinstance(layer, int):
-        layer = f"{unit} {layer}"
-    else:
-        layer = f"{layer} {unit}s"
-    parts = [str(d.get("weighting", "gradcam")), site, *([] if site == "projector" else [layer]),
-             str(d.get("target", "logit"))]
-    default = Recipe().to_dict()
-    shown = {"weighting", "site", "layer", "target"}
-    parts += [f"{k}={v}" for k, v in d.items() if k not in shown and v != default.get(k)]
-    return " · ".join(parts)
-
-
-def class_name(trace: xr.Dataset, recipe: Any) -> str | None:
-    """The name of the class a recipe explains on ``trace`` (``class_`` "top1".. resolved on its logits), or None
-    when the trace has no class labels.
-
-    Example:
-        >>> class_name(tr, vc.Recipe())  # doctest: +SKIP
-        'circle'
-    """
-    if "logits" not in getattr(trace, "variables", {}) or "class_label" not in trace.coords:
-        return None
-    cls = _recipe_dict(recipe).get("class_", "top1")
-    logits = np.asarray(trace["logits"].values, dtype=np.float64).ravel()
-    if isinstance(cls, str) and cls.startswith("top"):
-        rank = int(cls[3:])
-        if not 1 <= rank <= logits.size:
-            return None
-        cls = int(np.argsort(-logits, kind="stable")[rank - 1])
-    labels = trace["class_label"].values
-    return str(labels[int(cls)]) if 0 <= int(cls) < len(labels) else None
 
 
 def draw_mask(ax: Any, mask: Any, shape: tuple[int, int] | None = None) -> None:
@@ -119,27 +70,6 @@ def draw_mask(ax: Any, mask: Any, shape: tuple[int, int] | None = None) -> None:
     ax.contour(xs, ys, mask.astype(float), levels=[0.5], colors=_MASK_COLOUR, linewidths=1.2)
 
 
-def _sequence_class(trace: xr.Dataset) -> int:
-    """The class index of an answer trace's sequence log-prob: right after its answer tokens."""
-    return len([v for v in str(trace.attrs.get("answer_ids", "")).split(",") if v.strip()])
-
-
-def _map_title(trace: xr.Dataset, m: xr.DataArray) -> str:
-    recipe = m.attrs.get("recipe")
-    title = recipe_short(recipe) if recipe else f"recipe {m.attrs.get('recipe_id', '?')}"
-    name = class_name(trace, recipe) if recipe else None
-    if name is not None:  # the model's own label: drawn as written
-        # a VLM answer trace's classes are the answer tokens (then the sequence log-prob, its own name)
-        word = "class "
-        if trace.attrs.get("target_kind") == "answer":
-            sequence = str(_recipe_dict(recipe).get("class_")) == str(_sequence_class(trace))
-            word = "" if sequence else "answer token "
-        title += f"\n{word}{escape_mathtext(name)}"
-    if m.attrs.get("degenerate"):
-        title += "\nDEGENERATE: map is all zeros"
-    return title
-
-
 def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float = 0.5, cmap: str = DEFAULT_CMAP,
             title: str | None = None, mask: Any = None, colorbar: bool = True):
     """Draw ``cam_map`` over the trace's display image; returns the matplotlib Figure.
@@ -154,8 +84,8 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
 
     if not 0 <= alpha <= 1:
         raise ArgumentError(f"alpha: expected a float in [0, 1], got {alpha!r}")
-    img = _image(trace)
     _check_image_map(cam_map)
+    img = _image(trace, cam_map)
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
         raise ArgumentError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
@@ -169,13 +99,13 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
     h, w = img.shape[:2]
     # A min-max map (and an all-zero one) is drawn on its 0..1 scale, so its colour bar reads the same everywhere.
     recipe = cam_map.attrs.get("recipe")
-    scaled = (bool(recipe) and _recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
+    scaled = (bool(recipe) and recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
     ax.imshow(img)
     im = ax.imshow(values, cmap=cmap, alpha=alpha, extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest",
                    vmin=0 if scaled else None, vmax=1 if scaled else None)
     if mask is not None:
         draw_mask(ax, mask, (h, w))
-    ax.set_title(title if title is not None else _map_title(trace, cam_map), fontsize=9)
+    ax.set_title(title if title is not None else map_title(trace, cam_map), fontsize=9)
     ax.set_axis_off()
     if colorbar:
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03, label="map value")
@@ -308,7 +238,7 @@ def frame_strip(trace: xr.Dataset, cam_map: xr.DataArray, *, alpha: float = 0.5,
     step = frames.shape[0] // n  # frames per panel: 1, or the tubelet length of a token-grid map
     h, w = frames.shape[1:3]
     recipe = cam_map.attrs.get("recipe")
-    scaled = (bool(recipe) and _recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
+    scaled = (bool(recipe) and recipe_dict(recipe).get("normalize") == "minmax") or not values.any()
     lo, hi = (0.0, 1.0) if scaled else (float(values.min()), float(values.max()))
     fig, axes = plt.subplots(1, n, figsize=(size * n + 1.0, size + 1.0), squeeze=False)
     for i, ax in enumerate(axes[0]):
@@ -318,7 +248,7 @@ def frame_strip(trace: xr.Dataset, cam_map: xr.DataArray, *, alpha: float = 0.5,
         label = f"frame {i}" if step == 1 else f"tubelet {i} (frames {i * step}-{(i + 1) * step - 1})"
         ax.set_title(label, fontsize=8)
         ax.set_axis_off()
-    fig.suptitle(title if title is not None else _map_title(trace, cam_map).replace("\n", " — "), fontsize=9)
+    fig.suptitle(title if title is not None else map_title(trace, cam_map).replace("\n", " — "), fontsize=9)
     fig.tight_layout(rect=(0, 0, 0.93, 1))
     cax = fig.add_axes((0.94, 0.15, 0.012, 0.7))
     fig.colorbar(ScalarMappable(Normalize(lo, hi if hi > lo else lo + 1), cmap=cmap), cax=cax, label="map value")

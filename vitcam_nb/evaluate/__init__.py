@@ -112,6 +112,7 @@ from vitcam_nb.evaluate.randomisation.parameters import (
 from vitcam_nb.evaluate.report.known_answer import report_known_answer
 from vitcam_nb.evaluate.report.known_answer_detection import report_known_answer_detection
 from vitcam_nb.evaluate.report.known_answer_video import frame_pointing, report_known_answer_video, right_frames
+from vitcam_nb.evaluate.report.known_answer_vlm import report_known_answer_vlm
 from vitcam_nb.evaluate.robustness.stability import ROBUSTNESS_METRICS, perturb, robustness, robustness_scores
 from vitcam_nb.evaluate.scorecard.card import bootstrap_interval, scorecard
 from vitcam_nb.evaluate.scorecard.plot import metric_agreement, plot_agreement, plot_scorecard
@@ -180,6 +181,7 @@ __all__ = [
     "report_known_answer",
     "report_known_answer_detection",
     "report_known_answer_video",
+    "report_known_answer_vlm",
     "resolve_k",
     "road",
     "robustness",
