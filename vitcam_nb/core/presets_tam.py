@@ -40,7 +40,8 @@ TAM_TAXONOMY = {
     "aggregation": "relu(M_k - lambda sum_s w_s M_s), w the context's normalised activations of token k, lambda "
                    "by least squares (estimated causal inference)",
     "reconstruction": "joint min-max with the context's text scores, 3x3 rank Gaussian filter on the image-token "
-                      "layout's grid, bilinear to the input; no further normalisation"}
+                      "layout's grid (per tile on a multi-tile layout, never across a seam), bilinear to the "
+                      "input; no further normalisation"}
 
 
 @register_preset(TAM_CITATION, taxonomy=TAM_TAXONOMY)
