@@ -22,14 +22,19 @@ import xarray as xr
 __all__ = ["dataset"]
 
 
+def _construct(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapping[str, Any]) -> xr.Dataset:
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+
 def _plain(spec: Any) -> bool:
-    # (dims, values) with dims a str or a tuple of str: all the assembly writes; anything else takes the constructor
-    return isinstance(spec, tuple) and len(spec) == 2 and (isinstance(spec[0], str) or (
-        isinstance(spec[0], tuple) and all(isinstance(d, str) for d in spec[0])))
+    # (dims, values) or (dims, values, attrs) with dims a str or a tuple of str: all the assembly writes; anything
+    # else takes the constructor
+    return isinstance(spec, tuple) and (len(spec) == 2 or (len(spec) == 3 and isinstance(spec[2], dict))) and (
+        isinstance(spec[0], str) or (isinstance(spec[0], tuple) and all(isinstance(d, str) for d in spec[0])))
 
 
 def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapping[str, Any]) -> xr.Dataset:
-    """``xr.Dataset(data_vars, coords=coords, attrs=attrs)`` for (dims, values) pairs, built directly: each
+    """``xr.Dataset(data_vars, coords=coords, attrs=attrs)`` for (dims, values[, attrs]) entries, built directly: each
     dimension coordinate's default pandas index made as the constructor makes it, every other variable as it is.
     Anything the direct build does not cover (another kind of entry, a name in both, sizes that disagree, an
     xarray without the direct constructor) goes to the constructor itself, which then says what is wrong.
@@ -42,11 +47,11 @@ def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapp
     direct = getattr(xr.Dataset, "_construct_direct", None)
     if direct is None or set(data_vars) & set(coords) or not all(
             _plain(s) for s in (*data_vars.values(), *coords.values())):
-        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+        return _construct(data_vars, coords, attrs)
     try:
         from xarray.core.indexes import PandasIndex
     except ImportError:
-        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+        return _construct(data_vars, coords, attrs)
     # The constructor's order: the data variables first, then the coordinates.
     variables = {name: xr.Variable(*spec) for name, spec in data_vars.items()}
     dims: dict[str, int] = {}
@@ -61,5 +66,5 @@ def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapp
     for var in variables.values():
         for d, n in zip(var.dims, var.shape):
             if dims.setdefault(d, n) != n:  # the constructor's own error names the conflict
-                return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+                return _construct(data_vars, coords, attrs)
     return direct(variables, set(coords), dims, dict(attrs), indexes)

@@ -14,6 +14,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitcam_nb as vc
 from vitcam_nb.capture import assemble as assemble_mod
+from vitcam_nb.capture import dataset_build
 from vitcam_nb.capture.dataset_build import dataset
 from vitcam_nb.capture.prealloc import lowest_tensors
 
@@ -66,6 +67,11 @@ def _vit():
 @pytest.mark.parametrize("build", [_llava, _paligemma, _qwen2_vl, _vit], ids=["llava", "paligemma", "qwen2_vl", "vit"])
 def test_one_step_dataset_equals_the_constructors(build, monkeypatch):
     model, x, target = build()
+
+    def refused(*_):
+        raise AssertionError("the trace's Dataset went to the constructor: the direct build was not tested")
+
+    monkeypatch.setattr(dataset_build, "_construct", refused)
     fast = vc.trace(model, x, targets=target, sites=VIT_SITES) if build is _vit else vc.trace(model, x, targets=target)
     monkeypatch.setattr(assemble_mod, "dataset", _constructor)
     slow = vc.trace(model, x, targets=target, sites=VIT_SITES) if build is _vit else vc.trace(model, x, targets=target)
