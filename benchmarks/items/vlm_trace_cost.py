@@ -42,8 +42,10 @@ PALI_IMAGE_ID = 5
 PALI_PROMPT = [PALI_IMAGE_ID] * GRID * GRID + [2, 7, 8]
 
 
-def tiny_llava(seed: int = 0) -> torch.nn.Module:
-    """The tiny random LLaVA of ``tests/unit/model/test_vlm_llava.py``.
+def tiny_llava(seed: int = 0, *, width: int = 32, tower_layers: int = 3, lm_layers: int = 2, image_size: int = 32,
+               patch_size: int = 8) -> torch.nn.Module:
+    """The tiny random LLaVA of ``tests/unit/model/test_vlm_llava.py`` (by default), or a larger one of the same
+    shape (the "small" row: width 256, a 6-layer tower on 224 px with 16 px patches, a 4-layer Llama).
 
     Example:
         >>> type(tiny_llava()).__name__
@@ -52,10 +54,11 @@ def tiny_llava(seed: int = 0) -> torch.nn.Module:
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     torch.manual_seed(seed)
-    v = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                         image_size=32, patch_size=8, projection_dim=32)
-    t = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
+    v = CLIPVisionConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=tower_layers,
+                         num_attention_heads=4, image_size=image_size, patch_size=patch_size, projection_dim=width)
+    t = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=lm_layers,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                    max_position_embeddings=128 if image_size <= 64 else 512)
     return LlavaForConditionalGeneration(LlavaConfig(vision_config=v, text_config=t, image_token_id=IMAGE_ID,
                                                      vision_feature_layer=-2)).eval()
 
@@ -131,6 +134,19 @@ def _llava() -> Row:
             "tiny LLaVA (CLIP 3x32 on 32 px, Llama 2x32), 16 image tokens, 3 answer tokens")
 
 
+SMALL_GRID = 14
+SMALL_PROMPT = [1, 5, 6] + [IMAGE_ID] * SMALL_GRID * SMALL_GRID + [7, 8]
+
+
+def _llava_small() -> Row:
+    import vitcam_nb as vc
+
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    model = tiny_llava(width=256, tower_layers=6, lm_layers=4, image_size=224, patch_size=16)
+    return (model, x, vc.targets.answer(input_ids=SMALL_PROMPT, answer_ids=ANSWER), SMALL_PROMPT, ANSWER,
+            "small LLaVA (CLIP 6x256 on 224 px, 16 px patches, Llama 4x256), 196 image tokens, 3 answer tokens")
+
+
 def _paligemma() -> Row:
     import vitcam_nb as vc
 
@@ -159,7 +175,8 @@ def _qwen2_vl() -> Row | str:
             "2x32), 3 answer tokens")
 
 
-ROWS: dict[str, Callable[[], Row | str]] = {"llava": _llava, "qwen2_vl": _qwen2_vl, "paligemma": _paligemma}
+ROWS: dict[str, Callable[[], Row | str]] = {"llava": _llava, "qwen2_vl": _qwen2_vl, "paligemma": _paligemma,
+                                            "llava_small": _llava_small}
 
 
 def bench_vlm_trace_cost(repeats: int = 15, rows: list[str] | None = None) -> dict:
