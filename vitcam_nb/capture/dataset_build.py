@@ -26,6 +26,26 @@ def _construct(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: M
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 
+#: Default indexes already made, by (name, dtype, values): a trace's layer, token, channel, y, x ... coordinates are
+#: the same from one call to the next, and making a pandas index is most of the direct build's cost. An index is
+#: immutable (xarray shares one between a Dataset and its copies); each Dataset still gets variables of its own.
+_INDEXES: dict[tuple, Any] = {}
+_INDEXES_MAX = 256
+
+
+def _index(kind: type, name: str, var: xr.Variable) -> Any:
+    values = var.values
+    if values.dtype.hasobject:  # no byte key for objects: made each time
+        return kind.from_variables({name: var}, options={})
+    key = (name, values.dtype.str, values.shape, values.tobytes())
+    index = _INDEXES.get(key)
+    if index is None:
+        if len(_INDEXES) >= _INDEXES_MAX:
+            _INDEXES.pop(next(iter(_INDEXES)))  # the oldest first
+        index = _INDEXES[key] = kind.from_variables({name: var}, options={})
+    return index
+
+
 def _plain(spec: Any) -> bool:
     # (dims, values) or (dims, values, attrs) with dims a str or a tuple of str: all the assembly writes; anything
     # else takes the constructor
@@ -59,7 +79,7 @@ def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapp
     for name, spec in coords.items():
         var = xr.Variable(*spec)
         if var.dims == (name,):  # a dimension coordinate: its default index, and the variable the index makes
-            index = PandasIndex.from_variables({name: var}, options={})
+            index = _index(PandasIndex, name, var)
             indexes[name] = index
             var = index.create_variables({name: var})[name]
         variables[name] = var
