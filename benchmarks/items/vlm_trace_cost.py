@@ -7,7 +7,10 @@ The baseline is what a hand-written Grad-CAM of every answer token costs at leas
 pass teacher-forcing the answer, and one ``torch.autograd.grad`` batched over the same outputs the trace
 differentiates (each answer token's logit, the sequence log-prob, each answer position's logsumexp over the
 vocabulary and the expected score), with respect to the input and every tower layer's output. A third row does the
-same on a tiny random PaliGemma (SigLIP 3 layers width 32 on 32 px, Gemma 2 layers width 32; image tokens first).
+same on a tiny random PaliGemma (SigLIP 3 layers width 32 on 32 px, Gemma 2 layers width 32; image tokens first),
+and a fourth on a "small" LLaVA (CLIP tower 6 layers width 256 on 224 px with 16 px patches: 196 image tokens; Llama
+4 layers width 256), so the ratio's dependence on model size is measured: the trace's fixed per-call costs (hooks,
+graph walk, assembly of the Dataset) weigh on a 10-ms model and vanish on a larger one.
 Every candidate of every row is timed in one interleaved loop (the order rotated each round), so each ratio's two
 sides ran under the same load; ``ratio`` is the median over rounds of trace / baseline of that round
 (``ratio_of_medians`` beside it), and the machine's load average before and after is recorded. The Qwen2-VL row
