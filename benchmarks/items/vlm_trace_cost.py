@@ -7,7 +7,10 @@ The baseline is what a hand-written Grad-CAM of every answer token costs at leas
 pass teacher-forcing the answer, and one ``torch.autograd.grad`` batched over the same outputs the trace
 differentiates (each answer token's logit, the sequence log-prob, each answer position's logsumexp over the
 vocabulary and the expected score), with respect to the input and every tower layer's output. A third row does the
-same on a tiny random PaliGemma (SigLIP 3 layers width 32 on 32 px, Gemma 2 layers width 32; image tokens first).
+same on a tiny random PaliGemma (SigLIP 3 layers width 32 on 32 px, Gemma 2 layers width 32; image tokens first),
+and a fourth on a "small" LLaVA (CLIP tower 6 layers width 256 on 224 px with 16 px patches: 196 image tokens; Llama
+4 layers width 256), so the ratio's dependence on model size is measured: the trace's fixed per-call costs (hooks,
+graph walk, assembly of the Dataset) weigh on a 10-ms model and vanish on a larger one.
 Every candidate of every row is timed in one interleaved loop (the order rotated each round), so each ratio's two
 sides ran under the same load; ``ratio`` is the median over rounds of trace / baseline of that round
 (``ratio_of_medians`` beside it), and the machine's load average before and after is recorded. The Qwen2-VL row
@@ -42,8 +45,10 @@ PALI_IMAGE_ID = 5
 PALI_PROMPT = [PALI_IMAGE_ID] * GRID * GRID + [2, 7, 8]
 
 
-def tiny_llava(seed: int = 0) -> torch.nn.Module:
-    """The tiny random LLaVA of ``tests/unit/model/test_vlm_llava.py``.
+def tiny_llava(seed: int = 0, *, width: int = 32, tower_layers: int = 3, lm_layers: int = 2, image_size: int = 32,
+               patch_size: int = 8) -> torch.nn.Module:
+    """The tiny random LLaVA of ``tests/unit/model/test_vlm_llava.py`` (by default), or a larger one of the same
+    shape (the "small" row: width 256, a 6-layer tower on 224 px with 16 px patches, a 4-layer Llama).
 
     Example:
         >>> type(tiny_llava()).__name__
@@ -52,10 +57,11 @@ def tiny_llava(seed: int = 0) -> torch.nn.Module:
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     torch.manual_seed(seed)
-    v = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                         image_size=32, patch_size=8, projection_dim=32)
-    t = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
+    v = CLIPVisionConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=tower_layers,
+                         num_attention_heads=4, image_size=image_size, patch_size=patch_size, projection_dim=width)
+    t = LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=lm_layers,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                    max_position_embeddings=128 if image_size <= 64 else 512)
     return LlavaForConditionalGeneration(LlavaConfig(vision_config=v, text_config=t, image_token_id=IMAGE_ID,
                                                      vision_feature_layer=-2)).eval()
 
@@ -131,6 +137,19 @@ def _llava() -> Row:
             "tiny LLaVA (CLIP 3x32 on 32 px, Llama 2x32), 16 image tokens, 3 answer tokens")
 
 
+SMALL_GRID = 14
+SMALL_PROMPT = [1, 5, 6] + [IMAGE_ID] * SMALL_GRID * SMALL_GRID + [7, 8]
+
+
+def _llava_small() -> Row:
+    import vitcam_nb as vc
+
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    model = tiny_llava(width=256, tower_layers=6, lm_layers=4, image_size=224, patch_size=16)
+    return (model, x, vc.targets.answer(input_ids=SMALL_PROMPT, answer_ids=ANSWER), SMALL_PROMPT, ANSWER,
+            "small LLaVA (CLIP 6x256 on 224 px, 16 px patches, Llama 4x256), 196 image tokens, 3 answer tokens")
+
+
 def _paligemma() -> Row:
     import vitcam_nb as vc
 
@@ -159,7 +178,8 @@ def _qwen2_vl() -> Row | str:
             "2x32), 3 answer tokens")
 
 
-ROWS: dict[str, Callable[[], Row | str]] = {"llava": _llava, "qwen2_vl": _qwen2_vl, "paligemma": _paligemma}
+ROWS: dict[str, Callable[[], Row | str]] = {"llava": _llava, "qwen2_vl": _qwen2_vl, "paligemma": _paligemma,
+                                            "llava_small": _llava_small}
 
 
 def bench_vlm_trace_cost(repeats: int = 15, rows: list[str] | None = None) -> dict:

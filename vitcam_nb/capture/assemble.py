@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from vitcam_nb.capture.dataset_build import dataset
 from vitcam_nb.capture.passes import ImagePass, PassResult
 from vitcam_nb.capture.plan import TracePlan, memory_mode, model_name
 from vitcam_nb.capture.runtime import release_freed_memory
@@ -208,7 +209,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     attrs = _attrs(plan, prepared, classes, layer_ids, site_ids, (gh, gw), run, (h, w))
     if gt:
         attrs.update(grid_t=gt, clip_frames=int(prepared.display.shape[0]))
-    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+    return dataset(data_vars, coords, attrs)
 
 
 def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_ids: list[int], site_ids: list[str],

@@ -43,13 +43,16 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         >>> m[0].training
         True
     """
-    modes = [(m, m.training) for m in model.modules()]
+    # Only the modules in train mode are switched (and switched back): an eval model is left alone, as a
+    # Hugging Face model's own eval() walks every module again (half a millisecond a pass on a 10-ms model).
+    training = [m for m in model.modules() if m.training]
     try:
-        model.eval()
+        if training:
+            model.eval()
         yield
     finally:
-        for m, mode in modes:
-            m.training = mode
+        for m in training:
+            m.training = True
 
 
 @contextlib.contextmanager

@@ -136,22 +136,33 @@ def lowest_tensors(tensors: Sequence[torch.Tensor | GradientEdge]) -> list[int]:
     # A leaf's edge is its AccumulateGrad node.
     nodes = [t if isinstance(t, GradientEdge) else get_gradient_edge(t) for t in tensors]
     edges = {(e.node, e.output_nr) for e in nodes}
+    # Nodes whose whole subgraph holds no edge: never walked twice. Each search below one tensor's node stops at
+    # the first edge it meets (a site's tensor is usually a few nodes above the next site's), so only the lowest
+    # tensors' searches walk down to the graph's leaves, once.
+    dead: set[object] = set()
     below: dict[object, bool] = {}
-    # Each node's children are read once (next_functions builds a new tuple on every access: most of the walk's time)
-    children: dict[object, list[tuple[object, int]]] = {}
-    stack = [(e.node, False) for e in nodes]
-    while stack:  # post-order without recursion: a deep model's graph is thousands of nodes long
-        node, expanded = stack.pop()
-        if node in below:
-            continue
-        if expanded:
-            below[node] = any((n, nr) in edges or below.get(n, False) for n, nr in children.pop(node))
-        else:
-            nexts = children[node] = [(n, nr) for n, nr in node.next_functions if n is not None]
-            stack.append((node, True))
-            stack.extend((n, False) for n, _ in nexts if n not in below)
+    for e in nodes:
+        if e.node not in below:
+            below[e.node] = _reaches(e.node, edges, dead)
     return [i for i, e in enumerate(nodes) if not below[e.node]]
 
+
+def _reaches(start: object, edges: set[tuple[object, int]], dead: set[object]) -> bool:
+    """Whether an edge lies strictly below ``start``; every node of a search that finds none joins ``dead`` (no
+    edge strictly below it)."""
+    seen = {start}
+    stack = [start]
+    while stack:  # depth first without recursion: a deep model's graph is thousands of nodes long
+        for n, nr in stack.pop().next_functions:  # a new tuple on every access: read once per node
+            if (n, nr) in edges:  # before ``dead``: a dead node (nothing below it) may be an edge itself
+                return True
+            if n is None or n in dead:
+                continue
+            if n not in seen:
+                seen.add(n)
+                stack.append(n)
+    dead.update(seen)
+    return False
 
 
 class Arrays:
