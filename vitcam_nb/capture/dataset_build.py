@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 __all__ = ["dataset"]
@@ -53,6 +54,31 @@ def _plain(spec: Any) -> bool:
         isinstance(spec[0], str) or (isinstance(spec[0], tuple) and all(isinstance(d, str) for d in spec[0])))
 
 
+#: Whether this xarray's direct constructor gives what its public constructor gives (checked once per process on a
+#: sample with every kind of entry a trace has): the direct build uses xarray internals, so an xarray whose internals
+#: differ falls back to the public constructor instead of building another Dataset.
+_DIRECT_OK: bool | None = None
+
+
+def _direct_agrees() -> bool:
+    global _DIRECT_OK
+    if _DIRECT_OK is None:
+        sample = ({"a": (("x", "y"), np.arange(6.0).reshape(2, 3), {"u": "v"}),
+                   "b": ("y", np.arange(3, dtype=np.int8))},
+                  {"x": ("x", np.array(["p", "q"])), "y": ("y", np.arange(3)), "k": ("x", np.array([1.5, 2.5]))},
+                  {"n": 1, "s": "t"})
+        try:
+            got = _direct(*sample)
+            want = xr.Dataset(sample[0], coords=sample[1], attrs=sample[2])
+            _DIRECT_OK = bool(got is not None and got.identical(want) and list(got.variables) == list(
+                want.variables) and list(got.coords) == list(want.coords) and all(
+                got.indexes[d].equals(want.indexes[d]) for d in want.indexes) and dict(got.sizes) == dict(want.sizes))
+        except Exception:  # any failure of the internals means: use the public constructor
+            _DIRECT_OK = False
+        _INDEXES.clear()  # the sample's indexes are not a trace's
+    return _DIRECT_OK
+
+
 def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapping[str, Any]) -> xr.Dataset:
     """``xr.Dataset(data_vars, coords=coords, attrs=attrs)`` for (dims, values[, attrs]) entries, built directly: each
     dimension coordinate's default pandas index made as the constructor makes it, every other variable as it is.
@@ -64,14 +90,20 @@ def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapp
         >>> dataset({"a": ("x", np.zeros(2))}, {"x": ("x", np.arange(2))}, {}).indexes["x"].tolist()
         [0, 1]
     """
+    built = _direct(data_vars, coords, attrs) if _direct_agrees() else None
+    return _construct(data_vars, coords, attrs) if built is None else built
+
+
+def _direct(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapping[str, Any]) -> xr.Dataset | None:
+    """The direct build, or None where it does not apply (the constructor then builds, and names any conflict)."""
     direct = getattr(xr.Dataset, "_construct_direct", None)
     if direct is None or set(data_vars) & set(coords) or not all(
             _plain(s) for s in (*data_vars.values(), *coords.values())):
-        return _construct(data_vars, coords, attrs)
+        return None
     try:
         from xarray.core.indexes import PandasIndex
     except ImportError:
-        return _construct(data_vars, coords, attrs)
+        return None
     # The constructor's order: the data variables first, then the coordinates.
     variables = {name: xr.Variable(*spec) for name, spec in data_vars.items()}
     dims: dict[str, int] = {}
@@ -86,5 +118,5 @@ def dataset(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapp
     for var in variables.values():
         for d, n in zip(var.dims, var.shape):
             if dims.setdefault(d, n) != n:  # the constructor's own error names the conflict
-                return _construct(data_vars, coords, attrs)
+                return None
     return direct(variables, set(coords), dims, dict(attrs), indexes)

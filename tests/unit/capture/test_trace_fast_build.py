@@ -96,6 +96,20 @@ def test_dataset_falls_back_to_the_constructor_and_its_error():
     assert ds.identical(xr.Dataset({"a": ("x", np.zeros(2))}, coords={"x": np.arange(2)}, attrs={"k": 1}))
 
 
+def test_an_xarray_whose_direct_build_differs_gets_the_public_constructor(monkeypatch):
+    """The direct build uses xarray internals: where they give another Dataset than the constructor (another xarray),
+    the one-time check sends every build to the constructor."""
+    wrong = xr.Dataset({"a": ("x", np.ones(2))}, coords={"x": np.arange(2)})
+    monkeypatch.setattr(dataset_build, "_DIRECT_OK", None)
+    monkeypatch.setattr(dataset_build, "_direct", lambda *a: wrong)
+    assert dataset_build._direct_agrees() is False
+    ds = dataset({"a": ("x", np.zeros(2))}, {"x": ("x", np.arange(2))}, {})
+    assert ds.identical(xr.Dataset({"a": ("x", np.zeros(2))}, coords={"x": np.arange(2)}))
+    monkeypatch.setattr(dataset_build, "_DIRECT_OK", None)  # and on this xarray the check passes
+    monkeypatch.undo()
+    assert dataset_build._direct_agrees() is True
+
+
 def _brute_lowest(tensors):
     """Index i is lowest when no other tensor's gradient edge is reachable below tensor i's node."""
     edges = [torch.autograd.graph.get_gradient_edge(t) for t in tensors]
