@@ -12,6 +12,7 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.escape import escape_mathtext
+from vitcam_nb.core.recipe_canonical import ranked_entries
 
 __all__ = ["class_name", "map_title", "recipe_dict", "recipe_short"]
 
@@ -76,6 +77,8 @@ def class_name(trace: xr.Dataset, recipe: Any) -> str | None:
         return None
     cls = recipe_dict(recipe).get("class_", "top1")
     logits = np.asarray(trace["logits"].values, dtype=np.float64).ravel()
+    n = ranked_entries(trace.attrs)  # an answer trace ranks its answer tokens only, as vc.cam does
+    logits = logits[:n] if n is not None else logits
     if isinstance(cls, str) and cls.startswith("top"):
         rank = int(cls[3:])
         if not 1 <= rank <= logits.size:

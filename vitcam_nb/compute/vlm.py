@@ -85,11 +85,16 @@ def _layers(layer: Any, n: int, site: str) -> list[int]:
 
 
 def _answer_rows(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, str]:
-    """The lm_attn query rows: the row predicting answer token ``class_``, else every answer row (mean)."""
+    """The lm_attn query rows: the row predicting answer token ``class_`` (``"topK"``: the answer token ranked K-th
+    by logit, the one whose gradient the map weighs), else every answer row (mean: the sequence score)."""
     labels = [str(s) for s in trace["answer_token_str"].values]
     n = len(labels)
-    if is_int(recipe.class_) and 0 <= int(recipe.class_) < n:
-        k = int(recipe.class_)
+    cls = recipe.class_
+    if isinstance(cls, str) and cls.startswith("top") and 1 <= int(cls[3:]) <= n:
+        logits = np.asarray(trace["logits"].values, dtype=np.float64).ravel()[:n]
+        cls = int(np.argsort(-logits, kind="stable")[int(cls[3:]) - 1])
+    if is_int(cls) and 0 <= int(cls) < n:
+        k = int(cls)
         return np.array([k]), f"the row predicting answer token {k} ({labels[k]!r})"
     return np.arange(n), f"mean over the {n} rows predicting the answer tokens {labels}"
 

@@ -102,7 +102,8 @@ def answer_target_text(recipe: Recipe, attrs: Mapping[str, Any]) -> tuple[str, s
     n = _count(attrs)
     cls = recipe.class_
     what = (f"the sequence log-prob (sum over the {n} answer tokens of log softmax over the LM's vocabulary)"
-            if is_int(cls) and int(cls) == n else f"answer token {cls}")
+            if is_int(cls) and int(cls) == n else f"answer token {cls}" if is_int(cls) else
+            f"the answer token ranked {str(cls)[3:]} by logit among the {n} answer tokens ({cls})")
     if recipe.target == "logit":
         scalar = (what if is_int(cls) and int(cls) == n else
                   f"the LM's logit z of {what} at the position predicting it (pre-softmax)")

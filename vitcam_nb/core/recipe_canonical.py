@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["ORDER_FREE", "canonical_form", "ranked_class", "resolve_class", "resolve_tokens"]
+__all__ = ["ORDER_FREE", "canonical_form", "ranked_class", "ranked_entries", "resolve_class", "resolve_tokens"]
 
 #: Layer fusions whose result does not depend on the order of the blocks (vc.cam fuses them in block order).
 ORDER_FREE = ("none", "mean", "sum", "max")
@@ -85,6 +85,19 @@ def ranked_class(logits: Any, rank: int) -> int | None:
     return picked.pop() if len(picked) == 1 else None
 
 
+def ranked_entries(attrs: Any) -> int | None:
+    """How many leading entries of a trace's ``logits`` a ``"topK"`` ranks: an answer trace's answer tokens (its
+    ``answer_ids``; the sequence log-prob and the vocabulary logsumexps after them are never a ranked class, as
+    ``vc.cam`` ranks them); None: every entry.
+
+    Example:
+        >>> ranked_entries({"answer_ids": "7,8"}), ranked_entries({})
+        (2, None)
+    """
+    n = len([s for s in str(dict(attrs or {}).get("answer_ids", "")).split(",") if s.strip()])
+    return n or None
+
+
 def resolve_class(recipe: Any, trace: Any) -> Any:
     """``recipe`` with ``class_="topK"`` made the class ``trace`` ranks K-th, when that is one class for the whole
     trace (module docstring); otherwise ``recipe`` unchanged.
@@ -103,7 +116,11 @@ def resolve_class(recipe: Any, trace: Any) -> Any:
     logits = data["logits"]
     if logits.dims not in (("class",), ("image", "class")):
         return recipe  # detection scores and other layouts are ranked by their own kinds
-    cls = ranked_class(logits.values, int(recipe.class_[3:]))
+    values = logits.values
+    n = ranked_entries(data.attrs)
+    if n is not None:
+        values = values[..., :n]
+    cls = ranked_class(values, int(recipe.class_[3:]))
     return recipe if cls is None else recipe.replace(class_=cls)
 
 
