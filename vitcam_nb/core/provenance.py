@@ -27,7 +27,7 @@ _WEIGHTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _state_signature(model: torch.nn.Module) -> tuple:
     # _version changes on every in-place write, so an unchanged signature means unchanged weights.
-    return tuple((name, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
+    return tuple((name, t.data_ptr(), t._version, t.shape, t.dtype)
                  for name, t in model.state_dict(keep_vars=True).items())
 
 
@@ -75,7 +75,17 @@ def untrained(model: torch.nn.Module) -> bool:
     if not norms or any(m.weight.is_meta for m in norms):  # meta tensors hold no values to compare
         return False
     with torch.no_grad():
-        return all(bool((m.weight == 1).all()) and (m.bias is None or bool((m.bias == 0).all())) for m in norms)
+        return (_all_equal([m.weight for m in norms], 1)
+                and _all_equal([m.bias for m in norms if m.bias is not None], 0))
+
+
+def _all_equal(tensors: list[torch.Tensor], value: float) -> bool:
+    # One comparison per device and dtype rather than three small ops per layer: a generative VLM has dozens of norm
+    # layers, and this ran on every trace. The same answer as comparing each tensor (``==`` is exact either way).
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t.reshape(-1))
+    return all(bool((torch.cat(group) == value).all()) for group in groups.values())
 
 
 def weights_origin(model: torch.nn.Module) -> str:

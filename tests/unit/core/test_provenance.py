@@ -44,3 +44,29 @@ def test_traced_scores_within_float_tolerance_pass_and_others_are_refused_with_b
         check_traced_scores(attrs, traced, torch.zeros(2), "cpu")
     inf = np.array([np.inf, 1.0])
     check_traced_scores(attrs, inf, inf.copy(), "cpu")  # equal infinities are the same score
+
+
+def _untrained_per_layer(model: torch.nn.Module) -> bool:
+    # the definition, layer by layer: every affine norm's weight is 1 and its bias (if any) 0
+    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.BatchNorm2d,
+                                                         torch.nn.BatchNorm1d)) and m.weight is not None]
+    return bool(norms) and all(bool((m.weight == 1).all()) and (m.bias is None or bool((m.bias == 0).all()))
+                               for m in norms)
+
+
+def test_untrained_compares_norms_of_every_dtype_as_each_layer_would():
+    from vitcam_nb.core.provenance import untrained
+
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.LayerNorm(3, bias=False).double(),
+                                torch.nn.BatchNorm1d(2), torch.nn.GroupNorm(1, 2, affine=False),
+                                torch.nn.LayerNorm(5).half(), torch.nn.Linear(2, 2))
+    assert untrained(model) is True and _untrained_per_layer(model) is True
+    tensors = [(n, t) for n, t in model.named_parameters() if not n.startswith("5.")]
+    assert len(tensors) == 7
+    for name, t in tensors:
+        with torch.no_grad():
+            old = t[-1].item()
+            t[-1] = old + 2 ** -8  # exactly representable in float16 too
+            assert untrained(model) is False and _untrained_per_layer(model) is False, name
+            t[-1] = old
+    assert untrained(model) is True
