@@ -84,8 +84,8 @@ def overlay(trace: xr.Dataset, cam_map: xr.DataArray, *, ax=None, alpha: float =
 
     if not 0 <= alpha <= 1:
         raise ArgumentError(f"alpha: expected a float in [0, 1], got {alpha!r}")
+    img = _image(trace, cam_map)  # a trace that holds no one image (a video, crops) is named first
     _check_image_map(cam_map)
-    img = _image(trace, cam_map)
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(cam_map.attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
         raise ArgumentError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…); "
