@@ -245,23 +245,13 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
     """
     check_max_bytes(max_bytes)
 
-    # Each mode's estimate is made once: the plain pass's is both the refusal's figures and its peak (a VLM's
-    # estimate walks the model and the layout, a millisecond per call on a tiny model).
-    made: dict[tuple[bool, int, int], dict] = {}
-
-    def made_once(p: TracePlan, n: int) -> dict:
-        key = (p.recompute, p.target_groups, n)
-        if key not in made:
-            made[key] = estimate_plan(p, hw, n)
-        return made[key]
-
     def total(p: TracePlan, n: int) -> int:
-        e = made_once(p, n)
+        e = estimate_plan(p, hw, n)
         return e["peak_bytes"] + (e["dataset_bytes"] if stacked else 0)
 
     plan.recompute, plan.target_groups = _PLAIN
     try:
-        need = dict(made_once(plan, batch))  # a copy: the refusal below rewrites its peak
+        need = estimate_plan(plan, hw, batch)
     except TraceError as exc:
         if max_bytes is None:  # the default budget is a safeguard: a model it cannot estimate passes unchecked
             return
