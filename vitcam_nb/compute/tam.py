@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from vitcam_nb.compute.maps import map_array, warn_degenerate
+from vitcam_nb.compute.maps import warn_degenerate
 from vitcam_nb.compute.report import build_checklist
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.tam_formula import FILTER_SIZE, rank_gaussian_filter, tam_scores
 from vitcam_nb.compute.tam_tiles import SEAM_WORDS, filter_tiles
-from vitcam_nb.compute.vlm_tiles import is_tiled, place, stacked, trace_layout
+from vitcam_nb.compute.vlm_tiles import is_tiled, place, placed_map, stacked, trace_layout
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.kinds import TRACE_FORMS, MapValues, TraceForm
@@ -277,6 +277,7 @@ class TamForm(TraceForm):
         multi-tile layout (view, y, x), one map per tile group, or (tile, patch_row, patch_col)."""
         _check(trace, recipe)
         dim: tuple[str, ...] = ()
+        coords: dict = {}
         if is_tiled(trace):
             values, dim, coords, notes = _placed(trace, recipe)
             partial: list[str] = []
@@ -284,12 +285,7 @@ class TamForm(TraceForm):
             values, notes, partial = _values(trace, recipe)
         reason = warn_degenerate(recipe, notes) if notes else ""
         checklist, methods = _report(recipe, trace)
-        out = map_array(values if not dim else values[0], recipe, str(trace.attrs.get("trace_id", "")),
-                        checklist.to_json(), methods, reason, partial)
-        if dim:  # one map per tile group (or per tile on the token grids), with the report of the whole
-            out = xr.DataArray(values.astype(np.float32, copy=False), dims=(*dim, *out.dims), coords=coords,
-                               name=out.name, attrs=out.attrs)
-        return out
+        return placed_map(values, dim, coords, recipe, trace, checklist.to_json(), methods, reason, partial)
 
     def gallery(self, trace: Any, recipe: Any, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         raise RecipeError("vary: tam is a fixed published method; compute each answer token's map with vc.cam")

@@ -26,12 +26,12 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.compute.fusion import fuse_layers
-from vitcam_nb.compute.maps import map_array, warn_degenerate
+from vitcam_nb.compute.maps import warn_degenerate
 from vitcam_nb.compute.pipeline import combine, compact, finish_layers, grid_maps, weight_mask
 from vitcam_nb.compute.report import build_checklist, describe, map_words
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
-from vitcam_nb.compute.vlm_tiles import is_tiled, place, stacked, trace_layout
+from vitcam_nb.compute.vlm_tiles import is_tiled, place, placed_map, stacked, trace_layout
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
@@ -248,12 +248,7 @@ class VlmKind(TraceKind):
             (values, notes, partial), dim, coords = _values(trace, recipe), (), {}
         reason = warn_degenerate(recipe, notes) if notes else ""
         checklist, methods = _report(trace, recipe)
-        out = map_array(values if not dim else values[0], recipe, str(trace.attrs.get("trace_id", "")),
-                        checklist.to_json(), methods, reason, partial)
-        if dim:  # one map per tile group (or per tile on the token grids), with the report of the whole
-            out = xr.DataArray(values.astype(np.float32, copy=False), dims=(*dim, *out.dims), coords=coords,
-                               name=out.name, attrs=out.attrs)
-        return out
+        return placed_map(values, dim, coords, recipe, trace, checklist.to_json(), methods, reason, partial)
 
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
         raise RecipeError(f"site: galleries over {recipe.site!r} are not supported yet; call vc.cam per recipe")

@@ -29,10 +29,11 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout, Tile
+from vitcam_nb.compute.maps import map_array
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.core.errors import TraceError
 
-__all__ = ["TILES_ATTR", "is_tiled", "place", "stacked", "trace_layout"]
+__all__ = ["TILES_ATTR", "is_tiled", "place", "placed_map", "stacked", "trace_layout"]
 
 #: the attr of each LM-side site's variables holding the layout's tiles as JSON (name, grid, box, group), written by
 #: :meth:`vitcam_nb.adapters.hf_vlm.HfVlmAdapter.assemble_extra`
@@ -138,3 +139,24 @@ def stacked(names: list[str], maps: dict[str, np.ndarray], layout: ImageTokenLay
     for k, n in enumerate(names):
         out[k, :maps[n].shape[0], :maps[n].shape[1]] = maps[n]
     return out, ("tile",), {"tile": ("tile", names), "tile_group": ("tile", [t.group_name for t in layout.tiles])}
+
+
+def placed_map(values: np.ndarray, dim: tuple[str, ...], coords: dict, recipe: Any, trace: xr.Dataset,
+               checklist: str, methods: str, reason: str, partial: list[str]) -> xr.DataArray:
+    """The map DataArray of a VLM-side form: ``values`` (y, x) with the recipe, ids and report in its attrs, or, over
+    a multi-tile layout (``dim`` non-empty), one map per tile group (or per tile) along ``dim`` with the report of
+    the whole.
+
+    Example:
+        >>> from vitcam_nb.core.recipe import Recipe
+        >>> m = placed_map(np.zeros((2, 4, 4)), ("view",), {"view": ["base", "tiles"]}, Recipe(site="lm_resid"),
+        ...                xr.Dataset(attrs={"trace_id": "t"}), "{}", "", "", [])
+        >>> m.dims, m["view"].values.tolist()
+        (('view', 'y', 'x'), ['base', 'tiles'])
+    """
+    out = map_array(values if not dim else values[0], recipe, str(trace.attrs.get("trace_id", "")), checklist,
+                    methods, reason, partial)
+    if not dim:
+        return out
+    return xr.DataArray(values.astype(np.float32, copy=False), dims=(*dim, *out.dims), coords=coords, name=out.name,
+                        attrs=out.attrs)
