@@ -158,11 +158,6 @@ def test_tam_joins_on_a_crops_trace_when_the_weighting_is_open(anyres):
                                atol=1e-6)
 
 
-def test_a_mask_is_refused_by_name_on_a_per_group_comparison(lm_only):
-    with pytest.raises(vc.ArgumentError, match="mask"):
-        vc.ambiguity(lm_only, reported=FIXED, mask=np.ones((32, 32), bool))
-
-
 def test_qwen_lm_maps_of_another_grid_are_compared_on_the_image():
     """Qwen2-VL: 6x10 tower patches, 3x5 merged image tokens; the LM site joins, compared on the 84x140 image at
     its sampling stride (2), where a 3x5 grid drawn as nearest blocks covers 28 px per token."""

@@ -48,6 +48,7 @@ from vitcam_nb.evaluate.ambiguity.space import (
 from vitcam_nb.evaluate.ambiguity.spread import Spread, localising_share, spread_of
 from vitcam_nb.evaluate.ambiguity.stored import geometry, store_maps, store_space, trace_id
 from vitcam_nb.evaluate.ambiguity.vlm_maps import absent_sites, is_special, special_maps
+from vitcam_nb.evaluate.ambiguity.vlm_pointing import drawn_mask, special_mask
 from vitcam_nb.evaluate.ambiguity.vlm_space import special_space, vlm_axes
 from vitcam_nb.evaluate.recipe_maps import recipe_maps
 
@@ -88,7 +89,9 @@ class Ambiguity:
     upsample is open, else the token grid; ``maps.attrs["grid"]`` says which),
     ``spread``, ``sensitivity``, ``skipped`` (combinations no recipe expresses, or that the trace cannot compute),
     ``degenerate`` (maps returned as zeros), ``localises`` (share of recipes whose map points at ``mask``, or
-    None), ``image`` and ``mask`` (shown beside the maps), and :meth:`plot`, :meth:`report`, :meth:`to_dict`.
+    None; per tile group in ``localises_views`` on a per-group comparison, where ``localises`` counts a recipe
+    pointing at it in every view), ``image`` and ``mask`` (shown beside the maps), and :meth:`plot`,
+    :meth:`report`, :meth:`to_dict`.
 
     Example:
         >>> import timm, numpy as np, vitcam_nb as vc
@@ -102,11 +105,12 @@ class Ambiguity:
     def __init__(self, *, reported: dict, space: dict, recipes: list[Recipe], maps: xr.DataArray, spread: Spread,
                  rho: np.ndarray, sensitivity: Sensitivity, skipped: int, degenerate: int,
                  localises: float | None, trace_id: str, image: np.ndarray | None = None,
-                 mask: np.ndarray | None = None) -> None:
+                 mask: np.ndarray | None = None, localises_views: dict[str, float] | None = None) -> None:
         self.reported, self.space, self.recipes, self.maps = reported, space, recipes, maps
         self.spread, self.rho, self.sensitivity = spread, rho, sensitivity
         self.skipped, self.degenerate, self.localises, self.trace_id = skipped, degenerate, localises, trace_id
         self.image, self.mask = image, mask  # shown beside the maps by plot()
+        self.localises_views = localises_views  # per tile group on a per-group comparison (vlm_pointing)
 
     @property
     def open(self) -> list[str]:
@@ -160,7 +164,8 @@ class Ambiguity:
                 "sensitivity": {"fields": s.fields, "categories": s.categories, "interaction": s.interaction,
                                 "category_interaction": s.category_interaction, "design": s.design,
                                 "ci": s.ci, "cells": s.cells},
-                "localises": self.localises, "grid": self.maps.attrs.get("grid"),
+                "localises": self.localises, "localises_views": self.localises_views,
+                "grid": self.maps.attrs.get("grid"),
                 "stride": self.maps.attrs.get("stride")}
 
     def report(self) -> str:
@@ -191,7 +196,9 @@ class Ambiguity:
             text += (f"The {top} choice explains {s.fields[top]:.0%} of the map variance and the {cat} category "
                      f"{s.categories[cat]:.0%} (first-order shares; interactions {s.interaction:.0%}; {s.design}). ")
         if self.localises is not None:
-            text += f"{self.localises:.0%} of the consistent recipes give a map that points at the object. "
+            text += f"{self.localises:.0%} of the consistent recipes give a map that points at the object" + (
+                " in every view (" + ", ".join(f"{g} {v:.0%}" for g, v in self.localises_views.items()) + ")"
+                if self.localises_views else "") + ". "
         if self.degenerate:
             text += (f"{self.degenerate} map(s) were degenerate (returned as zeros): they count as zeros in the mean "
                      "and spread maps and the variance shares, are left out of the Spearman pairs (a constant map has "
@@ -300,12 +307,9 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
     if (not isinstance(trace, xr.Dataset) or "image" in trace.dims
             or (not is_map_store(trace) and not special and TraceView.of(trace).sites == [])):
         raise ArgumentTypeError("trace: expected a single-image trace Dataset of a plain ViT (vitcam_nb.trace)")
-    if special and mask is not None:
-        raise ArgumentError("mask: this answer trace's maps are compared per tile group (vlm_maps), where the "
-                            "pointing game is not defined yet; leave mask out")
     fixed, opened = parse_reported(reported)
     values = _space(trace, fixed, opened, space)
-    mask = None if special else _mask(trace, mask)
+    mask = (None if mask is None else special_mask(trace, mask)) if special else _mask(trace, mask)
     _check_memory(trace, values, mask, max_cells, max_recipes, n_samples, n_boot)
     factors = all_factors = [f for f, v in values.items() if len(v) > 1]
     single = {f: v[0] for f, v in values.items() if len(v) == 1}
@@ -334,7 +338,7 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
         if is_map_store(trace):  # read, not computed: a requested recipe the store lacks is refused
             computed = store_maps(trace, candidates, cut if image_grid else None, requested=bool(space))
         elif special:  # each map on the image per tile group, the groups all maps have stacked (vlm_maps)
-            computed, compared = special_maps(trace, candidates, cut)
+            computed, compared, pointing = special_maps(trace, candidates, cut, mask)
         elif image_grid:  # full-resolution maps cut to the compared pixels a batch at a time: bounded memory
             computed = [m for i in range(0, len(candidates), 1024)
                         for m in image_maps(trace, candidates[i:i + 1024], cut)]
@@ -374,17 +378,19 @@ def _one(trace: xr.Dataset, reported: Mapping[str, Any] | None, space: Mapping[s
                               "reported": json.dumps({k: _jsonable(v) for k, v in fixed.items()})})
     if special:
         arr.attrs.update(comparison=compared, absent_sites=json.dumps(absent_sites(trace, values.get("site", ()))))
-    if mask is not None:  # on a sampled image grid the pointing game reads the mask at the same pixels
+    if mask is not None and not special:  # on a sampled image grid the pointing game reads the mask there too
         sampled = mask[cut] if image_grid and mask.shape == (height, width) else mask
-    localises = None if mask is None else localising_share(stack, sampled)
+    localises = None if mask is None else pointing[0] if special else localising_share(stack, sampled)
     skipped = int((~valid).sum())
     kept = {f: v for f, v in values.items() if f in factors or len(v) == 1}
     return Ambiguity(reported=fixed, space=kept, recipes=recipes, maps=arr, spread=spread, rho=rho,
                      sensitivity=sens, skipped=skipped, degenerate=degenerate, localises=localises,
                      trace_id=trace_id(trace),
+                     localises_views=pointing[1] if special and mask is not None else None,
                      image=None if is_map_store(trace) or "image" not in trace.variables or "crop" in trace.dims
                      else trace["image"].values,
-                     mask=None if mask is None else np.asarray(mask, bool))
+                     mask=None if mask is None else drawn_mask(mask, (height, width), cut, len(pointing[1]))
+                     if special else np.asarray(mask, bool))
 
 
 def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: Mapping[str, Sequence] | None = None,
@@ -408,7 +414,8 @@ def ambiguity(trace: Any, reported: Mapping[str, Any] | None = None, *, space: M
     ``mask``: the object's pixels, to count the recipes whose map points at it (a store's masks are used).
     A generative VLM's answer trace opens the sites, layers and answer tokens it holds (TAM where it holds
     ``lm_logit``); one with crops, several tiles, another grid or no tower site is compared on the image per tile
-    group (:mod:`~vitcam_nb.evaluate.ambiguity.vlm_maps`; no ``mask`` there yet).
+    group (:mod:`~vitcam_nb.evaluate.ambiguity.vlm_maps`; a ``mask`` there is the object on the original image,
+    scored per view: :mod:`~vitcam_nb.evaluate.ambiguity.vlm_pointing`).
 
     ``trace`` may also be one image of a map store (``vc.image_maps``; the analysis over the recipes the store
     holds, :mod:`~vitcam_nb.evaluate.ambiguity.stored`), or a list of traces, an ``open_traces`` store or an

@@ -16,7 +16,9 @@ in its box, nearest cell), a multi-tile LM map is vc.cam's (view, y, x), a one-g
 Then the groups every map has are stacked top to bottom into one (groups x height, width) picture, on which the
 spread, Spearman and variance shares are computed as on any image grid; groups are never averaged (a base or
 global view and the crops overlap). ``upsample="none"`` is drawn as nearest blocks. Pixels some map leaves
-uncovered (NaN) are set to 0 in every map and counted, so they add no variance.
+uncovered (NaN) are set to 0 in every map and counted, so they add no variance. With a ``mask`` (the object on
+the original image) the pointing game is scored per view on the original image
+(:mod:`~vitcam_nb.evaluate.ambiguity.vlm_pointing`).
 
 Example:
     >>> import xarray as xr
@@ -39,6 +41,7 @@ from vitcam_nb.compute.vlm_tiles import is_tiled
 from vitcam_nb.core.errors import DegenerateMapWarning, RecipeError, TraceError
 from vitcam_nb.core.kinds import kind_for
 from vitcam_nb.core.recipe import Recipe
+from vitcam_nb.evaluate.ambiguity.vlm_pointing import combine_views, hit_region, on_mask, view_hits
 
 __all__ = ["LM_SITES", "absent_sites", "canvas", "is_special", "special_maps", "tower_axes"]
 
@@ -111,39 +114,46 @@ def absent_sites(trace: xr.Dataset, sites: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _groups(trace: xr.Dataset, recipe: Recipe, size: tuple[int, int]) -> tuple[dict[str, np.ndarray], list[str]]:
-    """One recipe's map per tile group on the canvas, and why it is degenerate ([] if it is not)."""
+def _groups(trace: xr.Dataset, recipe: Recipe, size: tuple[int, int], hit: np.ndarray | None
+            ) -> tuple[dict[str, np.ndarray], list[str], dict[str, float] | None]:
+    """One recipe's map per tile group on the canvas, why it is degenerate ([] if it is not), and, given the
+    pointing game's ``hit`` region on the original image, each group's hit share there (vlm_pointing)."""
     drawn = recipe.replace(upsample="nearest") if recipe.upsample == "none" else recipe
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateMapWarning)
         m = kind_for(trace, drawn).cam(trace, drawn)
     reason = [str(m.attrs["degenerate"])] if m.attrs.get("degenerate") else []
+    hits = None if hit is None else view_hits(on_mask(trace, drawn, m, hit.shape), hit)
     if m.dims[0] == "crop":
-        return {g: np.asarray(a.values, np.float32) for g, a in stitch_crops(m, size).items()}, reason
+        return {g: np.asarray(a.values, np.float32) for g, a in stitch_crops(m, size).items()}, reason, hits
     if m.dims[0] == "view":
-        return {str(v): np.asarray(m.values[k], np.float32) for k, v in enumerate(m["view"].values)}, reason
-    return {"image": np.asarray(m.values, np.float32)}, reason
+        return {str(v): np.asarray(m.values[k], np.float32) for k, v in enumerate(m["view"].values)}, reason, hits
+    return {"image": np.asarray(m.values, np.float32)}, reason, hits
 
 
-def special_maps(trace: xr.Dataset, recipes: Sequence[Recipe], cut: tuple[slice, slice]
-                 ) -> tuple[list[tuple[np.ndarray, list[str]] | None], str]:
+def special_maps(trace: xr.Dataset, recipes: Sequence[Recipe], cut: tuple[slice, slice],
+                 mask: np.ndarray | None = None
+                 ) -> tuple[list[tuple[np.ndarray, list[str]] | None], str, tuple[float, dict[str, float]] | None]:
     """Each recipe's (groups x height, width) picture at the pixels ``cut`` keeps, or None where the trace cannot
-    compute it, and the sentence saying how they were compared.
+    compute it, the sentence saying how they were compared, and, given the object ``mask`` on the original image,
+    the pointing game (share in every view, share per view) over the groups every map has
+    (:mod:`~vitcam_nb.evaluate.ambiguity.vlm_pointing`).
 
     Example:
         >>> special_maps(xr.Dataset(), [], (slice(None), slice(None)))[0]
         []
     """
     size = canvas(trace)
-    placed: list[tuple[dict[str, np.ndarray], list[str]] | None] = []
+    hit = None if mask is None else hit_region(mask)
+    placed: list[tuple[dict[str, np.ndarray], list[str], dict[str, float] | None] | None] = []
     for recipe in recipes:
         try:
-            placed.append(_groups(trace, recipe, size))
+            placed.append(_groups(trace, recipe, size, hit))
         except RecipeError:
             placed.append(None)
     got = [p for p in placed if p is not None]
     if not got:
-        return [None] * len(recipes), ""
+        return [None] * len(recipes), "", None
     common = [g for g in got[0][0] if all(g in p[0] for p in got)]
     if not common:
         raise RecipeError("space: the consistent maps share no tile group (" + "; ".join(
@@ -156,5 +166,11 @@ def special_maps(trace: xr.Dataset, recipes: Sequence[Recipe], cut: tuple[slice,
                  "; tower maps on crops stitched per group (each crop in its box)" if "crop" in trace.dims else ""))
     if holes.any():
         words += f"; {int(holes.sum())} pixel(s) some map leaves uncovered set to 0 in every map"
+    pointing = None
+    if hit is not None:
+        pointing = combine_views([p[2] for p in got], common)
+        words += (f"; the pointing game on the {mask.shape[0]}x{mask.shape[1]} original image, each view's map "
+                  "placed on it by its tile boxes, scored per view (a recipe localises when it points at the "
+                  "object in every view)")
     maps = iter(stack)
-    return [None if p is None else (next(maps), p[1]) for p in placed], words
+    return [None if p is None else (next(maps), p[1]) for p in placed], words, pointing
