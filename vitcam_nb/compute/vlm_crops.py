@@ -8,7 +8,8 @@ computes on ``trace.isel(crop=k)`` (every weighting, head and layer aggregation,
 is made across crops. :func:`stitch_crops` then places the per-crop maps on the original image by each crop's box
 (padding undone), one map per tile group (``base``: the base view, ``tiles``: the crop grid): groups overlap and
 are never averaged. The language-model sites (``projector``, ``lm_resid``, ``lm_attn``) have no crop dim and are
-the ``vlm`` form's.
+the ``vlm`` form's. ``vc.gallery`` varies the tower recipe with one map per crop in every cell
+(:mod:`~vitcam_nb.compute.vlm_crop_gallery`).
 
 Example:
     >>> import vitcam_nb as vc
@@ -30,6 +31,7 @@ import xarray as xr
 
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout, Tile
 from vitcam_nb.compute.maps import degenerate_cause, warn_degenerate
+from vitcam_nb.compute.vlm_crop_gallery import crops_gallery
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import TRACE_FORMS, MapValues, TraceKind, form_for
@@ -136,8 +138,7 @@ class CropsKind(TraceKind):
                             coords=coords, name="cam", attrs=attrs)
 
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
-        raise RecipeError("vary: galleries over a trace of several crops are not available yet; call vitcam_nb.cam "
-                          "per recipe (one map per crop)")
+        return crops_gallery(trace, recipe, vary)  # one map per crop in every cell
 
     def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
         one = trace.isel(crop=0)
