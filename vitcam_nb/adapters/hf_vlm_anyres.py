@@ -127,8 +127,8 @@ def onevision_layout(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, i
 
 
 def _geometry(model: torch.nn.Module, extra: Mapping[str, Any]) -> list[Tile]:
-    """The Tile of every crop (base first, then row-major), boxes in the original image with the padding undone, as
-    the model cuts the crop grid (no resampling)."""
+    """The Tile of every crop (base first, then row-major), boxes in the original image exact to the pixel, as
+    the processor cuts the crop grid (no resampling)."""
     vc = model.config.vision_config
     return list(anyres_crops(image_size_of(model, extra), grid_pinpoints=model.config.image_grid_pinpoints,
                              tile_px=int(vc.image_size), patch_px=int(vc.patch_size)))
@@ -156,16 +156,18 @@ def anyres_crop_tiles(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[st
 
 
 def anyres_crop_boxes(model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any]) -> tuple[Tile, ...]:
-    """Where each tower crop lies in the original image (padding undone): the base view covers it whole, crop
-    ``tile_r{i}_c{j}`` its cell of the best-fit grid; the same whether OneVision resamples the grid after the
-    projector or not (the crops the tower sees do not change).
+    """Where each tower crop lies in the original image, exact to the pixel (the processor's resize and centred
+    padding undone: :func:`~vitcam_nb.adapters.vlm_layouts.anyres.anyres_crops`): the base view covers it whole,
+    crop ``tile_r{i}_c{j}`` its cell of the best-fit grid; the same whether OneVision resamples the grid after the
+    projector or not (the crops the tower sees do not change). The 60x70 image below is resized to 55x64 and
+    padded 4 px on top in a 64x64 canvas, so crop 1's 32 px rows run from image fraction -4/55 to 28/55.
 
     Example:
         >>> from types import SimpleNamespace as NS
         >>> m = torch.nn.Module()
         >>> m.config = NS(vision_config=NS(image_size=32, patch_size=8), image_grid_pinpoints=[[64, 64]])
         >>> [t.box for t in anyres_crop_boxes(m, np.array([]), {"image_sizes": [[60, 70]]})][1]
-        (-0.16666666666666666, 0.0, 0.5, 0.5)
+        (-0.07272727272727272, 0.0, 0.509090909090909, 0.5)
     """
     return tuple(_geometry(model, extra))
 

@@ -101,27 +101,32 @@ def test_saved_trace_gives_the_same_crop_maps(case, tmp_path, suffix):
 
 
 def test_stitch_with_known_values(case):
-    """Cell (r, c) of crop k holds 100 k + 4 r + c. The 60x70 image fills the 64x64 canvas's width and 54.9 of
-    its rows; the model keeps crop-grid cell rows 1..6 of 0..7, so image row 0 lies in cell row 1 of the top
-    crops and row 59 in cell row 2 of the bottom ones; cell row 0 of the top crops and 3 of the bottom ones are
-    padding and appear nowhere. The base view covers the whole image."""
+    """Cell (r, c) of crop k holds 100 k + 4 r + c. The processor resizes the 60x70 image to 55x64 (the short side
+    rounded up) and pads it 4 px on top (5 below) in the 64x64 canvas of 2x2 crops of 32 px, 4x4 cells of 8 px:
+    image row y's centre lies at canvas row 4 + (y + 0.5) * 55 / 60, column x's at (x + 0.5) * 64 / 70. So image
+    row 0 lies in cell row 0 of the top crops (canvas 4.46), row 59 in cell row 3 of the bottom ones (canvas
+    58.5), rows 0..30 in the top crops (canvas < 32), columns 0..34 in the left ones; every cell of every crop
+    holds some image pixel. The base view covers the whole image."""
     m = vc.cam(case.trace, vc.Recipe(site="F1", layer=1, class_=0, upsample="none"))
     k, r, c = np.meshgrid(np.arange(5), np.arange(4), np.arange(4), indexing="ij")
     known = m.copy(data=(100 * k + 4 * r + c).astype(np.float32))
     out = stitch_crops(known)
     assert sorted(out) == ["base", "tiles"] and out["tiles"].shape == SIZE
     tiles, base = out["tiles"].values, out["base"].values
-    assert tiles[0, 0] == 100 * 1 + 4 * 1 + 0 and tiles[59, 69] == 100 * 4 + 4 * 2 + 3
-    assert tiles[0, 69] == 100 * 2 + 4 * 1 + 3 and tiles[59, 0] == 100 * 3 + 4 * 2 + 0
-    # the four crops meet at the image centre: rows < 30 from the top crops, columns < 35 from the left ones
+    assert tiles[0, 0] == 100 * 1 + 4 * 0 + 0 and tiles[59, 69] == 100 * 4 + 4 * 3 + 3
+    assert tiles[0, 69] == 100 * 2 + 4 * 0 + 3 and tiles[59, 0] == 100 * 3 + 4 * 3 + 0
     crop = tiles // 100
-    np.testing.assert_array_equal(crop[:30, :35], 1)
-    np.testing.assert_array_equal(crop[:30, 35:], 2)
-    np.testing.assert_array_equal(crop[30:, :35], 3)
-    np.testing.assert_array_equal(crop[30:, 35:], 4)
-    rows = {int(v) for v in np.unique(tiles)}
-    assert not {v for v in rows if v // 100 in (1, 2) and v % 100 // 4 == 0}
-    assert not {v for v in rows if v // 100 in (3, 4) and v % 100 // 4 == 3}
+    np.testing.assert_array_equal(crop[:31, :35], 1)
+    np.testing.assert_array_equal(crop[:31, 35:], 2)
+    np.testing.assert_array_equal(crop[31:, :35], 3)
+    np.testing.assert_array_equal(crop[31:, 35:], 4)
+    canvas_row = 4 + (np.arange(60) + 0.5) * 55 / 60
+    canvas_col = (np.arange(70) + 0.5) * 64 / 70
+    want = (100 * (1 + 2 * (canvas_row[:, None] >= 32) + (canvas_col[None, :] >= 32))
+            + 4 * ((canvas_row[:, None] % 32) // 8) + (canvas_col[None, :] % 32) // 8)
+    np.testing.assert_array_equal(tiles, want)
+    assert {int(v) for v in np.unique(tiles)} == {100 * k + 4 * r + c for k in range(1, 5) for r in range(4)
+                                                   for c in range(4)}
     # the base view: 4 cell rows over 60 px (15 each), 4 columns over 70 (17.5 each; a pixel takes the cell
     # holding its centre x + 0.5)
     np.testing.assert_array_equal(base[::15, 0], [0, 4, 8, 12])

@@ -7,9 +7,17 @@ newline token after each row. OneVision (``vision_aspect_ratio="anyres_max_N"``)
 unpadded grid when it holds more than about ``N`` tiles' worth of tokens (ratio > 1.1); each token is then a
 blend of up to four cells, so the crops become one resampled grid over the image.
 
-Crop boxes (:class:`~vitcam_nb.adapters.vlm_layout.Tile`) take the kept cells as covering the image exactly,
-as the model does; where the letterbox is an odd number of cells the model keeps one padding cell more, so a
-box edge is then off by at most half a cell.
+Two kinds of boxes (:class:`~vitcam_nb.adapters.vlm_layout.Tile`, fractions of the original image):
+
+* the crops the TOWER ran on (:func:`anyres_crops`, the ``crop_box_*`` of a trace, which
+  :func:`~vitcam_nb.compute.vlm_crops.stitch_crops` places tower maps by) are exact to the pixel: they follow the
+  processor's own geometry (``get_patch_output_size``: an aspect-preserving resize of the image to fit the
+  best-fit resolution, the short side rounded up; ``_get_padding_size``: centred padding, the odd pixel at the
+  bottom/right), so crop pixel ``(y, x)`` lands where the processor took it from;
+* the LM layout's tiles (:func:`anyres_layout`) place the image TOKENS as the model unpads them: the kept cells
+  taken to cover the image exactly (``unpad_image`` rounds the letterbox to whole cells), so a tile's box edge is
+  off the processor's padding by up to half a cell (4.6 px of the 60x70 test image, under 7 px of a 336 px
+  tile's 14 px cells); the layout's description (the checklist's "image-token layout") says so.
 
 The best-fit grid is chosen as the processor does: the pinpoint resolution that keeps the most of the image's
 pixels after an aspect-preserving resize, the least wasted canvas on ties.
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +43,7 @@ __all__ = [
     "best_fit_resolution",
     "llava_next_layout",
     "llava_onevision_layout",
+    "processor_canvas",
 ]
 
 _NOTES = ("tower output at vision_feature_layer (CLS dropped if vision_feature_select_strategy='default') -> "
@@ -135,22 +145,53 @@ def _pack_one(image_size: Sequence[int], side: int, pinpoints: list, tile_px: in
     cut = nrow * side * ncol * side - rr * cc
     text = (f"{family} any-res: base {side}x{side} + {nrow}x{ncol} tiles of {side}x{side}, unpadded to {rr}x{cc}"
             f" ({cut} padding cells cut){resampled}, {out_r if newline else 0} newline tokens dropped; "
-            f"base and tiles overlap and are mapped separately")
+            f"base and tiles overlap and are mapped separately; tile tokens placed as the model unpads them "
+            f"(up to half a cell off the processor's padding)")
     return tiles, tile_of, rows, cols, keep, text
+
+
+def processor_canvas(image_size: Sequence[int], resolution: Sequence[int]) -> tuple[int, int, int, int]:
+    """(resized height, resized width, top padding, left padding) of an image of ``image_size`` packed into
+    ``resolution`` by the processor (transformers' ``get_patch_output_size`` and LLaVA-NeXT/OneVision's
+    ``_get_padding_size``, the same float operations).
+
+    Example:
+        >>> processor_canvas((60, 70), (64, 64))
+        (55, 64, 4, 0)
+    """
+    original_height, original_width = int(image_size[0]), int(image_size[1])
+    target_height, target_width = int(resolution[0]), int(resolution[1])
+    scale_w, scale_h = target_width / original_width, target_height / original_height
+    if scale_w < scale_h:
+        new_width, new_height = target_width, min(math.ceil(original_height * scale_w), target_height)
+    else:
+        new_height, new_width = target_height, min(math.ceil(original_width * scale_h), target_width)
+    return new_height, new_width, (target_height - new_height) // 2, (target_width - new_width) // 2
 
 
 def anyres_crops(image_size: Sequence[int], *, grid_pinpoints: Any, tile_px: int, patch_px: int) -> tuple[Tile, ...]:
     """The base view and each crop of the best-fit grid as :class:`Tile` s, in the order the processor stacks them
-    (base, then row-major), boxes in the original image with the padding undone, whether or not OneVision then
-    resamples the crop grid (the crops the tower sees are the same).
+    (base, then row-major), boxes in the original image exact to the pixel (the processor's resize and centred
+    padding, :func:`processor_canvas`: a crop reaching into the padding has a box beyond 0..1 there), whether or
+    not OneVision then resamples the crop grid (the crops the tower sees are the same).
 
     Example:
-        >>> [(t.name, t.box) for t in anyres_crops((40, 90), grid_pinpoints=[(32, 96)], tile_px=32, patch_px=8)][1:3]
-        [('tile_r0_c0', (0.0, -0.1, 1.0, 0.3)), ('tile_r0_c1', (0.0, 0.3, 1.0, 0.7))]
+        >>> tiles = anyres_crops((40, 90), grid_pinpoints=[(32, 96)], tile_px=32, patch_px=8)  # 72 px + 2 x 12
+        >>> [(t.name, [round(v * 72, 6) for v in t.box[1::2]]) for t in tiles[1:3]]  # left, right in resized px
+        [('tile_r0_c0', [-12.0, 20.0]), ('tile_r0_c1', [20.0, 52.0])]
     """
     pins = [tuple(int(v) for v in p) for p in grid_pinpoints]
-    side = int(tile_px) // int(patch_px)
-    return tuple(_pack_one(image_size, side, pins, int(tile_px), None, True, True, "")[0])
+    side, tile = int(tile_px) // int(patch_px), int(tile_px)
+    tiles = _pack_one(image_size, side, pins, tile, None, True, True, "")[0]
+    ph, pw = best_fit_resolution(image_size, pins)
+    nh, nw, top, left = processor_canvas(image_size, (ph, pw))
+    ncol = pw // tile
+    out = [tiles[0]]
+    for k, t in enumerate(tiles[1:]):
+        i, j = divmod(k, ncol)
+        out.append(replace(t, box=((i * tile - top) / nh, (j * tile - left) / nw, ((i + 1) * tile - top) / nh,
+                                   ((j + 1) * tile - left) / nw)))
+    return tuple(out)
 
 
 def anyres_layout(input_ids: Any, image_size: Any, *, image_token_id: int, grid_pinpoints: Any,
@@ -206,7 +247,8 @@ def llava_next_layout(config: Any, input_ids: Any, image_size: Any, *, image_ind
         >>> lay = llava_next_layout(cfg, [1] + [9] * 2046 + [2], (500, 800))
         >>> print(lay.description)  # doctest: +NORMALIZE_WHITESPACE
         LLaVA-NeXT any-res: base 24x24 + 2x2 tiles of 24x24, unpadded to 30x48 (864 padding cells cut),
-        30 newline tokens dropped; base and tiles overlap and are mapped separately
+        30 newline tokens dropped; base and tiles overlap and are mapped separately; tile tokens placed as the
+        model unpads them (up to half a cell off the processor's padding)
         >>> lay.positions.size, lay.dropped
         (2016, {'newline': 30})
     """
