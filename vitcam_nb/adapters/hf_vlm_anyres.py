@@ -13,7 +13,9 @@ packing (``batch_num_images``) is refused by name.
 Crop ``0`` becomes layout tile ``base``, crop ``1 + i * cols + j`` tile ``tile_r{i}_c{j}``; when OneVision's
 ``anyres_max_N`` shrinks the unpadded crop grid, every crop after the base becomes part of the one resampled tile
 ``tiles`` (each token then blends cells of up to four crops), and :func:`anyres_crop_boxes` still says where each
-crop lies in the image.
+crop lies in the image. The ``projector`` site is then refused (``adapters.vlm_crops.projector_rows``): per LM
+token the blended projector output is exactly ``lm_resid`` at layer 0, and the rows before the resize are one per
+crop cell, a token set the trace has no variable for.
 
 Example:
     >>> sorted(name for name in VLM_FAMILIES if name.startswith("llava_"))
