@@ -196,3 +196,17 @@ def test_an_lm_only_trace_scores_its_one_view_on_the_traced_image():
         assert amb.localises == pytest.approx(np.mean(got), abs=1e-12) == amb.localises_views["image"]
     with pytest.raises(vc.ArgumentError, match=r"mask: shape \(60, 70\) is not the traced image's \(32, 32\)"):
         vc.ambiguity(tr, reported=FIXED, mask=np.ones(SIZE, bool))
+
+
+@pytest.mark.parametrize("upsample", ["nearest", "bilinear"])
+def test_placing_on_the_canvas_size_gives_back_vc_cam(next_trace, upsample):
+    """The per-token values the pointing game re-places (read off the "none" map) are vc.cam's: placed at the canvas
+    size they give its (view, y, x) maps bitwise."""
+    from vitcam_nb.evaluate.ambiguity.vlm_pointing import on_mask
+
+    recipe = vc.Recipe(site="lm_resid", layer=1, class_=2, upsample=upsample)
+    m = vc.cam(next_trace, recipe)
+    placed = on_mask(next_trace, recipe, m, (32, 32))
+    assert list(placed) == [str(v) for v in m["view"].values]
+    for k, g in enumerate(placed):
+        np.testing.assert_array_equal(placed[g], m.values[k])
