@@ -7,6 +7,8 @@ here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -87,3 +89,6 @@ def test_the_trace_and_stitch_use_the_exact_boxes():
     said = "tile tokens placed as the model unpads them (up to half a cell off the processor's padding)"
     assert said in tr.attrs["image_token_layout"]
     assert said in vc.cam(tr, vc.Recipe(site="F1", layer=1, class_=0)).attrs["checklist"]
+    docs = " ".join((Path(__file__).parents[3] / "docs" / "vlm.md").read_text().split())
+    assert ("the tower's crops are placed exactly (boxes from the processor's resize and centred padding); the "
+            "LM-side tiles place each image token as the model unpads them") in docs
