@@ -140,8 +140,8 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
 
     Rows are the first varied dimension, columns the second (sites in order F1, F2, ...). The input image
     (with ``mask`` outlined, when given) comes first, a colour bar last; a degenerate map's cell says why it is
-    blank. A gallery on a crops trace (dim ``crop``) is drawn by :func:`views`: one row per cell, one panel per
-    crop over its own pixels (no ``mask`` there: a crop is not the original image).
+    blank. A gallery of a VLM's crop, view or tile maps is drawn by :func:`views`: one row per cell, one panel per
+    crop (over its own pixels), view or tile (no ``mask`` there).
 
     Example:
         >>> fig = grid(tr, vc.gallery(tr, vc.Recipe(), vary=("layer", "site")))  # doctest: +SKIP
@@ -150,10 +150,11 @@ def grid(trace: xr.Dataset, gallery: xr.DataArray, *, alpha: float = 0.5, cmap: 
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    if "crop" in getattr(gallery, "dims", ()):  # a crops gallery: one panel per crop, over each crop's pixels
+    lead = gallery.dims[-3] if getattr(gallery, "ndim", 0) > 3 else None
+    if lead in ("crop", "view", "tile"):  # one panel per crop, view or tile in each cell: views() draws them
         if mask is not None:
-            raise ArgumentError("mask: a crops gallery is drawn over each crop's pixels, not the original image the "
-                                "mask outlines; leave mask out")
+            raise ArgumentError(f"mask: a gallery of {lead} maps is drawn by vc.plot.views, one panel per {lead}, "
+                                "with no mask outline; leave mask out")
         return views(trace, gallery, alpha=alpha, cmap=cmap, size=size)
     img = _image(trace)
     spatial = gallery.dims[-2:]

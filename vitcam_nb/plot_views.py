@@ -12,8 +12,9 @@ Three map shapes come from such traces, and each is drawn on what it was compute
   known (the trace's own single image, or ``image=`` passed in); a crops trace stores only the crops the tower saw,
   so without ``image=`` the maps are drawn alone and the figure says so.
 * ``(tile, patch_row, patch_col)``: the per-tile token grids (``upsample="none"``), drawn alone per tile.
-* ``(*varied, crop, y, x)``: ``vc.gallery`` on a crops trace (:mod:`vitcam_nb.compute.vlm_crop_gallery`): one row
-  per gallery cell (labelled with its varied values), one panel per crop over that crop's pixels.
+* ``(*varied, crop|view|tile, y, x)``: ``vc.gallery`` on an answer trace (:mod:`vitcam_nb.compute.vlm_gallery`):
+  one row per gallery cell (labelled with its varied values), one panel per crop (over that crop's pixels), per
+  view (over ``image=`` when given) or per tile.
 
 Cells no token or crop covers are NaN: drawn transparent over an image, grey when drawn alone, never as a value.
 """
@@ -119,8 +120,8 @@ def _panel_title(dim: str, k: int, name: str, cam_map: Any) -> str:
 
 def views(trace: xr.Dataset, cam_map: Any, *, image: Any = None, alpha: float = 0.5, cmap: str = "inferno",
           size: float = 2.2, title: str | None = None):
-    """Draw a map of a tiled or cropped VLM trace, one panel per crop, view or tile (or a crops gallery: one row
-    per cell, one panel per crop); returns the Figure.
+    """Draw a map of a tiled or cropped VLM trace, one panel per crop, view or tile (or a gallery of such maps: one
+    row per cell); returns the Figure.
 
     ``cam_map``: ``vc.cam`` on a crops trace's tower site ``(crop, y, x)`` (each panel over that crop's own pixels,
     titled with its tile name; a degenerate crop says so), on a multi-tile LM site ``(view, y, x)`` or its tiles
@@ -141,8 +142,8 @@ def views(trace: xr.Dataset, cam_map: Any, *, image: Any = None, alpha: float = 
 
     if not 0 <= alpha <= 1:
         raise ArgumentError(f"alpha: expected a float in [0, 1], got {alpha!r}")
-    if isinstance(cam_map, xr.DataArray) and cam_map.ndim > 3 and "crop" in cam_map.dims:
-        return _crop_gallery(trace, cam_map, alpha, cmap, size, title)
+    if isinstance(cam_map, xr.DataArray) and cam_map.ndim > 3 and cam_map.dims[-3] in _MULTI:
+        return _gallery(trace, cam_map, str(cam_map.dims[-3]), image, alpha, cmap, size, title)
     dim, names, values, attrs = _as_panels(cam_map)
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
@@ -193,55 +194,68 @@ def _cell_words(gallery: xr.DataArray, fields: list[str], index: tuple[int, ...]
     return _text(", ".join(words))
 
 
-def _crop_gallery(trace: xr.Dataset, gallery: xr.DataArray, alpha: float, cmap: str, size: float,
-                  title: str | None):
-    """A crops gallery (module docstring): rows are its cells, columns its crops, one colour bar."""
+def _gallery(trace: xr.Dataset, gallery: xr.DataArray, lead: str, image: Any, alpha: float, cmap: str,
+             size: float, title: str | None):
+    """A gallery with a crop, view or tile dim (module docstring): rows are its cells, columns its crops, views or
+    tiles, each panel as :func:`views` draws it, one colour bar."""
     import matplotlib.pyplot as plt
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    at = gallery.dims.index("crop")
+    at = gallery.dims.index(lead)
     if at != gallery.ndim - 3:
-        raise ArgumentError(f"cam_map: a crops gallery has dims (*varied, crop, y, x), got {gallery.dims}")
+        raise ArgumentError(f"cam_map: a gallery of {lead} maps has dims (*varied, {lead}, y, x), got "
+                            f"{gallery.dims}")
     mine, theirs = str(trace.attrs.get("trace_id", "")), str(gallery.attrs.get("trace_id", ""))
     if mine and theirs and mine != theirs:
         raise ArgumentError(f"cam_map: computed from trace {theirs[:12]}…, not from this trace ({mine[:12]}…)")
     fields = [str(d) for d in gallery.dims[:at]]
     cells = list(np.ndindex(*gallery.shape[:at]))
     values = np.asarray(gallery.values, np.float32).reshape(len(cells), *gallery.shape[at:])
-    n = values.shape[1]
-    crops = _crop_images(trace, n)
-    lo, hi, minmax = _scale(values, dict(gallery.attrs))
-    colours = colormaps[cmap].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+    n, (h, w) = values.shape[1], values.shape[2:]
+    names = [str(v) for v in gallery[lead].values] if lead in gallery.coords else [str(k) for k in range(n)]
+    crops = _crop_images(trace, n) if lead == "crop" else None
+    original = _original(trace, image) if lead == "view" else None
+    alone = crops is None and original is None
+    attrs = dict(gallery.attrs)
+    lo, hi, minmax = _scale(values, attrs)
+    colours = colormaps[cmap].with_extremes(bad=_GREY if alone else (0.0, 0.0, 0.0, 0.0))
     per_crop = gallery["crop_degenerate"].values.reshape(len(cells), n) if "crop_degenerate" in gallery.coords \
         else np.full((len(cells), n), "")
+    cell_why = gallery["degenerate"].values.reshape(len(cells)) if "degenerate" in gallery.coords and \
+        lead != "crop" else np.full(len(cells), "")
     fig, axes = plt.subplots(len(cells), n, figsize=(size * n + 1.6, size * len(cells) + 1.3), squeeze=False)
-    h, w = values.shape[2:]
-    extent = (-0.5, crops.shape[2] - 0.5, crops.shape[1] - 0.5, -0.5)
     for r, index in enumerate(cells):
         for k in range(n):
             ax = axes[r, k]
-            ax.imshow(crops[k], extent=extent)
-            ax.imshow(np.ma.masked_invalid(values[r, k]), cmap=colours, alpha=alpha, vmin=lo, vmax=hi,
-                      extent=extent, interpolation="nearest")
+            under = crops[k] if crops is not None else original
+            extent = (-0.5, w - 0.5, h - 0.5, -0.5) if lead == "tile" else _extent(attrs, under, h, w)
+            if under is not None:
+                ax.imshow(under, extent=extent)
+            ax.imshow(np.ma.masked_invalid(values[r, k]), cmap=colours, alpha=alpha if under is not None else 1.0,
+                      vmin=lo, vmax=hi, extent=extent, interpolation="nearest")
             tile = gallery["crop_tile"].values[k] if "crop_tile" in gallery.coords else k
-            words = f"crop {k}: {_text(tile)}" if r == 0 else ""
-            why = str(per_crop[r, k])
+            words = "" if r else f"crop {k}: {_text(tile)}" if lead == "crop" else _panel_title(lead, k, names[k],
+                                                                                                gallery)
+            why = str(per_crop[r, k]) or (str(cell_why[r]) if k == 0 else "")
             ax.set_title(words + ("\nall zeros: " + _text(why.split(" (")[0])[:40] if why else ""), fontsize=7.5)
             ax.set_xticks([])
             ax.set_yticks([])
             if k == 0 and fields:
                 ax.set_ylabel(_cell_words(gallery, fields, index), fontsize=8)
-    recipe = gallery.attrs.get("recipe")
-    head = title if title is not None else map_title(trace, xr.DataArray(values[0, 0], attrs=dict(gallery.attrs)))
+    head = title if title is not None else map_title(trace, xr.DataArray(values[0, 0], attrs=attrs))
     head = head.replace("\nDEGENERATE: map is all zeros", "").replace("\n", " — ")
-    notes = [f"varied: {_text(', '.join(fields))}; one row per recipe, one panel per crop over its own pixels"]
+    over = {"crop": "over its own pixels", "view": "drawn alone" if alone else "over the original image",
+            "tile": "on its token grid"}[lead]
+    notes = [f"varied: {_text(', '.join(fields))}; one row per recipe, one panel per {lead} {over}"]
+    if lead == "view" and alone:
+        notes.append("the trace stores no original image: pass image= to draw the views over it")
     if np.isnan(values).any():
-        notes.append("blank: no token covers these cells")
-    fig.suptitle("\n".join([head, *notes]) if recipe or title else "\n".join(notes), fontsize=8.5)
+        notes.append("grey: no token covers these cells" if alone else "blank: no token covers these cells")
+    fig.suptitle("\n".join([head, *notes]), fontsize=8.5)
     fig.tight_layout(rect=(0, 0, 0.92, 1))
     cax = fig.add_axes((0.935, 0.15, 0.012, 0.6))
-    label = "map value (each crop min-max on its own)" if minmax else "map value"
+    label = "map value (each crop min-max on its own)" if minmax and lead == "crop" else "map value"
     fig.colorbar(ScalarMappable(Normalize(lo, hi), cmap=colours), cax=cax, label=label)
     return fig

@@ -31,6 +31,7 @@ from vitcam_nb.compute.pipeline import combine, compact, finish_layers, grid_map
 from vitcam_nb.compute.report import build_checklist, describe, map_words
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.view import TraceView
+from vitcam_nb.compute.vlm_gallery import answer_gallery
 from vitcam_nb.compute.vlm_tiles import is_tiled, place, placed_map, stacked, trace_layout
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceError
@@ -251,7 +252,7 @@ class VlmKind(TraceKind):
         return placed_map(values, dim, coords, recipe, trace, checklist.to_json(), methods, reason, partial)
 
     def gallery(self, trace: xr.Dataset, recipe: Recipe, vary: Mapping[str, Any] | Sequence[str]) -> xr.DataArray:
-        raise RecipeError(f"site: galleries over {recipe.site!r} are not supported yet; call vc.cam per recipe")
+        return answer_gallery(trace, recipe, vary)  # each cell vc.cam's map, its view dim kept
 
     def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
         return self._describable(recipe, trace)[0]

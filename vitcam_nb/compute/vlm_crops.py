@@ -9,7 +9,7 @@ is made across crops. :func:`stitch_crops` then places the per-crop maps on the 
 (padding undone), one map per tile group (``base``: the base view, ``tiles``: the crop grid): groups overlap and
 are never averaged. The language-model sites (``projector``, ``lm_resid``, ``lm_attn``) have no crop dim and are
 the ``vlm`` form's. ``vc.gallery`` varies the tower recipe with one map per crop in every cell
-(:mod:`~vitcam_nb.compute.vlm_crop_gallery`).
+(:mod:`~vitcam_nb.compute.vlm_gallery`).
 
 Example:
     >>> import vitcam_nb as vc
@@ -31,7 +31,7 @@ import xarray as xr
 
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout, Tile
 from vitcam_nb.compute.maps import degenerate_cause, warn_degenerate
-from vitcam_nb.compute.vlm_crop_gallery import crops_gallery
+from vitcam_nb.compute.vlm_gallery import crops_gallery
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, DegenerateMapWarning, RecipeError
 from vitcam_nb.core.kinds import TRACE_FORMS, MapValues, TraceKind, form_for

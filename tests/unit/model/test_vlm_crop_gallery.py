@@ -117,5 +117,5 @@ def test_grid_hands_a_crops_gallery_to_views(next_trace):
     g = vc.gallery(next_trace, vc.Recipe(site="F1", class_=0), vary={"layer": [0]})
     fig = vc.plot.grid(next_trace, g)
     assert len(fig.axes) == 5 + 1
-    with pytest.raises(vc.ArgumentError, match="mask: a crops gallery"):
+    with pytest.raises(vc.ArgumentError, match="mask: a gallery of crop maps"):
         vc.plot.grid(next_trace, g, mask=np.ones((60, 70), bool))
