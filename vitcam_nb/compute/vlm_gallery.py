@@ -140,7 +140,7 @@ def answer_gallery(trace: xr.Dataset, base: Recipe, vary: Mapping[str, Any] | Se
     map per tile group, never averaged), ``(*varied, tile, patch_row, patch_col)`` with ``upsample="none"``.
 
     Example:
-        >>> answer_gallery(xr.Dataset(), vc.Recipe(site="lm_resid"), {"site": ["F1"]})
+        >>> answer_gallery(xr.Dataset(), Recipe(site="lm_resid"), {"site": ["F1"]})
         ... # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         vitcam_nb.core.errors.RecipeError: vary: site 'F1' is a tower site ...
