@@ -137,7 +137,9 @@ def recipe_row(e: Entry) -> dict:
     r = e.recipe
     return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
             "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
-            "part": list(e.part) if e.part else None, "slot": list(e.slot)}
+            "part": list(e.part) if e.part else None, "slot": list(e.slot),
+            # which arrays hold its maps (map_recipes.Entry.grid): only in rows of a crops or LM-grid store
+            **({"grid": e.grid} if e.grid else {})}
 
 
 def _canonical(r: Recipe, layers: tuple[int, ...]) -> str:
