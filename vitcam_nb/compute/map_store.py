@@ -8,7 +8,10 @@ gy, gx), because a fused map upsamples each block before fusing. With each block
 (``part_reason``), reading a map replays the rest of :func:`vitcam_nb.cam` (upsampling, fusion, normalisation,
 as the recipe names them) on the same arrays, so a map read from the store is bitwise the map ``vc.cam`` computes
 on the trace the store's pass made of that image. ``degenerate`` and ``scale`` (image, recipe) hold each map's
-reason on the token grid and the largest magnitude its degeneracy check compared with.
+reason on the token grid and the largest magnitude its degeneracy check compared with. A generative VLM's answer
+store may add a ``crop`` dim to ``maps``, ``parts`` and ``part_reason`` (a tower on crops: one map per crop) and
+hold LM-site maps off the tower's grid in ``lm_maps``, ``lm_parts`` and ``lm_part_reason`` (one map per tile group),
+each recipe row naming its arrays (:mod:`vitcam_nb.compute.map_vlm`); stores without them read as before.
 
 Example:
     >>> import timm, numpy as np, tempfile, vitcam_nb as vc

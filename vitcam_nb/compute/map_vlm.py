@@ -1,21 +1,37 @@
 """A :func:`vitcam_nb.map_many` store of a generative VLM's answers: one answer target for every image
 (``vitcam_nb.targets.answer``) or a list of them, one per image (each image's own question and answer), each image
-traced in a pass of its own with its own target, exactly as :func:`vitcam_nb.trace` traces it; recipes at the
-vision tower's sites (computed as on any trace) and at the LM sites ``projector``, ``lm_resid`` and ``lm_attn``
-(computed as the ``vlm`` trace kind computes them, :mod:`vitcam_nb.compute.vlm`), every map on the tower's token
-grid. A family whose input is read with its target (Qwen2-VL / 2.5-VL: packed ``pixel_values`` with each
-target's ``image_grid_thw``) has each image prepared with its own target, as :func:`vitcam_nb.trace` prepares it.
+traced in a pass of its own (a batch of one) with its own target, exactly as :func:`vitcam_nb.trace` traces it;
+recipes at the vision tower's sites (computed as on any trace) and at the LM sites ``projector``, ``lm_resid`` and
+``lm_attn`` (computed as the ``vlm`` trace kind computes them, :mod:`vitcam_nb.compute.vlm`). A family whose input
+is read with its target (Qwen2-VL / 2.5-VL: packed ``pixel_values`` with each target's ``image_grid_thw``) has each
+image prepared with its own target, as :func:`vitcam_nb.trace` prepares it.
 
-What a store cannot hold is refused by name before any pass: answer targets with different numbers of traced
-entries (the store's arrays have one length), a layout with several tiles or whose grid is not the tower's (the
-store has one grid: Gemma 3's pooled tokens, Qwen2-VL's 2x2-merged tokens, any-resolution tiles), images whose
-tower grids differ (Qwen2-VL's ``image_grid_thw``), every recipe of a family whose tower runs on crops (LLaVA-NeXT /
-OneVision, Idefics3 / SmolVLM: ``vc.cam`` gives them one map per crop or per tile group, a store one grid per image
-and recipe), a ranked ``class_`` ("topK" ranks the traced entries, not the answer tokens: name an answer token),
-and what a map store refuses for every model.
+Where the maps are stored (each recipe row's ``grid`` in the store's table says which arrays hold it; a store
+that needs none of this has exactly the arrays and table it had before):
+
+* tower recipes of a family whose tower runs on crops (LLaVA-NeXT / OneVision, Idefics3 / SmolVLM:
+  ``VlmFamily.crops``; ``grid="crop"``): ``maps``, ``parts`` and ``part_reason`` get a ``crop`` dim after
+  ``image``, so ``store.isel(crop=k)`` holds crop ``k``'s maps as a single-image store holds them, and reading
+  gives ``vc.cam``'s (crop, y, x) with the crops' coords (``crop_tile``, ``crop_group``, ``crop_box_*``, kept per
+  image in its checksummed provenance);
+* LM-site recipes whose grid is not the tower's (several tiles: any-resolution and split images; one tile on
+  another grid: Qwen2-VL's 2x2-merged tokens, Gemma 3's pooled ones; every LM recipe of a crops family;
+  ``grid="lm"``): ``lm_maps``, ``lm_parts`` and ``lm_part_reason`` on the ``vlm`` kind's grid (one row of all image
+  tokens over several tiles, the tile's (rows, cols) for one), with each image's layout in its provenance, so
+  reading places them as ``vc.cam`` does: (view, y, x) per tile group, or (y, x);
+* every other recipe on the tower's token grid in ``maps``, as before. The arrays hold a row for every recipe (the
+  rows of the other group's recipes are zeros); ``degenerate`` and ``scale`` (image, recipe) summarise each map.
+
+What a store cannot hold is refused by name before any pass or write: answer targets with different numbers of
+traced entries (the store's arrays have one length), images whose crops or LM grids differ in number or shape
+(any-resolution picks a grid per image size: the arrays have one shape, so no padding is stored), images whose
+tower grids differ (Qwen2-VL's ``image_grid_thw``), a ranked ``class_`` ("topK" ranks the traced entries, not the
+answer tokens: name an answer token), the token activation map (site ``lm_logit``: its own kind reads the whole
+trace), and what a map store refuses for every model.
 
 Each image's checklist and methods of an LM-site recipe are written with its maps (they name that image's
-answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace.
+answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace
+at the stored upsampling (read at another, the values are ``vc.cam``'s and the report the stored recipe's).
 
 Example:
     >>> p = vc.map_many(llava, images, ["lm_resid@-1"], "m.zarr", targets=[t0, t1])  # doctest: +SKIP

@@ -158,14 +158,16 @@ def test_damage_to_the_new_arrays_is_refused_and_resume_works(case, tmp_path):
     np.testing.assert_array_equal(_cam(vc.image_maps(vc.open_maps(copy), 1), LM[1]).values, want)
     with pytest.raises(vc.TraceFileError, match="holds another image at index 0"):
         vc.map_many(model, images[::-1], RECIPES, copy, targets=targets, batch_size=2, progress=False)
+    # the LM maps, the crop maps (or Qwen's tower maps) and the layout each image's LM maps are placed by
     group["lm_maps"][1, 2] = np.asarray(group["lm_maps"][1, 2]) + 1.0
-    with pytest.raises(vc.TraceFileError, match=r"is damaged: image 1's array 'lm_maps' no longer"):
-        vc.image_maps(vc.open_maps(copy), 1)
-    prov = json.loads(str(group["provenance"][0]))
+    group["maps"][0] = np.asarray(group["maps"][0]) * 0.5
+    prov = json.loads(str(group["provenance"][1]))
     prov["lm_layout"] = prov["lm_layout"].replace('"tiled": ', '"tiled":')
-    group["provenance"][0] = json.dumps(prov)
-    with pytest.raises(vc.TraceFileError, match=r"is damaged: image 0's array 'provenance' no longer"):
-        vc.image_maps(vc.open_maps(copy), 0)
+    group["provenance"][1] = json.dumps(prov)
+    ds = vc.open_maps(copy)
+    for i, names in ((0, "'maps'"), (1, "'lm_maps', 'provenance'")):
+        with pytest.raises(vc.TraceFileError, match=rf"is damaged: image {i}'s arrays? {names} no longer"):
+            vc.image_maps(ds, i)
 
 
 def _refused(model, images, recipes, targets, tmp_path, match):
