@@ -318,7 +318,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         if state["shape"] is None:
             state["shape"] = shape
             check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent,
-                         tree_bytes(path) if replace else 0)
+                        tree_bytes(path) if replace else 0, shape[1] if crops else 1)
         for i, p, _ in batch:
             if tuple(p.tensor.shape) != state["shape"]:
                 raise TraceError(f"images: image {i} has input size {tuple(p.tensor.shape)[-2:]}, the store "

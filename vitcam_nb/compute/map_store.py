@@ -135,7 +135,7 @@ def _grid(one: xr.Dataset, found: Found) -> str:
     grid = str(found.row.get("grid", ""))
     need = {"": "maps", "crop": "maps", "lm": "lm_maps"}.get(grid)
     crop_dim = need is not None and need in one.variables and "crop" in one["maps"].dims
-    if grid == "crop" and not crop_dim and one.attrs.get("crop_dim") and "crop" in one.coords:
+    if grid == "crop" and not crop_dim and one.attrs.get("crop_dim"):
         return ""  # one crop of an image (ds.isel(crop=k), as the crops form reads it): a single-image store's
     if need is None or need not in one.variables or (grid != "lm" and (grid == "crop") != crop_dim):
         where = one.encoding.get("source", "the map store")

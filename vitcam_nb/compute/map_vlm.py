@@ -11,7 +11,7 @@ that needs none of this has exactly the arrays and table it had before):
 
 * tower recipes of a family whose tower runs on crops (LLaVA-NeXT / OneVision, Idefics3 / SmolVLM:
   ``VlmFamily.crops``; ``grid="crop"``): ``maps``, ``parts`` and ``part_reason`` get a ``crop`` dim after
-  ``image``, so ``store.isel(crop=k)`` holds crop ``k``'s maps as a single-image store holds them, and reading
+  ``image``, so an image's ``isel(crop=k)`` holds crop ``k``'s maps as a single-image store's image does; reading
   gives ``vc.cam``'s (crop, y, x) with the crops' coords (``crop_tile``, ``crop_group``, ``crop_box_*``, kept per
   image in its checksummed provenance);
 * LM-site recipes whose grid is not the tower's (several tiles: any-resolution and split images; one tile on

@@ -51,8 +51,8 @@ CROP_ARRAYS = ("maps", "parts", "part_reason")
 def array_dims(name: str, ndim: int, crops: bool = False) -> tuple[str, ...]:
     """The dimensions of a stored array: ``maps`` and ``parts`` of a store of clips (one more axis) have the
     time axis ``gt`` of the (t, y, x) token grid before ``gy`` and ``gx``; in a store of crops (``crops``)
-    ``maps``, ``parts`` and ``part_reason`` have ``crop`` after ``image`` (``ds.isel(crop=k)`` is a store of crop
-    ``k``'s maps as any single-image store holds them).
+    ``maps``, ``parts`` and ``part_reason`` have ``crop`` after ``image`` (an image's ``isel(crop=k)`` holds crop
+    ``k``'s maps as an image of a single-image store holds them).
 
     Example:
         >>> array_dims("maps", 4), array_dims("maps", 5)
