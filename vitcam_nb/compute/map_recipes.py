@@ -346,7 +346,7 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
     # A detection target's attributes describe the image's own detections: per image, in its provenance.
     own = (*PER_IMAGE_ATTRS, *IMAGE_TARGET_ATTRS) if isinstance(plan.target, Detection) else \
         (*PER_IMAGE_ATTRS, *ANSWER_TARGET_ATTRS) if isinstance(plan.target, AnswerTarget) else PER_IMAGE_ATTRS
-    lm_own = any(e.grid == "lm" for e in entries)
+    lm_sites = any(e.recipe.site in LM_SITES for e in entries)
     per, first = [], None
     for b, p in enumerate(prepared):
         # a tower on crops (a batch of one: each answer in its own pass): every crop kept, as vc.trace keeps them
@@ -357,8 +357,8 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
         facts = {k: trace.attrs[k] for k in own if k in trace.attrs}
         facts.update(lm_reports(trace, [e.recipe for e in entries]))  # an answer's LM-site checklists, per image
         facts.update(crop_facts(trace))  # where each crop lies in this image (any-resolution: per image size)
-        if lm_own:
-            facts.update(lm_facts(trace))  # where this image's LM-site maps are placed
+        if lm_sites:
+            facts.update(lm_facts(trace))  # where this image's LM-site maps are placed, and what reports them
         out.update(trace_id=str(trace.attrs["trace_id"]), input_sha256=str(trace.attrs["input_sha256"]),
                    provenance=json.dumps(facts, sort_keys=True, default=str),
                    target_class=trace["target_class"].values, target_label=trace["target_label"].values.astype(object),

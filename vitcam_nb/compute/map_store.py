@@ -39,7 +39,7 @@ from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.map_checksum import CHECKSUM_VAR, CHECKSUMS_ATTR, UNVERIFIED, VERIFIED, verify_image
 from vitcam_nb.compute.map_table import Found, find, read_table
-from vitcam_nb.compute.map_vlm_maps import CROP_COORDS, lm_values, stored_report
+from vitcam_nb.compute.map_vlm_maps import CROP_COORDS, lm_report, lm_values, stored_report
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
@@ -170,6 +170,16 @@ def _lm(one: xr.Dataset, found: Found) -> tuple[np.ndarray, tuple[str, ...], dic
     return lm_values(parts, reasons, list(info["layers"]), found.recipe, str(one["provenance"].values))
 
 
+def _lm_report(one: xr.Dataset, report: xr.Dataset, found: Found) -> tuple[str, str] | None:
+    """An LM-site map's checklist and methods: those written with the image's maps at the stored upsampling, or
+    at another those the ``vlm`` kind writes, made again from the image's stored layout (map_vlm_maps.lm_report;
+    a store written before it kept one has its stored report only)."""
+    stored = stored_report(report, found.row["id"])
+    if found.recipe.id == found.row["id"]:
+        return stored
+    return lm_report(report, one["logits"].values, one["target_class"].values, found.recipe) or stored
+
+
 def _values(one: xr.Dataset, found: Found) -> MapValues:
     """The map of the stored recipe ``found`` names (at the upsampling asked for), replayed from its stored parts:
     the values ``vc.cam`` gives on the trace for that recipe and for every spelling of the same map."""
@@ -216,7 +226,7 @@ def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray
     if grid == "lm":  # an LM-site map off the store's grid: (y, x), or (view, y, x) over several tiles
         values, dim, coords, notes, partial = _lm(one, found)
         reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
-        checklist, methods = stored_report(report_trace(one), found.row["id"]) or ("{}", "")
+        checklist, methods = _lm_report(one, report_trace(one), found)
         out = placed_map(values, dim, coords, recipe, xr.Dataset(attrs={"trace_id": str(one["trace_id"].values)}),
                          checklist, methods, reason, partial)
         out.attrs.update(blocks)
@@ -226,7 +236,8 @@ def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray
     report = report_trace(one, found.layers)
     if "grid_t" not in one.attrs:
         # an answer store's LM-site recipe: the checklist written with the image's maps (compute.map_vlm)
-        checklist, methods = stored_report(report, found.row["id"]) or cached_report(recipe, report)
+        checklist, methods = (_lm_report(one, report, found) if recipe.site in LM_SITES else None) or \
+            cached_report(recipe, report)
         return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
     # a clip's map: the video kind's dims and report, as vc.cam gives them on the clip's trace
     flat = map_array(values[0], recipe, str(one["trace_id"].values), VIDEO.checklist(recipe, report).to_json(),

@@ -30,8 +30,9 @@ answer tokens: name an answer token), the token activation map (site ``lm_logit`
 trace), and what a map store refuses for every model.
 
 Each image's checklist and methods of an LM-site recipe are written with its maps (they name that image's
-answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace
-at the stored upsampling (read at another, the values are ``vc.cam``'s and the report the stored recipe's).
+answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace;
+read at another upsampling, the report is written again from the image's stored layout
+(:func:`~vitcam_nb.compute.map_vlm_maps.lm_report`; a store written before it kept one gives its stored report).
 
 Example:
     >>> p = vc.map_many(llava, images, ["lm_resid@-1"], "m.zarr", targets=[t0, t1])  # doctest: +SKIP

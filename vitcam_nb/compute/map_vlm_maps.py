@@ -20,11 +20,11 @@ from vitcam_nb.adapters.hf_vlm import LM_SITES
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.spatial import upsample
 from vitcam_nb.compute.vlm import VLM, VLM_SITES, layer_maps, trace_view_of
-from vitcam_nb.compute.vlm_tiles import TILES_ATTR, is_tiled, place, stacked, trace_layout
+from vitcam_nb.compute.vlm_tiles import is_tiled, place, stacked, trace_layout
 from vitcam_nb.core.recipe import Recipe
 
 __all__ = ["ANSWER_TARGET_ATTRS", "CROP_COORDS", "CROP_COORD_NAMES", "LM_LAYOUT", "MAP_REPORTS", "crop_facts",
-           "lm_facts", "lm_grid", "lm_reports", "lm_values", "stored_report", "vlm_grid_parts"]
+           "lm_facts", "lm_grid", "lm_report", "lm_reports", "lm_values", "stored_report", "vlm_grid_parts"]
 
 #: The trace attributes an answer target writes that describe that image's question and answer: per image.
 ANSWER_TARGET_ATTRS = ("target_scores", "answer_ids", "answer_tokens", "image_token_layout", "zero_gradient_cause",
@@ -34,6 +34,8 @@ MAP_REPORTS = "map_reports"
 #: The per-image fact holding each crop's coordinates (JSON; :func:`crop_facts`), and those coordinates.
 CROP_COORDS = "crop_coords"
 CROP_COORD_NAMES = ("crop_tile", "crop_group", "crop_box_top", "crop_box_left", "crop_box_bottom", "crop_box_right")
+#: A site's gradient dtype in :data:`LM_LAYOUT` (the report names the storage precision).
+GRAD_DTYPE = "grad_dtype"
 #: The per-image fact holding the image-token layout its LM-site maps are placed by (JSON; :func:`lm_facts`).
 LM_LAYOUT = "lm_layout"
 
@@ -67,20 +69,52 @@ def lm_grid(trace: xr.Dataset) -> tuple[int, int]:
 
 def lm_facts(trace: xr.Dataset) -> dict[str, str]:
     """``{LM_LAYOUT: JSON}``: what an answer store needs to place this image's LM-site maps as the ``vlm`` kind
-    does: the image size and padding the maps upsample to, the image-token coords and each LM site's tile boxes and
-    layout text (an answer's layout is its own: written per image, with its checksum).
+    does, and to write their report at any upsampling (:func:`lm_report`): the image size and padding the maps
+    upsample to, the image-token coords, each LM site's attributes (hook, layout, tile boxes) and gradient dtype, the
+    LM's layer count and the answer tokens (an answer's layout is its own: written per image, with its checksum).
 
     Example:
         >>> sorted(json.loads(lm_facts(trace)[LM_LAYOUT]))  # doctest: +SKIP
-        ['col', 'pad', 'pos', 'row', 'sites', 'size', 'tile', 'tiled']
+        ['answer_token_str', 'col', 'lm_layers', 'pad', 'pos', 'row', 'sites', 'size', 'tile', 'tiled']
     """
-    sites = {s: {TILES_ATTR: str(trace[s].attrs.get(TILES_ATTR, "")), "layout": str(trace[s].attrs.get("layout", ""))}
-             for s in VLM_SITES if s in trace.variables}
+    sites = {s: {**{k: v for k, v in trace[s].attrs.items() if isinstance(v, str)},
+                 GRAD_DTYPE: str(trace[f"{s}_grad"].dtype)} for s in VLM_SITES if s in trace.variables}
     view = trace_view_of(trace, next(iter(sites)))
     coords = {k: [int(v) for v in trace[f"image_token_{k}"].values] for k in ("pos", "tile", "row", "col")}
     fact = {"size": [view.height, view.width], "pad": [int(v) for v in view.pad], "tiled": bool(is_tiled(trace)),
-            "sites": sites, **coords}
+            "sites": sites, "lm_layers": int(trace.sizes.get("lm_layer", 1)),
+            "answer_token_str": [str(v) for v in trace["answer_token_str"].values]
+            if "answer_token_str" in trace.variables else None, **coords}
     return {LM_LAYOUT: json.dumps(fact, sort_keys=True)}
+
+
+def lm_report(report: xr.Dataset, logits: np.ndarray, target_class: np.ndarray, recipe: Recipe
+              ) -> tuple[str, str] | None:
+    """The checklist (JSON) and methods the ``vlm`` kind writes for an LM-site ``recipe`` on this image's trace,
+    written again from what the store keeps of it (``report``: the image's trace attributes and facts, with its
+    :data:`LM_LAYOUT`): for a recipe read at an upsampling other than the one stored with the image's report. None
+    for a store written before it kept the layout (its stored report is all it has).
+
+    Example:
+        >>> text, methods = lm_report(report, logits, classes, recipe.replace(upsample="nearest"))  # doctest: +SKIP
+    """
+    text = report.attrs.get(LM_LAYOUT)
+    if not text:
+        return None
+    fact = json.loads(text)
+    site = recipe.site
+    attrs = dict(fact["sites"][site])
+    grad = np.zeros(1, np.dtype(attrs.pop(GRAD_DTYPE)))
+    shim = _layout_trace(fact, site).assign({
+        site: ("image_token", np.zeros(len(fact["pos"]), np.float32), attrs), f"{site}_grad": ("one", grad),
+        "logits": ("class", np.asarray(logits)), "target_class": ("target", np.asarray(target_class))})
+    coords = {"lm_layer": np.arange(int(fact["lm_layers"])), "y": np.arange(int(fact["size"][0])),
+              "x": np.arange(int(fact["size"][1]))}
+    if fact.get("answer_token_str") is not None:
+        coords["answer_token_str"] = ("answer_token", np.asarray(fact["answer_token_str"], dtype=str))
+    shim = shim.assign_coords(coords)
+    shim.attrs = {k: v for k, v in report.attrs.items() if k not in (LM_LAYOUT, MAP_REPORTS, "crop_coords")}
+    return VLM.checklist(recipe, shim).to_json(), VLM.describe(recipe, shim)
 
 
 def crop_facts(trace: xr.Dataset) -> dict[str, str]:

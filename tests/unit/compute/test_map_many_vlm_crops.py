@@ -111,9 +111,9 @@ def test_each_map_is_vc_cam_on_its_trace(case):
             assert got.dims == (tower_dims if r in TOWER else lm_dims)
             _same(_cam(same_pass, r), got, report=True)
             np.testing.assert_allclose(got.values, _cam(every_site, r).values, rtol=0, atol=1e-6)
-            # any upsampling is read from the same stored grid (the report is the stored recipe's, so only values)
-            for up in ("none", "nearest"):
-                _same(_cam(same_pass, r.replace(upsample=up)), _cam(one, r.replace(upsample=up)), report=False)
+            # any upsampling is read from the same stored grid, with the report vc.cam writes at that upsampling
+            for up in ("none", "nearest", "bicubic"):
+                _same(_cam(same_pass, r.replace(upsample=up)), _cam(one, r.replace(upsample=up)), report=True)
     # each image's own answer and pixels: a store that mixed them up would fail above
     first = [_cam(vc.image_maps(ds, i), LM[0]).values for i in range(2)]
     assert not np.array_equal(first[0], first[1], equal_nan=True)

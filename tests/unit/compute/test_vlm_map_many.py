@@ -84,6 +84,9 @@ def test_each_image_map_is_vc_cam_on_its_trace(llava, images, targets, store):
                 got = vc.cam(one, r)
             _same(_quiet(same_pass, r), got)
             _same(_quiet(every_site, r), got, exact=False)
+            # read at another upsampling: vc.cam's values and the report it writes at that upsampling
+            other = r.replace(upsample="nearest")
+            _same(_quiet(same_pass, other), _quiet(one, other))
         # the maps differ between images (their own answers), so a store that mixed them up would fail above
     first = [vc.cam(vc.image_maps(ds, i), RECIPES[3]).values for i in range(3)]
     assert not np.array_equal(first[0], first[1])
