@@ -202,3 +202,13 @@ def test_what_a_crops_store_cannot_hold_is_refused_before_any_write(tmp_path):
              r"images: image 1 holds crops of shape \(1, 4, 3, 32, 32\), image 0 \(1, 5, 3, 32, 32\)")
     _refused(model, [x], [vc.Recipe(site="lm_logit", class_=0)], base, tmp_path,
              r"site 'lm_logit' \(the token activation map\) is computed by its own trace kind")
+
+
+def test_the_store_kinds_report_is_its_first_images_maps(case):
+    from vitcam_nb.compute.map_store import MAPS
+
+    ds = vc.open_maps(case[4])
+    for r in (TOWER[1], LM[2], LM[0].replace(upsample="nearest")):
+        m = _cam(vc.image_maps(ds, 0), r)
+        assert MAPS.checklist(r, ds).to_json() == m.attrs["checklist"]
+        assert MAPS.describe(r, ds) == m.attrs["methods"]
