@@ -1,7 +1,7 @@
-"""``vc.map_many`` on the answers it refused before (issue 55, item 7): the crops families (a tiny LLaVA-NeXT of
-anyres_cases.py, a tiny Idefics3 of test_vlm_idefics.py: ``VlmFamily.crops``), whose tower maps are one per crop
-(crop, y, x) and whose LM-site maps are one per tile group (view, y, x), and Qwen2-VL's LM sites, whose merged
-token grid is not the tower's (tests/vlm_qwen_tiny.py).
+"""``vc.map_many`` on the answers it refused before (issue 55, item 7): the crops families (tiny LLaVA-NeXT and
+OneVision of anyres_cases.py, Idefics3 and SmolVLM of test_vlm_idefics.py: ``VlmFamily.crops``), whose tower maps
+are one per crop (crop, y, x) and whose LM-site maps are one per tile group (view, y, x), and Qwen2-VL / 2.5-VL's
+LM sites, whose merged token grid is not the tower's (tests/vlm_qwen_tiny.py).
 
 Each map read back from the store is compared with ``vc.cam`` on ``vc.trace`` of that image with that target and
 the sites and blocks the store's pass captured. ``map_many`` traces each answer image as a batch of one in a pass
@@ -54,24 +54,24 @@ def _qwen_input(seed: int, answer: list[int]):
 
 def _case(kind: str):
     """(model, two images, their answer targets, the dims a tower and an LM map have)."""
-    if kind == "next":
-        model = anyres_cases.make("next")
+    if kind in ("next", "onevision"):
+        model = anyres_cases.make(kind)
         images = [anyres_cases.pixels(1), anyres_cases.pixels(2)]
-        targets = [vc.targets.answer(input_ids=anyres_cases.prompt("next"), answer_ids=a,
+        targets = [vc.targets.answer(input_ids=anyres_cases.prompt(kind), answer_ids=a,
                                      model_kwargs={"image_sizes": torch.tensor([anyres_cases.SIZE])})
                    for a in ANSWERS]
         return model, images, targets, ("crop", "y", "x"), ("view", "y", "x")
-    if kind == "idefics3":
-        model = idefics.make("idefics3")
+    if kind in idefics.KINDS:
+        model = idefics.make(kind)
         images = [idefics.make_x(seed=1), idefics.make_x(seed=2)]
         targets = [vc.targets.answer(input_ids=idefics.PROMPT, answer_ids=a) for a in ANSWERS]
         return model, images, targets, ("crop", "y", "x"), ("view", "y", "x")
-    model = tiny.make_model("qwen2")
+    model = tiny.make_model(kind)
     pairs = [_qwen_input(1, ANSWERS[0]), _qwen_input(2, ANSWERS[1])]
     return model, [p for p, _ in pairs], [t for _, t in pairs], ("y", "x"), ("y", "x")
 
 
-@pytest.fixture(scope="module", params=["next", "idefics3", "qwen2"])
+@pytest.fixture(scope="module", params=["next", "onevision", "idefics3", "smolvlm", "qwen2", "qwen2_5"])
 def case(request, tmp_path_factory):
     model, images, targets, tower_dims, lm_dims = _case(request.param)
     path = tmp_path_factory.mktemp(request.param) / "answers.zarr"
@@ -127,15 +127,15 @@ def test_the_whole_store_and_its_layout_on_disk(case):
         assert both.dims == ("image", *(tower_dims if r in TOWER else lm_dims))
         for i in range(2):
             np.testing.assert_array_equal(both.values[i], _cam(vc.image_maps(ds, i), r).values)
-    if kind != "qwen2":  # one crop of an image reads as an image of a single-image store: that crop's map
+    if not kind.startswith("qwen"):  # one crop of an image reads as an image of a single-image store: that crop's map
         one = vc.image_maps(ds, 1)
         np.testing.assert_array_equal(_cam(one.isel(crop=2), TOWER[1]).values, _cam(one, TOWER[1]).values[2])
     rows = json.loads(ds.attrs["recipes"])
-    crops = kind != "qwen2"
+    crops = not kind.startswith("qwen")
     assert [row.get("grid", "") for row in rows] == ["crop" if crops else ""] * 2 + ["lm"] * 4
     assert ds["maps"].dims == (("image", "crop", "recipe", "gy", "gx") if crops else ("image", "recipe", "gy", "gx"))
     assert ds["lm_maps"].dims == ("image", "recipe", "lgy", "lgx")
-    if kind == "qwen2":  # the 2x2-merged 3x5 grid of the tower's 6x10 patches
+    if not crops:  # the 2x2-merged 3x5 grid of the tower's 6x10 patches
         assert (ds.sizes["gy"], ds.sizes["gx"], ds.sizes["lgy"], ds.sizes["lgx"]) == (6, 10, 3, 5)
     else:
         assert ds.sizes["crop"] == 5 and ds.sizes["lgy"] == 1  # every image token of every tile in one row
