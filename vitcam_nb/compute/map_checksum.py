@@ -38,9 +38,9 @@ UNVERIFIED = ("none: this store was written before map stores had checksums (vit
               "chunk changed on disk cannot be detected; compute it again with vc.map_many to have them")
 #: Every per-image array a map, its report or its image's facts are read from (``done`` and the index are not).
 CHECKED = ("maps", "parts", "part_reason", "degenerate", "scale", "trace_id", "input_sha256", "provenance", "label",
-           "source", "target_class", "target_label", "logits")
-#: Bytes of one image's checksum on disk, at most (13 arrays of a 16-digit digest, as JSON), for the disk check.
-CHECKSUM_BYTES = 512
+           "source", "target_class", "target_label", "logits", "lm_maps", "lm_parts", "lm_part_reason")
+#: Bytes of one image's checksum on disk, at most (16 arrays of a 16-digit digest, as JSON), for the disk check.
+CHECKSUM_BYTES = 768
 #: The batch entry that carries the digests of the arrays a worker wrote itself (``maps``, ``parts``).
 BIG_DIGESTS = "_big_digests"
 

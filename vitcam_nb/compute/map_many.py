@@ -254,9 +254,21 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
     def answer(i: int) -> Any:  # an answer store's image i's target: its input may be read with it (Qwen2-VL)
         return (answers[i] if len(answers) > 1 else answers[0]) if answers else None
 
-    check_items(images, image_labels, None,
-                lambda item, i: check_item(model, plan.adapter, item.image, None, i, answer(i)),
-                None if own else head_size(model))
+    crops = plan.adapter.runs_crops(model)  # a tower on several crops: its input is prepared as vc.trace does
+
+    shapes: list[tuple[int, ...]] = []
+
+    def check(item: Any, i: int) -> None:
+        if crops:  # another number of crops is another crop dim: refused here, before any pass or write
+            shapes.append(tuple(prepare_item(model, plan.adapter, item.image, None, i, answer(i)).tensor.shape))
+            if shapes[-1] != shapes[0]:
+                raise TraceError(f"images: image {i} holds crops of shape {shapes[-1]}, image 0 {shapes[0]}; a "
+                                 "map store's crop dim has one length: give every image the same crops (one "
+                                 "size), or trace each with vc.trace and read its maps with vc.cam")
+        else:
+            check_item(model, plan.adapter, item.image, None, i, answer(i))
+
+    check_items(images, image_labels, None, check, None if own else head_size(model))
     if overwrite or not path.exists():  # the new store is made in a temporary folder beside it, then renamed
         check_writable(path.parent, path)
     lock = StoreLock(path, writer="map_many")
@@ -274,6 +286,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
 
     def create(arrays: dict, attrs: dict, kinds: np.ndarray) -> MapWriter:
         pad = attrs.pop("pad")
+        crop_dim = attrs.pop("crop_dim", 0)  # a store of crops: maps, parts and part_reason have a crop dim
         store_attrs = {
             "store_kind": MAPS_STORE_KIND, "store_version": MAPS_STORE_VERSION,
             "settings": json.dumps(settings, sort_keys=True), "settings_id": settings_id(settings),
@@ -284,7 +297,7 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
             "trace_attrs": json.dumps(attrs, sort_keys=True, default=str), "num_layers": int(attrs["num_layers"]),
             "img_height": int(attrs["img_height"]), "img_width": int(attrs["img_width"]),
             "grid_h": int(attrs["grid_h"]), "grid_w": int(attrs["grid_w"]),
-            "pad": pad,
+            "pad": pad, **({"crop_dim": int(crop_dim)} if crop_dim else {}),
             # a store of clips: the (t, y, x) grid's length in time and the clip's frames the maps upsample to
             **({"grid_t": int(attrs["grid_t"]), "clip_frames": int(attrs["clip_frames"])} if video else {}),
             "recipes": json.dumps([_info(e, report_of(attrs, str(arrays["provenance"][0]), kinds)) for e in entries]),
@@ -305,14 +318,15 @@ def map_many(model: torch.nn.Module, images: Any, recipes_or_space: Any, path: s
         if state["shape"] is None:
             state["shape"] = shape
             check_sizes(plan, entries, n_parts, n, shape[-2:], len(batch), max_bytes, path.parent,
-                         tree_bytes(path) if replace else 0)
+                        tree_bytes(path) if replace else 0, shape[1] if crops else 1)
         for i, p, _ in batch:
             if tuple(p.tensor.shape) != state["shape"]:
                 raise TraceError(f"images: image {i} has input size {tuple(p.tensor.shape)[-2:]}, the store "
                                  f"{state['shape'][-2:]}; a map store holds images of one input size")
         labels_ = np.array([lab for lab, _ in (x[2] for x in batch)], np.int64)
         sources = np.array([src for _, src in (x[2] for x in batch)], object)
-        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch), recompute=False)
+        # a tower on crops runs on every crop the input holds, at most (as vc.trace budgets it)
+        fit_budget(plan, shape[-2:], max_bytes, batch=len(batch) * (shape[1] if crops else 1), recompute=False)
         if state["writer"] is not None and not state["begun"]:
             _begin(state["writer"], n)
         state["begun"] = True

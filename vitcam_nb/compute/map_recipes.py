@@ -24,13 +24,21 @@ import xarray as xr
 
 from vitcam_nb.adapters.hf_vlm import LM_SITES
 from vitcam_nb.capture.assemble import assemble
+from vitcam_nb.capture.crops import assemble_crops
 from vitcam_nb.capture.passes import run_pass
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.store_targets import IMAGE_TARGET_ATTRS
 from vitcam_nb.compute.fusion import rollout
 from vitcam_nb.compute.map_store import replay
 from vitcam_nb.compute.map_table import blocks as _blocks
-from vitcam_nb.compute.map_vlm_maps import ANSWER_TARGET_ATTRS, lm_reports, vlm_grid_parts
+from vitcam_nb.compute.map_vlm_maps import (
+    ANSWER_TARGET_ATTRS,
+    crop_facts,
+    lm_facts,
+    lm_grid,
+    lm_reports,
+    vlm_grid_parts,
+)
 from vitcam_nb.compute.map_writer import batch_arrays
 from vitcam_nb.compute.pipeline import finish_layers, raw_maps
 from vitcam_nb.compute.video import stacked_frames
@@ -97,8 +105,10 @@ def as_recipes(recipes_or_space: Any) -> list[Recipe]:
 
 @dataclass(frozen=True)
 class Entry:
-    """One recipe of a store: its blocks (absolute), whether it is a rollout, and where its parts and per-layer
-    reasons are stored (``part``: None when the recipe's map itself is its one part).
+    """One recipe of a store: its blocks (absolute), whether it is a rollout, where its parts and per-layer
+    reasons are stored (``part``: None when the recipe's map itself is its one part), and which arrays hold them
+    (``grid``: "" the store's token grid, ``maps``; "crop" the same arrays with a leading ``crop`` dim, one map per
+    crop; "lm" an LM-site map on the LM's own grid, ``lm_maps``: :mod:`vitcam_nb.compute.map_vlm`).
 
     Example:
         >>> Entry(Recipe(layer=0), (0,), False, None, (0, 1)).layers
@@ -110,6 +120,7 @@ class Entry:
     rollout: bool
     part: tuple[int, int] | None
     slot: tuple[int, int]
+    grid: str = ""
 
 
 def plan_entries(recipes: list[Recipe], n_layers: int, sites: Sequence[str], targets: Any
@@ -194,7 +205,9 @@ def grid_parts(view: TraceView, entry: Entry) -> tuple[np.ndarray, np.ndarray, f
 def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict[str, np.ndarray]:
     """One image's stored arrays from its trace: ``maps`` (recipe, gy, gx), ``parts`` (part, gy, gx),
     ``part_reason`` (slot), ``degenerate`` and ``scale`` (recipe); for a clip's trace ``maps`` and ``parts`` on
-    its (gt, gy, gx) token grid.
+    its (gt, gy, gx) token grid; for a trace of several crops ``maps``, ``parts`` and ``part_reason`` with a leading
+    ``crop`` dim (each crop's maps as its single-image trace gives them); for LM-site recipes on the LM's own grid
+    ``lm_maps``, ``lm_parts`` and ``lm_part_reason`` (:func:`_lm_maps`).
 
     Example:
         >>> import timm, vitcam_nb as vc
@@ -204,12 +217,16 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
         >>> out["maps"].shape, out["degenerate"].tolist()
         ((1, 4, 4), [''])
     """
+    if "crop" in trace.dims:
+        return _crop_maps(trace, entries, n_parts)
     # A clip's maps are the video kind's: every per-token step on its frames stacked into one (t x h, w) grid;
     # they are stored on the (t, h, w) grid.
     gt = int(trace.attrs.get("grid_t", 0))
     view = TraceView.of(stacked_frames(trace) if gt else trace)
     out = empty_image(entries, n_parts, (view.gh, view.gw))
     for i, e in enumerate(entries):
+        if e.grid:
+            continue
         if e.recipe.site in LM_SITES:  # a generative VLM's LM site: the vlm kind's maps (compute.map_vlm)
             parts, reasons, scale = vlm_grid_parts(trace, e.recipe)
         else:
@@ -218,6 +235,48 @@ def image_maps_of(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict
     if gt:
         for name in ("maps", "parts"):
             out[name] = out[name].reshape(len(out[name]), gt, view.gh // gt, view.gw)
+    return _lm_maps(trace, entries, n_parts, out)
+
+
+def _crop_maps(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict[str, np.ndarray]:
+    """:func:`image_maps_of` of a trace of several crops: each crop's tower maps exactly as on ``trace.isel(crop=k)``
+    (what ``vc.cam`` computes per crop), stacked along a leading ``crop`` dim; ``degenerate`` names each crop's
+    reason and ``scale`` is the largest over the crops."""
+    per = []
+    for k in range(int(trace.sizes["crop"])):
+        one = trace.isel(crop=k)
+        view = TraceView.of(one)
+        out = empty_image(entries, n_parts, (view.gh, view.gw))
+        for i, e in enumerate(entries):
+            if e.grid == "crop":
+                parts, reasons, scale = grid_parts(view, e)
+                store_entry(out, i, e, parts, [str(r) for r in reasons], scale, (view.height, view.width), view.pad)
+        per.append(out)
+    tiles = [str(v) for v in trace["crop_tile"].values] if "crop_tile" in trace.coords else None
+    out = {k: np.stack([p[k] for p in per]) for k in ("maps", "parts", "part_reason")}
+    out["degenerate"] = np.array(["; ".join(f"crop {k} ({tiles[k] if tiles else k}): {p['degenerate'][i]}"
+                                            for k, p in enumerate(per) if p["degenerate"][i])
+                                  for i in range(len(entries))], object)
+    out["scale"] = np.max([p["scale"] for p in per], axis=0)
+    return _lm_maps(trace, entries, n_parts, out)
+
+
+def _lm_maps(trace: xr.Dataset, entries: list[Entry], n_parts: int, out: dict[str, np.ndarray]
+             ) -> dict[str, np.ndarray]:
+    """``out`` with the LM-site recipes on the LM's own grid (``grid="lm"``) in ``lm_maps`` (recipe, lgy, lgx),
+    ``lm_parts`` (part, lgy, lgx) and ``lm_part_reason`` (slot): their per-layer maps as the ``vlm`` kind computes
+    them on the layout's grid (:func:`~vitcam_nb.compute.map_vlm_maps.lm_grid`), before upsampling and placing."""
+    lm = [i for i, e in enumerate(entries) if e.grid == "lm"]
+    if not lm:
+        return out
+    grid = lm_grid(trace)
+    mine = empty_image(entries, n_parts, grid)
+    for i in lm:
+        e = entries[i]
+        parts, reasons, scale = vlm_grid_parts(trace, e.recipe)
+        store_entry(mine, i, e, parts, [str(r) for r in reasons], scale, (1, 1), (0, 0))
+        out["degenerate"][i], out["scale"][i] = mine["degenerate"][i], mine["scale"][i]
+    out.update(lm_maps=mine["maps"], lm_parts=mine["parts"], lm_part_reason=mine["part_reason"])
     return out
 
 
@@ -287,20 +346,28 @@ def compute_batch(plan: TracePlan, entries: list[Entry], n_parts: int, prepared:
     # A detection target's attributes describe the image's own detections: per image, in its provenance.
     own = (*PER_IMAGE_ATTRS, *IMAGE_TARGET_ATTRS) if isinstance(plan.target, Detection) else \
         (*PER_IMAGE_ATTRS, *ANSWER_TARGET_ATTRS) if isinstance(plan.target, AnswerTarget) else PER_IMAGE_ATTRS
+    lm_sites = any(e.recipe.site in LM_SITES for e in entries)
     per, first = [], None
     for b, p in enumerate(prepared):
-        trace = assemble(plan, p, run.image(b), run)
+        # a tower on crops (a batch of one: each answer in its own pass): every crop kept, as vc.trace keeps them
+        trace = assemble_crops(plan, p, run) if run.crops else assemble(plan, p, run.image(b), run)
         if first is None:
             first = trace
         out = image_maps_of(trace, entries, n_parts)
         facts = {k: trace.attrs[k] for k in own if k in trace.attrs}
         facts.update(lm_reports(trace, [e.recipe for e in entries]))  # an answer's LM-site checklists, per image
+        facts.update(crop_facts(trace))  # where each crop lies in this image (any-resolution: per image size)
+        if lm_sites:
+            facts.update(lm_facts(trace))  # where this image's LM-site maps are placed, and what reports them
         out.update(trace_id=str(trace.attrs["trace_id"]), input_sha256=str(trace.attrs["input_sha256"]),
                    provenance=json.dumps(facts, sort_keys=True, default=str),
                    target_class=trace["target_class"].values, target_label=trace["target_label"].values.astype(object),
                    logits=trace["logits"].values.astype(np.float32))
         per.append(out)
     attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in first.attrs.items() if k not in own}
-    view = TraceView.of(stacked_frames(first) if "grid_t" in first.attrs else first)
+    view = TraceView.of(stacked_frames(first) if "grid_t" in first.attrs else
+                        first.isel(crop=0) if "crop" in first.dims else first)
     attrs["pad"] = json.dumps([int(v) for v in view.pad])
+    if "crop" in first.dims:
+        attrs["crop_dim"] = 1  # the store's maps, parts and part_reason have a crop dim (map_writer.array_dims)
     return batch_arrays(per), attrs, first["token_kind"].values

@@ -79,17 +79,18 @@ def bytes_text(n: float) -> str:
 
 
 def check_sizes(plan: TracePlan, entries: list[Entry], n_parts: int, n: int | None, hw: tuple[int, int],
-                 batch: int, max_bytes: float | None, parent: Path, replaced: int) -> None:
+                 batch: int, max_bytes: float | None, parent: Path, replaced: int, crops: int = 1) -> None:
     """Refuse, before the first pass, a space whose maps do not fit the memory budget or the store's disk: its
     maps, the recipe table and attributes, a disk block per file, against the free space and the ``replaced``
-    bytes of the store this call replaces (removed once the new store exists).
+    bytes of the store this call replaces (removed once the new store exists). ``crops``: the crops each image's
+    tower runs on (a store of crops holds a map per crop).
 
     Example:
         >>> check_sizes(plan, entries, 0, 10**9, (224, 224), 8, None, Path("."), 0)  # doctest: +SKIP
         Traceback (most recent call last):
         TraceFileError: recipes_or_space: 1 recipes over 1000000000 images make a store of about ...
     """
-    per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 + len(entries) * 64
+    per_image = (len(entries) + n_parts) * _cells(plan, hw) * 4 * max(1, int(crops)) + len(entries) * 64
     budget = max_bytes if max_bytes is not None else (available_bytes() or float("inf")) / 2
     if per_image * batch > budget:
         # The caller's max_bytes is what refuses, so it is named; without one, half the free memory refuses.
@@ -137,7 +138,9 @@ def recipe_row(e: Entry) -> dict:
     r = e.recipe
     return {"key": r.replace(upsample="none").id, "id": r.id, "json": r.to_json(), "text": r.to_string(),
             "canonical_id": _canonical(r, e.layers), "layers": list(e.layers), "rollout": e.rollout,
-            "part": list(e.part) if e.part else None, "slot": list(e.slot)}
+            "part": list(e.part) if e.part else None, "slot": list(e.slot),
+            # which arrays hold its maps (map_recipes.Entry.grid): only in rows of a crops or LM-grid store
+            **({"grid": e.grid} if e.grid else {})}
 
 
 def _canonical(r: Recipe, layers: tuple[int, ...]) -> str:

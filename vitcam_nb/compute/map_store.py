@@ -8,7 +8,10 @@ gy, gx), because a fused map upsamples each block before fusing. With each block
 (``part_reason``), reading a map replays the rest of :func:`vitcam_nb.cam` (upsampling, fusion, normalisation,
 as the recipe names them) on the same arrays, so a map read from the store is bitwise the map ``vc.cam`` computes
 on the trace the store's pass made of that image. ``degenerate`` and ``scale`` (image, recipe) hold each map's
-reason on the token grid and the largest magnitude its degeneracy check compared with.
+reason on the token grid and the largest magnitude its degeneracy check compared with. A generative VLM's answer
+store may add a ``crop`` dim to ``maps``, ``parts`` and ``part_reason`` (a tower on crops: one map per crop) and
+hold LM-site maps off the tower's grid in ``lm_maps``, ``lm_parts`` and ``lm_part_reason`` (one map per tile group),
+each recipe row naming its arrays (:mod:`vitcam_nb.compute.map_vlm`); stores without them read as before.
 
 Example:
     >>> import timm, numpy as np, tempfile, vitcam_nb as vc
@@ -36,15 +39,23 @@ from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.map_checksum import CHECKSUM_VAR, CHECKSUMS_ATTR, UNVERIFIED, VERIFIED, verify_image
 from vitcam_nb.compute.map_table import Found, find, read_table
-from vitcam_nb.compute.map_vlm_maps import stored_report
+from vitcam_nb.compute.map_vlm_maps import CROP_COORDS, lm_report, lm_values, stored_report
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
 from vitcam_nb.compute.report_cache import cached_report
 from vitcam_nb.compute.spatial import normalise, upsample
 from vitcam_nb.compute.video import VIDEO, upsample_clip
+from vitcam_nb.compute.vlm_crops import CROPS
+from vitcam_nb.compute.vlm_tiles import placed_map
 from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.checklist import Checklist
-from vitcam_nb.core.errors import ArgumentIndexError, ArgumentTypeError, TraceError, TraceFileError
+from vitcam_nb.core.errors import (
+    ArgumentIndexError,
+    ArgumentTypeError,
+    DegenerateMapWarning,
+    TraceError,
+    TraceFileError,
+)
 from vitcam_nb.core.kinds import TRACE_KINDS, MapValues, TraceKind
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.schema import MAPS_STORE_KIND
@@ -118,10 +129,67 @@ def report_of(trace_attrs: dict, provenance: str, token_kind: Any, layers: Seque
     return xr.Dataset(coords=coords, attrs={**trace_attrs, **json.loads(provenance)})
 
 
+def _grid(one: xr.Dataset, found: Found) -> str:
+    """Which arrays hold the map of ``found`` (its row's ``grid``: "" ``maps``, "crop" ``maps`` with a crop dim,
+    "lm" ``lm_maps``; "" for one crop of an image); a row naming arrays the store lacks is refused, naming it."""
+    grid = str(found.row.get("grid", ""))
+    need = {"": "maps", "crop": "maps", "lm": "lm_maps"}.get(grid)
+    crop_dim = need is not None and need in one.variables and "crop" in one["maps"].dims
+    if grid == "crop" and not crop_dim and one.attrs.get("crop_dim"):
+        return ""  # one crop of an image (ds.isel(crop=k), as the crops form reads it): a single-image store's
+    if need is None or need not in one.variables or (grid != "lm" and (grid == "crop") != crop_dim):
+        where = one.encoding.get("source", "the map store")
+        raise TraceFileError(f"path: {where} is a damaged map store: recipe {found.row.get('text')!r} names grid "
+                             f"{grid!r}, which its arrays do not hold; compute it again with vc.map_many(..., "
+                             "overwrite=True)")
+    return grid
+
+
+def _crops_view(one: xr.Dataset) -> xr.Dataset:
+    """An image of a store of crops as the crops form reads a trace: each crop's coordinates and the crops' words
+    (its facts, written per image), so ``CROPS`` maps each crop (``one.isel(crop=k)``, a single-image store's
+    image) with the reader below and stacks them as on the trace."""
+    facts = json.loads(str(one["provenance"].values))
+    coords = json.loads(facts.get(CROP_COORDS, "{}"))
+    one = one.assign_coords({"crop": np.arange(one.sizes["crop"], dtype=np.int64),
+                             **{c: ("crop", np.asarray(v)) for c, v in coords.items()}})
+    one.attrs.update({k: facts[k] for k in ("crop_layout", "image_token_layout", "crop_source_size") if k in facts})
+    return one
+
+
+def _lm(one: xr.Dataset, found: Found) -> tuple[np.ndarray, tuple[str, ...], dict, list[str], list[str]]:
+    """An LM-site map stored on the LM's own grid, placed as the ``vlm`` kind places it (map_vlm_maps.lm_values)."""
+    info = found.row
+    if info["part"] is None:
+        parts = np.asarray(one["lm_maps"].values[found.pos])[None]
+    else:
+        start, count = info["part"]
+        parts = np.asarray(one["lm_parts"].values[start:start + count])
+    start, count = info["slot"]
+    reasons = [str(r) for r in one["lm_part_reason"].values[start:start + count]]
+    return lm_values(parts, reasons, list(info["layers"]), found.recipe, str(one["provenance"].values))
+
+
+def _lm_report(one: xr.Dataset, report: xr.Dataset, found: Found) -> tuple[str, str] | None:
+    """An LM-site map's checklist and methods: those written with the image's maps at the stored upsampling, or
+    at another those the ``vlm`` kind writes, made again from the image's stored layout (map_vlm_maps.lm_report;
+    a store written before it kept one has its stored report only)."""
+    stored = stored_report(report, found.row["id"])
+    if found.recipe.id == found.row["id"]:
+        return stored
+    return lm_report(report, one["logits"].values, one["target_class"].values, found.recipe) or stored
+
+
 def _values(one: xr.Dataset, found: Found) -> MapValues:
     """The map of the stored recipe ``found`` names (at the upsampling asked for), replayed from its stored parts:
     the values ``vc.cam`` gives on the trace for that recipe and for every spelling of the same map."""
     pos, info, recipe = found.pos, found.row, found.recipe
+    grid = _grid(one, found)
+    if grid == "lm":
+        values, _, _, notes, partial = _lm(one, found)
+        return values, notes, partial
+    if grid == "crop":
+        return CROPS.compute(_crops_view(one), recipe)
     if info["part"] is None:
         parts = np.asarray(one["maps"].values[pos])[None]
     else:
@@ -148,13 +216,28 @@ def _values(one: xr.Dataset, found: Found) -> MapValues:
 
 def _one_cam(one: xr.Dataset, recipe: Recipe, warn: bool = True) -> xr.DataArray:
     found = find(one, recipe)
+    grid = _grid(one, found)
+    if grid == "crop":  # one map per crop (crop, y, x), each read as a single-image store's, as on the trace
+        with warnings.catch_warnings():
+            if not warn:
+                warnings.simplefilter("ignore", DegenerateMapWarning)
+            return CROPS.cam(_crops_view(one), recipe)
+    blocks = {"blocks": ",".join(str(v) for v in found.layers), "blocks_of": str(one.attrs["num_layers"])}
+    if grid == "lm":  # an LM-site map off the store's grid: (y, x), or (view, y, x) over several tiles
+        values, dim, coords, notes, partial = _lm(one, found)
+        reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
+        checklist, methods = _lm_report(one, report_trace(one), found)
+        out = placed_map(values, dim, coords, recipe, xr.Dataset(attrs={"trace_id": str(one["trace_id"].values)}),
+                         checklist, methods, reason, partial)
+        out.attrs.update(blocks)
+        return out
     values, notes, partial = _values(one, found)
     reason = (warn_degenerate(recipe, notes) if warn else "; ".join(notes)) if notes else ""
-    blocks = {"blocks": ",".join(str(v) for v in found.layers), "blocks_of": str(one.attrs["num_layers"])}
     report = report_trace(one, found.layers)
     if "grid_t" not in one.attrs:
         # an answer store's LM-site recipe: the checklist written with the image's maps (compute.map_vlm)
-        checklist, methods = stored_report(report, found.row["id"]) or cached_report(recipe, report)
+        checklist, methods = (_lm_report(one, report, found) if recipe.site in LM_SITES else None) or \
+            cached_report(recipe, report)
         return map_array(values, recipe, str(one["trace_id"].values), checklist, methods, reason, partial, **blocks)
     # a clip's map: the video kind's dims and report, as vc.cam gives them on the clip's trace
     flat = map_array(values[0], recipe, str(one["trace_id"].values), VIDEO.checklist(recipe, report).to_json(),
@@ -248,7 +331,7 @@ def _load_image(ds: xr.Dataset, i: int) -> xr.Dataset:
     load_image(one, where, i, "compute it again with vc.map_many")
     for name, var in one.variables.items():
         fixed = _as_array(var)
-        if name in ("maps", "parts", "scale") and np.isnan(var.values).any():
+        if name in ("maps", "parts", "scale", "lm_maps", "lm_parts") and np.isnan(var.values).any():
             raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {i} is missing values (a chunk "
                                  "of the store was deleted or never written); compute it again with vc.map_many")
         if fixed is not None:
@@ -326,12 +409,24 @@ class MapsKind(TraceKind):
 
     def checklist(self, recipe: Recipe, trace: xr.Dataset) -> Checklist:
         first = _first(trace)
-        report = report_trace(first, find(first, recipe).layers)
+        found = find(first, recipe)
+        report = report_trace(first, found.layers)
+        stored = _lm_report(first, report, found) if recipe.site in LM_SITES else None  # the image's own
+        if stored:
+            return Checklist(json.loads(stored[0]))
+        if _grid(first, found) == "crop":
+            return CROPS.checklist(recipe, _crops_view(first))
         return VIDEO.checklist(recipe, report) if "grid_t" in first.attrs else build_checklist(recipe, report)
 
     def describe(self, recipe: Recipe, trace: xr.Dataset) -> str:
         first = _first(trace)
-        report = report_trace(first, find(first, recipe).layers)
+        found = find(first, recipe)
+        report = report_trace(first, found.layers)
+        stored = _lm_report(first, report, found) if recipe.site in LM_SITES else None
+        if stored:
+            return stored[1]
+        if _grid(first, found) == "crop":
+            return CROPS.describe(recipe, _crops_view(first))
         return VIDEO.describe(recipe, report) if "grid_t" in first.attrs else describe(recipe, report)
 
 

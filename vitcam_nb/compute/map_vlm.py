@@ -1,21 +1,38 @@
 """A :func:`vitcam_nb.map_many` store of a generative VLM's answers: one answer target for every image
 (``vitcam_nb.targets.answer``) or a list of them, one per image (each image's own question and answer), each image
-traced in a pass of its own with its own target, exactly as :func:`vitcam_nb.trace` traces it; recipes at the
-vision tower's sites (computed as on any trace) and at the LM sites ``projector``, ``lm_resid`` and ``lm_attn``
-(computed as the ``vlm`` trace kind computes them, :mod:`vitcam_nb.compute.vlm`), every map on the tower's token
-grid. A family whose input is read with its target (Qwen2-VL / 2.5-VL: packed ``pixel_values`` with each
-target's ``image_grid_thw``) has each image prepared with its own target, as :func:`vitcam_nb.trace` prepares it.
+traced in a pass of its own (a batch of one) with its own target, exactly as :func:`vitcam_nb.trace` traces it;
+recipes at the vision tower's sites (computed as on any trace) and at the LM sites ``projector``, ``lm_resid`` and
+``lm_attn`` (computed as the ``vlm`` trace kind computes them, :mod:`vitcam_nb.compute.vlm`). A family whose input
+is read with its target (Qwen2-VL / 2.5-VL: packed ``pixel_values`` with each target's ``image_grid_thw``) has each
+image prepared with its own target, as :func:`vitcam_nb.trace` prepares it.
 
-What a store cannot hold is refused by name before any pass: answer targets with different numbers of traced
-entries (the store's arrays have one length), a layout with several tiles or whose grid is not the tower's (the
-store has one grid: Gemma 3's pooled tokens, Qwen2-VL's 2x2-merged tokens, any-resolution tiles), images whose
-tower grids differ (Qwen2-VL's ``image_grid_thw``), every recipe of a family whose tower runs on crops (LLaVA-NeXT /
-OneVision, Idefics3 / SmolVLM: ``vc.cam`` gives them one map per crop or per tile group, a store one grid per image
-and recipe), a ranked ``class_`` ("topK" ranks the traced entries, not the answer tokens: name an answer token),
-and what a map store refuses for every model.
+Where the maps are stored (each recipe row's ``grid`` in the store's table says which arrays hold it; a store
+that needs none of this has exactly the arrays and table it had before):
+
+* tower recipes of a family whose tower runs on crops (LLaVA-NeXT / OneVision, Idefics3 / SmolVLM:
+  ``VlmFamily.crops``; ``grid="crop"``): ``maps``, ``parts`` and ``part_reason`` get a ``crop`` dim after
+  ``image``, so an image's ``isel(crop=k)`` holds crop ``k``'s maps as a single-image store's image does; reading
+  gives ``vc.cam``'s (crop, y, x) with the crops' coords (``crop_tile``, ``crop_group``, ``crop_box_*``, kept per
+  image in its checksummed provenance);
+* LM-site recipes whose grid is not the tower's (several tiles: any-resolution and split images; one tile on
+  another grid: Qwen2-VL's 2x2-merged tokens, Gemma 3's pooled ones; every LM recipe of a crops family;
+  ``grid="lm"``): ``lm_maps``, ``lm_parts`` and ``lm_part_reason`` on the ``vlm`` kind's grid (one row of all image
+  tokens over several tiles, the tile's (rows, cols) for one), with each image's layout in its provenance, so
+  reading places them as ``vc.cam`` does: (view, y, x) per tile group, or (y, x);
+* every other recipe on the tower's token grid in ``maps``, as before. The arrays hold a row for every recipe (the
+  rows of the other group's recipes are zeros); ``degenerate`` and ``scale`` (image, recipe) summarise each map.
+
+What a store cannot hold is refused by name before any pass or write: answer targets with different numbers of
+traced entries (the store's arrays have one length), images whose crops or LM grids differ in number or shape
+(any-resolution picks a grid per image size: the arrays have one shape, so no padding is stored), images whose
+tower grids differ (Qwen2-VL's ``image_grid_thw``), a ranked ``class_`` ("topK" ranks the traced entries, not the
+answer tokens: name an answer token), the token activation map (site ``lm_logit``: its own kind reads the whole
+trace), and what a map store refuses for every model.
 
 Each image's checklist and methods of an LM-site recipe are written with its maps (they name that image's
-answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace.
+answer tokens and layout), so ``vc.cam`` on the store gives the checklist ``vc.cam`` gives on the image's trace;
+read at another upsampling, the report is written again from the image's stored layout
+(:func:`~vitcam_nb.compute.map_vlm_maps.lm_report`; a store written before it kept one gives its stored report).
 
 Example:
     >>> p = vc.map_many(llava, images, ["lm_resid@-1"], "m.zarr", targets=[t0, t1])  # doctest: +SKIP
@@ -33,7 +50,7 @@ from vitcam_nb.adapters.hf_vlm import LM_SITES, vlm_family_of
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.capture.trace_many import store_settings
 from vitcam_nb.compute.map_recipes import Entry, plan_entries
-from vitcam_nb.compute.vlm import lm_layer_positions
+from vitcam_nb.compute.vlm import VLM_SITES, lm_layer_positions
 from vitcam_nb.core.errors import RecipeError, TraceError
 from vitcam_nb.core.provenance import settings_id
 from vitcam_nb.core.recipe import ROLLOUTS, Recipe
@@ -94,43 +111,67 @@ def _same_grid(plan: TracePlan, targets: list[AnswerTarget]) -> None:
                          "with vc.cam")
 
 
-def _grid(plan: TracePlan, target: AnswerTarget, i: int) -> None:
-    """Refuse an image whose LM sites a store's one token grid cannot hold: several tiles, or not the tower's grid."""
+def _lm_grid(plan: TracePlan, target: AnswerTarget) -> tuple[tuple[int, int], bool, str]:
+    """The grid this target's LM-site maps are computed on (the ``vlm`` kind's: (1, image tokens) over several
+    tiles, else the one tile's (rows, cols)), whether it is the tower's (one tile of the tower's grid), and the
+    layout's description."""
     lay = plan.adapter.layout(plan.model, target.sequence.numpy(), target.model_kwargs)
-    tower = _tower_grid(plan, target)
     grid = (int(lay.rows.max()) + 1, int(lay.cols.max()) + 1) if lay.positions.size else (0, 0)
-    if len(lay.tiles) != 1 or grid != tower:
-        raise TraceError(f"targets: the answer target of image {i} lays its image tokens out as {lay.description!r}; "
-                         f"a map store holds maps on the tower's {tower[0]}x{tower[1]} token grid, so its LM-site "
-                         "recipes need one tile of that grid. Map the tower's sites only, or trace the image with "
-                         "vc.trace and read its maps with vc.cam")
+    if len(lay.tiles) != 1:
+        return (1, int(lay.positions.size)), False, lay.description
+    return grid, grid == _tower_grid(plan, target), lay.description
 
 
-def _refuse_crops(family: str, recipes: list[Recipe]) -> None:
-    """Refuse, naming the first recipe, a store of a family whose tower runs on crops: a store holds one (y, x)
-    token grid per image and recipe, where ``vc.cam`` on such a trace gives one map per crop (crop, y, x) at a tower
-    site and one per tile group (view, y, x) at an LM site (and an LM-only store's pass still reads the tower's
-    grid); holding them needs a crop or view dim in the store's arrays (a schema change not made)."""
-    r = recipes[0]
-    what = (f"at LM site {r.site!r} gives one map per tile group (view, y, x)" if r.site in LM_SITES else
-            f"at tower site {r.site!r} gives one map per crop (crop, y, x)")
-    raise TraceError(f"recipes_or_space: recipe {r.to_string()} {what}: the {family} family's tower runs on several "
-                     "crops of each image, and a map store holds one (y, x) token grid per image and recipe; "
-                     "trace each image with vc.trace and read its maps with vc.cam")
+def lm_own_grid(plan: TracePlan, targets: list[AnswerTarget], crops: bool) -> bool:
+    """Whether the store's LM-site maps go on the LM's own grid (arrays ``lm_maps``, ``lm_parts``: several tiles,
+    a grid not the tower's, or a family whose tower runs on crops) rather than the tower's (``maps``); images whose
+    LM grids differ (another tile count or token count: any-resolution picks a grid per image size) are refused by
+    name, as the store's arrays have one shape.
+
+    Example:
+        >>> lm_own_grid(qwen_plan, [target], False)  # the 2x2-merged grid  # doctest: +SKIP
+        True
+    """
+    grids = [_lm_grid(plan, t) for t in targets]
+    bad = next((i for i, g in enumerate(grids) if g[0] != grids[0][0]), None)
+    if bad is not None:
+        raise TraceError(f"targets: the answer target of image {bad} lays its image tokens out as "
+                         f"{grids[bad][2]!r} (LM maps on a {grids[bad][0][0]}x{grids[bad][0][1]} grid), image 0's as "
+                         f"{grids[0][2]!r} ({grids[0][0][0]}x{grids[0][0][1]}); a map store's LM-site maps have one "
+                         "shape: give images of one size (one tile grid), or trace each with vc.trace and read its "
+                         "maps with vc.cam")
+    return crops or not all(g[1] for g in grids)
+
+
+def same_crops(plan: TracePlan, targets: list[AnswerTarget]) -> int:
+    """The number of crops the tower runs on for every image of the store (each target's, from the family's
+    ``crop_tiles``); images with different numbers are refused by name (the store's ``crop`` dim has one length).
+
+    Example:
+        >>> same_crops(next_plan, [target, target])  # doctest: +SKIP
+        5
+    """
+    counts = [len(plan.adapter.crop_tiles(plan.model, t)) for t in targets]
+    bad = next((i for i, c in enumerate(counts) if c != counts[0]), None)
+    if bad is not None:
+        raise TraceError(f"targets: the tower runs on {counts[bad]} crops of image {bad} and {counts[0]} of image 0 "
+                         "(any-resolution picks a crop grid per image size); a map store's crop dim has one length: "
+                         "give images of one size, or trace each with vc.trace and read its maps with vc.cam")
+    return counts[0]
 
 
 def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: list[Recipe], **plan_args: Any
-                ) -> TracePlan:
-    """The plan of an answer store: every target checked against the model before any pass, all with the same
-    number of traced entries, and, when a recipe reads an LM site, each image's layout on the tower's grid.
+                ) -> tuple[TracePlan, dict[str, str]]:
+    """The plan of an answer store and the grid of each recipe group (``{"tower": "crop" or "", "lm": "lm" or
+    ""}``: a crops family's tower maps have a crop dim, LM maps off the tower's grid are stored on their own): every
+    target checked against the model before any pass, all with the same number of traced entries, crops and LM
+    grid.
 
     Example:
-        >>> answer_plan(llava, [target], [Recipe(site="lm_resid")], sites=["lm_resid"])  # doctest: +SKIP
+        >>> plan, grids = answer_plan(llava, [target], [Recipe(site="lm_resid")], sites=["lm_resid"])  # doctest: +SKIP
     """
     plan = TracePlan.for_trace(model, targets[0], **plan_args)
-    fam = vlm_family_of(plan.model)
-    if fam.crops:
-        _refuse_crops(fam.name, recipes)
+    crops = bool(vlm_family_of(plan.model).crops)
     counts = []
     for t in targets:
         t.check(plan.model)
@@ -141,10 +182,10 @@ def answer_plan(model: torch.nn.Module, targets: list[AnswerTarget], recipes: li
                          f"{counts[0]} (answer tokens, the sequence log-prob and one logsumexp per token); a map "
                          "store holds the same number per image: give answers of the same number of tokens")
     _same_grid(plan, targets)
-    if any(r.site in LM_SITES for r in recipes):
-        for i, t in enumerate(targets):
-            _grid(plan, t, i)
-    return plan
+    if crops:
+        same_crops(plan, targets)
+    lm = any(r.site in LM_SITES for r in recipes) and lm_own_grid(plan, targets, crops)
+    return plan, {"tower": "crop" if crops else "", "lm": "lm" if lm else ""}
 
 
 def lm_entry(r: Recipe, n_lm: int) -> tuple[int, ...]:
@@ -156,6 +197,10 @@ def lm_entry(r: Recipe, n_lm: int) -> tuple[int, ...]:
         (1,)
     """
     text = r.to_string()
+    if r.site not in VLM_SITES:
+        raise RecipeError(f"recipe {text}: site {r.site!r} (the token activation map) is computed by its own trace "
+                          f"kind from the whole answer trace, which a map store does not keep; map sites "
+                          f"{list(VLM_SITES)} here, or trace the image with vc.trace and read it with vc.cam")
     if r.layer_fusion in ROLLOUTS:
         raise RecipeError(f"recipe {text}: layer_fusion {r.layer_fusion!r} multiplies self-attention matrices; "
                           f"site {r.site!r} fuses layers with 'mean', 'sum' or 'max'")
@@ -180,11 +225,12 @@ def check_class(r: Recipe, n_entries: int) -> None:
                           "name an entry by its index (class_=0: the first answer token)")
 
 
-def answer_entries(recipes: list[Recipe], plan: TracePlan, n_entries: int
+def answer_entries(recipes: list[Recipe], plan: TracePlan, n_entries: int, grids: dict[str, str] | None = None
                    ) -> tuple[list[Entry], list[str], list[int], int]:
     """Check every recipe (before any model call) and lay out an answer store, in the recipes' order: the entries,
     the sites and tower blocks the pass captures, and the number of parts. A tower recipe is checked as a class
-    store checks it; an LM-site recipe by :func:`lm_entry`.
+    store checks it; an LM-site recipe by :func:`lm_entry`. ``grids`` (:func:`answer_plan`) marks each entry's
+    grid: ``"crop"`` (a tower recipe of a crops family), ``"lm"`` (an LM-site recipe on the LM's own grid).
 
     Example:
         >>> entries, sites, layers, n_parts = answer_entries([Recipe(site="lm_resid")], plan, 7)  # doctest: +SKIP
@@ -200,13 +246,15 @@ def answer_entries(recipes: list[Recipe], plan: TracePlan, n_entries: int
         check_class(r, n_entries)
         if r.site in LM_SITES:
             blocks, rollout, sites_r, layers_r = lm_entry(r, n_lm), False, [r.site], []
+            grid = (grids or {}).get("lm", "")
         else:
+            grid = (grids or {}).get("tower", "")
             (one,), sites_r, layers_r, _ = plan_entries([r], n_tower, tower_sites, list(range(n_entries)))
             blocks, rollout = one.layers, one.rollout
         sites.update(sites_r)
         layers.update(layers_r)
         parts = 1 if rollout else len(blocks)
-        entries.append(Entry(r, blocks, rollout, (part, parts) if parts > 1 else None, (slot, parts)))
+        entries.append(Entry(r, blocks, rollout, (part, parts) if parts > 1 else None, (slot, parts), grid))
         part += parts if parts > 1 else 0
         slot += parts
     if not layers:
@@ -227,8 +275,8 @@ def answer_store_plan(model: torch.nn.Module, recipes: list[Recipe], targets: li
         >>> plan, entries, n_parts = answer_store_plan(llava, [Recipe(site="lm_resid")], [t], "float32", None, None)
         ... # doctest: +SKIP
     """
-    full = answer_plan(model, targets, recipes, dtype=dtype, device=device, labels=labels)
-    entries, sites, layers, n_parts = answer_entries(recipes, full, len(targets[0].labels))
+    full, grids = answer_plan(model, targets, recipes, dtype=dtype, device=device, labels=labels)
+    entries, sites, layers, n_parts = answer_entries(recipes, full, len(targets[0].labels), grids)
     plan = TracePlan.for_trace(full.model, targets[0], sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels)
     return plan, entries, n_parts

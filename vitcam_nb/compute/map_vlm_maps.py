@@ -17,49 +17,148 @@ import numpy as np
 import xarray as xr
 
 from vitcam_nb.adapters.hf_vlm import LM_SITES
-from vitcam_nb.compute.pipeline import combine, compact, finish_layers, grid_maps, weight_mask
-from vitcam_nb.compute.vlm import VLM, answer_rows, check_recipe, lm_layer_positions, trace_view
+from vitcam_nb.compute.fusion import fuse_layers
+from vitcam_nb.compute.spatial import upsample
+from vitcam_nb.compute.vlm import VLM, VLM_SITES, layer_maps, trace_view_of
+from vitcam_nb.compute.vlm_tiles import is_tiled, place, stacked, trace_layout
 from vitcam_nb.core.recipe import Recipe
 
-__all__ = ["ANSWER_TARGET_ATTRS", "MAP_REPORTS", "lm_reports", "stored_report", "vlm_grid_parts"]
+__all__ = ["ANSWER_TARGET_ATTRS", "CROP_COORDS", "CROP_COORD_NAMES", "LM_LAYOUT", "MAP_REPORTS", "crop_facts",
+           "lm_facts", "lm_grid", "lm_report", "lm_reports", "lm_values", "stored_report", "vlm_grid_parts"]
 
 #: The trace attributes an answer target writes that describe that image's question and answer: per image.
 ANSWER_TARGET_ATTRS = ("target_scores", "answer_ids", "answer_tokens", "image_token_layout", "zero_gradient_cause",
-                       "target_checklist")
+                       "target_checklist", "crops", "crop_tiles", "crop_layout", "crop_source_size")
 #: The per-image fact holding each LM-site recipe's checklist and methods on that image's trace (JSON).
 MAP_REPORTS = "map_reports"
+#: The per-image fact holding each crop's coordinates (JSON; :func:`crop_facts`), and those coordinates.
+CROP_COORDS = "crop_coords"
+CROP_COORD_NAMES = ("crop_tile", "crop_group", "crop_box_top", "crop_box_left", "crop_box_bottom", "crop_box_right")
+#: A site's gradient dtype in :data:`LM_LAYOUT` (the report names the storage precision).
+GRAD_DTYPE = "grad_dtype"
+#: The per-image fact holding the image-token layout its LM-site maps are placed by (JSON; :func:`lm_facts`).
+LM_LAYOUT = "lm_layout"
 
 
 def vlm_grid_parts(trace: xr.Dataset, recipe: Recipe) -> tuple[np.ndarray, np.ndarray, float]:
     """An LM-site recipe's per-layer maps on the layout's grid (after its ReLU, degeneracy check and per-layer
     normalisation: the calls the ``vlm`` kind makes before it upsamples and fuses), their reasons, the largest scale.
+    The grid is the ``vlm`` kind's: the layout's (rows, cols) for one tile, (1, image tokens) for several.
 
     Example:
         >>> parts, why, scale = vlm_grid_parts(trace, Recipe(site="lm_resid", layer=-1))  # doctest: +SKIP
     """
-    check_recipe(trace, recipe)
-    site = recipe.site
-    view = trace_view(trace, site)
-    weights = view.target_weights(recipe)[0]
-    layers = lm_layer_positions(recipe.layer, view.num_layers, site)
-    act, grad = trace[site].values, trace[f"{site}_grad"].values
-    if site == "projector":
-        act, grad = act[None], grad[:, None]
-    if site == "lm_attn":
-        rows, _ = answer_rows(trace, recipe)
-        A = act[layers][..., rows, :].astype(np.float32, copy=False).mean(axis=-2)
-        G = combine(grad, weights, (layers,))[..., rows, :].mean(axis=-2)
-        A, G = np.ascontiguousarray(np.swapaxes(A, -1, -2)), np.ascontiguousarray(np.swapaxes(G, -1, -2))
-        groups = A.shape[-1]
-    else:
-        A = act[layers].astype(np.float32, copy=False)
-        G = combine(grad, weights, (layers,))
-        groups = 1
-    maps, scale, zero_grad = grid_maps(view, recipe, A, G, compact(weight_mask(view, recipe)), compact(view.patch),
-                                       groups)
-    per_layer, reasons = finish_layers(view, recipe, maps, scale, zero_grad)
-    # The layout's cells in the tower's raster: the grid is the tower's (answer_plan), so cell (r, c) is (r, c).
+    _, _, per_layer, reasons, scale = layer_maps(trace, recipe)
     return per_layer, reasons, float(np.max(scale, initial=0))
+
+
+def lm_grid(trace: xr.Dataset) -> tuple[int, int]:
+    """The grid an answer trace's LM-site maps are computed on before they are placed (the ``vlm`` kind's):
+    (1, image tokens) over several tiles, else the one tile's (rows, cols).
+
+    Example:
+        >>> lm_grid(xr.Dataset(coords={"image_token_tile": ("image_token", [0, 0]),
+        ...                           "image_token_row": ("image_token", [0, 0]),
+        ...                           "image_token_col": ("image_token", [0, 1])}))
+        (1, 2)
+    """
+    if is_tiled(trace):
+        return 1, int(trace.sizes["image_token"])
+    return int(trace["image_token_row"].values.max()) + 1, int(trace["image_token_col"].values.max()) + 1
+
+
+def lm_facts(trace: xr.Dataset) -> dict[str, str]:
+    """``{LM_LAYOUT: JSON}``: what an answer store needs to place this image's LM-site maps as the ``vlm`` kind
+    does, and to write their report at any upsampling (:func:`lm_report`): the image size and padding the maps
+    upsample to, the image-token coords, each LM site's attributes (hook, layout, tile boxes) and gradient dtype, the
+    LM's layer count and the answer tokens (an answer's layout is its own: written per image, with its checksum).
+
+    Example:
+        >>> sorted(json.loads(lm_facts(trace)[LM_LAYOUT]))  # doctest: +SKIP
+        ['answer_token_str', 'col', 'lm_layers', 'pad', 'pos', 'row', 'sites', 'size', 'tile', 'tiled']
+    """
+    sites = {s: {**{k: v for k, v in trace[s].attrs.items() if isinstance(v, str)},
+                 GRAD_DTYPE: str(trace[f"{s}_grad"].dtype)} for s in VLM_SITES if s in trace.variables}
+    view = trace_view_of(trace, next(iter(sites)))
+    coords = {k: [int(v) for v in trace[f"image_token_{k}"].values] for k in ("pos", "tile", "row", "col")}
+    fact = {"size": [view.height, view.width], "pad": [int(v) for v in view.pad], "tiled": bool(is_tiled(trace)),
+            "sites": sites, "lm_layers": int(trace.sizes.get("lm_layer", 1)),
+            "answer_token_str": [str(v) for v in trace["answer_token_str"].values]
+            if "answer_token_str" in trace.variables else None, **coords}
+    return {LM_LAYOUT: json.dumps(fact, sort_keys=True)}
+
+
+def lm_report(report: xr.Dataset, logits: np.ndarray, target_class: np.ndarray, recipe: Recipe
+              ) -> tuple[str, str] | None:
+    """The checklist (JSON) and methods the ``vlm`` kind writes for an LM-site ``recipe`` on this image's trace,
+    written again from what the store keeps of it (``report``: the image's trace attributes and facts, with its
+    :data:`LM_LAYOUT`): for a recipe read at an upsampling other than the one stored with the image's report. None
+    for a store written before it kept the layout (its stored report is all it has).
+
+    Example:
+        >>> text, methods = lm_report(report, logits, classes, recipe.replace(upsample="nearest"))  # doctest: +SKIP
+    """
+    text = report.attrs.get(LM_LAYOUT)
+    if not text:
+        return None
+    fact = json.loads(text)
+    site = recipe.site
+    attrs = dict(fact["sites"][site])
+    grad = np.zeros(1, np.dtype(attrs.pop(GRAD_DTYPE)))
+    shim = _layout_trace(fact, site).assign({
+        site: ("image_token", np.zeros(len(fact["pos"]), np.float32), attrs), f"{site}_grad": ("one", grad),
+        "logits": ("class", np.asarray(logits)), "target_class": ("target", np.asarray(target_class))})
+    coords = {"lm_layer": np.arange(int(fact["lm_layers"])), "y": np.arange(int(fact["size"][0])),
+              "x": np.arange(int(fact["size"][1]))}
+    if fact.get("answer_token_str") is not None:
+        coords["answer_token_str"] = ("answer_token", np.asarray(fact["answer_token_str"], dtype=str))
+    shim = shim.assign_coords(coords)
+    shim.attrs = {k: v for k, v in report.attrs.items() if k not in (LM_LAYOUT, MAP_REPORTS, "crop_coords")}
+    return VLM.checklist(recipe, shim).to_json(), VLM.describe(recipe, shim)
+
+
+def crop_facts(trace: xr.Dataset) -> dict[str, str]:
+    """``{CROP_COORDS: JSON}`` of a trace of several crops (else ``{}``): each crop's coordinates (``crop_tile``,
+    ``crop_group``, ``crop_box_*``: where it lies in this image), which ``vc.cam`` gives with its per-crop maps.
+
+    Example:
+        >>> crop_facts(xr.Dataset(coords={"crop": [0], "crop_tile": ("crop", ["base"])}))
+        {'crop_coords': '{"crop_tile": ["base"]}'}
+    """
+    if "crop" not in trace.dims:
+        return {}
+    coords = {c: trace[c].values.tolist() for c in CROP_COORD_NAMES if c in trace.coords}
+    return {CROP_COORDS: json.dumps(coords, sort_keys=True)}
+
+
+def _layout_trace(fact: dict, site: str) -> xr.Dataset:
+    """The image-token coords and the site's tile boxes of a stored layout, as :func:`trace_layout` reads them."""
+    coords = {f"image_token_{k}": ("image_token", np.asarray(fact[k], np.int64)) for k in ("pos", "tile", "row", "col")}
+    return xr.Dataset({site: ("image_token", np.zeros(len(fact["pos"])), fact["sites"][site])}, coords=coords)
+
+
+def lm_values(parts: np.ndarray, reasons: list[str], layers: list[int], recipe: Recipe, provenance: str
+              ) -> tuple[np.ndarray, tuple[str, ...], dict, list[str], list[str]]:
+    """An LM-site map of an answer store whose LM grid is not the store's (several tiles, or the layout's own
+    grid: Qwen2-VL's merged tokens, Gemma 3's pooled ones), replayed from its stored per-layer maps ``parts`` as the
+    ``vlm`` kind computes it: one tile upsampled per layer then fused; several fused per token, then placed tile by
+    tile (one map per tile group). Returns (values, leading dim or (), its coords, notes, partial).
+
+    Example:
+        >>> values, dim, coords, notes, partial = lm_values(parts, [""], [1], recipe, prov)  # doctest: +SKIP
+    """
+    fact = json.loads(json.loads(provenance)[LM_LAYOUT])
+    size, label = (int(fact["size"][0]), int(fact["size"][1])), f"{recipe.site} layer"
+    if not fact["tiled"]:
+        pad = (int(fact["pad"][0]), int(fact["pad"][1]))
+        values, notes, partial = fuse_layers(upsample(parts, size, recipe.upsample, pad),
+                                             np.asarray(reasons, dtype=object), layers, recipe, label=label)
+        return values, (), {}, notes, partial
+    fused, notes, partial = fuse_layers(parts, np.asarray(reasons, dtype=object), layers, recipe, label=label)
+    lay = trace_layout(_layout_trace(fact, recipe.site), recipe.site)
+    names, maps = place(lay, fused[0], size, recipe.upsample)
+    values, dim, coords = stacked(names, maps, lay, recipe.upsample)
+    return values, dim, coords, notes, partial
 
 
 def lm_reports(trace: xr.Dataset, recipes: Sequence[Recipe]) -> dict[str, str]:

@@ -29,7 +29,7 @@ from vitcam_nb.core.provenance import settings_id
 __all__ = ["BIG", "MapWriter", "array_dims", "batch_arrays", "check_store", "meta_rows", "write_region"]
 
 #: Arrays a batch writes into its own chunks (on a worker when sharded); the rest are the lock holder's.
-BIG = ("maps", "parts")
+BIG = ("maps", "parts", "lm_maps", "lm_parts")
 #: Images per chunk of a per-image array: at most META_CHUNK, and fewer for wide rows (a (image, recipe) array)
 #: so that a chunk holds about META_CHUNK_VALUES values. Every batch rewrites the chunk its images fall in (zarr
 #: writes a chunk whole, and pads the last one to its full size), so a chunk of 1024 images of 500 recipes' strings
@@ -40,18 +40,29 @@ _DIMS = {"maps": ("image", "recipe", "gy", "gx"), "parts": ("image", "part", "gy
          "part_reason": ("image", "slot"), "degenerate": ("image", "recipe"), "scale": ("image", "recipe"),
          "trace_id": ("image",), "input_sha256": ("image",), "provenance": ("image",), "label": ("image",),
          "source": ("image",), "target_class": ("image", "target"), "target_label": ("image", "target"),
-         "logits": ("image", "class"), "done": ("image",)}
+         "logits": ("image", "class"), "done": ("image",),
+         # an answer store's LM-site maps on the LM's own grid (compute.map_vlm): only in stores that have them
+         "lm_maps": ("image", "recipe", "lgy", "lgx"), "lm_parts": ("image", "part", "lgy", "lgx"),
+         "lm_part_reason": ("image", "slot")}
+#: The arrays that get a ``crop`` dim (after ``image``) in a store of a family whose tower runs on crops.
+CROP_ARRAYS = ("maps", "parts", "part_reason")
 
 
-def array_dims(name: str, ndim: int) -> tuple[str, ...]:
+def array_dims(name: str, ndim: int, crops: bool = False) -> tuple[str, ...]:
     """The dimensions of a stored array: ``maps`` and ``parts`` of a store of clips (one more axis) have the
-    time axis ``gt`` of the (t, y, x) token grid before ``gy`` and ``gx``.
+    time axis ``gt`` of the (t, y, x) token grid before ``gy`` and ``gx``; in a store of crops (``crops``)
+    ``maps``, ``parts`` and ``part_reason`` have ``crop`` after ``image`` (an image's ``isel(crop=k)`` holds crop
+    ``k``'s maps as an image of a single-image store holds them).
 
     Example:
         >>> array_dims("maps", 4), array_dims("maps", 5)
         (('image', 'recipe', 'gy', 'gx'), ('image', 'recipe', 'gt', 'gy', 'gx'))
+        >>> array_dims("maps", 5, crops=True)
+        ('image', 'crop', 'recipe', 'gy', 'gx')
     """
     dims = _DIMS[name]
+    if crops and name in CROP_ARRAYS:
+        return (dims[0], "crop", *dims[1:])
     if name in BIG and ndim == len(dims) + 1:
         return (*dims[:2], "gt", *dims[2:])
     return dims
@@ -170,8 +181,10 @@ class MapWriter:
     def create(cls, path: Path, first: dict[str, np.ndarray], n: int, chunk: int, attrs: dict,
                token_kind: np.ndarray) -> MapWriter:
         """An empty store shaped by a first computed batch (``first``, not written here), for ``n`` images,
-        created in a temporary folder and renamed into place."""
+        created in a temporary folder and renamed into place (``attrs["crop_dim"]``: a store of crops)."""
         import zarr
+
+        crops = bool(attrs.get("crop_dim"))
 
         tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
@@ -182,8 +195,8 @@ class MapWriter:
                     value = np.zeros((1,), bool)
                 elif name == CHECKSUM_VAR:
                     value = np.array([""], object)
-                elif name == "parts" and first["parts"].shape[1] == 0:
-                    continue
+                elif name not in first or (name in ("parts", "lm_parts") and 0 in first[name].shape[1:]):
+                    continue  # no fused part; no LM maps off the store's grid (arrays only stores that hold them)
                 else:
                     value = first[name]
                 shape = (n, *value.shape[1:])
@@ -193,7 +206,7 @@ class MapWriter:
                 # NaN where no batch wrote: a chunk deleted later reads as missing, not as a map of zeros
                 fill = "" if kind in "OUS" else (False if kind == "b" else (np.nan if kind == "f" else 0))
                 group.create_array(name, shape=shape, chunks=(rows, *value.shape[1:]), dtype=dtype,
-                                   fill_value=fill, dimension_names=array_dims(name, value.ndim))
+                                   fill_value=fill, dimension_names=array_dims(name, value.ndim, crops))
             kinds = group.create_array("token_kind", shape=(len(token_kind),), dtype=str, fill_value="",
                                        dimension_names=("token",))
             kinds[:] = np.asarray(token_kind, dtype=object)

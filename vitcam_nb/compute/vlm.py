@@ -116,7 +116,10 @@ def _check(trace: xr.Dataset, recipe: Recipe) -> None:
                           f"{recipe.site!r} fuses layers with 'mean', 'sum' or 'max'")
 
 
-def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
+def _layer_maps(trace: xr.Dataset, recipe: Recipe) -> tuple[TraceView, list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """The recipe's per-layer maps on the layout's grid (after ReLU, degeneracy check and per-layer normalisation,
+    before upsampling and fusion): the view, the LM layers, the maps, their reasons and per-layer scales. Shared by
+    :func:`_values` and the map store of answers (:mod:`vitcam_nb.compute.map_vlm_maps`), which stores these."""
     _check(trace, recipe)
     site = recipe.site
     view = _view(trace, site)
@@ -141,6 +144,12 @@ def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
     patch = compact(view.patch)
     maps, scale, zero_grad = grid_maps(view, recipe, A, G, wmask, patch, groups)
     per_layer, reasons = finish_layers(view, recipe, maps, scale, zero_grad)
+    return view, layers, per_layer, reasons, scale
+
+
+def _values(trace: xr.Dataset, recipe: Recipe) -> MapValues:
+    site = recipe.site
+    view, layers, per_layer, reasons, _ = _layer_maps(trace, recipe)
     if is_tiled(trace):  # one value per image token, placed by the layout after the fusion
         return fuse_layers(per_layer, reasons, layers, recipe, label=f"{site} layer")
     per_layer = upsample(per_layer, (view.height, view.width), recipe.upsample, view.pad)
@@ -274,4 +283,4 @@ VLM = VlmKind()
 TRACE_KINDS.register(VLM.name, VLM, replace=True, priority=130)
 
 # For the map store of answers (compute.map_vlm_maps), which computes these maps' per-layer steps as _values does.
-check_recipe, trace_view, lm_layer_positions, answer_rows = _check, _view, _layers, _answer_rows
+lm_layer_positions, layer_maps, trace_view_of = _layers, _layer_maps, _view

@@ -4,7 +4,8 @@ sites; each map read back from the store is bitwise ``vc.cam`` on ``vc.trace`` o
 the sites and blocks the store's pass captured (the same pass, a batch of one: structural), with the same
 checklist, methods, degeneracy and trace id; within 1e-6 of a trace of every site (another set of hooks, the same
 kernels). The per-image checksums cover the stored maps and checklists; what a store cannot hold is refused by
-name before any pass or write. Qwen2-VL / 2.5-VL and the crops families: test_vlm_map_many_qwen.py."""
+name before any pass or write. Qwen2-VL / 2.5-VL: test_vlm_map_many_qwen.py; the crops families and LM sites off
+the tower's grid: test_map_many_vlm_crops.py."""
 
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ def test_each_image_map_is_vc_cam_on_its_trace(llava, images, targets, store):
                 got = vc.cam(one, r)
             _same(_quiet(same_pass, r), got)
             _same(_quiet(every_site, r), got, exact=False)
+            # read at another upsampling: vc.cam's values and the report it writes at that upsampling
+            other = r.replace(upsample="nearest")
+            _same(_quiet(same_pass, other), _quiet(one, other))
         # the maps differ between images (their own answers), so a store that mixed them up would fail above
     first = [vc.cam(vc.image_maps(ds, i), RECIPES[3]).values for i in range(3)]
     assert not np.array_equal(first[0], first[1])
@@ -178,32 +182,16 @@ def test_what_a_store_cannot_hold_is_refused_before_any_write(llava, images, tar
     assert not path.exists()
 
 
-def test_lm_sites_on_another_grid_than_the_towers_are_refused_by_name(tmp_path):
-    """Gemma 3 pools the 8x8 patch grid into 4x4 image tokens: a store has one grid; its tower maps are stored."""
+def test_lm_sites_on_another_grid_than_the_towers_are_stored_on_their_own(tmp_path):
+    """Gemma 3 pools the 8x8 patch grid into 4x4 image tokens: the LM-site maps are stored on that 4x4 grid
+    (``lm_maps``), the tower's on the 8x8 (``maps``), each read back bitwise as vc.cam gives it on the same pass."""
     model = make_gemma("gemma3")
     t = vc.targets.answer(input_ids=SETUP["gemma3"][2], answer_ids=[9, 10, 11])
-    with pytest.raises(vc.TraceError, match=r"map store holds maps on the tower's 8x8 token grid"):
-        vc.map_many(model, [make_gemma_x("gemma3")], [vc.Recipe(site="lm_resid")], tmp_path / "g.zarr", targets=t,
-                    progress=False)
-    assert not (tmp_path / "g.zarr").exists()
-    r = vc.Recipe(site="F1", layer=1, class_=0)
-    path = vc.map_many(model, [make_gemma_x("gemma3")], [r], tmp_path / "g.zarr", targets=t, progress=False)
-    tr = vc.trace(model, make_gemma_x("gemma3"), targets=t, sites=["F1"], layers=[1])
-    _same(vc.cam(tr, r), vc.cam(vc.image_maps(vc.open_maps(path), 0), r))
-
-
-def test_a_family_whose_tower_runs_on_crops_is_refused_by_name(llava, images, targets, tmp_path):
-    """Any-resolution and image-splitting families (VlmFamily.crops): the LLaVA row marked so for this test."""
-    from dataclasses import replace
-
-    from vitcam_nb.adapters.hf_vlm import VLM_FAMILIES, register_vlm_family
-
-    row = VLM_FAMILIES["llava"]
-    register_vlm_family(replace(row, crops=True), replace=True)
-    try:
-        with pytest.raises(vc.TraceError, match=r"recipe .* at tower site 'F1' gives one map per crop \(crop, y, x\): "
-                                                r"the llava family's tower runs on several crops"):
-            vc.map_many(llava, images, RECIPES[:1], tmp_path / "c.zarr", targets=targets, progress=False)
-    finally:
-        register_vlm_family(row, replace=True)
-    assert not (tmp_path / "c.zarr").exists()
+    recipes = [vc.Recipe(site="F1", layer=1, class_=0), vc.Recipe(site="lm_resid", layer=-1, class_=1)]
+    path = vc.map_many(model, [make_gemma_x("gemma3")], recipes, tmp_path / "g.zarr", targets=t, progress=False)
+    ds = vc.open_maps(path)
+    assert (ds.sizes["gy"], ds.sizes["lgy"], ds.sizes["lgx"]) == (8, 4, 4)
+    settings = json.loads(ds.attrs["settings"])
+    tr = vc.trace(model, make_gemma_x("gemma3"), targets=t, sites=settings["sites"], layers=settings["layers"])
+    for r in recipes:
+        _same(vc.cam(tr, r), vc.cam(vc.image_maps(ds, 0), r))

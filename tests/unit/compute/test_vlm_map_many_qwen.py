@@ -3,8 +3,9 @@ image's packed ``pixel_values`` are prepared with its own answer target's ``imag
 prepares them), and each tower-site map read back is bitwise ``vc.cam`` on ``vc.trace`` of that image with that
 target and the sites and blocks the store's pass captured (the same pass, a batch of one: structural), with the same
 checklist, methods and trace id; within 1e-6 of a trace of every site. Checksums and resume (with verify) work;
-what the store cannot hold (LM-site maps on the 2x2-merged grid, images on other patch grids, a target without
-image_grid_thw, bad packed pixels) is refused by name before any write. The crops families are refused by recipe."""
+what the store cannot hold (images on other patch grids, a target without image_grid_thw, bad packed pixels) is
+refused by name before any write. LM-site maps on the 2x2-merged grid (and the crops families):
+test_map_many_vlm_crops.py."""
 
 from __future__ import annotations
 
@@ -15,15 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import zarr
 
 import vitcam_nb as vc
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-import anyres_cases  # noqa: E402
-import test_vlm_idefics as idefics  # noqa: E402
 import vlm_qwen_tiny as tiny  # noqa: E402
 
 RECIPES = [vc.Recipe(site="F1", layer=1, class_=0),
@@ -107,9 +105,6 @@ def _refused(model, images, recipes, targets, tmp_path, match):
 def test_what_a_qwen_store_cannot_hold_is_refused_before_any_write(tmp_path):
     model = tiny.make_model("qwen2")
     (x0, t0), (x1, t1) = _inputs(1), _inputs(2)
-    # the LM's tokens are the 2x2-merged 3x5 grid, the store's the tower's 6x10 patches
-    _refused(model, [x0], [vc.Recipe(site="lm_resid", layer=-1)], t0, tmp_path,
-             r"merged 2x2 into 3x5 tokens.*map store holds maps on the tower's 6x10 token grid")
     # a portrait image packs as many patches (60) on a 10x6 grid: another grid, the same input shape
     xp, tp = _inputs(4, size=(tiny.SIZE[1], tiny.SIZE[0]))
     assert xp.shape == x0.shape
@@ -120,17 +115,3 @@ def test_what_a_qwen_store_cannot_hold_is_refused_before_any_write(tmp_path):
              r"model_kwargs: Qwen2VLForConditionalGeneration needs image_grid_thw")
     _refused(model, [x0, x1[:, :-1]], RECIPES[:1], [t0, t1], tmp_path,
              r"images\[1\]: expected pixel_values of shape \(N_patches, 1176\).*got \(60, 1175\)")
-
-
-@pytest.mark.parametrize("kind", ["next", "idefics3"])
-@pytest.mark.parametrize("site, match", [("F1", r"at tower site 'F1' gives one map per crop \(crop, y, x\)"),
-                                         ("lm_resid", r"at LM site 'lm_resid' gives one map per tile group")])
-def test_crops_families_are_refused_by_recipe_before_any_write(kind, site, match, tmp_path):
-    if kind == "next":
-        model, x, t = anyres_cases.make(kind), anyres_cases.pixels(), anyres_cases.target(kind)
-    else:
-        model, x = idefics.make(kind), idefics.make_x()
-        t = vc.targets.answer(input_ids=idefics.PROMPT, answer_ids=idefics.ANSWER)
-    _refused(model, [x], [vc.Recipe(site=site, layer=-1, class_=0)], t, tmp_path,
-             rf"recipes_or_space: recipe .*{match}.*tower runs on several crops")
-    assert torch.is_tensor(x)
