@@ -246,7 +246,7 @@ def _crop_maps(trace: xr.Dataset, entries: list[Entry], n_parts: int) -> dict[st
     for k in range(int(trace.sizes["crop"])):
         one = trace.isel(crop=k)
         view = TraceView.of(one)
-        out = empty_image(entries, n_parts, (view.gh, view.gw))
+        out = empty_image(entries, n_parts, (view.gh, view.gw), "crop")
         for i, e in enumerate(entries):
             if e.grid == "crop":
                 parts, reasons, scale = grid_parts(view, e)
@@ -270,7 +270,7 @@ def _lm_maps(trace: xr.Dataset, entries: list[Entry], n_parts: int, out: dict[st
     if not lm:
         return out
     grid = lm_grid(trace)
-    mine = empty_image(entries, n_parts, grid)
+    mine = empty_image(entries, n_parts, grid, "lm")
     for i in lm:
         e = entries[i]
         parts, reasons, scale = vlm_grid_parts(trace, e.recipe)
@@ -280,8 +280,9 @@ def _lm_maps(trace: xr.Dataset, entries: list[Entry], n_parts: int, out: dict[st
     return out
 
 
-def empty_image(entries: list[Entry], n_parts: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
-    """One image's stored arrays before its maps are written (:func:`image_maps_of` lists them).
+def empty_image(entries: list[Entry], n_parts: int, grid: tuple[int, int], own: str = "") -> dict[str, np.ndarray]:
+    """One image's stored arrays before its maps are written (:func:`image_maps_of` lists them), for the recipes
+    whose ``Entry.grid`` is ``own``: the rows of the other recipes (held by another group of arrays) are NaN.
 
     Example:
         >>> empty_image([Entry(Recipe(layer=0), (0,), False, None, (0, 1))], 0, (2, 2))["maps"].shape
@@ -289,9 +290,15 @@ def empty_image(entries: list[Entry], n_parts: int, grid: tuple[int, int]) -> di
     """
     gh, gw = grid
     n_slots = entries[-1].slot[0] + entries[-1].slot[1]
-    return {"maps": np.zeros((len(entries), gh, gw), np.float32), "parts": np.zeros((n_parts, gh, gw), np.float32),
-            "part_reason": np.full(n_slots, "", object), "degenerate": np.full(len(entries), "", object),
-            "scale": np.zeros(len(entries), np.float32)}
+    out = {"maps": np.zeros((len(entries), gh, gw), np.float32), "parts": np.zeros((n_parts, gh, gw), np.float32),
+           "part_reason": np.full(n_slots, "", object), "degenerate": np.full(len(entries), "", object),
+           "scale": np.zeros(len(entries), np.float32)}
+    for i, e in enumerate(entries):
+        if e.grid != own:  # read raw, a row another array holds says "not here" (NaN), never a map of zeros
+            out["maps"][i] = np.nan
+            if e.part is not None:
+                out["parts"][e.part[0]:e.part[0] + e.part[1]] = np.nan
+    return out
 
 
 @functools.lru_cache(maxsize=4096)

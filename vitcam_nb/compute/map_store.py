@@ -38,7 +38,7 @@ from vitcam_nb.adapters.hf_vlm import LM_SITES
 from vitcam_nb.capture.reader import load_image
 from vitcam_nb.compute.fusion import fuse_layers
 from vitcam_nb.compute.map_checksum import CHECKSUM_VAR, CHECKSUMS_ATTR, UNVERIFIED, VERIFIED, verify_image
-from vitcam_nb.compute.map_table import Found, find, read_table
+from vitcam_nb.compute.map_table import Found, find, read_table, written_rows
 from vitcam_nb.compute.map_vlm_maps import CROP_COORDS, lm_report, lm_values, stored_report
 from vitcam_nb.compute.maps import map_array, warn_degenerate
 from vitcam_nb.compute.report import build_checklist, describe
@@ -321,6 +321,12 @@ def _as_array(var: xr.Variable) -> xr.Variable | None:
     return None
 
 
+def _written(ds: xr.Dataset, name: str, var: xr.Variable) -> np.ndarray:
+    """The values of one image's array the store's pass wrote (the other arrays' recipes' rows are NaN)."""
+    axis = None if name == "scale" else next((a for a, d in enumerate(var.dims) if d in ("recipe", "part")), None)
+    return var.values if axis is None else np.compress(written_rows(ds.attrs, name, var.shape[axis]), var.values, axis)
+
+
 def _load_image(ds: xr.Dataset, i: int) -> xr.Dataset:
     """Image ``i`` read from disk, each array by name: a chunk that cannot be decoded (truncated, corrupted) or is
     gone (a map store's float arrays are filled with NaN where nothing was written) is refused naming the store, the
@@ -331,7 +337,7 @@ def _load_image(ds: xr.Dataset, i: int) -> xr.Dataset:
     load_image(one, where, i, "compute it again with vc.map_many")
     for name, var in one.variables.items():
         fixed = _as_array(var)
-        if name in ("maps", "parts", "scale", "lm_maps", "lm_parts") and np.isnan(var.values).any():
+        if name in ("maps", "parts", "scale", "lm_maps", "lm_parts") and np.isnan(_written(ds, name, var)).any():
             raise TraceFileError(f"path: {where} is damaged: array {name!r} of image {i} is missing values (a chunk "
                                  "of the store was deleted or never written); compute it again with vc.map_many")
         if fixed is not None:

@@ -24,13 +24,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from vitcam_nb.core.errors import ArgumentTypeError, RecipeError, TraceFileError
 from vitcam_nb.core.recipe import Recipe
 from vitcam_nb.core.recipe_canonical import canonical_form
 
-__all__ = ["Found", "blocks", "canonical_key", "find", "read_table"]
+__all__ = ["Found", "blocks", "canonical_key", "find", "read_table", "written_rows"]
 
 _RECIPE_KEYS = ("key", "text", "layers", "rollout", "part", "slot")
 _AGAIN = "compute it again with vc.map_many(..., overwrite=True)"
@@ -207,3 +208,29 @@ def find(ds: xr.Dataset, recipe: Any) -> Found:
     stored = table.recipes[pos]
     values = stored if stored.upsample == recipe.upsample else stored.replace(upsample=recipe.upsample)
     return Found(pos, table.rows[pos], values, list(blocks(recipe, n)))
+
+
+def written_rows(attrs: dict, name: str, n: int) -> np.ndarray:
+    """Which of the ``n`` rows of array ``name`` (``maps``/``lm_maps``: one per recipe; ``parts``/``lm_parts``:
+    the recipes' parts) a store's pass writes. In a store whose recipes name their arrays (``grid``: an answer
+    store with LM maps on the LM's own grid) the rows of the recipes the other arrays hold stay NaN; in any other
+    store every row is written.
+
+    Example:
+        >>> written_rows({"recipes": json.dumps([{"part": None}, {"grid": "lm", "part": [0, 2]}])}, "maps", 2)
+        array([ True, False])
+        >>> written_rows({"recipes": json.dumps([{"part": None}, {"grid": "lm", "part": [0, 2]}])}, "lm_parts", 2)
+        array([ True,  True])
+    """
+    rows = json.loads(attrs.get("recipes", "[]"))
+    if not any(r.get("grid") for r in rows):
+        return np.ones(n, bool)
+    keep = np.zeros(n, bool)
+    for i, r in enumerate(rows):
+        if (r.get("grid", "") == "lm") != name.startswith("lm_"):
+            continue
+        if name.endswith("maps"):
+            keep[i] = True
+        elif r.get("part"):
+            keep[r["part"][0]:r["part"][0] + r["part"][1]] = True
+    return keep

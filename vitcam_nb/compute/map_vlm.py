@@ -20,7 +20,8 @@ that needs none of this has exactly the arrays and table it had before):
   tokens over several tiles, the tile's (rows, cols) for one), with each image's layout in its provenance, so
   reading places them as ``vc.cam`` does: (view, y, x) per tile group, or (y, x);
 * every other recipe on the tower's token grid in ``maps``, as before. The arrays hold a row for every recipe (the
-  rows of the other group's recipes are zeros); ``degenerate`` and ``scale`` (image, recipe) summarise each map.
+  rows of the other group's recipes are NaN: read raw, they say "not here"); ``degenerate`` and ``scale``
+  (image, recipe) summarise each map.
 
 What a store cannot hold is refused by name before any pass or write: answer targets with different numbers of
 traced entries (the store's arrays have one length), images whose crops or LM grids differ in number or shape

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 import zarr
 
 import vitcam_nb as vc
@@ -212,3 +213,28 @@ def test_the_store_kinds_report_is_its_first_images_maps(case):
         m = _cam(vc.image_maps(ds, 0), r)
         assert MAPS.checklist(r, ds).to_json() == m.attrs["checklist"]
         assert MAPS.describe(r, ds) == m.attrs["methods"]
+
+
+def test_rows_the_other_arrays_hold_read_raw_as_nan_and_written_rows_are_still_checked(case, tmp_path):
+    """Opened with xarray alone, a recipe's row in the arrays that do not hold it is NaN (never a map of zeros),
+    every row the pass wrote is finite, and a written row that loses its values is still refused as damage."""
+    _, _, _, _, path, _, _ = case
+    raw = xr.open_zarr(path, consolidated=False)
+    rows = json.loads(raw.attrs["recipes"])
+    for k, row in enumerate(rows):
+        mine, other = ("lm_maps", "maps") if row.get("grid") == "lm" else ("maps", "lm_maps")
+        assert np.isfinite(raw[mine].isel(recipe=k).values).all(), row["text"]
+        assert np.isnan(raw[other].isel(recipe=k).values).all(), row["text"]
+        if row.get("part"):
+            start, count = row["part"]
+            part = raw[other.replace("maps", "parts")].isel(part=slice(start, start + count)).values
+            assert np.isnan(part).all(), row["text"]
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(path, copy)
+    group = zarr.open_group(str(copy), mode="r+")
+    lm_row = next(k for k, row in enumerate(rows) if row.get("grid") == "lm")
+    damaged = np.asarray(group["lm_maps"][0])
+    damaged[lm_row] = np.nan
+    group["lm_maps"][0] = damaged
+    with pytest.raises(vc.TraceFileError, match="lm_maps"):
+        vc.image_maps(vc.open_maps(copy), 0)
