@@ -50,6 +50,7 @@ from vitcam_nb.compute.vlm_tiles import placed_map
 from vitcam_nb.core.arguments import as_flag, as_path
 from vitcam_nb.core.checklist import Checklist
 from vitcam_nb.core.errors import (
+    ArgumentError,
     ArgumentIndexError,
     ArgumentTypeError,
     DegenerateMapWarning,
@@ -365,6 +366,9 @@ def image_maps(ds: xr.Dataset, i: int) -> xr.Dataset:
     n = ds.sizes["image"]
     if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
         raise ArgumentIndexError(f"i: expected an image position in [0, {n - 1}], got {i!r}")
+    if ds.attrs.get("crop_dim") and "crop" not in ds["maps"].dims:  # a checksum covers every crop of an image
+        raise ArgumentError("ds: this store of crops was sliced along 'crop' before its image was read; read the "
+                            "image first, then its crop: vc.image_maps(ds, i).isel(crop=k)")
     return _load_image(ds, int(i))
 
 

@@ -238,3 +238,14 @@ def test_rows_the_other_arrays_hold_read_raw_as_nan_and_written_rows_are_still_c
     group["lm_maps"][0] = damaged
     with pytest.raises(vc.TraceFileError, match="lm_maps"):
         vc.image_maps(vc.open_maps(copy), 0)
+
+
+def test_a_store_sliced_along_crop_before_its_image_is_read_is_refused_as_such(case):
+    """Slicing the whole store along ``crop`` is not damage: the error says what to do instead."""
+    kind, _, _, _, path, _, _ = case
+    if kind.startswith("qwen"):
+        pytest.skip("Qwen's tower runs on one packed image: no crop dim")
+    ds = vc.open_maps(path)
+    with pytest.raises(vc.ArgumentError, match=r"isel\(crop=k\)"):
+        vc.image_maps(ds.isel(crop=1), 0)
+    np.testing.assert_array_equal(vc.image_maps(ds, 0).isel(crop=1)["maps"].values, ds["maps"].values[0, 1])
