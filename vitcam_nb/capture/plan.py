@@ -197,6 +197,9 @@ class TracePlan:
     #: with ``recompute``: the head's backward pass in this many groups of targets (:func:`group_bounds`), to hold
     #: fewer targets' gradients at once (chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     target_groups: int = 1
+    #: the adapter's sites outside the block stack, by name, with how many layers each (read once when the plan is
+    #: made: finding their modules walks the model; None: read from the adapter when asked, :attr:`extra_layers`)
+    extra_counts: dict[str, int] | None = None
 
     @property
     def store_dtype(self) -> type:
@@ -205,8 +208,22 @@ class TracePlan:
 
     @property
     def extra_sites(self) -> dict:
-        """The adapter's sites outside the block stack (e.g. ``xattn``)."""
+        """The adapter's sites outside the block stack (e.g. ``xattn``), with their modules."""
         return self.adapter.extra_sites(self.model)
+
+    @property
+    def extra_layers(self) -> dict[str, int]:
+        """The adapter's sites outside the block stack by name, with how many layers each: what the pass, the
+        assembly and the budget read of them (:attr:`extra_sites` gives their modules).
+
+        Example:
+            >>> import timm
+            >>> TracePlan.for_trace(timm.create_model("vit_tiny_patch16_224", pretrained=False), 1).extra_layers
+            {}
+        """
+        if self.extra_counts is not None:
+            return self.extra_counts
+        return {name: len(where) for name, where in self.extra_sites.items()}
 
     @property
     def graph_start(self) -> int:
@@ -220,7 +237,7 @@ class TracePlan:
             >>> TracePlan.for_trace(m, "top1", layers=[-1]).graph_start, TracePlan.for_trace(m, "top1").graph_start
             (11, 0)
         """
-        return 0 if self.extra_sites else min(self.layer_ids)
+        return 0 if self.extra_layers else min(self.layer_ids)
 
     @classmethod
     def _make(cls, model: torch.nn.Module, adapter: Adapter, target: Target, class_labels: list[str] | None,
@@ -231,7 +248,8 @@ class TracePlan:
         check_autocast()
         return cls(model=model, adapter=adapter, target=target, class_labels=class_labels, layer_ids=layer_ids,
                    site_ids=site_ids, dtype=dtype, run_device=run_device,
-                   compute_dtype=first.dtype if first is not None else torch.float32)
+                   compute_dtype=first.dtype if first is not None else torch.float32,
+                   extra_counts={name: len(where) for name, where in adapter.extra_sites(model).items()})
 
     @classmethod
     def for_trace(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
