@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
-from vitcam_nb.adapters.registry import declare_family
+from vitcam_nb.adapters.registry import declare_family, scoped
 from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
@@ -174,7 +174,11 @@ class HfVitAdapter(Adapter):
         return model.get_submodule(path) if path else model
 
     def blocks_path(self, model: torch.nn.Module) -> str:
-        """Path of the layer list from the model's top: ``vit.layers`` or ``dinov2.encoder.layer``."""
+        """Path of the layer list from the model's top: ``vit.layers`` or ``dinov2.encoder.layer`` (found once per
+        trace call: :func:`~vitcam_nb.adapters.registry.scoped`)."""
+        return scoped(self, model, "blocks_path", lambda: self._blocks_path(model))
+
+    def _blocks_path(self, model: torch.nn.Module) -> str:
         base, root = self.backbone(model), self.backbone_path(model)
         for rel in ("layers", "encoder.layer", "encoder.layers"):
             try:

@@ -27,6 +27,7 @@ import operator
 import pkgutil
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from vitcam_nb.adapters.wrappers import unsupported_message
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "FamilySpec", "declare_family", "declared_families",  # noqa: F822
-           "find_adapter", "lookup_scope", "register_adapter", "supported_families", "unregister_adapter"]
+           "find_adapter", "lookup_scope", "register_adapter", "scoped", "supported_families", "unregister_adapter"]
 
 ENTRY_POINT_GROUP = "vitcam_nb.adapters"
 #: The package whose modules declare the built-in families (walked, every module imported, on first use).
@@ -45,6 +46,7 @@ BUILTIN_PACKAGE = "vitcam_nb.adapters"
 DEFAULT_PRIORITY = 1000
 
 A = TypeVar("A", bound=type)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -241,8 +243,9 @@ def supported_families() -> list[str]:
     return [a.family for a in _table()]
 
 
-#: inside :func:`lookup_scope`: id(model) -> (model, the table's adapters when it was looked up, its adapter)
-_SCOPE: contextvars.ContextVar[dict[int, tuple[object, tuple[Adapter, ...], Adapter]] | None] = \
+#: inside :func:`lookup_scope`: id(model) -> (model, the table's adapters when it was looked up, its adapter), and
+#: :func:`scoped`'s (name, id(owner), id(model)) -> (owner, model, answer)
+_SCOPE: contextvars.ContextVar[dict[object, tuple[Any, ...]] | None] = \
     contextvars.ContextVar("vitcam_nb_adapter_scope", default=None)
 
 
@@ -264,6 +267,30 @@ def lookup_scope() -> Any:
         yield
     finally:
         _SCOPE.reset(token)
+
+
+def scoped(owner: object, model: object, name: str, compute: Callable[[], R]) -> R:
+    """``compute()``, once per ``owner``, ``model`` and ``name`` inside :func:`lookup_scope` (each call outside one):
+    for an answer that depends only on the model's module tree, which one trace call does not change where it is
+    asked (an adapter's layer-list path, found by trying paths and catching their failures). An exception is never
+    remembered.
+
+    Example:
+        >>> calls = []
+        >>> with lookup_scope():
+        ...     [scoped(1, 2, "x", lambda: calls.append(0) or "v") for _ in range(3)], len(calls)
+        (['v', 'v', 'v'], 1)
+    """
+    memo = _SCOPE.get()
+    if memo is None:
+        return compute()
+    key = (name, id(owner), id(model))
+    hit = memo.get(key)
+    if hit is not None and hit[0] is owner and hit[1] is model:
+        return hit[2]
+    value = compute()
+    memo[key] = (owner, model, value)  # both held: their ids stay theirs meanwhile
+    return value
 
 
 def find_adapter(model: object) -> Adapter:

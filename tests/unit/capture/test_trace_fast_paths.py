@@ -125,3 +125,45 @@ def test_find_adapter_inside_a_scope_follows_the_table():
     with pytest.raises(TypeError):
         with lookup_scope():
             find_adapter(object())  # a refusal is never remembered
+
+
+def test_scoped_answers_are_found_once_per_model_inside_a_scope_only():
+    from vitcam_nb.adapters.registry import scoped
+
+    calls: list[object] = []
+
+    def path(model):
+        calls.append(model)
+        if model == "bad":
+            raise TypeError("no layer list")
+        return f"layers of {model}"
+
+    owner = object()
+    assert [scoped(owner, "a", "p", lambda: path("a")) for _ in range(2)] == ["layers of a"] * 2
+    assert len(calls) == 2  # outside a scope: every call computes
+    with lookup_scope():
+        got = [scoped(owner, m, "p", lambda m=m: path(m)) for m in ("a", "b", "a", "b")]
+        assert got == ["layers of a", "layers of b"] * 2 and calls[2:] == ["a", "b"]
+        assert scoped(object(), "a", "p", lambda: path("a")) == "layers of a" and len(calls) == 5  # another owner
+        for _ in range(2):
+            with pytest.raises(TypeError):
+                scoped(owner, "bad", "p", lambda: path("bad"))
+        assert calls[5:] == ["bad", "bad"]  # a failure is never remembered
+    assert scoped(owner, "a", "p", lambda: path("a")) == "layers of a" and len(calls) == 8  # the scope forgot
+
+
+def test_a_hf_layer_list_path_is_found_once_per_trace(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+    from vitcam_nb.adapters.hf import HfVitAdapter
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    want = vc.trace(m, x, targets=target, sites=["F1", "lm_resid"])
+    calls: list[str] = []
+    found = HfVitAdapter._blocks_path
+    monkeypatch.setattr(HfVitAdapter, "_blocks_path", lambda self, model: calls.append(1) or found(self, model))
+    got = vc.trace(m, x, targets=target, sites=["F1", "lm_resid"])
+    assert len(calls) == 1
+    _same(want, got)
+    assert find_adapter(m).blocks_path(m) == "model.vision_tower.encoder.layers" and len(calls) == 2
