@@ -244,10 +244,10 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
                        for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         acts, grad_by_key, images = {}, {}, []
         if arrays:
+            # a small pass has autograd return its gradients rather than hooks write them (prealloc.HOOKS_FROM)
             captured = sum(t.numel() for t in cap.tensors.values()) * (1 + len(outputs)) * x.element_size()
             store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work() and captured >= HOOKS_FROM,
-                           on_write=resident,
-                           hold=not plan.recompute)
+                           on_write=resident, hold=not plan.recompute)
             # The store holds each tensor until its gradient arrives, then lets it go (a recomputing pass: writes its
             # values now and lets it go, since no graph holds it).
             while cap.tensors:
