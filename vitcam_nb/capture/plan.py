@@ -92,7 +92,8 @@ def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module, extra
     allowed = list(adapter.site_table(model)) + list(adapter.extra_sites(model) if extra is None else extra)
     if sites is None:
         # the optional sites are read only when asked for, like the extended sites
-        return [s for s in allowed if s in CORE_SITES or (s not in adapter.sites and s not in OPTIONAL_SITES)]
+        own = adapter.sites  # once: a family's site table may be built each time it is asked for
+        return [s for s in allowed if s in CORE_SITES or (s not in own and s not in OPTIONAL_SITES)]
     items = [sites] if isinstance(sites, str) else sites
     if not isinstance(items, Sequence) or len(items) == 0:
         raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
