@@ -17,6 +17,8 @@ import torch
 
 __all__ = ["buffers", "devices", "modules", "parameters"]
 
+_M = torch.nn.Module
+
 
 def modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """``list(model.modules())``: the model, then its submodules depth first in registration order, each module
@@ -27,7 +29,8 @@ def modules(model: torch.nn.Module) -> list[torch.nn.Module]:
         >>> [type(m).__name__ for m in modules(torch.nn.Sequential(lin, lin, torch.nn.ReLU()))]
         ['Sequential', 'Linear', 'ReLU']
     """
-    if type(model).named_modules is not torch.nn.Module.named_modules:  # a class with its own walk: that walk
+    kind = type(model)
+    if kind.named_modules is not _M.named_modules or kind.modules is not _M.modules:  # its own walk: that walk
         return list(model.modules())
     seen = {id(model)}
     out = [model]
@@ -37,7 +40,7 @@ def modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
                 out.append(child)
-                if type(child).named_modules is not torch.nn.Module.named_modules:
+                if type(child).named_modules is not _M.named_modules:
                     # its own walk below it (the rare class that overrides it)
                     for m in list(child.modules())[1:]:
                         if id(m) not in seen:
@@ -70,7 +73,7 @@ def parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
         >>> parameters(torch.nn.Sequential(lin, lin)) == [lin.weight, lin.bias]
         True
     """
-    if type(model).parameters is not torch.nn.Module.parameters:
+    if type(model).parameters is not _M.parameters or type(model).named_parameters is not _M.named_parameters:
         return list(model.parameters())
     return _members(model, "_parameters")
 
@@ -83,7 +86,7 @@ def buffers(model: torch.nn.Module) -> list[torch.Tensor]:
         >>> buffers(bn) == list(bn.buffers())
         True
     """
-    if type(model).buffers is not torch.nn.Module.buffers:
+    if type(model).buffers is not _M.buffers or type(model).named_buffers is not _M.named_buffers:
         return list(model.buffers())
     return _members(model, "_buffers")
 
@@ -96,8 +99,9 @@ def devices(model: torch.nn.Module) -> set[torch.device]:
         >>> devices(torch.nn.BatchNorm1d(2))
         {device(type='cpu')}
     """
-    if type(model).parameters is not torch.nn.Module.parameters or \
-            type(model).buffers is not torch.nn.Module.buffers:
+    kind = type(model)
+    if (kind.parameters is not _M.parameters or kind.named_parameters is not _M.named_parameters
+            or kind.buffers is not _M.buffers or kind.named_buffers is not _M.named_buffers):
         return {t.device for t in [*model.parameters(), *model.buffers()]}
     return {t.device for m in modules(model) for where in (m._parameters, m._buffers) for t in where.values()
             if t is not None}

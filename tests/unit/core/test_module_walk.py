@@ -76,3 +76,20 @@ def test_a_modules_config_is_found_where_getattr_finds_it():
     buffer.register_buffer("config", torch.zeros(1))
     for m in (plain, attribute, submodule, buffer, WithProperty(), WithGetattr()):
         assert _config_of(m) is getattr(m, "config", None)
+
+
+def test_a_model_that_lists_its_modules_or_parameters_itself_is_listed_its_way():
+    class Listing(torch.nn.Sequential):
+        def modules(self):
+            yield self
+
+        def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+            yield "0.weight", self[0].weight
+
+        def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+            yield from ()
+
+    m = Listing(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    assert module_walk.modules(m) == [m] == list(m.modules())
+    assert module_walk.parameters(m) == [m[0].weight] == list(m.parameters())
+    assert module_walk.buffers(m) == [] == list(m.buffers())
