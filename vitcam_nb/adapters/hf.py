@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from vitcam_nb.adapters.base import Adapter, SiteSpec
-from vitcam_nb.adapters.registry import declare_family
+from vitcam_nb.adapters.registry import declare_family, scoped
+from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import ArgumentTypeError, TraceError
 
 __all__ = ["HfBeitAdapter", "HfDeitAdapter", "HfDinov2Adapter", "HfDinov2RegistersAdapter", "HfSiteSpec",
@@ -70,8 +71,8 @@ def transformers_configs(model: torch.nn.Module) -> list[Any]:
         []
     """
     seen: dict[int, Any] = {}
-    for m in model.modules():
-        cfg = getattr(m, "config", None)
+    for m in module_walk.modules(model):
+        cfg = _config_of(m)
         if cfg is not None and hasattr(cfg, "_attn_implementation_internal"):
             seen.setdefault(id(cfg), cfg)
     for cfg in list(seen.values()):
@@ -80,6 +81,21 @@ def transformers_configs(model: torch.nn.Module) -> list[Any]:
             if sub is not None and hasattr(sub, "_attn_implementation_internal"):
                 seen.setdefault(id(sub), sub)
     return list(seen.values())
+
+
+def _config_of(m: torch.nn.Module) -> Any:
+    """``getattr(m, "config", None)`` without raising and catching an AttributeError on every module that has none
+    (most of a model's; a trace walks them all)."""
+    kind = type(m)
+    if hasattr(kind, "config") or kind.__getattr__ is not torch.nn.Module.__getattr__ or \
+            kind.__getattribute__ is not object.__getattribute__:
+        return getattr(m, "config", None)
+    if "config" in m.__dict__:
+        return m.__dict__["config"]
+    for where in (m._parameters, m._buffers, m._modules):  # where Module.__getattr__ looks, in its order
+        if "config" in where:
+            return where["config"]
+    return None
 
 
 @contextlib.contextmanager
@@ -158,7 +174,11 @@ class HfVitAdapter(Adapter):
         return model.get_submodule(path) if path else model
 
     def blocks_path(self, model: torch.nn.Module) -> str:
-        """Path of the layer list from the model's top: ``vit.layers`` or ``dinov2.encoder.layer``."""
+        """Path of the layer list from the model's top: ``vit.layers`` or ``dinov2.encoder.layer`` (found once per
+        trace call: :func:`~vitcam_nb.adapters.registry.scoped`)."""
+        return scoped(self, model, "blocks_path", lambda: self._blocks_path(model))
+
+    def _blocks_path(self, model: torch.nn.Module) -> str:
         base, root = self.backbone(model), self.backbone_path(model)
         for rel in ("layers", "encoder.layer", "encoder.layers"):
             try:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitcam_nb.adapters.family_memo import by_class
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
@@ -268,6 +269,10 @@ def vlm_family_of(model: object) -> VlmFamily:
         Traceback (most recent call last):
         vitcam_nb.core.errors.ArgumentTypeError: model: ...
     """
+    return by_class(model, VLM_FAMILIES, _find_family)  # found once per class and table of rows
+
+
+def _find_family(model: object) -> VlmFamily:
     for fam in VLM_FAMILIES.values():
         if is_transformers_model(model, fam.classes):
             return fam
@@ -313,8 +318,7 @@ class HfVlmAdapter(HfClipAdapter):
         return list(model.get_submodule(vlm_family_of(model).lm_layers))
 
     def extra_sites(self, model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, str]]]:
-        fam = vlm_family_of(model)
-        layers = self.lm_layers(model)
+        fam, layers = vlm_family_of(model), self.lm_layers(model)
         return {"projector": [(model.get_submodule(fam.projector), "output")],
                 "lm_resid": [(layer.get_submodule(fam.lm_norm), "input") for layer in layers],
                 "lm_attn": [(layer.get_submodule(fam.lm_attention), "output[1]") for layer in layers],

@@ -19,11 +19,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import importlib.util
+import operator
 import pkgutil
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
@@ -33,7 +37,7 @@ from vitcam_nb.adapters.wrappers import unsupported_message
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "FamilySpec", "declare_family", "declared_families",  # noqa: F822
-           "find_adapter", "register_adapter", "supported_families", "unregister_adapter"]
+           "find_adapter", "lookup_scope", "register_adapter", "scoped", "supported_families", "unregister_adapter"]
 
 ENTRY_POINT_GROUP = "vitcam_nb.adapters"
 #: The package whose modules declare the built-in families (walked, every module imported, on first use).
@@ -42,6 +46,7 @@ BUILTIN_PACKAGE = "vitcam_nb.adapters"
 DEFAULT_PRIORITY = 1000
 
 A = TypeVar("A", bound=type)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,56 @@ def supported_families() -> list[str]:
     return [a.family for a in _table()]
 
 
+#: inside :func:`lookup_scope`: id(model) -> (model, the table's adapters when it was looked up, its adapter), and
+#: :func:`scoped`'s (name, id(owner), id(model)) -> (owner, model, answer)
+_SCOPE: contextvars.ContextVar[dict[object, tuple[Any, ...]] | None] = \
+    contextvars.ContextVar("vitcam_nb_adapter_scope", default=None)
+
+
+@contextlib.contextmanager
+def lookup_scope() -> Any:
+    """Inside, :func:`find_adapter` looks each model up once (one ``vitcam_nb.trace`` call asks for the same
+    model's adapter several times, each a walk of every family's ``matches``); the answer holds while the table holds
+    the same adapters in the same order, and is forgotten on exit.
+
+    Example:
+        >>> import timm
+        >>> m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+        >>> with lookup_scope():
+        ...     find_adapter(m) is find_adapter(m)
+        True
+    """
+    token = _SCOPE.set({})
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def scoped(owner: object, model: object, name: str, compute: Callable[[], R]) -> R:
+    """``compute()``, once per ``owner``, ``model`` and ``name`` inside :func:`lookup_scope` (each call outside one):
+    for an answer that depends only on the model's module tree, which one trace call does not change where it is
+    asked (an adapter's layer-list path, found by trying paths and catching their failures). An exception is never
+    remembered.
+
+    Example:
+        >>> calls = []
+        >>> with lookup_scope():
+        ...     [scoped(1, 2, "x", lambda: calls.append(0) or "v") for _ in range(3)], len(calls)
+        (['v', 'v', 'v'], 1)
+    """
+    memo = _SCOPE.get()
+    if memo is None:
+        return compute()
+    key = (name, id(owner), id(model))
+    hit = memo.get(key)
+    if hit is not None and hit[0] is owner and hit[1] is model:
+        return hit[2]
+    value = compute()
+    memo[key] = (owner, model, value)  # both held: their ids stay theirs meanwhile
+    return value
+
+
 def find_adapter(model: object) -> Adapter:
     """Return the adapter for ``model`` or raise a TypeError naming its class, the supported families and the
     three ways forward (an adapter, a wrapper to unwrap, a family to request).
@@ -247,7 +302,16 @@ def find_adapter(model: object) -> Adapter:
         Traceback (most recent call last):
         vitcam_nb.core.errors.ArgumentTypeError: model: ...
     """
-    for adapter in _table():
+    table = _table()
+    memo = _SCOPE.get()
+    if memo is not None:
+        hit = memo.get(id(model))
+        # the model itself is held, so its id stays its own while the scope lasts
+        if hit is not None and hit[0] is model and len(hit[1]) == len(table) and all(map(operator.is_, hit[1], table)):
+            return hit[2]
+    for adapter in table:
         if adapter.matches(model):
+            if memo is not None:
+                memo[id(model)] = (model, tuple(table), adapter)
             return adapter
     raise ArgumentTypeError(unsupported_message(model, supported_families()))

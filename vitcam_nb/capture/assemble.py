@@ -114,7 +114,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
     if gt:  # the patches are in (t, y, x) raster order: rows restart in every frame
         rows[n_prefix:] %= gh
     n_targets = len(classes) + 1
-    extra = plan.extra_sites
+    extra = plan.extra_layers
     token_sites = [s for s in site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra]
     labels = plan.class_labels or target.class_labels(model, int(image.logits.shape[0]))
 
@@ -191,7 +191,7 @@ def assemble(plan: TracePlan, prepared: PreparedInput, image: ImagePass, run: Pa
                 data_vars[extra_name] = (("target", "layer", "head", "query", "key"), np.stack(
                     [to_numpy(got.pop((layer, site)), (n_targets, *shape), store_dtype) for layer in layer_ids], 1))
     for site in [s for s in site_ids if s in extra]:
-        n = len(extra[site])
+        n = extra[site]
         site_acts = [to_numpy(acts.pop((i, site)), None, store_dtype) for i in range(n)]
         site_grads = [to_numpy(grads.pop((i, site)), None, store_dtype) for i in range(n)]
         more_vars, more_coords = adapter.assemble_extra(model, site, site_acts, site_grads, target)
@@ -275,7 +275,7 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
     table = adapter.site_table(model)
     optional = [s for s in table if s in OPTIONAL_SITES]
     # 0.1 wrote this list before the optional sites existed; they are listed on their own, so it reads the same.
-    attrs["model_sites"] = ",".join([*(s for s in table if s not in optional), *plan.extra_sites])
+    attrs["model_sites"] = ",".join([*(s for s in table if s not in optional), *plan.extra_layers])
     if optional:
         attrs["model_optional_sites"] = ",".join(optional)
     for site in site_ids:

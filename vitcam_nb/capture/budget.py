@@ -129,9 +129,12 @@ def _modes(plan: TracePlan, allowed: bool) -> list[Mode]:
 
 
 def _mode_peaks(plan: TracePlan, hw: tuple[int, int], batch: int, total: Callable[[TracePlan, int], int],
-                allowed: bool) -> dict[Mode, int]:
-    """The estimated peak (as ``total`` counts it) of ``plan``'s pass in each mode it may take, fastest first."""
-    return {m: total(replace(plan, recompute=m[0], target_groups=m[1]), batch) for m in _modes(plan, allowed)}
+                allowed: bool, plain: int | None = None) -> dict[Mode, int]:
+    """The estimated peak (as ``total`` counts it) of ``plan``'s pass in each mode it may take, fastest first;
+    ``plain``: the plain mode's, already counted for this very plan (and batch) by the caller."""
+    return {m: plain if m == _PLAIN and plain is not None else total(replace(plan, recompute=m[0],
+                                                                             target_groups=m[1]), batch)
+            for m in _modes(plan, allowed)}
 
 
 def _chosen_mode(plan: TracePlan, hw: tuple[int, int], batch: int, peaks: dict[Mode, int]) -> Mode:
@@ -199,7 +202,7 @@ def recomputable(plan: TracePlan) -> bool:
         True
     """
     return (writes_arrays(plan) and plan.rule == DEFAULT_RULE and getattr(plan.adapter, "recomputable", False)
-            and not plan.extra_sites)
+            and not plan.extra_layers)
 
 
 #: The pass recomputes each block when that lowers its estimated peak to this share of the plain pass's or less
@@ -256,7 +259,10 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         if max_bytes is None:  # the default budget is a safeguard: a model it cannot estimate passes unchecked
             return
         raise _uncovered(plan, max_bytes, exc) from exc
-    peaks = _mode_peaks(plan, hw, batch, total, recompute)
+    # ``need`` is this plan's plain pass (set just above), at this batch: its peak is the plain mode's, counted
+    # once (every other mode, and every way down below, is another plan and is estimated on its own)
+    plain = need["peak_bytes"] + (need["dataset_bytes"] if stacked else 0)
+    peaks = _mode_peaks(plan, hw, batch, total, recompute, plain)
     plan.recompute, plan.target_groups = _chosen_mode(plan, hw, batch, peaks)
     if max_bytes is None:
         available = available_bytes()
@@ -287,7 +293,7 @@ def fit_budget(plan: TracePlan, hw: tuple[int, int], max_bytes: object, batch: i
         ways.append((min(_mode_peaks(plan, hw, 1, total, recompute).values()), "batch_size=1"))
     hint = ", ".join(f"{label} -> {_gb(peak)}" for peak, label in sorted(ways))
     # trace_many stores flat layouts and clips only (TracePlan.for_store): a Swin or BLIP user is not sent there.
-    if not getattr(plan.adapter, "hierarchical", False) and (not plan.extra_sites or getattr(plan.adapter, "video",
+    if not getattr(plan.adapter, "hierarchical", False) and (not plan.extra_layers or getattr(plan.adapter, "video",
                                                                                              False)):
         hint += "; vitcam_nb.trace_many writes many images to disk batch by batch"
     raise TraceError(f"max_bytes: this trace needs about {_gb(need['peak_bytes'])} at peak (Dataset "

@@ -103,7 +103,7 @@ def estimate_plan(plan: TracePlan, hw: tuple[int, int], batch: int = 1) -> dict:
     k = n_targets(plan) + 1
     traced = [shapes.blocks[i] for i in plan.layer_ids]
     sites = plan.site_ids
-    token_sites = [s for s in sites if s not in (ATTENTION_SITE, SCORES_SITE) and s not in plan.extra_sites]
+    token_sites = [s for s in sites if s not in (ATTENTION_SITE, SCORES_SITE) and s not in plan.extra_layers]
     matrices = sum(s in sites for s in (ATTENTION_SITE, SCORES_SITE))  # (head, query, key) sites
 
     def channels(b: BlockShape) -> int:

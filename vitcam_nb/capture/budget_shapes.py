@@ -114,7 +114,7 @@ def _flat(plan: TracePlan, hw: tuple[int, int]) -> Shapes:
     model, adapter = plan.model, plan.adapter
     facts = adapter.describe(model)
     pe = getattr(model, "patch_embed", None)
-    if pe is None or "embed_dim" not in facts or "num_heads" not in facts or plan.extra_sites:
+    if pe is None or "embed_dim" not in facts or "num_heads" not in facts or plan.extra_layers:
         raise TraceError(f"model: the memory estimate covers timm's flat token layouts (ViT, DeiT, DINOv2, BEiT, "
                          "EVA), timm and Hugging Face Swin, BLIP with an image-text target and the Hugging Face "
                          f"video families (VideoMAE, ViViT, TimeSformer); this {adapter.family} model is not estimated")

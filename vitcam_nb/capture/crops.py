@@ -96,7 +96,7 @@ def assemble_crops(plan: TracePlan, prepared: PreparedInput, run: PassResult) ->
         raise TraceError(f"model: the tower ran on {n} crops but the family names {len(names)} ({list(names)}); "
                          "its crop_tiles does not fit this model")
     whole = run.whole()
-    extra = plan.extra_sites
+    extra = plan.extra_layers
     for key, t in whole.acts.items():
         if key[1] not in extra and int(t.shape[0]) != n:
             raise TraceError(f"sites: {key[1]} at layer {key[0]} holds {int(t.shape[0])} rows, but the tower ran on "

@@ -47,6 +47,16 @@ def _index(kind: type, name: str, var: xr.Variable) -> Any:
     return index
 
 
+def _variable(spec: tuple) -> xr.Variable:
+    """``xr.Variable(*spec)``. A plain numpy array of numbers or strings is what the constructor's data check keeps as
+    it is (``as_compatible_data``: ``np.asarray`` of it, no object or datetime conversion, no pandas wrapper), so it
+    is handed over without the check (``fastpath``): the same Variable, a few microseconds sooner, times 40-odd."""
+    data = spec[1]
+    if type(data) is np.ndarray and data.dtype.kind not in "OMm":
+        return xr.Variable(spec[0], data, *spec[2:], fastpath=True)
+    return xr.Variable(*spec)
+
+
 def _plain(spec: Any) -> bool:
     # (dims, values) or (dims, values, attrs) with dims a str or a tuple of str: all the assembly writes; anything
     # else takes the constructor
@@ -105,11 +115,11 @@ def _direct(data_vars: Mapping[str, Any], coords: Mapping[str, Any], attrs: Mapp
     except ImportError:
         return None
     # The constructor's order: the data variables first, then the coordinates.
-    variables = {name: xr.Variable(*spec) for name, spec in data_vars.items()}
+    variables = {name: _variable(spec) for name, spec in data_vars.items()}
     dims: dict[str, int] = {}
     indexes: dict[str, Any] = {}
     for name, spec in coords.items():
-        var = xr.Variable(*spec)
+        var = _variable(spec)
         if var.dims == (name,):  # a dimension coordinate: its default index, and the variable the index makes
             index = _index(PandasIndex, name, var)
             indexes[name] = index

@@ -26,6 +26,7 @@ from vitcam_nb.adapters.base import Adapter, TraceContext
 from vitcam_nb.adapters.qkv import PROJECTED_IO, SCORES_IO, SPLIT_IO, projected_hooks, split_qkv
 from vitcam_nb.capture.crop_check import CROP_PIXELS
 from vitcam_nb.capture.scores import score_hooks
+from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["Capture", "eval_mode", "fused_attention_off", "removable_hooks"]
@@ -45,7 +46,7 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """
     # Only the modules in train mode are switched (and switched back): an eval model is left alone, as a
     # Hugging Face model's own eval() walks every module again (half a millisecond a pass on a 10-ms model).
-    training = [m for m in model.modules() if m.training]
+    training = [m for m in module_walk.modules(model) if m.training]
     try:
         if training:
             model.eval()

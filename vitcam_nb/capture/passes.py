@@ -33,7 +33,7 @@ from vitcam_nb.capture.crop_check import CROP_PIXELS, check_crops
 from vitcam_nb.capture.graph_start import graph_from
 from vitcam_nb.capture.hooks import Capture
 from vitcam_nb.capture.plan import TracePlan, group_bounds
-from vitcam_nb.capture.prealloc import Arrays, batched_hooks_work, lowest_tensors
+from vitcam_nb.capture.prealloc import HOOKS_FROM, Arrays, batched_hooks_work, lowest_tensors
 from vitcam_nb.capture.recompute import recomputed_blocks
 from vitcam_nb.capture.resident import ResidentCap
 from vitcam_nb.capture.rules import rule_context, rule_extra_grads
@@ -200,7 +200,7 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
         # The array pass writes batch rows into per-image arrays; a crops tower's rows are one image's crops.
         arrays = False
     ctx = TraceContext(model)
-    extra = plan.extra_sites
+    extra = plan.extra_layers
     resident = ResidentCap() if arrays else None  # the resident memory before the pass: its rise is measured
 
     def arrange(k: Key, t: torch.Tensor) -> torch.Tensor:
@@ -212,20 +212,20 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
             Capture(model, adapter, plan.layer_ids, plan.site_ids, ctx) as cap, \
             rule_context(plan.rule, model, adapter), torch.inference_mode(False), torch.enable_grad():
         # The graph starts at the lowest traced layer's input (capture.graph_start), or at the image.
-        x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(plan.graph_start == 0)
+        graph_start, blocks = plan.graph_start, adapter.blocks(model)  # once each: both walk the model's modules
+        x = x.to(plan.run_device, plan.compute_dtype).clone().requires_grad_(graph_start == 0)
         # The array pass hands nothing back during the forward pass: a block's freed transients are the next
         # block's, and handing them back made each fault its pages in again.
         # Recomputing: the backward pass goes block by block, each block recomputed once for all targets and
         # differentiated one target at a time.
-        shared = SharedRecompute(adapter.blocks(model), cap.quiet) if arrays and plan.recompute else None
-        with releasing_during_forward([] if arrays else adapter.blocks(model)), \
-                graph_from(adapter.blocks(model), plan.graph_start) as start, \
-                (shared.installed() if shared is not None else recomputed_blocks(adapter.blocks(model), cap.quiet)
+        shared = SharedRecompute(blocks, cap.quiet) if arrays and plan.recompute else None
+        with releasing_during_forward([] if arrays else blocks), graph_from(blocks, graph_start) as start, \
+                (shared.installed() if shared is not None else recomputed_blocks(blocks, cap.quiet)
                  if plan.recompute else contextlib.nullcontext()):
             z = plan.target.batch_scores(model, x)
         missing = [f"{s}@{layer}" for layer in plan.layer_ids for s in plan.site_ids
                    if s not in extra and (layer, s) not in cap.tensors]
-        missing += [f"{s}@{i}" for s in plan.site_ids if s in extra for i in range(len(extra[s]))
+        missing += [f"{s}@{i}" for s in plan.site_ids if s in extra for i in range(extra[s])
                     if (i, s) not in cap.tensors]
         if missing or cap.grid is None:
             raise TraceError(f"sites: hooks never fired for {missing or ['patch grid']}; the adapter's site "
@@ -244,8 +244,10 @@ def run_pass(plan: TracePlan, x: torch.Tensor, *, arrays: bool = False) -> PassR
                        for name, got in rule_extra_grads(plan.rule, adapter, outputs, cap.tensors).items()}
         acts, grad_by_key, images = {}, {}, []
         if arrays:
-            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work(), on_write=resident,
-                           hold=not plan.recompute)
+            # a small pass has autograd return its gradients rather than hooks write them (prealloc.HOOKS_FROM)
+            captured = sum(t.numel() for t in cap.tensors.values()) * (1 + len(outputs)) * x.element_size()
+            store = Arrays(plan, int(x.shape[0]), arrange, hooks=batched_hooks_work() and captured >= HOOKS_FROM,
+                           on_write=resident, hold=not plan.recompute)
             # The store holds each tensor until its gradient arrives, then lets it go (a recomputing pass: writes its
             # values now and lets it go, since no graph holds it).
             while cap.tensors:

@@ -78,8 +78,9 @@ def resolve_layers(layers: object, n_layers: int) -> list[int]:
     return sorted(out)
 
 
-def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> list[str]:
-    """The sites to read, in the adapter's order (None: F1..F6 and the extra sites the model has).
+def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module, extra: dict | None = None) -> list[str]:
+    """The sites to read, in the adapter's order (None: F1..F6 and the extra sites the model has); ``extra``: the
+    adapter's extra sites of this model when the caller has them already.
 
     Example:
         >>> import timm
@@ -88,10 +89,11 @@ def resolve_sites(sites: object, adapter: Adapter, model: torch.nn.Module) -> li
         >>> resolve_sites(["F4", "F1"], find_adapter(m), m)
         ['F1', 'F4']
     """
-    allowed = list(adapter.site_table(model)) + list(adapter.extra_sites(model))
+    allowed = list(adapter.site_table(model)) + list(adapter.extra_sites(model) if extra is None else extra)
     if sites is None:
         # the optional sites are read only when asked for, like the extended sites
-        return [s for s in allowed if s in CORE_SITES or (s not in adapter.sites and s not in OPTIONAL_SITES)]
+        own = adapter.sites  # once: a family's site table may be built each time it is asked for
+        return [s for s in allowed if s in CORE_SITES or (s not in own and s not in OPTIONAL_SITES)]
     items = [sites] if isinstance(sites, str) else sites
     if not isinstance(items, Sequence) or len(items) == 0:
         raise TraceError(f"sites: expected a site name or a non-empty list of them, got {sites!r}")
@@ -197,6 +199,9 @@ class TracePlan:
     #: with ``recompute``: the head's backward pass in this many groups of targets (:func:`group_bounds`), to hold
     #: fewer targets' gradients at once (chosen by :func:`vitcam_nb.capture.budget.fit_budget`)
     target_groups: int = 1
+    #: the adapter's sites outside the block stack, by name, with how many layers each (read once when the plan is
+    #: made: finding their modules walks the model; None: read from the adapter when asked, :attr:`extra_layers`)
+    extra_counts: dict[str, int] | None = None
 
     @property
     def store_dtype(self) -> type:
@@ -205,8 +210,22 @@ class TracePlan:
 
     @property
     def extra_sites(self) -> dict:
-        """The adapter's sites outside the block stack (e.g. ``xattn``)."""
+        """The adapter's sites outside the block stack (e.g. ``xattn``), with their modules."""
         return self.adapter.extra_sites(self.model)
+
+    @property
+    def extra_layers(self) -> dict[str, int]:
+        """The adapter's sites outside the block stack by name, with how many layers each: what the pass, the
+        assembly and the budget read of them (:attr:`extra_sites` gives their modules).
+
+        Example:
+            >>> import timm
+            >>> TracePlan.for_trace(timm.create_model("vit_tiny_patch16_224", pretrained=False), 1).extra_layers
+            {}
+        """
+        if self.extra_counts is not None:
+            return self.extra_counts
+        return {name: len(where) for name, where in self.extra_sites.items()}
 
     @property
     def graph_start(self) -> int:
@@ -220,18 +239,19 @@ class TracePlan:
             >>> TracePlan.for_trace(m, "top1", layers=[-1]).graph_start, TracePlan.for_trace(m, "top1").graph_start
             (11, 0)
         """
-        return 0 if self.extra_sites else min(self.layer_ids)
+        return 0 if self.extra_layers else min(self.layer_ids)
 
     @classmethod
     def _make(cls, model: torch.nn.Module, adapter: Adapter, target: Target, class_labels: list[str] | None,
-              layer_ids: list[int], site_ids: list[str], dtype: str, device: object) -> TracePlan:
+              layer_ids: list[int], site_ids: list[str], dtype: str, device: object, extra: dict) -> TracePlan:
         first = next(iter(model.parameters()), None)  # the first parameter only (listing them all: per trace)
         model_device = first.device if first is not None else torch.device("cpu")
         run_device = check_device(device, model_device)
         check_autocast()
         return cls(model=model, adapter=adapter, target=target, class_labels=class_labels, layer_ids=layer_ids,
                    site_ids=site_ids, dtype=dtype, run_device=run_device,
-                   compute_dtype=first.dtype if first is not None else torch.float32)
+                   compute_dtype=first.dtype if first is not None else torch.float32,
+                   extra_counts={name: len(where) for name, where in extra.items()})
 
     @classmethod
     def for_trace(cls, model: object, targets: object = "top5", *, sites: object = None, layers: object = None,
@@ -254,8 +274,9 @@ class TracePlan:
         # scores when they have computed them.
         names = target.class_labels(model, head_size(model)) if isinstance(target, ClassTargets) else None
         layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
-        plan = cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model), dtype,
-                         device)
+        extra = adapter.extra_sites(model)
+        plan = cls._make(model, adapter, target, names, layer_ids, resolve_sites(sites, adapter, model, extra), dtype,
+                         device, extra)
         plan.wrappers, plan.rule = wrappers, rule
         return plan
 
@@ -278,16 +299,16 @@ class TracePlan:
         if num_classes <= 0:
             raise TraceError("model: has no classifier head (num_classes=0); class targets need logits")
         # A video family's extra sites (TimeSformer's attn_time, attn_space) are one clip's arrays: they stack.
-        video = getattr(adapter, "video", False)
-        if getattr(adapter, "hierarchical", False) or (adapter.extra_sites(model) and not video):
+        video, extra = getattr(adapter, "video", False), adapter.extra_sites(model)
+        if getattr(adapter, "hierarchical", False) or (extra and not video):
             raise TraceError(f"model: trace_many stores flat token layouts; the {adapter.family} family has "
                              "per-stage grids or extra sites. Trace its images one by one with vitcam_nb.trace()")
         # Layers and sites are checked before the targets, as trace_many always did.
         layer_ids = resolve_layers(layers, len(adapter.blocks(model)))
-        site_ids = resolve_sites(sites, adapter, model)
+        site_ids = resolve_sites(sites, adapter, model, extra)
         target = ClassTargets(targets, labels)
         target.check_count(num_classes)
         plan = cls._make(model, adapter, target, target.class_labels(model, num_classes), layer_ids, site_ids, dtype,
-                         device)
+                         device, extra)
         plan.wrappers, plan.rule = wrappers, rule
         return plan

@@ -36,7 +36,7 @@ from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.core.errors import TraceError
 from vitcam_nb.core.schema import ATTENTION_SITE, SCORES_SITE
 
-__all__ = ["Arrays", "batched_hooks_work", "copy_into", "lowest_tensors", "unbatched", "writes_arrays"]
+__all__ = ["HOOKS_FROM", "Arrays", "batched_hooks_work", "copy_into", "lowest_tensors", "unbatched", "writes_arrays"]
 
 Key = tuple[int, str]
 Group = tuple[tuple[int, ...], tuple[str, ...]]
@@ -93,6 +93,13 @@ def unbatched(g: torch.Tensor, n: int) -> torch.Tensor:
     torch._C._vmapmode_decrement_nesting()
     return torch._remove_batch_dim(g, level - 1, n, 0)
 
+
+#: A pass whose captured tensors and their gradients take fewer bytes than this (in the compute dtype) has autograd
+#: return the gradients at once instead of tensor hooks writing each as it comes: holding them all costs at most this
+#: much, while the hooks and the graph walk that picks the tensors to return cost about half a millisecond a pass on
+#: a 10-ms model (issue 55's trace-cost row). The values are the same either way (autograd's summed gradient of each
+#: tensor, handed to its hook or returned).
+HOOKS_FROM = 4 << 20
 
 _PROBE: list[bool] = []
 
@@ -197,7 +204,7 @@ class Arrays:
         self.dtype = plan.store_dtype
         self.n_images, self.arrange, self.hooks, self.on_write = n_images, arrange, hooks, on_write
         self.hold = hold
-        extra = plan.extra_sites
+        extra = plan.extra_layers
         token_sites = tuple(s for s in plan.site_ids if s not in (ATTENTION_SITE, SCORES_SITE) and s not in extra)
         if getattr(plan.adapter, "hierarchical", False):
             # One stage's blocks share a grid and a width: each traced stage is one Dataset node of its own, with

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import TraceError
 
 __all__ = ["CUDA_DETERMINISTIC", "check_autocast", "check_device", "deterministic", "exclusive", "frozen_parameters",
@@ -110,7 +111,7 @@ def exclusive(model: torch.nn.Module) -> Iterator[None]:
         TraceError: model: this model is already being traced ...
     """
     token = object()
-    modules = {id(module) for module in model.modules()}
+    modules = {id(module) for module in module_walk.modules(model)}
     with _BUSY_LOCK:
         if any(modules & busy for busy in _BUSY.values()):
             raise TraceError("model: this model is already being traced, or a model that contains it, is contained "
@@ -134,7 +135,7 @@ def on_device(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
         ...     m.weight.device.type
         'cpu'
     """
-    devices = {t.device for t in list(model.parameters()) + list(model.buffers())}
+    devices = module_walk.devices(model)
     if not devices or devices == {device}:
         yield
         return
@@ -270,7 +271,7 @@ def frozen_parameters(model: torch.nn.Module) -> Iterator[None]:
         >>> m.weight.requires_grad
         True
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in module_walk.parameters(model) if p.requires_grad]
     try:
         for p in params:
             p.requires_grad_(False)

@@ -65,7 +65,7 @@ def detection_plan(model: Any, targets: list[Detection], **plan_args: Any) -> Tr
         >>> plan = detection_plan(yolos, [vc.targets.detection(query=0)], sites=["F1"])  # doctest: +SKIP
     """
     plan = TracePlan.for_trace(model, targets[0], **plan_args)
-    if getattr(plan.adapter, "hierarchical", False) or plan.extra_sites:
+    if getattr(plan.adapter, "hierarchical", False) or plan.extra_layers:
         raise TraceError(f"model: trace_many stores flat token layouts; the {plan.adapter.family} family has "
                          "per-stage grids or extra sites. Trace its images one by one with vitcam_nb.trace()")
     for t in targets[1:]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 import xarray as xr
 
+from vitcam_nb.adapters.registry import lookup_scope
 from vitcam_nb.capture.assemble import assemble
 from vitcam_nb.capture.budget import fit_budget
 from vitcam_nb.capture.crops import assemble_crops
@@ -83,6 +84,12 @@ def trace(
         >>> tr["grad"].dims
         ('target', 'layer', 'site', 'token', 'channel')
     """
+    with lookup_scope():  # the model's adapter is looked up once for the whole call
+        return _trace(model, image, targets, sites, layers, dtype, device, labels, processor, max_bytes, rule)
+
+
+def _trace(model: torch.nn.Module, image: object, targets: object, sites: object, layers: object, dtype: str,
+           device: object, labels: object, processor: object, max_bytes: float | None, rule: str) -> xr.Dataset:
     plan = TracePlan.for_trace(model, targets, sites=sites, layers=layers, dtype=dtype, device=device,
                                labels=labels, rule=rule)
     model = plan.model  # the model inside torch.compile, DataParallel, ... (the wrapper itself is not called)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import TraceError
 
 _WEIGHTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -71,7 +72,8 @@ def untrained(model: torch.nn.Module) -> bool:
         >>> untrained(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)))
         True
     """
-    norms = [m for m in model.modules() if isinstance(m, _NORMS) and getattr(m, "weight", None) is not None]
+    norms = [m for m in module_walk.modules(model)
+             if isinstance(m, _NORMS) and getattr(m, "weight", None) is not None]
     if not norms or any(m.weight.is_meta for m in norms):  # meta tensors hold no values to compare
         return False
     with torch.no_grad():

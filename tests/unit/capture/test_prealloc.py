@@ -138,9 +138,16 @@ def test_autograd_returns_only_the_lowest_tensors_gradients(monkeypatch):
         return grad(outputs, inputs, *args, **kwargs)
 
     monkeypatch.setattr(torch.autograd, "grad", counting)
+    # a pass this small has autograd return every gradient (passes.HOOKS_FROM); one at the size where hooks pay:
+    monkeypatch.setattr(passes, "HOOKS_FROM", 0)
     tr = vc.trace(timm_vit(), x_for(), targets="top2", sites=SITES, dtype="float16")  # the array pass
     assert seen == [1]  # block 0's F1 lies below every other site
     assert np.abs(tr["grad"].values).max() > 0
+    monkeypatch.setattr(passes, "HOOKS_FROM", 1 << 40)
+    small = vc.trace(timm_vit(), x_for(), targets="top2", sites=SITES, dtype="float16")
+    assert seen[1:] == [12]  # every site of the 2 layers returned at once, the same values
+    for name in ("act", "grad", "attn", "attn_grad"):
+        np.testing.assert_array_equal(small[name].values, tr[name].values, err_msg=name)
 
 
 def test_without_readable_batched_hooks_the_arrays_are_the_same(monkeypatch):

@@ -1,0 +1,169 @@
+"""The trace's cheaper per-call paths (issue 55's trace-cost row) store exactly what the established ones store:
+a small pass whose gradients autograd returns (no tensor hooks) against the same pass written by the hooks, bitwise,
+on a tiny LLaVA, a tiny Qwen2-VL and a timm ViT (plain and recomputing passes); the plan's extra-site counts against
+the adapter's; and the remembered lookups (a VLM family per class, an adapter per call) give way to a table that
+changed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import vitcam_nb as vc
+import vitcam_nb.capture.passes as passes
+from vitcam_nb.adapters import VitAdapter, find_adapter, register_adapter, unregister_adapter
+from vitcam_nb.adapters.registry import lookup_scope
+from vitcam_nb.capture.plan import TracePlan
+
+transformers = pytest.importorskip("transformers")
+
+
+def _same(a, b) -> None:
+    """Two traces hold the same variables, coordinates and attributes (the trace id included), every array bitwise."""
+    assert list(a.variables) == list(b.variables) and list(a.coords) == list(b.coords)
+    assert a.attrs == b.attrs
+    for name in a.variables:
+        x, y = a[name].values, b[name].values
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        if x.dtype.kind in "fiub":
+            assert x.tobytes() == y.tobytes(), name
+        else:
+            assert (x == y).all(), name
+        assert a[name].attrs == b[name].attrs, name
+
+
+def _hooks_and_returned(monkeypatch, model, x, **kwargs):
+    """The trace with tensor hooks writing every gradient (the established array pass), then with autograd returning
+    them (the small pass's path), as the pass chooses by :data:`~vitcam_nb.capture.prealloc.HOOKS_FROM`."""
+    seen: list[bool] = []
+    arrays = passes.Arrays
+
+    def spy(*args, **kw):
+        seen.append(kw["hooks"])
+        return arrays(*args, **kw)
+
+    monkeypatch.setattr(passes, "Arrays", spy)
+    monkeypatch.setattr(passes, "HOOKS_FROM", 0)
+    hooked = vc.trace(model, x, **kwargs)
+    monkeypatch.setattr(passes, "HOOKS_FROM", 1 << 40)
+    returned = vc.trace(model, x, **kwargs)
+    assert seen == [True, False]  # each path ran once
+    return hooked, returned
+
+
+def test_llava_answer_trace_without_hooks_is_the_hooked_trace_bitwise(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    hooked, returned = _hooks_and_returned(monkeypatch, tiny_llava(), x, targets=target)
+    _same(hooked, returned)
+    assert {"lm_resid_grad", "lm_attn_grad", "projector_grad", "grad"} <= set(returned.data_vars)
+    assert np.abs(returned["lm_resid_grad"].values).max() > 0  # gradients were written, not left at zero
+
+
+def test_qwen2_vl_answer_trace_without_hooks_is_the_hooked_trace_bitwise(monkeypatch):
+    from vlm_qwen_tiny import tiny_qwen
+
+    model, pixel_values, target = tiny_qwen("qwen2")
+    hooked, returned = _hooks_and_returned(monkeypatch, model, pixel_values, targets=target)
+    _same(hooked, returned)
+
+
+@pytest.mark.parametrize("layers", [None, [-1]])  # every block (plain pass); one late block (recomputing pass)
+def test_vit_trace_without_hooks_is_the_hooked_trace_bitwise(monkeypatch, layers):
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=3).eval()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    hooked, returned = _hooks_and_returned(monkeypatch, m, x, targets="top3", sites=["F1", "F2", "F6"], layers=layers)
+    _same(hooked, returned)
+    assert returned.attrs["memory_mode"] == ("plain" if layers is None else hooked.attrs["memory_mode"])
+
+
+def test_the_plans_extra_site_counts_are_the_adapters():
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+
+    m = tiny_llava()
+    plan = TracePlan.for_trace(m, vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
+    want = {name: len(where) for name, where in find_adapter(m).extra_sites(m).items()}
+    assert plan.extra_counts == plan.extra_layers == want and want["lm_resid"] == 2
+    # a plan made without the counts reads them from the adapter
+    assert TracePlan(**{**plan.__dict__, "extra_counts": None}).extra_layers == want
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    assert TracePlan.for_trace(vit, 1).extra_layers == {} and TracePlan.for_trace(vit, 1).graph_start == 0
+
+
+def test_a_replaced_vlm_family_row_is_found_again(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import tiny_llava
+    from vitcam_nb.adapters import hf_vlm
+
+    m = tiny_llava()
+    old = hf_vlm.vlm_family_of(m)
+    assert hf_vlm.vlm_family_of(m) is old  # remembered
+    monkeypatch.setitem(hf_vlm.VLM_FAMILIES, "llava", hf_vlm.VlmFamily(
+        "llava", old.classes, old.tower, old.projector, old.lm_layers, old.layout, tower_prefix=()))
+    new = hf_vlm.vlm_family_of(m)
+    assert new is hf_vlm.VLM_FAMILIES["llava"] and new.tower_prefix == () and old.tower_prefix == ("cls",)
+    monkeypatch.delitem(hf_vlm.VLM_FAMILIES, "llava")  # no row reads the class: refused by name, never remembered
+    with pytest.raises(vc.core.errors.ArgumentTypeError, match="not a generative VLM"):
+        hf_vlm.vlm_family_of(m)
+
+
+def test_find_adapter_inside_a_scope_follows_the_table():
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    first = find_adapter(m)
+    mine = VitAdapter()
+    with lookup_scope():
+        assert find_adapter(m) is first and find_adapter(m) is first
+        register_adapter(mine)  # in front of every other: it reads the model from now on
+        try:
+            assert find_adapter(m) is mine
+        finally:
+            unregister_adapter(mine)
+        assert find_adapter(m) is first
+    with pytest.raises(TypeError):
+        with lookup_scope():
+            find_adapter(object())  # a refusal is never remembered
+
+
+def test_scoped_answers_are_found_once_per_model_inside_a_scope_only():
+    from vitcam_nb.adapters.registry import scoped
+
+    calls: list[object] = []
+
+    def path(model):
+        calls.append(model)
+        if model == "bad":
+            raise TypeError("no layer list")
+        return f"layers of {model}"
+
+    owner = object()
+    assert [scoped(owner, "a", "p", lambda: path("a")) for _ in range(2)] == ["layers of a"] * 2
+    assert len(calls) == 2  # outside a scope: every call computes
+    with lookup_scope():
+        got = [scoped(owner, m, "p", lambda m=m: path(m)) for m in ("a", "b", "a", "b")]
+        assert got == ["layers of a", "layers of b"] * 2 and calls[2:] == ["a", "b"]
+        assert scoped(object(), "a", "p", lambda: path("a")) == "layers of a" and len(calls) == 5  # another owner
+        for _ in range(2):
+            with pytest.raises(TypeError):
+                scoped(owner, "bad", "p", lambda: path("bad"))
+        assert calls[5:] == ["bad", "bad"]  # a failure is never remembered
+    assert scoped(owner, "a", "p", lambda: path("a")) == "layers of a" and len(calls) == 8  # the scope forgot
+
+
+def test_a_hf_layer_list_path_is_found_once_per_trace(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+    from vitcam_nb.adapters.hf import HfVitAdapter
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    want = vc.trace(m, x, targets=target, sites=["F1", "lm_resid"])
+    calls: list[str] = []
+    found = HfVitAdapter._blocks_path
+    monkeypatch.setattr(HfVitAdapter, "_blocks_path", lambda self, model: calls.append(1) or found(self, model))
+    got = vc.trace(m, x, targets=target, sites=["F1", "lm_resid"])
+    assert len(calls) == 1
+    _same(want, got)
+    assert find_adapter(m).blocks_path(m) == "model.vision_tower.encoder.layers" and len(calls) == 2
