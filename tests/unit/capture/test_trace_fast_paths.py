@@ -94,20 +94,28 @@ def test_the_plans_extra_site_counts_are_the_adapters():
     assert TracePlan.for_trace(vit, 1).extra_layers == {} and TracePlan.for_trace(vit, 1).graph_start == 0
 
 
-def test_a_replaced_vlm_family_row_is_found_again(monkeypatch):
+def test_a_replaced_vlm_family_row_is_found_again():
     from benchmarks.items.vlm_trace_cost import tiny_llava
     from vitcam_nb.adapters import hf_vlm
 
     m = tiny_llava()
     old = hf_vlm.vlm_family_of(m)
     assert hf_vlm.vlm_family_of(m) is old  # remembered
-    monkeypatch.setitem(hf_vlm.VLM_FAMILIES, "llava", hf_vlm.VlmFamily(
-        "llava", old.classes, old.tower, old.projector, old.lm_layers, old.layout, tower_prefix=()))
-    new = hf_vlm.vlm_family_of(m)
-    assert new is hf_vlm.VLM_FAMILIES["llava"] and new.tower_prefix == () and old.tower_prefix == ("cls",)
-    monkeypatch.delitem(hf_vlm.VLM_FAMILIES, "llava")  # no row reads the class: refused by name, never remembered
-    with pytest.raises(vc.core.errors.ArgumentTypeError, match="not a generative VLM"):
-        hf_vlm.vlm_family_of(m)
+    # the table restored whole and in its order afterwards (monkeypatch's undo of a delitem would append the row
+    # at the end, and the generated docs tables follow the table's order)
+    saved = dict(hf_vlm.VLM_FAMILIES)
+    try:
+        hf_vlm.VLM_FAMILIES["llava"] = hf_vlm.VlmFamily(
+            "llava", old.classes, old.tower, old.projector, old.lm_layers, old.layout, tower_prefix=())
+        new = hf_vlm.vlm_family_of(m)
+        assert new is hf_vlm.VLM_FAMILIES["llava"] and new.tower_prefix == () and old.tower_prefix == ("cls",)
+        del hf_vlm.VLM_FAMILIES["llava"]  # no row reads the class: refused by name, never remembered
+        with pytest.raises(vc.core.errors.ArgumentTypeError, match="not a generative VLM"):
+            hf_vlm.vlm_family_of(m)
+    finally:
+        hf_vlm.VLM_FAMILIES.clear()
+        hf_vlm.VLM_FAMILIES.update(saved)
+    assert list(hf_vlm.VLM_FAMILIES) == list(saved) and hf_vlm.vlm_family_of(m) is old
 
 
 def test_find_adapter_inside_a_scope_follows_the_table():
