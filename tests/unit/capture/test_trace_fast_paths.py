@@ -167,3 +167,46 @@ def test_a_hf_layer_list_path_is_found_once_per_trace(monkeypatch):
     assert len(calls) == 1
     _same(want, got)
     assert find_adapter(m).blocks_path(m) == "model.vision_tower.encoder.layers" and len(calls) == 2
+
+
+def test_the_image_token_layout_is_found_once_per_trace_and_the_trace_is_the_same(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+    from vitcam_nb.adapters import hf_vlm
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    asked, computed = [], []
+    real = hf_vlm.scoped_layout
+
+    def counted(compute):
+        return lambda: computed.append(1) or compute()
+
+    # every call computing it (the path before the scope)
+    monkeypatch.setattr(hf_vlm, "scoped_layout", lambda owner, model, ids, extra, compute: (
+        asked.append(1), counted(compute)())[1])
+    want = vc.trace(m, x, targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
+    assert len(asked) == len(computed) == 5  # the target's check, the memory estimate, three LM-side sites
+    asked.clear(), computed.clear()
+    monkeypatch.setattr(hf_vlm, "scoped_layout", lambda owner, model, ids, extra, compute: (
+        asked.append(1), real(owner, model, ids, extra, counted(compute)))[1])
+    got = vc.trace(m, x, targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
+    assert len(asked) == 5 and len(computed) == 1
+    _same(want, got)
+
+
+def test_a_scoped_layout_is_keyed_on_the_sequence_and_arguments_content():
+    from benchmarks.items.vlm_trace_cost import IMAGE_ID, PROMPT, tiny_llava
+    from vitcam_nb.adapters.vlm_layout_scope import content_key
+
+    m = tiny_llava()
+    ad = find_adapter(m)
+    ids = np.array(PROMPT)
+    other = np.array([IMAGE_ID] * 16 + [1, 2])  # the image tokens first: other positions
+    with lookup_scope():
+        a, b, c = ad.layout(m, ids), ad.layout(m, other), ad.layout(m, ids.copy())
+    assert a.positions.tolist() == list(range(3, 19)) and b.positions.tolist() == list(range(16))
+    assert c is a  # equal content, the call's answer
+    t = torch.tensor([[32, 32]])
+    assert content_key({"s": t}) == content_key({"s": t.clone()}) != content_key({"s": torch.tensor([[32, 33]])})
+    assert content_key({"s": t}) != content_key({"s": t.to(torch.int32)}) != content_key({"s": t.numpy()})
+    assert content_key({"s": [1, 2]}) != content_key({"s": (1, 2)}) and content_key({"s": object()}) is None
