@@ -210,3 +210,34 @@ def test_a_scoped_layout_is_keyed_on_the_sequence_and_arguments_content():
     assert content_key({"s": t}) == content_key({"s": t.clone()}) != content_key({"s": torch.tensor([[32, 33]])})
     assert content_key({"s": t}) != content_key({"s": t.to(torch.int32)}) != content_key({"s": t.numpy()})
     assert content_key({"s": [1, 2]}) != content_key({"s": (1, 2)}) and content_key({"s": object()}) is None
+
+
+def _torch_copy(dest, t) -> None:
+    """The copy before numpy's path: torch's copy through float32 (the established one)."""
+    torch.from_numpy(dest).copy_(t.detach().to("cpu", torch.float32).reshape(dest.shape))
+
+
+def test_copy_into_float32_by_numpy_is_torchs_copy_bitwise():
+    from vitcam_nb.capture.prealloc import copy_into
+
+    base = torch.randn(5, 1, 17, 32, generator=torch.Generator().manual_seed(0), requires_grad=True) * 1
+    odd = torch.tensor([float("nan"), -0.0, 1e-45, float("inf"), -3.5])
+    for t in (base, base.transpose(2, 3), base[:, :, ::2], odd, torch._neg_view(odd), base.to(torch.float16)):
+        for dtype in (np.float32, np.float16):
+            got, want = np.empty(tuple(t.shape), dtype), np.empty(tuple(t.shape), dtype)
+            copy_into(got, t)
+            _torch_copy(want, t)
+            assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_trace_copied_by_numpy_is_the_torch_copied_trace_bitwise(monkeypatch, dtype):
+    import vitcam_nb.capture.prealloc as prealloc
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    got = vc.trace(m, x, targets=target, dtype=dtype)
+    monkeypatch.setattr(prealloc, "copy_into", _torch_copy)
+    _same(vc.trace(m, x, targets=target, dtype=dtype), got)
