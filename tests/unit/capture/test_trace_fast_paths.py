@@ -241,3 +241,28 @@ def test_a_trace_copied_by_numpy_is_the_torch_copied_trace_bitwise(monkeypatch, 
     got = vc.trace(m, x, targets=target, dtype=dtype)
     monkeypatch.setattr(prealloc, "copy_into", _torch_copy)
     _same(vc.trace(m, x, targets=target, dtype=dtype), got)
+
+
+def test_a_hf_layer_list_and_site_table_are_found_once_per_trace_and_the_trace_is_the_same(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+    from vitcam_nb.adapters import hf
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    made: list[str] = []
+    relative = hf.HfVitAdapter.relative_sites
+    monkeypatch.setattr(hf.HfVitAdapter, "relative_sites", lambda self, path: made.append(path) or relative(self, path))
+    got = vc.trace(m, x, targets=target)
+    assert made.count("model.vision_tower.encoder.layers") == 1  # the site table built once for the call
+    monkeypatch.setattr(hf, "scoped", lambda owner, model, name, compute: compute())  # each call its own answer
+    _same(vc.trace(m, x, targets=target), got)
+    assert made.count("model.vision_tower.encoder.layers") > 2
+    ad = find_adapter(m)
+    with lookup_scope():
+        a, b = ad.site_table(m), ad.site_table(m)
+        a.pop("F1")  # the caller's copy: the next caller's table is whole
+        assert "F1" in b and "F1" in ad.site_table(m)
+        blocks = ad.blocks(m)
+        blocks.pop()
+        assert len(ad.blocks(m)) == 3 and ad.blocks(m)[-1] is m.get_submodule("model.vision_tower.encoder.layers")[-1]
