@@ -201,10 +201,10 @@ class HfVitAdapter(Adapter):
                                     f"'transformers>=5'")
 
     def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        return list(model.get_submodule(self.blocks_path(model)))
+        return list(scoped(self, model, "blocks", lambda: model.get_submodule(self.blocks_path(model))))
 
-    def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:
-        return self.relative_sites(self.blocks_path(model))
+    def site_table(self, model: torch.nn.Module) -> dict[str, SiteSpec]:  # a copy: the caller's to change
+        return dict(scoped(self, model, "site_table", lambda: self.relative_sites(self.blocks_path(model))))
 
     def relative_sites(self, path: str) -> dict[str, SiteSpec]:
         """The site table with the layer list at ``path`` (the hook names start there).

@@ -44,7 +44,14 @@ from vitcam_nb.adapters.hf_clip import HfClipAdapter
 from vitcam_nb.adapters.registry import declare_family
 from vitcam_nb.adapters.vlm_crops import crop_geometry, crops_input, projector_rows
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
-from vitcam_nb.adapters.vlm_layouts.gemma import GEMMA3_ANATOMY, PALIGEMMA_ANATOMY, gemma3_layout, paligemma_layout
+from vitcam_nb.adapters.vlm_layout_scope import scoped_layout
+from vitcam_nb.adapters.vlm_layouts.gemma import (
+    GEMMA3_ANATOMY,
+    PALIGEMMA_ANATOMY,
+    gemma3_layout,
+    paligemma_layout,
+    paligemma_token_types,
+)
 from vitcam_nb.adapters.vlm_logit import assemble_lm_logit, lm_logit_hook
 from vitcam_nb.adapters.vlm_rows import proj_rows
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError, TraceError
@@ -192,14 +199,6 @@ def gemma3_layout_of(model: torch.nn.Module, ids: np.ndarray, grid: tuple[int, i
         raise TraceError(f"input_ids: {exc}") from exc
 
 
-def _prefix_types(model: torch.nn.Module, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
-    """PaliGemma: 0 over the prefix (image and prompt), 1 over the answer, as its processor gives a suffix and
-    ``generate`` extends the prompt's ids."""
-    out = torch.ones_like(seq)
-    out[:n_prompt] = 0
-    return out
-
-
 def _image_types(model: torch.nn.Module, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
     """Gemma 3: 1 at the image tokens, 0 elsewhere, as its processor gives them."""
     return (seq == image_token_id(model)).long()
@@ -209,7 +208,7 @@ _SIGLIP_LAST = ("the tower's last hidden state (after its post_layernorm), every
 VLM_FAMILIES["paligemma"] = VlmFamily(
     "paligemma", (PALIGEMMA_ANATOMY.model_class,), tower="model.vision_tower",
     projector=PALIGEMMA_ANATOMY.projector, lm_layers=PALIGEMMA_ANATOMY.lm_layers, layout=paligemma_layout_of,
-    tower_prefix=(), reads=f"{_SIGLIP_LAST}; a linear projector per patch", token_types=_prefix_types,
+    tower_prefix=(), reads=f"{_SIGLIP_LAST}; a linear projector per patch", token_types=paligemma_token_types,
     token_types_text="token_type_ids 0 over the image and prompt, 1 over the answer (the prefix attends "
                      "bidirectionally, the answer causally, as with the processor and generate)")
 VLM_FAMILIES["gemma3"] = VlmFamily(
@@ -367,9 +366,10 @@ class HfVlmAdapter(HfClipAdapter):
 
     def layout(self, model: torch.nn.Module, ids: np.ndarray, extra: Mapping[str, Any] | None = None
                ) -> ImageTokenLayout:
-        """Where the image tokens of the sequence ``ids`` sit and which image cell each covers; ``extra``: the
-        target's extra forward arguments (e.g. ``image_sizes``), which some families' layouts depend on."""
-        return vlm_family_of(model).layout(model, np.asarray(ids), self.tower_grid(model), dict(extra or {}))
+        """Where the image tokens of ``ids`` sit and which image cell each covers (``extra``: the target's extra forward
+        arguments, e.g. ``image_sizes``, which some families' layouts read); computed once per trace call."""
+        return scoped_layout(self, model, ids, extra, lambda: vlm_family_of(model).layout(
+            model, np.asarray(ids), self.tower_grid(model), dict(extra or {})))
 
     def describe(self, model: torch.nn.Module) -> dict[str, object]:
         fam, tcfg = vlm_family_of(model), model.config.text_config

@@ -22,14 +22,14 @@ import torch
 
 from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import TraceError
+from vitcam_nb.core.state_walk import state_entries
 
 _WEIGHTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _state_signature(model: torch.nn.Module) -> tuple:
     # _version changes on every in-place write, so an unchanged signature means unchanged weights.
-    return tuple((name, t.data_ptr(), t._version, t.shape, t.dtype)
-                 for name, t in model.state_dict(keep_vars=True).items())
+    return tuple((name, t.data_ptr(), t._version, t.shape, t.dtype) for name, t in state_entries(model))
 
 
 def weights_sha256(model: torch.nn.Module) -> str:

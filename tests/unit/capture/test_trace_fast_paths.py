@@ -175,3 +175,102 @@ def test_a_hf_layer_list_path_is_found_once_per_trace(monkeypatch):
     assert len(calls) == 1
     _same(want, got)
     assert find_adapter(m).blocks_path(m) == "model.vision_tower.encoder.layers" and len(calls) == 2
+
+
+def test_the_image_token_layout_is_found_once_per_trace_and_the_trace_is_the_same(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+    from vitcam_nb.adapters import hf_vlm
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    asked, computed = [], []
+    real = hf_vlm.scoped_layout
+
+    def counted(compute):
+        return lambda: computed.append(1) or compute()
+
+    # every call computing it (the path before the scope)
+    monkeypatch.setattr(hf_vlm, "scoped_layout", lambda owner, model, ids, extra, compute: (
+        asked.append(1), counted(compute)())[1])
+    want = vc.trace(m, x, targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
+    assert len(asked) == len(computed) == 5  # the target's check, the memory estimate, three LM-side sites
+    asked.clear(), computed.clear()
+    monkeypatch.setattr(hf_vlm, "scoped_layout", lambda owner, model, ids, extra, compute: (
+        asked.append(1), real(owner, model, ids, extra, counted(compute)))[1])
+    got = vc.trace(m, x, targets=vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER))
+    assert len(asked) == 5 and len(computed) == 1
+    _same(want, got)
+
+
+def test_a_scoped_layout_is_keyed_on_the_sequence_and_arguments_content():
+    from benchmarks.items.vlm_trace_cost import IMAGE_ID, PROMPT, tiny_llava
+    from vitcam_nb.adapters.vlm_layout_scope import content_key
+
+    m = tiny_llava()
+    ad = find_adapter(m)
+    ids = np.array(PROMPT)
+    other = np.array([IMAGE_ID] * 16 + [1, 2])  # the image tokens first: other positions
+    with lookup_scope():
+        a, b, c = ad.layout(m, ids), ad.layout(m, other), ad.layout(m, ids.copy())
+    assert a.positions.tolist() == list(range(3, 19)) and b.positions.tolist() == list(range(16))
+    assert c is a  # equal content, the call's answer
+    t = torch.tensor([[32, 32]])
+    assert content_key({"s": t}) == content_key({"s": t.clone()}) != content_key({"s": torch.tensor([[32, 33]])})
+    assert content_key({"s": t}) != content_key({"s": t.to(torch.int32)}) != content_key({"s": t.numpy()})
+    assert content_key({"s": [1, 2]}) != content_key({"s": (1, 2)}) and content_key({"s": object()}) is None
+
+
+def _torch_copy(dest, t) -> None:
+    """The copy before numpy's path: torch's copy through float32 (the established one)."""
+    torch.from_numpy(dest).copy_(t.detach().to("cpu", torch.float32).reshape(dest.shape))
+
+
+def test_copy_into_float32_by_numpy_is_torchs_copy_bitwise():
+    from vitcam_nb.capture.prealloc import copy_into
+
+    base = torch.randn(5, 1, 17, 32, generator=torch.Generator().manual_seed(0), requires_grad=True) * 1
+    odd = torch.tensor([float("nan"), -0.0, 1e-45, float("inf"), -3.5])
+    for t in (base, base.transpose(2, 3), base[:, :, ::2], odd, torch._neg_view(odd), base.to(torch.float16)):
+        for dtype in (np.float32, np.float16):
+            got, want = np.empty(tuple(t.shape), dtype), np.empty(tuple(t.shape), dtype)
+            copy_into(got, t)
+            _torch_copy(want, t)
+            assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_trace_copied_by_numpy_is_the_torch_copied_trace_bitwise(monkeypatch, dtype):
+    import vitcam_nb.capture.prealloc as prealloc
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    got = vc.trace(m, x, targets=target, dtype=dtype)
+    monkeypatch.setattr(prealloc, "copy_into", _torch_copy)
+    _same(vc.trace(m, x, targets=target, dtype=dtype), got)
+
+
+def test_a_hf_layer_list_and_site_table_are_found_once_per_trace_and_the_trace_is_the_same(monkeypatch):
+    from benchmarks.items.vlm_trace_cost import ANSWER, PROMPT, tiny_llava
+    from vitcam_nb.adapters import hf
+
+    m = tiny_llava()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    target = vc.targets.answer(input_ids=PROMPT, answer_ids=ANSWER)
+    made: list[str] = []
+    relative = hf.HfVitAdapter.relative_sites
+    monkeypatch.setattr(hf.HfVitAdapter, "relative_sites", lambda self, path: made.append(path) or relative(self, path))
+    got = vc.trace(m, x, targets=target)
+    assert made.count("model.vision_tower.encoder.layers") == 1  # the site table built once for the call
+    monkeypatch.setattr(hf, "scoped", lambda owner, model, name, compute: compute())  # each call its own answer
+    _same(vc.trace(m, x, targets=target), got)
+    assert made.count("model.vision_tower.encoder.layers") > 2
+    ad = find_adapter(m)
+    with lookup_scope():
+        a, b = ad.site_table(m), ad.site_table(m)
+        a.pop("F1")  # the caller's copy: the next caller's table is whole
+        assert "F1" in b and "F1" in ad.site_table(m)
+        blocks = ad.blocks(m)
+        blocks.pop()
+        assert len(ad.blocks(m)) == 3 and ad.blocks(m)[-1] is m.get_submodule("model.vision_tower.encoder.layers")[-1]

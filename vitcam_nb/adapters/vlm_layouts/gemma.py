@@ -15,11 +15,13 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
 
 from vitcam_nb.adapters.vlm_layout import ImageTokenLayout, Tile, VlmAnatomy, image_positions
 from vitcam_nb.core.errors import ArgumentError
 
-__all__ = ["GEMMA3_ANATOMY", "PALIGEMMA_ANATOMY", "gemma3_layout", "gemma3_patch_token", "paligemma_layout"]
+__all__ = ["GEMMA3_ANATOMY", "PALIGEMMA_ANATOMY", "gemma3_layout", "gemma3_patch_token", "paligemma_layout",
+           "paligemma_token_types"]
 
 PALIGEMMA_ANATOMY = VlmAnatomy(
     family="paligemma", model_class="PaliGemmaForConditionalGeneration",
@@ -111,3 +113,16 @@ def gemma3_patch_token(config: Any) -> np.ndarray:
     k = patches // side
     r, c = np.divmod(np.arange(patches * patches), patches)
     return (r // k) * side + c // k
+
+
+def paligemma_token_types(model: object, seq: torch.Tensor, n_prompt: int) -> torch.Tensor:
+    """PaliGemma's token types: 0 over the prefix (image and prompt), 1 over the answer, as its processor gives a
+    suffix and ``generate`` extends the prompt's ids.
+
+    Example:
+        >>> paligemma_token_types(None, torch.tensor([5, 5, 2, 9, 10]), 3).tolist()
+        [0, 0, 0, 1, 1]
+    """
+    out = torch.ones_like(seq)
+    out[:n_prompt] = 0
+    return out
