@@ -7,7 +7,6 @@ brute force) on a tiny LLaVA-NeXT (60x70 image, base view + 2x2 crops) and a tin
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,60 +21,10 @@ import test_vlm_idefics as idefics  # noqa: E402
 from anyres_cases import SIZE, pixels, target  # noqa: E402
 from anyres_cases import make as make_anyres  # noqa: E402
 from test_vlm_llava import ANSWER, GRID, PROMPT, make_llava, make_x  # noqa: E402
+from vlm_reference import gradcam, lm_views, tower_views  # noqa: E402
 
 FIXED = dict(target="logit", weighting="gradcam", weight_tokens="patch", relu="after", normalize="minmax",
              heads="channels", attn_rows="cls")
-SIDES = ("top", "left", "bottom", "right")
-
-
-def minmax(v):
-    span = v.max() - v.min()
-    return (v - v.min()) / span if span > 0 else np.zeros_like(v)
-
-
-def gradcam(A, G):
-    return minmax(np.maximum(A @ G.mean(0), 0))
-
-
-def nearest(cells, box, size, out):
-    """Cells (gh, gw) written into ``out`` at the pixels whose centre lies in ``box`` (fractions)."""
-    gh, gw = cells.shape
-    top, left, bottom, right = box
-    for y in range(size[0]):
-        for x in range(size[1]):
-            cy, cx = (y + 0.5) / size[0], (x + 0.5) / size[1]
-            if top <= cy < bottom and left <= cx < right:
-                v = cells[int((cy - top) / (bottom - top) * gh), int((cx - left) / (right - left) * gw)]
-                if not np.isnan(v):
-                    out[y, x] = v
-
-
-def tower_views(tr, layer, k, size):
-    """Grad-CAM of F1 per crop (min-max per crop), each crop's cells in its box of the original image."""
-    views = {}
-    for c in range(tr.sizes["crop"]):
-        one = tr.isel(crop=c)
-        patch = one["token_kind"].values == "patch"
-        rows, cols = one["patch_row"].values[patch], one["patch_col"].values[patch]
-        cells = np.zeros((rows.max() + 1, cols.max() + 1))
-        cells[rows, cols] = gradcam(one["act"].sel(site="F1", layer=layer).values[patch],
-                                    one["grad"].sel(site="F1", layer=layer).values[k][patch])
-        box = tuple(float(one[f"crop_box_{s}"]) for s in SIDES)
-        nearest(cells, box, size, views.setdefault(str(one["crop_group"].values), np.full(size, np.nan)))
-    return views
-
-
-def lm_views(tr, layer, k, size):
-    """Grad-CAM of lm_resid over all image tokens as one set, each tile's cells in its box."""
-    v = gradcam(tr["lm_resid"].values[layer], tr["lm_resid_grad"].values[k, layer])
-    views = {}
-    for t, d in enumerate(json.loads(tr["lm_resid"].attrs["layout_tile_boxes"])):
-        sel = tr["image_token_tile"].values == t
-        cells = np.full(d["grid"], np.nan)
-        cells[tr["image_token_row"].values[sel], tr["image_token_col"].values[sel]] = v[sel]
-        nearest(cells, d["box"], size, views.setdefault(d["group"], np.full(size, np.nan)))
-    return views
-
 
 def pointing(view, mask):
     """The share of the view's peak pixels within 15 px at 224 px (scaled) of the mask; a constant view misses."""

@@ -23,32 +23,10 @@ from anyres_cases import make as make_anyres  # noqa: E402
 from anyres_cases import pixels, target  # noqa: E402
 from test_tam import ANSWER, SEQ, tam_reference  # noqa: E402
 from test_vlm_llava import GRID, PROMPT, make_llava, make_x  # noqa: E402
+from vlm_reference import gradcam, lm_views, minmax, tower_views  # noqa: E402
 
 FIXED = dict(target="logit", weighting="gradcam", weight_tokens="patch", relu="after", normalize="minmax",
              upsample="none", heads="channels", attn_rows="cls")
-
-
-def minmax(v):
-    """Min-max; a constant map (a block the LM never reads: zero gradients) is the kit's degenerate zeros."""
-    span = v.max() - v.min()
-    return (v - v.min()) / span if span > 0 else np.zeros_like(v)
-
-
-def gradcam(A, G):
-    return minmax(np.maximum(A @ G.mean(0), 0))
-
-
-def nearest(cells, box, size):
-    """A grid (gh, gw) placed in ``box`` (top, left, bottom, right fractions) of a canvas, by pixel centres."""
-    out = np.full(size, np.nan)
-    gh, gw = cells.shape
-    top, left, bottom, right = box
-    for y in range(size[0]):
-        for x in range(size[1]):
-            cy, cx = (y + 0.5) / size[0], (x + 0.5) / size[1]
-            if top <= cy < bottom and left <= cx < right:
-                out[y, x] = cells[int((cy - top) / (bottom - top) * gh), int((cx - left) / (right - left) * gw)]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,34 +74,13 @@ def anyres():
 
 def tower_reference(tr, layer: int, k: int) -> np.ndarray:
     """Grad-CAM of F1 per crop (min-max per crop, as each crop's own map), each crop in its box, groups stacked."""
-    size = (tr.sizes["y"], tr.sizes["x"])
-    groups = {}
-    for c in range(tr.sizes["crop"]):
-        one = tr.isel(crop=c)
-        patch = one["token_kind"].values == "patch"
-        A = one["act"].sel(site="F1", layer=layer).values[patch]
-        G = one["grad"].sel(site="F1", layer=layer).values[k][patch]
-        cells = np.zeros((4, 4))
-        cells[one["patch_row"].values[patch], one["patch_col"].values[patch]] = gradcam(A, G)
-        box = tuple(float(one[f"crop_box_{s}"]) for s in ("top", "left", "bottom", "right"))
-        canvas = groups.setdefault(str(one["crop_group"].values), np.full(size, np.nan))
-        placed = nearest(cells, box, size)
-        canvas[~np.isnan(placed)] = placed[~np.isnan(placed)]
+    groups = tower_views(tr, layer, k, (tr.sizes["y"], tr.sizes["x"]))
     return np.concatenate([groups["base"], groups["tiles"]])
 
 
 def lm_reference(tr, layer: int, k: int) -> np.ndarray:
     """Grad-CAM of lm_resid over all image tokens, each tile's cells in its box, groups stacked."""
-    size = (tr.sizes["y"], tr.sizes["x"])
-    v = gradcam(tr["lm_resid"].values[layer], tr["lm_resid_grad"].values[k, layer])
-    groups = {}
-    for t, d in enumerate(json.loads(tr["lm_resid"].attrs["layout_tile_boxes"])):
-        sel = tr["image_token_tile"].values == t
-        cells = np.full(d["grid"], np.nan)
-        cells[tr["image_token_row"].values[sel], tr["image_token_col"].values[sel]] = v[sel]
-        canvas = groups.setdefault(d["group"], np.full(size, np.nan))
-        placed = nearest(cells, d["box"], size)
-        canvas[~np.isnan(placed)] = placed[~np.isnan(placed)]
+    groups = lm_views(tr, layer, k, (tr.sizes["y"], tr.sizes["x"]))
     return np.concatenate([groups["base"], groups["tiles"]])
 
 

@@ -6,7 +6,6 @@ draws a view gallery one row per cell, one panel per view, the arrays drawn bein
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import matplotlib
@@ -22,32 +21,11 @@ pytest.importorskip("transformers")
 
 from anyres_cases import make, pixels, target  # noqa: E402
 from test_vlm_llava import ANSWER, GRID, PROMPT, make_llava, make_x  # noqa: E402
-
-
-def gradcam(A, G):
-    m = np.maximum(A @ G.mean(0), 0)
-    span = m.max() - m.min()
-    return (m - m.min()) / span if span > 0 else np.zeros_like(m)
+from vlm_reference import gradcam, lm_views  # noqa: E402
 
 
 def views_reference(tr, layer, k, size=(32, 32)):
-    v = gradcam(tr["lm_resid"].values[layer], tr["lm_resid_grad"].values[k, layer])
-    out = {}
-    for t, d in enumerate(json.loads(tr["lm_resid"].attrs["layout_tile_boxes"])):
-        sel = tr["image_token_tile"].values == t
-        cells = np.full(d["grid"], np.nan)
-        cells[tr["image_token_row"].values[sel], tr["image_token_col"].values[sel]] = v[sel]
-        canvas = out.setdefault(d["group"], np.full(size, np.nan))
-        top, left, bottom, right = d["box"]
-        for y in range(size[0]):
-            for x in range(size[1]):
-                cy, cx = (y + 0.5) / size[0], (x + 0.5) / size[1]
-                if top <= cy < bottom and left <= cx < right:
-                    c = cells[int((cy - top) / (bottom - top) * d["grid"][0]),
-                              int((cx - left) / (right - left) * d["grid"][1])]
-                    if not np.isnan(c):
-                        canvas[y, x] = c
-    return out
+    return lm_views(tr, layer, k, size)
 
 
 @pytest.fixture(scope="module")
