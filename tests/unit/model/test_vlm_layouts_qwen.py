@@ -13,6 +13,8 @@ pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
 from vlm_marks import Marker, lm_inputs, zero_text  # noqa: E402
+from vlm_qwen_tiny import END, IMG, PATCH, START, W  # noqa: E402
+from vlm_qwen_tiny import make_model as make  # noqa: E402
 
 from vitcam_nb.adapters.vlm_layouts.qwen import (  # noqa: E402
     QWEN2_5_VL_ANATOMY,
@@ -23,35 +25,7 @@ from vitcam_nb.adapters.vlm_layouts.qwen import (  # noqa: E402
 )
 from vitcam_nb.core.errors import ArgumentError  # noqa: E402
 
-IMG, START, END, PATCH, W = 5, 7, 8, 14, 32
 CH = 2 * PATCH * PATCH  # one channel's share of a flattened patch (temporal_patch_size 2)
-
-
-def make(kind: str):
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-    )
-
-    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-    text = dict(vocab_size=64, hidden_size=W, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=2, bos_token_id=1, eos_token_id=2, rope_parameters=rope)
-    common = dict(depth=3, num_heads=2, patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2)
-    if kind == "qwen2":
-        cfg = Qwen2VLConfig(vision_config=dict(embed_dim=W, hidden_size=W, mlp_ratio=2, **common), text_config=text,
-                            image_token_id=IMG, video_token_id=6, vision_start_token_id=START,
-                            vision_end_token_id=END)
-        cls = Qwen2VLForConditionalGeneration
-    else:  # windows of 56 px = 2x2 merged tokens, so a 3x5 token image has partial windows
-        cfg = Qwen2_5_VLConfig(vision_config=dict(hidden_size=W, out_hidden_size=W, intermediate_size=64,
-                                                  window_size=56, fullatt_block_indexes=[2], **common),
-                               text_config=text, image_token_id=IMG, video_token_id=6, vision_start_token_id=START,
-                               vision_end_token_id=END)
-        cls = Qwen2_5_VLForConditionalGeneration
-    torch.manual_seed(0)
-    return cls(cfg).eval()
 
 
 class Ident(nn.Module):
