@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +40,9 @@ import torch
 from vitcam_nb.adapters.family_memo import by_class
 from vitcam_nb.adapters.hf import is_transformers_model
 from vitcam_nb.adapters.hf_clip import HfClipAdapter
-from vitcam_nb.adapters.registry import declare_family
+from vitcam_nb.adapters.registry import declare_family, scoped
 from vitcam_nb.adapters.vlm_crops import crop_geometry, crops_input, projector_rows
-from vitcam_nb.adapters.vlm_layout import ImageTokenLayout
+from vitcam_nb.adapters.vlm_layout import ImageTokenLayout, layout_coords
 from vitcam_nb.adapters.vlm_layout_scope import scoped_layout
 from vitcam_nb.adapters.vlm_layouts.gemma import (
     GEMMA3_ANATOMY,
@@ -391,19 +390,9 @@ class HfVlmAdapter(HfClipAdapter):
         fam = vlm_family_of(model)
         lay = self.layout(model, np.asarray(ids), getattr(target, "model_kwargs", None))
         pos = lay.positions
-        coords = {
-            "image_token": ("image_token", np.arange(pos.size, dtype=np.int64)),
-            "image_token_pos": ("image_token", pos.astype(np.int64)),
-            "image_token_tile": ("image_token", lay.tile_of.astype(np.int64)),
-            "image_token_row": ("image_token", lay.rows.astype(np.int64)),
-            "image_token_col": ("image_token", lay.cols.astype(np.int64)),
-        }
-        layout_attrs = {"layout": lay.description, "layout_tiles": ";".join(
-            f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
-            "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items()),
-            # every tile's grid, box on the image and group: what places a multi-tile map (compute.vlm_tiles)
-            "layout_tile_boxes": json.dumps([{"name": t.name, "grid": [int(v) for v in t.grid], "box": [
-                float(v) for v in t.box], "group": t.group_name} for t in lay.tiles])}
+        # the same coordinates and attributes for every extra site of one call: built once (issue 55's trace cost)
+        coords, layout_attrs = scoped(lay, model, "layout_coords", lambda: layout_coords(lay))
+        coords = dict(coords)
         if site == "projector" and fam.crops:  # (crops, rows, channels): each image token is one crop's row
             crop, row = projector_rows(lay, self.crop_tiles(model, target), acts[0].shape[-2])
             attrs = {"hook": f"{fam.projector}:output", "meaning": "projector output per image token (the row of "

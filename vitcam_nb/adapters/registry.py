@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from vitcam_nb.adapters.base import Adapter
 from vitcam_nb.adapters.wrappers import unsupported_message
+from vitcam_nb.core import module_walk
 from vitcam_nb.core.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["BUILTIN_ADAPTERS", "ENTRY_POINT_GROUP", "FamilySpec", "declare_family", "declared_families",  # noqa: F822
@@ -253,7 +254,8 @@ _SCOPE: contextvars.ContextVar[dict[object, tuple[Any, ...]] | None] = \
 def lookup_scope() -> Any:
     """Inside, :func:`find_adapter` looks each model up once (one ``vitcam_nb.trace`` call asks for the same
     model's adapter several times, each a walk of every family's ``matches``); the answer holds while the table holds
-    the same adapters in the same order, and is forgotten on exit.
+    the same adapters in the same order, and is forgotten on exit. The model's module tree is walked once inside it
+    too (:func:`vitcam_nb.core.module_walk.walk_scope`).
 
     Example:
         >>> import timm
@@ -264,7 +266,8 @@ def lookup_scope() -> Any:
     """
     token = _SCOPE.set({})
     try:
-        yield
+        with module_walk.walk_scope():  # the module tree is as stable for the call as the adapter lookups
+            yield
     finally:
         _SCOPE.reset(token)
 

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from vitcam_nb.core.errors import ArgumentError
 
-__all__ = ["ImageTokenLayout", "Tile", "VlmAnatomy", "image_positions"]
+__all__ = ["ImageTokenLayout", "Tile", "VlmAnatomy", "image_positions", "layout_coords"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +169,29 @@ def image_positions(input_ids: Iterable[int] | np.ndarray, image_token_id: int) 
     if ids.ndim != 1:
         raise ArgumentError(f"input_ids: one prompt's ids (1-D) expected, got shape {ids.shape}")
     return np.nonzero(ids == int(image_token_id))[0].astype(np.int64)
+
+
+def layout_coords(lay: ImageTokenLayout) -> tuple[dict[str, tuple[str, np.ndarray]], dict[str, str]]:
+    """The ``image_token`` coordinates of a trace's LM sites (position in the sequence, tile, row and column of each
+    image token) and the layout attributes each LM site's variables carry.
+
+    Example:
+        >>> coords, attrs = layout_coords(ImageTokenLayout.raster([3, 4], (1, 2)))
+        >>> coords["image_token_pos"][1].tolist(), attrs["layout_tiles"]
+        ([3, 4], 'image:1x2')
+    """
+    pos = lay.positions
+    coords = {
+        "image_token": ("image_token", np.arange(pos.size, dtype=np.int64)),
+        "image_token_pos": ("image_token", pos.astype(np.int64)),
+        "image_token_tile": ("image_token", lay.tile_of.astype(np.int64)),
+        "image_token_row": ("image_token", lay.rows.astype(np.int64)),
+        "image_token_col": ("image_token", lay.cols.astype(np.int64)),
+    }
+    attrs = {"layout": lay.description, "layout_tiles": ";".join(
+        f"{t.name}:{t.grid[0]}x{t.grid[1]}" for t in lay.tiles),
+        "layout_dropped": ";".join(f"{k}:{v}" for k, v in lay.dropped.items()),
+        # every tile's grid, box on the image and group: what places a multi-tile map (compute.vlm_tiles)
+        "layout_tile_boxes": json.dumps([{"name": t.name, "grid": [int(v) for v in t.grid], "box": [
+            float(v) for v in t.box], "group": t.group_name} for t in lay.tiles])}
+    return coords, attrs

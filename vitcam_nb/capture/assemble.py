@@ -27,7 +27,7 @@ from vitcam_nb.capture.plan import TracePlan, memory_mode, model_name
 from vitcam_nb.capture.runtime import release_freed_memory
 from vitcam_nb.capture.video import frame_coords
 from vitcam_nb.core.errors import TraceError
-from vitcam_nb.core.provenance import array_sha256, settings_id, weights_origin, weights_sha256
+from vitcam_nb.core.provenance import array_sha256, settings_id, weights_facts
 from vitcam_nb.core.rules import DEFAULT_RULE
 from vitcam_nb.core.schema import (
     ATTENTION_SITE,
@@ -218,8 +218,7 @@ def _attrs(plan: TracePlan, prepared: PreparedInput, classes: list[int], layer_i
 
     model, adapter, target = plan.model, plan.adapter, plan.target
     name, tag = model_name(model)
-    origin = weights_origin(model)
-    w_hash = weights_sha256(model)
+    w_hash, origin = weights_facts(model)
     in_hash = array_sha256(prepared.tensor)
     settings = {"weights": w_hash, "input": in_hash, "classes": classes, "layers": layer_ids,
                 "sites": site_ids, "dtype": plan.dtype, "schema": SCHEMA_VERSION}

@@ -39,7 +39,7 @@ from vitcam_nb.preprocess import data_config, prepare_input
 from vitcam_nb.targets.classes import ClassTargets
 
 __all__ = ["BUDGET_FRACTION", "GROUPS_ABOVE", "GROUPS_BELOW", "RECOMPUTE_BELOW", "available_bytes", "check_max_bytes",
-           "estimate", "estimate_plan", "fit_budget", "recomputable"]
+           "estimate", "estimate_plan", "fit_budget", "meminfo_available", "recomputable"]
 
 #: The default budget: this fraction of the memory available when the trace starts.
 BUDGET_FRACTION = 0.5
@@ -53,10 +53,10 @@ def available_bytes() -> int | None:
         True
     """
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        with open("/proc/meminfo", "rb") as f:  # bytes, read at once: no decoding line by line on every trace
+            found = meminfo_available(f.read())
+        if found is not None:
+            return found
     except OSError:
         pass
     try:
@@ -64,6 +64,20 @@ def available_bytes() -> int | None:
     except ImportError:
         return None
     return int(psutil.virtual_memory().available)
+
+
+def meminfo_available(text: bytes) -> int | None:
+    r"""The ``MemAvailable`` bytes of a ``/proc/meminfo`` text (its value is in kB), None without a readable one.
+
+    Example:
+        >>> meminfo_available(b"MemTotal:  100 kB\nMemFree:  20 kB\nMemAvailable:   60 kB\n")
+        61440
+    """
+    for line in text.splitlines():
+        if line.startswith(b"MemAvailable:"):
+            fields = line.split()
+            return int(fields[1]) * 1024 if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 def _input_hw(plan: TracePlan, image: object) -> tuple[int, int]:

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
@@ -55,7 +56,7 @@ def reusable_empty(shape: tuple[int, ...], dtype: object) -> np.ndarray:
         False
     """
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(int(v) for v in shape)  # exact Python ints, without numpy's reduction per array
     nbytes = count * dtype.itemsize
     if not _USABLE or nbytes < MIN_BYTES:
         return np.empty(shape, dtype)

@@ -303,9 +303,7 @@ def _backward_into(store: Arrays, outputs: torch.Tensor, groups: int = 1,
             store.backward_targets(int(start), int(stop))
             got = batched_grad(outputs[start:stop], lowest, retain_graph=i < len(bounds) - 2)
             if not store.hooks:
-                for k, g in zip(keys, got):
-                    if g is not None:
-                        store.put_grad(k, store.arrange(k, g))
+                store.put_grads([(k, store.arrange(k, g)) for k, g in zip(keys, got) if g is not None])
             del got
     finally:
         del edges, lowest

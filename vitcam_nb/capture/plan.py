@@ -113,6 +113,8 @@ def group_bounds(n_targets: int, groups: int) -> np.ndarray:
         >>> group_bounds(6, 3).tolist(), group_bounds(5, 2).tolist(), group_bounds(4, 1).tolist()
         ([0, 2, 4, 6], [0, 2, 5], [0, 4])
     """
+    if groups == 1 and n_targets >= 1:  # one group (every trace but a budget-split one): no linspace per pass
+        return np.array([0, n_targets])
     return np.linspace(0, n_targets, min(groups, n_targets) + 1).round().astype(int)
 
 

@@ -369,6 +369,45 @@ class Arrays:
         if self.on_write is not None:
             self.on_write()
 
+    def put_grads(self, items: list[tuple[Key, torch.Tensor]]) -> None:
+        """:meth:`put_grad` of each ``(key, gradient)`` autograd returned (in schema layout), a group at a time
+        where a whole group waits for its first values (every layer and site held, all of one shape): its values
+        and its gradients each go in with one stacked copy per image instead of one per key (a small VLM's two
+        dozen keys cost about a millisecond one by one; issue 55's trace-cost row). The same bytes either way:
+        stacking copies values, it computes nothing."""
+        got = dict(items)
+        for group in self.groups:
+            keys = [(layer, site) for layer in group[0] for site in group[1]]
+            if (group in self._broken or self.filled[0].get((*group, "act")) is not None
+                    or not all(k in self._live for k in keys)):
+                continue
+            acts = [self.arrange(k, self._live[k]) for k in keys]
+            inner = tuple(acts[0].shape[1:])
+            # a key autograd returned no gradient for (the targets do not depend on it): zeros, as finish_backward
+            # writes them
+            grads = [got[k] if k in got else acts[0].new_zeros((self.in_flight, self.n_images, *inner)) for k in keys]
+            matrix = group[1][0] in (ATTENTION_SITE, SCORES_SITE)
+            if (len(inner) != (3 if matrix else 2) or any(tuple(a.shape[1:]) != inner for a in acts)
+                    or any(tuple(g.shape) != (self.in_flight, self.n_images, *inner) for g in grads)):
+                continue  # one by one, as put_grad lays them out or refuses them
+            shape = (len(group[0]), *inner) if matrix else (len(group[0]), len(group[1]), *inner)
+            stacked_acts, stacked_grads = torch.stack(acts, 1), torch.stack(grads, 2)
+            for b in range(self.n_images):
+                self.filled[b][(*group, "act")] = reusable_empty(shape, self.dtype)
+                copy_into(self.filled[b][(*group, "act")], stacked_acts[b])
+                copy_into(self._grad_array(b, group)[self.targets], stacked_grads[:, b])
+            for k in keys:
+                li, si = group[0].index(k[0]), group[1].index(k[1])
+                self.slots[k] = (group, (li,) if matrix else (li, si))
+                self._grad_shapes[k] = inner
+                self._written.setdefault(k, np.zeros(self.n_targets, bool))[self.targets] = True
+                del self._live[k]
+                got.pop(k, None)
+            if self.on_write is not None:
+                self.on_write()
+        for key, g in got.items():
+            self.put_grad(key, g)
+
     def finish_backward(self) -> None:
         """Drop the graph's edges, write the values of every tensor no gradient reached and zeros for its
         gradient (the targets do not depend on it, or it has no graph)."""

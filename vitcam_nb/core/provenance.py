@@ -32,6 +32,17 @@ def _state_signature(model: torch.nn.Module) -> tuple:
     return tuple((name, t.data_ptr(), t._version, t.shape, t.dtype) for name, t in state_entries(model))
 
 
+def _facts(model: torch.nn.Module) -> dict:
+    # What is known of the weights as they are now (their hash, whether they are untrained), kept per model object
+    # and started afresh when a tensor was replaced or written in place: one walk of the state a call.
+    signature = _state_signature(model)
+    cached = _WEIGHTS_CACHE.get(model)
+    if cached is None or cached[0] != signature:
+        cached = (signature, {})
+        _WEIGHTS_CACHE[model] = cached
+    return cached[1]
+
+
 def weights_sha256(model: torch.nn.Module) -> str:
     """SHA-256 of the model's state dict (names, dtypes, shapes and bytes, in name order).
 
@@ -43,18 +54,22 @@ def weights_sha256(model: torch.nn.Module) -> str:
         >>> len(weights_sha256(torch.nn.Linear(2, 2)))
         64
     """
-    signature = _state_signature(model)
-    cached = _WEIGHTS_CACHE.get(model)
-    if cached is not None and cached[0] == signature:
-        return cached[1]
+    return _sha256(model, _facts(model))
+
+
+def _sha256(model: torch.nn.Module, facts: dict) -> str:
+    if "sha256" not in facts:
+        facts["sha256"] = _hash_state(model)
+    return facts["sha256"]
+
+
+def _hash_state(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy of the largest tensor
-    digest = h.hexdigest()
-    _WEIGHTS_CACHE[model] = (signature, digest)
-    return digest
+    return h.hexdigest()
 
 
 _NORMS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)
@@ -90,6 +105,18 @@ def _all_equal(tensors: list[torch.Tensor], value: float) -> bool:
     return all(bool((torch.cat(group) == value).all()) for group in groups.values())
 
 
+def weights_facts(model: torch.nn.Module) -> tuple[str, str]:
+    """``(weights_sha256(model), weights_origin(model))`` with one walk of the model's state (a trace states both).
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> weights_facts(lin) == (weights_sha256(lin), weights_origin(lin))
+        True
+    """
+    facts = _facts(model)
+    return _sha256(model, facts), _origin(model, facts)
+
+
 def weights_origin(model: torch.nn.Module) -> str:
     """What is known of the weights: ``"bundled <name> (file sha256 <hash>)"`` for a model
     :func:`vitcam_nb.load_model` loaded from the package, ``"pretrained <name> from <source> (file sha256 <hash>)"``
@@ -102,16 +129,20 @@ def weights_origin(model: torch.nn.Module) -> str:
         >>> weights_origin(torch.nn.Linear(2, 2))
         'unknown'
     """
+    return _origin(model, _facts(model))
+
+
+def _origin(model: torch.nn.Module, facts: dict) -> str:
     cfg = getattr(model, "pretrained_cfg", None)
     cfg = cfg if isinstance(cfg, dict) else {}
     loaded = cfg.get(LOADED_KEY)
     # The loaded file wins over the norm-layer heuristic: a file may keep every norm at its default (a linear probe
     # trained on a random backbone) and is still the file.
-    if isinstance(loaded, dict) and loaded.get("weights_sha256") == weights_sha256(model):
+    if isinstance(loaded, dict) and loaded.get("weights_sha256") == _sha256(model, facts):
         return str(loaded["origin"])
-    if untrained(model):
-        return "random-init"
-    return "unknown"
+    if "untrained" not in facts:  # the norm layers' values: unchanged while the state's signature is
+        facts["untrained"] = untrained(model)
+    return "random-init" if facts["untrained"] else "unknown"
 
 
 def array_sha256(array: np.ndarray | torch.Tensor) -> str:

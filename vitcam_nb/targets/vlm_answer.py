@@ -109,9 +109,9 @@ class AnswerTarget(Target):
         if not isinstance(logits, torch.Tensor) or logits.ndim != 3 or logits.shape[1] != seq.shape[1]:
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise TraceError(f"model: expected logits of shape (1, {seq.shape[1]}, vocab), got {got}")
-        rows = torch.as_tensor(self.answer_positions - 1, device=x.device)
         ids = self.answer_ids.to(x.device)
-        at = logits[0, rows]  # (n_answer, vocab): the positions predicting each answer token
+        # (n_answer, vocab): the positions predicting each answer token, one after the other (a view, not a gather)
+        at = logits[0, len(self.input_ids) - 1:len(self.sequence) - 1]
         token_logits = at.gather(1, ids[:, None])[:, 0]
         lse = torch.logsumexp(at.float(), dim=-1)  # (n_answer,): log p_k = z_k - lse_k over the vocabulary
         seq_score = (token_logits.float() - lse).sum().to(at.dtype)
