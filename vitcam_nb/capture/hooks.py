@@ -46,7 +46,9 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """
     # Only the modules in train mode are switched (and switched back): an eval model is left alone, as a
     # Hugging Face model's own eval() walks every module again (half a millisecond a pass on a 10-ms model).
-    training = [m for m in module_walk.modules(model) if m.training]
+    # Walked now, not the call's remembered walk: the adapter's tracing context, entered just before, may have added
+    # modules of its own (Qwen2-VL's attention probes), and they run in eval mode too.
+    training = [m for m in module_walk.modules(model, cached=False) if m.training]
     try:
         if training:
             model.eval()

@@ -30,9 +30,10 @@ _SCOPE: contextvars.ContextVar[dict[int, tuple[torch.nn.Module, list[torch.nn.Mo
 
 @contextlib.contextmanager
 def walk_scope() -> Iterator[None]:
-    """Inside it, :func:`modules` walks each model once and hands the same list again: for one call that does not
-    add, remove or replace submodules (a trace changes modes, devices and attributes, never the module tree),
-    which walked a 10-ms VLM's tree six times. Forgotten on exit.
+    """Inside it, :func:`modules` walks each model once and hands the same list again: for the checks of one call
+    before its pass and after it (a trace walked a 10-ms VLM's tree six times), between which the module tree is
+    the same. Inside the pass an adapter may add modules of its own for the trace (removed after); what walks
+    there asks for ``cached=False``. Forgotten on exit.
 
     Example:
         >>> m = torch.nn.Sequential(torch.nn.Linear(1, 1))
@@ -49,17 +50,18 @@ def walk_scope() -> Iterator[None]:
         _SCOPE.reset(token)
 
 
-def modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+def modules(model: torch.nn.Module, *, cached: bool = True) -> list[torch.nn.Module]:
     """``list(model.modules())``: the model, then its submodules depth first in registration order, each module
     once (a module registered twice is listed where it is met first). Read it, do not change it: inside
-    :func:`walk_scope` the same list is handed to every caller.
+    :func:`walk_scope` the same list is handed to every caller (``cached=False``: walked now, for a caller that runs
+    after an adapter added modules of its own for the trace, e.g. Qwen2-VL's attention probes).
 
     Example:
         >>> lin = torch.nn.Linear(1, 1)
         >>> [type(m).__name__ for m in modules(torch.nn.Sequential(lin, lin, torch.nn.ReLU()))]
         ['Sequential', 'Linear', 'ReLU']
     """
-    memo = _SCOPE.get()
+    memo = _SCOPE.get() if cached else None
     if memo is None:
         return _walk(model)
     hit = memo.get(id(model))

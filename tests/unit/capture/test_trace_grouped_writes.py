@@ -105,12 +105,40 @@ def test_the_module_tree_is_walked_once_per_trace_and_the_trace_is_the_same(monk
     walk = module_walk._walk
     monkeypatch.setattr(module_walk, "_walk", lambda model: walks.append(id(model)) or walk(model))
     got = vc.trace(m, x, targets=target)
-    assert walks == [id(m)]
+    assert walks == [id(m), id(m)]  # once for the checks, once for eval mode inside the pass (adapters add modules)
     monkeypatch.setattr(module_walk, "walk_scope", _no_scope)  # lookup_scope opens it by the module's name
     walks.clear()
     _same(vc.trace(m, x, targets=target), got)
     assert len(walks) > 3  # each check walked the tree again, and found the same modules
     assert module_walk.modules(m) == list(m.modules())
+
+
+def test_every_module_runs_in_eval_mode_also_those_an_adapter_adds_for_the_trace():
+    # Qwen2-VL's adapter adds an attention-probe module to every tower block inside the pass (created in train
+    # mode): the eval-mode walk must see them, not the call's remembered walk from before the pass
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from vlm_qwen_tiny import tiny_qwen
+
+    from vitcam_nb.adapters.qwen_tower import PROBS
+
+    model, pixel_values, target = tiny_qwen("qwen2")
+    attns = [blk.attn for blk in model.model.visual.blocks]
+    probes: list[bool] = []  # the training flag of every added probe module that ran
+
+    def seen(m, _i, _o):
+        if any(a._modules.get(PROBS) is m for a in attns):
+            probes.append(m.training)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(seen)
+    try:
+        vc.trace(model, pixel_values, targets=target)
+    finally:
+        handle.remove()
+    assert len(probes) == len(attns) and not any(probes)
+    assert all(PROBS not in a._modules for a in attns)  # removed after the trace
 
 
 def _no_scope():
