@@ -75,11 +75,11 @@ class AnswerTarget(Target):
     def check(self, model: torch.nn.Module) -> None:
         vlm_family_of(model)  # a classifier, or a known VLM family not read yet, is refused by name
         vocab = int(getattr(model.config, "text_config", model.config).vocab_size)
-        seq = self.sequence
-        if int(seq.max()) >= vocab or int(seq.min()) < 0:
+        seq = self.sequence.tolist()  # plain ints: a few checks, not tensor ops
+        if seq and (max(seq) >= vocab or min(seq) < 0):
             raise TraceError(f"input_ids: token ids must lie in 0..{vocab - 1} (the LM's vocabulary), got ids "
-                             f"{int(seq.min())}..{int(seq.max())}")
-        if int(image_token_id(model)) in {int(i) for i in self.answer_ids}:
+                             f"{min(seq)}..{max(seq)}")
+        if int(image_token_id(model)) in set(self.answer_ids.tolist()):
             raise TraceError("answer_ids: holds the image placeholder token; the answer must be text")
         adapter = _vlm_adapter(model)
         self.layout_text = adapter.layout(model, self.sequence.numpy(), self.model_kwargs).description
@@ -122,12 +122,14 @@ class AnswerTarget(Target):
                  for k, v in sorted(self.model_kwargs.items())}
         # "entries": the score vector's layout (tokens, sequence log-prob, vocabulary logsumexps), so a trace made
         # before the logsumexps were traced never shares an id with one made after
-        return {"kind": self.kind, "entries": "tokens,sequence,lse", "input_ids": [int(i) for i in self.input_ids],
-                "answer_ids": [int(i) for i in self.answer_ids], **({"model_kwargs": extra} if extra else {})}
+        return {"kind": self.kind, "entries": "tokens,sequence,lse", "input_ids": [int(i) for i in
+                                                                                   self.input_ids.tolist()],
+                "answer_ids": [int(i) for i in self.answer_ids.tolist()], **({"model_kwargs": extra} if extra else {})}
 
     def attrs(self) -> dict[str, object]:
         items = {"answer tokens": ", ".join(f"{k}: {s!r} (id {int(i)}, position {int(p)})" for k, (s, i, p) in
-                                           enumerate(zip(self.tokens, self.answer_ids, self.answer_positions))),
+                                           enumerate(zip(self.tokens, self.answer_ids.tolist(),
+                                                         self.answer_positions.tolist()))),
                  "image-token layout": self.layout_text or "not known (the target was not checked on a model)"}
         if self.types_text:
             items["token types"] = self.types_text
@@ -135,7 +137,7 @@ class AnswerTarget(Target):
             items["tower layers the LM never reads"] = (
                 f"{self.unused_text} (above the vision_feature_layer the projector reads): gradients there are "
                 "exactly zero, so their maps are degenerate")
-        return {**super().attrs(), "answer_ids": ",".join(str(int(i)) for i in self.answer_ids),
+        return {**super().attrs(), "answer_ids": ",".join(str(int(i)) for i in self.answer_ids.tolist()),
                 "answer_tokens": json.dumps(self.tokens), "image_token_layout": self.layout_text,
                 **({"zero_gradient_cause": self.zero_cause} if self.zero_cause else {}),
                 "target_checklist": json.dumps(items)}
