@@ -106,6 +106,11 @@ def test_a_batch_stores_for_each_image_what_its_tensor_pass_stores(dtype, tmp_pa
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_a_cpu_trace_takes_the_array_pass_and_hands_memory_back_only_above_its_cap(dtype, monkeypatch):
+    # the hooks path, which writes each key's gradients as autograd reaches it (a pass of 4 MiB or more): the
+    # resident memory is checked after every key's write
+    from vitcam_nb.capture import passes
+
+    monkeypatch.setattr(passes, "HOOKS_FROM", 0)
     # The tensor pass handed freed memory back after every block of the forward pass, at every block of the
     # backward pass, after it, and at every layer of the assembly, and each reused page then faulted in again. On
     # the CPU the array pass hands it back only after a gradient write that finds the resident memory the pass
@@ -129,4 +134,22 @@ def test_a_cpu_trace_takes_the_array_pass_and_hands_memory_back_only_above_its_c
     monkeypatch.setattr(resident, "resident_bytes", lambda: reads.append(1) or next(values))
     tr = vc.trace(_model(), _image(), "top2", dtype=dtype)
     assert len(reads) == 1 + writes and calls == [0] * (writes - 6)  # a read per write, a hand-back for each above
+    _assert_same(tr, flat)
+
+
+def test_a_small_cpu_trace_checks_its_resident_memory_after_each_group_it_writes(monkeypatch):
+    # Under 4 MiB autograd returns the gradients and each whole group of sites goes in with one copy (the token
+    # sites of 2 layers, then F2): the resident memory is checked after each group, and handed back when above
+    from vitcam_nb.capture import resident
+
+    calls, reads = [], []
+    monkeypatch.setattr(runtime, "_TRIM", lambda pad: calls.append(pad))
+    monkeypatch.setattr(resident, "resident_bytes", lambda: 10**9)
+    flat = vc.trace(_model(), _image(), "top2")
+    assert calls == []
+    ceiling = 10**9 + resident.PEAK_OVER_ARRAYS * sum(flat[v].nbytes for v in ("act", "grad", "attn", "attn_grad"))
+    values = iter([10**9, int(ceiling), int(ceiling) + 1])  # the start, under the ceiling, then over it
+    monkeypatch.setattr(resident, "resident_bytes", lambda: reads.append(1) or next(values))
+    tr = vc.trace(_model(), _image(), "top2")
+    assert len(reads) == 1 + 2 and calls == [0]
     _assert_same(tr, flat)
