@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from vitcam_nb.capture.budget import available_bytes
+from vitcam_nb.capture.budget_vlm import is_vlm, vlm_shape
 from vitcam_nb.capture.plan import TracePlan
 from vitcam_nb.compute.map_checksum import CHECKSUM_BYTES
 from vitcam_nb.compute.map_recipes import Entry
@@ -28,13 +29,19 @@ __all__ = ["CHECKLIST_BYTES", "check_sizes", "check_table", "recipe_row", "table
 
 
 def _cells(plan: TracePlan, hw: tuple[int, int]) -> int:
-    """Token-grid cells of one map: (h, w) patches, times the tubelets in time of a video family's clip."""
-    adapter = plan.adapter
+    """Token-grid cells of one map: (h, w) patches, times the tubelets in time of a video family's clip; a
+    generative VLM's tower cells per crop (its LM-site maps lie on that grid or a coarser one)."""
+    adapter, model = plan.adapter, plan.model
     if getattr(adapter, "video", False):
-        tt, ph, pw = adapter.tubelet(plan.model)
-        return max(1, adapter.frames(plan.model) // tt) * max(1, hw[0] // ph) * max(1, hw[1] // pw)
-    patch = getattr(getattr(plan.model, "patch_embed", None), "patch_size", (16, 16))
-    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+        tt, ph, pw = adapter.tubelet(model)
+        return max(1, adapter.frames(model) // tt) * max(1, hw[0] // ph) * max(1, hw[1] // pw)
+    if is_vlm(plan):  # the tower's own grid, whatever the image's size (its packed patches for Qwen2-VL)
+        return max(1, vlm_shape(plan).tower_tokens - len(adapter.prefix_kinds(model)))
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None and hasattr(adapter, "vision_config"):  # a Hugging Face model states it in its config
+        patch = getattr(adapter.vision_config(model), "patch_size", None)
+    patch = 16 if patch is None else patch  # a family that states neither: ViT-B/16's, as before
+    ph, pw = (int(patch), int(patch)) if isinstance(patch, int) else (int(patch[0]), int(patch[-1]))
     return max(1, hw[0] // ph) * max(1, hw[1] // pw)
 
 
