@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from test_trace_fast_paths import _same  # this folder's: two traces equal bitwise, attributes and all
 
 import vitcam_nb as vc
 from vitcam_nb.capture import prealloc
@@ -18,20 +19,6 @@ from vitcam_nb.core import module_walk
 from vitcam_nb.core.provenance import untrained, weights_facts, weights_origin, weights_sha256
 
 transformers = pytest.importorskip("transformers")
-
-
-def _same(a, b) -> None:
-    """Two traces hold the same variables, coordinates and attributes (the trace id included), every array bitwise."""
-    assert list(a.variables) == list(b.variables) and list(a.coords) == list(b.coords)
-    assert a.attrs == b.attrs
-    for name in a.variables:
-        x, y = a[name].values, b[name].values
-        assert x.dtype == y.dtype and x.shape == y.shape, name
-        if x.dtype.kind in "fiub":
-            assert x.tobytes() == y.tobytes(), name
-        else:
-            assert (x == y).all(), name
-        assert a[name].attrs == b[name].attrs, name
 
 
 def _one_by_one(self, items):
