@@ -37,11 +37,9 @@ def _cells(plan: TracePlan, hw: tuple[int, int]) -> int:
         return max(1, adapter.frames(model) // tt) * max(1, hw[0] // ph) * max(1, hw[1] // pw)
     if is_vlm(plan):  # the tower's own grid, whatever the image's size (its packed patches for Qwen2-VL)
         return max(1, vlm_shape(plan).tower_tokens - len(adapter.prefix_kinds(model)))
-    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    if patch is None and hasattr(adapter, "vision_config"):  # a Hugging Face model states it in its config
-        patch = getattr(adapter.vision_config(model), "patch_size", None)
-    patch = 16 if patch is None else patch  # a family that states neither: ViT-B/16's, as before
-    ph, pw = (int(patch), int(patch)) if isinstance(patch, int) else (int(patch[0]), int(patch[-1]))
+    # every family's description states its patch (an int, or "HxW"); ViT-B/16's where one does not
+    patch = adapter.describe(model).get("patch_size", 16)
+    ph, pw = (int(v) for v in patch.split("x")) if isinstance(patch, str) else (int(patch), int(patch))
     return max(1, hw[0] // ph) * max(1, hw[1] // pw)
 
 

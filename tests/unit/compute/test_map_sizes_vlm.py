@@ -1,7 +1,7 @@
 """``vc.map_many``'s size check before the first pass counts a generative VLM's maps on the tower's own grid (it
 guessed a 16-px patch for every Hugging Face model, so the tiny LLaVA's 4x4 maps were counted as 2x2): the bytes its
 refusal states are the bytes the store then holds per map, on a tiny LLaVA (8-px patches) and a tiny Qwen2-VL (its
-packed 6x10 patches), and a Hugging Face ViT's maps on its config's patch size."""
+packed 6x10 patches), and every other model's on the patch its family's description states."""
 
 from __future__ import annotations
 
@@ -49,13 +49,17 @@ def test_the_refusal_states_the_bytes_of_the_towers_own_grid(tmp_path, make, cel
     assert maps.dtype == np.float32 and int(np.prod(maps.shape[-2:])) == cells and maps.shape[0] == 2
 
 
-def test_a_hugging_face_vit_is_counted_on_its_configs_patch_size():
+def test_other_models_are_counted_on_the_patch_their_description_states():
+    import timm
     from transformers import ViTConfig, ViTForImageClassification
 
     from vitcam_nb.capture.plan import TracePlan
     from vitcam_nb.compute.map_sizes import _cells
 
     torch.manual_seed(0)
-    m = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                            intermediate_size=64, image_size=32, patch_size=8, num_labels=3)).eval()
-    assert _cells(TracePlan.for_trace(m, "top1"), (32, 32)) == 16
+    hf = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, image_size=32, patch_size=8, num_labels=3)).eval()
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1)
+    swin = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1, 1, 1))
+    for model, hw, cells in ((hf, (32, 32), 4 * 4), (vit, (32, 32), 4 * 4), (swin, (224, 224), 56 * 56)):
+        assert _cells(TracePlan.for_trace(model, "top1"), hw) == cells, type(model).__name__
