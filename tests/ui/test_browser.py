@@ -210,6 +210,11 @@ def test_gallery_click_opens_an_explorer(page):
         "(id) => [...document.querySelectorAll('.vc-explorer')].some((e) => e.dataset.recipeId === id"
         " && e.dataset.ready === 'true' && e !== document.querySelector('.vc-explorer'))",
         arg=want.id, timeout=30_000)
+    # the kernel's "active" change and the new explorer's first paint travel as separate messages, in either order:
+    # the cell is marked once its message arrives
+    page.wait_for_function(
+        "() => document.querySelector(\".vc-gallery button.vc-cell[data-row='1'][data-col='2']\")"
+        ".classList.contains('vc-active')", timeout=30_000)
     assert "vc-active" in (cell.get_attribute("class") or "")
 
 
