@@ -2,7 +2,9 @@
 a contract: arrays were added, none renamed). The fixtures in tests/data/maps_v1 were written by vitcam_nb at commit
 64cc51f (make_fixtures.py there): a plain ViT store (one block, a fused mean, a rollout) and a tiny LLaVA answer
 store (a tower recipe and LM-site recipes on the tower's grid), with each map as that version's ``vc.cam`` read it.
-Reading them now gives bitwise the same values, dims, checklists, methods, degeneracy and ids."""
+Reading them now gives the same dims, checklists, methods, degeneracy and ids, and the same values within 1e-6: the
+stored token-grid maps are read as they are, but their bilinear upsampling on reading is a matrix product, which
+another CPU's BLAS kernel may round differently from the one that wrote expected.npz."""
 
 from __future__ import annotations
 
@@ -50,12 +52,12 @@ def test_an_old_store_reads_as_it_did(stores, name):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", vc.DegenerateMapWarning)
                 m = vc.cam(vc.image_maps(ds, i), r)
-            np.testing.assert_array_equal(m.values, expected[key])
+            np.testing.assert_allclose(m.values, expected[key], rtol=0, atol=1e-6)  # NaN where it was NaN
             assert list(m.dims) == EXPECTED[key]["dims"]
             for k in ("checklist", "methods", "degenerate", "recipe_id", "trace_id"):
                 assert str(m.attrs[k]) == EXPECTED[key][k], (key, k)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", vc.DegenerateMapWarning)
             whole = vc.cam(ds, r)
-        np.testing.assert_array_equal(whole.values, expected[f"{name}/{r.id}/all"])
+        np.testing.assert_allclose(whole.values, expected[f"{name}/{r.id}/all"], rtol=0, atol=1e-6)
         assert list(whole.dims) == EXPECTED[f"{name}/{r.id}/all"]["dims"]
