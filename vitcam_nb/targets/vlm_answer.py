@@ -122,9 +122,9 @@ class AnswerTarget(Target):
                  for k, v in sorted(self.model_kwargs.items())}
         # "entries": the score vector's layout (tokens, sequence log-prob, vocabulary logsumexps), so a trace made
         # before the logsumexps were traced never shares an id with one made after
-        return {"kind": self.kind, "entries": "tokens,sequence,lse", "input_ids": [int(i) for i in
-                                                                                   self.input_ids.tolist()],
-                "answer_ids": [int(i) for i in self.answer_ids.tolist()], **({"model_kwargs": extra} if extra else {})}
+        input_ids, answer_ids = ([int(i) for i in t.tolist()] for t in (self.input_ids, self.answer_ids))
+        return {"kind": self.kind, "entries": "tokens,sequence,lse", "input_ids": input_ids, "answer_ids": answer_ids,
+                **({"model_kwargs": extra} if extra else {})}
 
     def attrs(self) -> dict[str, object]:
         items = {"answer tokens": ", ".join(f"{k}: {s!r} (id {int(i)}, position {int(p)})" for k, (s, i, p) in
